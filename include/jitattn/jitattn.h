@@ -1,0 +1,75 @@
+/* jitattn C API: plain structs, status codes, and jitattn_last_error().
+ * Mirrors jitattn.hpp; usable from C and from Python's ctypes. */
+#ifndef JITATTN_H
+#define JITATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(JITATTN_BUILDING)
+#define JITATTN_C_API __attribute__((visibility("default")))
+#else
+#define JITATTN_C_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum jitattn_status {
+  JITATTN_OK = 0,
+  JITATTN_ERROR_INVALID_ARGUMENT = 1,
+  JITATTN_ERROR_UNSUPPORTED = 2,
+  JITATTN_ERROR_COMPILE = 3,
+  JITATTN_ERROR_CUDA = 4,
+  JITATTN_ERROR_CACHE = 5,
+  JITATTN_ERROR_GRAPH_CAPTURE = 6,
+  JITATTN_ERROR_INTERNAL = 7
+} jitattn_status;
+
+typedef enum jitattn_dtype { JITATTN_F16 = 0, JITATTN_BF16 = 1, JITATTN_F32 = 2 } jitattn_dtype;
+
+/* Shapes and strides in elements; the last dimension must be contiguous. */
+typedef struct jitattn_tensor {
+  void* data;
+  int32_t dtype; /* jitattn_dtype */
+  int32_t ndim;
+  int64_t shape[4];
+  int64_t strides[4];
+} jitattn_tensor;
+
+typedef struct jitattn_fwd_options {
+  float softmax_scale; /* <= 0: 1/sqrt(head_dim) */
+  int32_t causal;      /* bottom-right aligned */
+  int32_t block_q;     /* 0: chosen by the planner */
+  int32_t block_kv;    /* 0: chosen by the planner */
+  int32_t warps;       /* 0: chosen by the planner */
+} jitattn_fwd_options;
+
+JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);
+
+/* out = softmax(q k^T * scale) v. q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D], out like q,
+ * lse (nullable) [B, Hq, Sq] f32. stream: CUstream / cudaStream_t (NULL = default).
+ * On error nothing is written and jitattn_last_error() says why. */
+JITATTN_C_API jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_tensor* k,
+                                         const jitattn_tensor* v, const jitattn_tensor* out,
+                                         const jitattn_tensor* lse,
+                                         const jitattn_fwd_options* options, void* stream);
+
+/* Compile or load one kernel into the cache, e.g. ("fwd.bf16.d128.br128.bc64.w8", "sm_90a"). */
+JITATTN_C_API jitattn_status jitattn_warm(const char* spec, const char* arch);
+
+/* Configure the process-wide runtime before its first use. NULL keeps the
+ * environment's value; cache_dir "" disables the disk cache. log_level: 0 off .. 4 debug, -1 keep. */
+JITATTN_C_API jitattn_status jitattn_configure(const char* cache_dir, const char* template_dir,
+                                               int log_level);
+
+/* The message of the last failed call on this thread ("" if none). */
+JITATTN_C_API const char* jitattn_last_error(void);
+JITATTN_C_API const char* jitattn_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* JITATTN_H */

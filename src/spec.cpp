@@ -1,0 +1,154 @@
+#include "spec.hpp"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <charconv>
+#include <vector>
+
+namespace jitattn::detail {
+namespace {
+
+std::vector<std::string_view> split(std::string_view text, char sep) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  while (true) {
+    size_t end = text.find(sep, start);
+    parts.push_back(text.substr(start, end == std::string_view::npos ? end : end - start));
+    if (end == std::string_view::npos) return parts;
+    start = end + 1;
+  }
+}
+
+// Parses the integer after `prefix` in a field such as "d128".
+bool parse_field(std::string_view field, std::string_view prefix, int& value) {
+  if (field.substr(0, prefix.size()) != prefix || field.size() == prefix.size()) return false;
+  const char* begin = field.data() + prefix.size();
+  const char* end = field.data() + field.size();
+  auto [ptr, ec] = std::from_chars(begin, end, value);
+  return ec == std::errc() && ptr == end;
+}
+
+[[noreturn]] void bad_spec(std::string_view text, const std::string& why) {
+  throw Error(ErrorCode::invalid_argument, fmt::format("spec '{}': {}", text, why), std::string(text));
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::f32: return "f32";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+
+std::string KernelSpec::text() const {
+  std::string out = fmt::format("fwd.{}.d{}.br{}.bc{}.w{}", dtype_name(dtype), head_dim, block_q,
+                                block_kv, warps);
+  if (causal) out += ".causal";
+  return out;
+}
+
+KernelSpec KernelSpec::parse(std::string_view text) {
+  auto fields = split(text, '.');
+  if (fields.size() < 6) {
+    bad_spec(text, "expected family.dtype.dN.brN.bcN.wN[.causal], e.g. fwd.bf16.d128.br128.bc64.w4");
+  }
+  KernelSpec spec;
+  if (fields[0] != "fwd") bad_spec(text, fmt::format("unknown family '{}' (known: fwd)", fields[0]));
+  if (fields[1] == "f16" || fields[1] == "fp16") {
+    spec.dtype = DType::f16;
+  } else if (fields[1] == "bf16") {
+    spec.dtype = DType::bf16;
+  } else {
+    bad_spec(text, fmt::format("dtype '{}' is not f16 or bf16", fields[1]));
+  }
+  if (!parse_field(fields[2], "d", spec.head_dim)) bad_spec(text, "third field must be dN (head dim)");
+  if (!parse_field(fields[3], "br", spec.block_q)) bad_spec(text, "fourth field must be brN (query block)");
+  if (!parse_field(fields[4], "bc", spec.block_kv)) bad_spec(text, "fifth field must be bcN (key block)");
+  if (!parse_field(fields[5], "w", spec.warps)) bad_spec(text, "sixth field must be wN (warps)");
+  for (size_t i = 6; i < fields.size(); ++i) {
+    if (fields[i] == "causal" && !spec.causal) {
+      spec.causal = true;
+    } else {
+      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: causal)", fields[i]));
+    }
+  }
+  spec.validate();
+  return spec;
+}
+
+void KernelSpec::validate() const {
+  const std::string name = text();
+  auto fail = [&](ErrorCode code, const std::string& why) {
+    throw Error(code, fmt::format("spec '{}': {}", name, why), name);
+  };
+  if (dtype != DType::f16 && dtype != DType::bf16) fail(ErrorCode::unsupported, "dtype must be f16 or bf16");
+  if (head_dim != 64 && head_dim != 128) fail(ErrorCode::unsupported, fmt::format("head_dim={} is not one of 64, 128", head_dim));
+  if (block_q != 64 && block_q != 128) fail(ErrorCode::unsupported, fmt::format("br={} is not one of 64, 128", block_q));
+  if (block_kv != 32 && block_kv != 64 && block_kv != 128) {
+    fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128", block_kv));
+  }
+  if (warps != 4 && warps != 8) fail(ErrorCode::unsupported, fmt::format("w={} is not one of 4, 8", warps));
+  // Each warp owns whole 16-row MMA tiles of the query block.
+  if (block_q % (16 * warps) != 0) {
+    fail(ErrorCode::unsupported,
+         fmt::format("br={} with w={} gives {} query rows per warp; each warp needs a multiple of 16",
+                     block_q, warps, block_q / warps));
+  }
+}
+
+uint64_t KernelSpec::hash() const {
+  const std::string t = text();
+  return XXH3_64bits(t.data(), t.size());
+}
+
+size_t KernelSpec::smem_bytes() const {
+  // Q tile plus one K tile and one V tile, 16-bit elements.
+  return static_cast<size_t>(block_q + 2 * block_kv) * head_dim * dtype_size(dtype);
+}
+
+uint64_t KernelSpec::packed() const {
+  uint64_t key = static_cast<uint64_t>(family);
+  key = key << 4 | static_cast<uint64_t>(dtype);
+  key = key << 10 | static_cast<uint64_t>(head_dim);
+  key = key << 10 | static_cast<uint64_t>(block_q);
+  key = key << 10 | static_cast<uint64_t>(block_kv);
+  key = key << 6 | static_cast<uint64_t>(warps);
+  key = key << 1 | static_cast<uint64_t>(causal);
+  return key;
+}
+
+std::string Arch::text() const { return fmt::format("sm_{}{}{}", major, minor, arch_specific ? "a" : ""); }
+
+Arch Arch::parse(std::string_view text) {
+  auto fail = [&] {
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("arch '{}': expected sm_XY or sm_XYa with compute capability >= 8.0 "
+                            "(e.g. sm_80, sm_86, sm_89, sm_90a)", text));
+  };
+  if (text.substr(0, 3) != "sm_" || text.size() < 5) fail();
+  std::string_view digits = text.substr(3);
+  Arch arch;
+  if (digits.back() == 'a') {
+    arch.arch_specific = true;
+    digits.remove_suffix(1);
+  }
+  int number = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), number);
+  if (ec != std::errc() || ptr != digits.data() + digits.size() || number < 80) fail();
+  arch.major = number / 10;
+  arch.minor = number % 10;
+  return arch;
+}
+
+Arch Arch::for_device(int major, int minor) {
+  // 9.0 gets the arch-specific target so Hopper-only instructions are usable.
+  return Arch{major, minor, major == 9 && minor == 0};
+}
+
+}  // namespace jitattn::detail

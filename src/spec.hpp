@@ -1,0 +1,64 @@
+// KernelSpec: everything baked into a generated kernel, with a canonical text
+// form (what logs, the CLI and cache metadata show) and a stable hash.
+// Arch: the compile target (sm_80, sm_90a, ...).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include <jitattn/jitattn.hpp>
+
+namespace jitattn::detail {
+
+enum class Family : uint8_t { fwd = 0 };
+
+struct KernelSpec {
+  Family family = Family::fwd;
+  DType dtype = DType::bf16;
+  int head_dim = 128;
+  int block_q = 128;
+  int block_kv = 64;
+  int warps = 4;
+  bool causal = false;
+
+  // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set).
+  std::string text() const;
+  // Inverse of text(); throws Error(invalid_argument) naming the bad field.
+  static KernelSpec parse(std::string_view text);
+  // Throws Error(unsupported/invalid_argument) if this build cannot generate it.
+  void validate() const;
+  // XXH3-64 of text(): stable across runs, hosts and builds.
+  uint64_t hash() const;
+
+  int threads() const { return warps * 32; }
+  size_t smem_bytes() const;
+
+  // Packs every field into one word: the hot-path lookup key (no strings).
+  uint64_t packed() const;
+  bool operator==(const KernelSpec& other) const { return packed() == other.packed(); }
+  bool operator!=(const KernelSpec& other) const { return !(*this == other); }
+};
+
+const char* dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+
+// A compile target. arch_specific is the "a" suffix (sm_90a): features such as
+// wgmma that exist only on that exact architecture.
+struct Arch {
+  int major = 8;
+  int minor = 0;
+  bool arch_specific = false;
+
+  std::string text() const;  // "sm_90a"
+  static Arch parse(std::string_view text);
+  // The target jitattn compiles for on a device of this compute capability.
+  static Arch for_device(int major, int minor);
+  int number() const { return major * 10 + minor; }
+  bool operator==(const Arch& o) const {
+    return major == o.major && minor == o.minor && arch_specific == o.arch_specific;
+  }
+};
+
+}  // namespace jitattn::detail
