@@ -1,0 +1,88 @@
+#include "render.hpp"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace jitattn::detail {
+
+TemplateSet::TemplateSet(std::string directory) : directory_(std::move(directory)) {}
+
+std::string TemplateSet::read(const std::string& name) const {
+  if (directory_.empty()) {
+    for (const auto& entry : embedded_templates()) {
+      if (name == entry.name) return std::string(entry.text);
+    }
+    throw Error(ErrorCode::internal, fmt::format("template '{}' is not embedded in this build", name));
+  }
+  std::ifstream file(directory_ + "/" + name, std::ios::binary);
+  if (!file) {
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("template '{}' not found in JITATTN_TEMPLATE_DIR={}", name, directory_));
+  }
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+const char* entry_name(const KernelSpec&) { return "jitattn_fwd"; }
+
+namespace {
+
+// Expands `#include "name"` lines that name templates; each template appears
+// once (templates use #pragma once, which an expanded file no longer has a
+// file for). #line markers keep NVRTC's messages pointing at template lines.
+void expand_includes(const std::string& name, const std::string& text, const TemplateSet& templates,
+                     std::set<std::string>& seen, std::string& out) {
+  std::istringstream lines(text);
+  std::string line;
+  int number = 0;
+  while (std::getline(lines, line)) {
+    ++number;
+    std::string_view view(line);
+    const auto first = view.find_first_not_of(" \t");
+    if (first != std::string_view::npos && view.substr(first, 7) == "#pragma" &&
+        view.find("once") != std::string_view::npos) {
+      out += '\n';
+      continue;
+    }
+    if (first != std::string_view::npos && view.substr(first, 8) == "#include") {
+      const auto open = view.find('"');
+      const auto close = open == std::string_view::npos ? open : view.find('"', open + 1);
+      if (close != std::string_view::npos) {
+        const std::string included(view.substr(open + 1, close - open - 1));
+        if (seen.insert(included).second) {
+          out += fmt::format("#line 1 \"{}\"\n", included);
+          expand_includes(included, templates.read(included), templates, seen, out);
+          out += fmt::format("#line {} \"{}\"\n", number + 1, name);
+        } else {
+          out += '\n';
+        }
+        continue;
+      }
+    }
+    out += line;
+    out += '\n';
+  }
+}
+
+}  // namespace
+
+std::string render(const KernelSpec& spec, const TemplateSet& templates) {
+  spec.validate();
+  const std::string entry_template = templates.read("entry_fwd.cu");
+  const std::string entry = fmt::format(
+      fmt::runtime(entry_template), fmt::arg("spec", spec.text()),
+      fmt::arg("element", spec.dtype == DType::bf16 ? "bf16" : "f16"),
+      fmt::arg("head_dim", spec.head_dim), fmt::arg("block_q", spec.block_q),
+      fmt::arg("block_kv", spec.block_kv), fmt::arg("warps", spec.warps),
+      fmt::arg("causal", spec.causal ? "true" : "false"), fmt::arg("entry_name", entry_name(spec)));
+  std::set<std::string> seen;
+  std::string source;
+  expand_includes("entry_fwd.cu", entry, templates, seen, source);
+  return source;
+}
+
+}  // namespace jitattn::detail

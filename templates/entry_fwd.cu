@@ -1,0 +1,12 @@
+// jitattn kernel for spec {spec}
+// Rendered from templates/entry_fwd.cu: this file only fixes the constants;
+// the kernel is templates/fwd_prefill.cuh.
+#include "fwd_prefill.cuh"
+
+using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /*BLOCK_Q=*/{block_q},
+                                  /*BLOCK_KV=*/{block_kv}, /*WARPS=*/{warps}, /*CAUSAL=*/{causal}>;
+
+extern "C" __global__ void __launch_bounds__(Config::kThreads)
+{entry_name}(const __grid_constant__ jitattn::FwdParams params) {{
+  jitattn::fwd_prefill<Config>(params);
+}}

@@ -1,0 +1,112 @@
+// Thin wrappers over the PTX instructions the kernels use. Inline PTX instead
+// of toolkit intrinsics keeps every kernel free of CUDA headers, so a host with
+// only the driver and libnvrtc can compile it.
+#pragma once
+
+namespace jitattn {
+
+// 16-bit element types. Values live as raw bits (unsigned short); arithmetic is
+// done in fp32 and by the tensor cores.
+struct f16 {
+  static constexpr bool is_bf16 = false;
+};
+struct bf16 {
+  static constexpr bool is_bf16 = true;
+};
+
+// No <cmath> (INFINITY) under NVRTC without the toolkit: build it from its bits.
+#define kInfinity __int_as_float(0x7f800000)
+
+__device__ __forceinline__ unsigned smem_u32(const void* pointer) {
+  unsigned address;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }\n"
+      : "=r"(address)
+      : "l"(pointer));
+  return address;
+}
+
+// 16-byte global→shared copy that bypasses L1. A false `valid` writes zeros
+// (src-size 0) and reads nothing: out-of-range rows become zeros, never garbage
+// that could turn into NaN after a multiply by 0.
+__device__ __forceinline__ void cp_async_16(unsigned smem_address, const void* global, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address), "l"(global),
+               "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most `kPending` committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8×8 16-bit matrices from shared memory; lanes 8i..8i+7 give the row
+// addresses of matrix i, and register i receives matrix i's fragment.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address));
+}
+
+// As ldmatrix_x4, each matrix transposed: rows in shared memory become columns.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned smem_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address));
+}
+
+// d += a·b for one m16n8k16 tile: a row-major 16×16, b column-major 16×8, fp32 accumulators.
+template <class Element>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  if constexpr (Element::is_bf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two fp32 values rounded to nearest and packed into one register, `lo` in the low half.
+template <class Element>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  unsigned packed;
+  if constexpr (Element::is_bf16) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+  }
+  return packed;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace jitattn
