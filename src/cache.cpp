@@ -1,0 +1,407 @@
+#include "cache.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
+#include <system_error>
+#include <tuple>
+#include <utility>
+
+#include "log.hpp"
+
+namespace jitattn::detail {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Entry file layout. Integers are little-endian, written byte by byte so the
+// format does not depend on the host's byte order.
+//    0  magic "JITATTN\x01"                               8 bytes
+//    8  format version                                    u32
+//   12  metadata length                                   u32
+//   16  cubin length                                      u64
+//   24  XXH3-64 of the metadata bytes then the cubin bytes u64
+//   32  metadata (JSON), then the cubin
+constexpr char kMagic[8] = {'J', 'I', 'T', 'A', 'T', 'T', 'N', '\x01'};
+constexpr uint32_t kFormatVersion = 1;
+constexpr size_t kHeaderBytes = 32;
+
+void put_le(char* out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+uint64_t get_le(const char* in, int bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value |= uint64_t(static_cast<unsigned char>(in[i])) << (8 * i);
+  return value;
+}
+
+[[noreturn]] void bad_entry(const std::string& why) { throw std::runtime_error(why); }
+
+std::string os_error(int err) { return std::generic_category().message(err); }
+
+nlohmann::json meta_to_json(const EntryMeta& meta, uint64_t cubin_bytes) {
+  return {{"key", meta.key},
+          {"spec", meta.spec},
+          {"arch", meta.arch},
+          {"nvrtc_version", meta.nvrtc_version},
+          {"library_version", meta.library_version},
+          {"compile_seconds", meta.compile_seconds},
+          {"created_unix", meta.created_unix},
+          {"cubin_bytes", cubin_bytes}};
+}
+
+EntryMeta meta_from_json(const char* begin, const char* end) {
+  try {
+    const nlohmann::json json = nlohmann::json::parse(begin, end);
+    EntryMeta meta;
+    json.at("key").get_to(meta.key);
+    json.at("spec").get_to(meta.spec);
+    json.at("arch").get_to(meta.arch);
+    json.at("nvrtc_version").get_to(meta.nvrtc_version);
+    json.at("library_version").get_to(meta.library_version);
+    json.at("compile_seconds").get_to(meta.compile_seconds);
+    json.at("created_unix").get_to(meta.created_unix);
+    json.at("cubin_bytes").get_to(meta.cubin_bytes);
+    return meta;
+  } catch (const nlohmann::json::exception& e) {
+    bad_entry(fmt::format("bad metadata JSON: {}", e.what()));
+  }
+}
+
+// Keys become file names, so they must not be able to name another path.
+void check_key(const std::string& key) {
+  const bool safe = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+           c == '-';
+  });
+  if (!safe) {
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("cache key '{}' must be non-empty [A-Za-z0-9_-]", key));
+  }
+}
+
+// Closes its descriptor on every path out.
+struct Fd {
+  int fd;
+  explicit Fd(int value) : fd(value) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+};
+
+// Reads a whole regular file. Returns 0, or an errno value.
+int read_whole_file(const std::string& path, std::vector<char>& out, struct stat& st) {
+  Fd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (file.fd < 0) return errno;
+  if (::fstat(file.fd, &st) != 0) return errno;
+  if (!S_ISREG(st.st_mode)) return EISDIR;
+  // Reads to EOF rather than to st_size, so a file that changed size is still read whole.
+  out.resize(static_cast<size_t>(st.st_size) + 1);
+  size_t done = 0;
+  while (true) {
+    if (done == out.size()) out.resize(out.size() * 2);
+    ssize_t n = ::read(file.fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  out.resize(done);
+  return 0;
+}
+
+int write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+// Writes bytes to a new file `tmp` in the same directory as `path`, flushes it
+// to disk, then renames it over `path`: a reader opens either the old file or
+// the complete new one, never a partial one. (The directory itself is not
+// fsynced: a crash may lose the entry, which only costs a rebuild.) Returns ""
+// on success, else what failed; the temporary file never outlives a failure.
+std::string publish_atomically(const std::vector<char>& bytes, const std::string& tmp,
+                               const std::string& path) {
+  Fd file(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (file.fd < 0) return fmt::format("cannot create {}: {}", tmp, os_error(errno));
+  auto fail = [&](const char* step, const std::string& target, int err) {
+    ::unlink(tmp.c_str());
+    return fmt::format("cannot {} {}: {}", step, target, os_error(err));
+  };
+  if (int err = write_all(file.fd, bytes.data(), bytes.size())) return fail("write", tmp, err);
+  if (::fsync(file.fd) != 0) return fail("fsync", tmp, errno);
+  const int fd = std::exchange(file.fd, -1);
+  if (::close(fd) != 0) return fail("close", tmp, errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename onto", path, errno);
+  return "";
+}
+
+// A name no other writer (process, thread or host sharing the directory) picks.
+std::string temp_path(const std::string& dir, const std::string& key) {
+  std::random_device random;
+  const uint64_t suffix = (uint64_t(random()) << 32) | random();
+  return fmt::format("{}/{}.{}.{:016x}.tmp", dir, key, ::getpid(), suffix);
+}
+
+// Holds flock(LOCK_EX) on a lock file while alive. When the file cannot be
+// opened or locked it holds nothing: the lock only saves duplicate builds.
+// Only clear() removes lock files: a process locking a fresh file under the
+// same name would not exclude one holding the old one (a duplicate build).
+class KeyLock {
+ public:
+  explicit KeyLock(const std::string& path) : file_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    if (file_.fd < 0) return;
+    while (::flock(file_.fd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+
+ private:
+  Fd file_;  // closing it releases the lock
+};
+
+Entry run_build(const std::string& key, const std::function<Entry()>& build, bool* built) {
+  Entry entry = build();
+  if (entry.meta.key != key) {
+    throw Error(ErrorCode::internal,
+                fmt::format("cache: build for key {} returned an entry for key '{}'", key, entry.meta.key));
+  }
+  if (built) *built = true;
+  return entry;
+}
+
+// The regular files in dir; none if it cannot be read.
+std::vector<fs::path> files_in(const std::string& dir) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->is_regular_file(type_ec)) files.push_back(it->path());
+  }
+  return files;
+}
+
+}  // namespace
+
+std::string make_cache_key(const CacheKeyInputs& inputs) {
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+  if (!state) throw std::bad_alloc();
+  XXH3_128bits_reset(state.get());
+  // Each field is preceded by its length, so no two input sets hash the same bytes.
+  auto add = [&](std::string_view field) {
+    char length[8];
+    put_le(length, field.size(), 8);
+    XXH3_128bits_update(state.get(), length, sizeof length);
+    XXH3_128bits_update(state.get(), field.data(), field.size());
+  };
+  add("jitattn-cache-key-v1");
+  add(inputs.source);
+  add(std::to_string(inputs.options.size()));
+  for (const std::string& option : inputs.options) add(option);
+  add(inputs.arch);
+  add(inputs.nvrtc_version);
+  add(inputs.library_version);
+  const XXH128_hash_t hash = XXH3_128bits_digest(state.get());
+  return fmt::format("{:016x}{:016x}", hash.high64, hash.low64);
+}
+
+std::vector<char> encode_entry(const Entry& entry) {
+  // cubin_bytes is taken from the cubin itself, so metadata and header agree.
+  // Invalid UTF-8 in a text field is replaced rather than failing the write.
+  const std::string meta = meta_to_json(entry.meta, entry.cubin.size())
+                               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (meta.size() > std::numeric_limits<uint32_t>::max()) throw std::length_error("cache metadata too long");
+  std::vector<char> out(kHeaderBytes + meta.size() + entry.cubin.size());
+  std::memcpy(out.data(), kMagic, sizeof kMagic);
+  put_le(out.data() + 8, kFormatVersion, 4);
+  put_le(out.data() + 12, meta.size(), 4);
+  put_le(out.data() + 16, entry.cubin.size(), 8);
+  std::copy(meta.begin(), meta.end(), out.begin() + kHeaderBytes);
+  std::copy(entry.cubin.begin(), entry.cubin.end(), out.begin() + kHeaderBytes + meta.size());
+  put_le(out.data() + 24, XXH3_64bits(out.data() + kHeaderBytes, out.size() - kHeaderBytes), 8);
+  return out;
+}
+
+Entry decode_entry(const std::vector<char>& bytes) {
+  const uint64_t size = bytes.size();
+  if (size < kHeaderBytes) {
+    bad_entry(fmt::format("truncated: file has {} bytes but the header alone needs {}", size, kHeaderBytes));
+  }
+  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) bad_entry("bad magic: not a jitattn cache entry");
+  const uint64_t version = get_le(bytes.data() + 8, 4);
+  if (version != kFormatVersion) {
+    bad_entry(fmt::format("unsupported format version {} (this build reads {})", version, kFormatVersion));
+  }
+  const uint64_t meta_bytes = get_le(bytes.data() + 12, 4);
+  const uint64_t cubin_bytes = get_le(bytes.data() + 16, 8);
+  const uint64_t stored_checksum = get_le(bytes.data() + 24, 8);
+  // Saturating sum: a corrupt cubin length must not wrap around to a small size.
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  const uint64_t declared =
+      cubin_bytes > max - kHeaderBytes - meta_bytes ? max : kHeaderBytes + meta_bytes + cubin_bytes;
+  if (declared != size) {
+    bad_entry(fmt::format("{}: file has {} bytes but header says {}",
+                          size < declared ? "truncated" : "trailing data", size, declared));
+  }
+  const uint64_t checksum = XXH3_64bits(bytes.data() + kHeaderBytes, size - kHeaderBytes);
+  if (checksum != stored_checksum) {
+    bad_entry(fmt::format("checksum mismatch: header says {:016x}, content hashes to {:016x}",
+                          stored_checksum, checksum));
+  }
+  const char* meta_begin = bytes.data() + kHeaderBytes;
+  Entry entry;
+  entry.meta = meta_from_json(meta_begin, meta_begin + meta_bytes);
+  if (entry.meta.cubin_bytes != cubin_bytes) {
+    bad_entry(fmt::format("metadata says cubin_bytes {} but header says {}", entry.meta.cubin_bytes,
+                          cubin_bytes));
+  }
+  entry.cubin.assign(meta_begin + meta_bytes, bytes.data() + size);
+  return entry;
+}
+
+Entry Cache::get_or_build(const std::string& key, const std::function<Entry()>& build, bool* built) {
+  if (built) *built = false;
+  if (std::optional<Entry> hit = get(key)) return std::move(*hit);
+  Entry entry = run_build(key, build, built);
+  put(entry);
+  return entry;
+}
+
+FileCache::FileCache(std::string dir)
+    : dir_(std::move(dir)), kernels_dir_((fs::path(dir_) / "v1" / "kernels").string()) {
+  if (dir_.empty()) {
+    degrade("no directory given");
+    return;
+  }
+  std::error_code ec;
+  fs::create_directories(kernels_dir_, ec);
+  if (ec) {
+    degrade(fmt::format("cannot create {}: {}", kernels_dir_, ec.message()));
+    return;
+  }
+  // Catches a read-only directory now rather than at the first put (root passes
+  // this check everywhere; put's own failure handling covers that case).
+  if (::access(kernels_dir_.c_str(), W_OK | X_OK) != 0) {
+    degrade(fmt::format("cannot write to {}: {}", kernels_dir_, os_error(errno)));
+  }
+}
+
+bool FileCache::writable() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return writable_;
+}
+
+std::string FileCache::entry_path(const std::string& key) const { return kernels_dir_ + "/" + key + ".entry"; }
+
+void FileCache::degrade(const std::string& why) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    writable_ = false;
+    first = !warned_;
+    warned_ = true;
+  }
+  if (first) log(LogLevel::warn, "cache directory {}: {}; continuing without the disk cache", dir_, why);
+}
+
+std::optional<Entry> FileCache::get(const std::string& key) {
+  check_key(key);
+  if (!writable()) return std::nullopt;
+  const std::string path = entry_path(key);
+  std::vector<char> bytes;
+  struct stat read_stat {};
+  if (int err = read_whole_file(path, bytes, read_stat)) {
+    if (err != ENOENT) log(LogLevel::info, "cannot read cache entry {}: {}", path, os_error(err));
+    return std::nullopt;
+  }
+  try {
+    Entry entry = decode_entry(bytes);
+    if (entry.meta.key != key) bad_entry(fmt::format("metadata names key {}", entry.meta.key));
+    return entry;
+  } catch (const std::runtime_error& e) {
+    log(LogLevel::warn, "discarding cache entry {}: {}", path, e.what());
+    // Unlink only the file that was read: another process may have published a
+    // good entry under this name since.
+    struct stat now {};
+    if (::stat(path.c_str(), &now) == 0 && now.st_dev == read_stat.st_dev && now.st_ino == read_stat.st_ino) {
+      ::unlink(path.c_str());
+    }
+    return std::nullopt;
+  }
+}
+
+void FileCache::put(const Entry& entry) {
+  check_key(entry.meta.key);
+  if (!writable()) return;
+  const std::string error = publish_atomically(encode_entry(entry), temp_path(kernels_dir_, entry.meta.key),
+                                               entry_path(entry.meta.key));
+  if (!error.empty()) degrade(error);
+}
+
+Entry FileCache::get_or_build(const std::string& key, const std::function<Entry()>& build, bool* built) {
+  check_key(key);
+  if (built) *built = false;
+  if (std::optional<Entry> hit = get(key)) return std::move(*hit);
+  // Lock only on a miss, so a hit never touches the lock file.
+  std::optional<KeyLock> lock;
+  if (writable()) lock.emplace(kernels_dir_ + "/" + key + ".lock");
+  // Looks again first: another process may have built the entry while this one waited.
+  return Cache::get_or_build(key, build, built);
+}
+
+std::vector<EntryInfo> FileCache::list() {
+  std::vector<EntryInfo> infos;
+  for (const fs::path& file : files_in(kernels_dir_)) {
+    if (file.extension() != ".entry") continue;
+    EntryInfo info;
+    info.path = file.string();
+    std::vector<char> bytes;
+    struct stat st {};
+    if (read_whole_file(info.path, bytes, st) == ENOENT) continue;  // removed meanwhile
+    info.file_bytes = bytes.size();
+    try {
+      info.meta = decode_entry(bytes).meta;
+      info.valid = info.meta.key == file.stem().string();
+    } catch (const std::runtime_error&) {
+      info.valid = false;
+    }
+    if (!info.valid) info.meta.key = file.stem().string();
+    infos.push_back(std::move(info));
+  }
+  std::sort(infos.begin(), infos.end(), [](const EntryInfo& a, const EntryInfo& b) {
+    return std::tie(a.meta.spec, a.meta.arch, a.meta.key) < std::tie(b.meta.spec, b.meta.arch, b.meta.key);
+  });
+  return infos;
+}
+
+size_t FileCache::clear() {
+  size_t entries = 0;
+  for (const fs::path& file : files_in(kernels_dir_)) {
+    const fs::path ext = file.extension();
+    if (ext != ".entry" && ext != ".tmp" && ext != ".lock") continue;
+    std::error_code ec;
+    if (fs::remove(file, ec) && ext == ".entry") ++entries;
+  }
+  return entries;
+}
+
+}  // namespace jitattn::detail

@@ -1,0 +1,115 @@
+// The on-disk kernel cache: one file per entry (cubin + metadata + checksum),
+// published atomically (write a temporary file in the same directory, fsync,
+// rename), so no process ever sees a partial entry. Corrupt entries are
+// detected, discarded and rebuilt; an unwritable directory degrades to
+// memory-only with one warning.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace jitattn::detail {
+
+// What identifies a compiled kernel: everything that changes the cubin.
+// No absolute paths go in, so a cache shared between hosts still hits.
+struct CacheKeyInputs {
+  std::string source;           // the fully rendered source
+  std::vector<std::string> options;  // NVRTC options
+  std::string arch;             // "sm_90a"
+  std::string nvrtc_version;    // "13.0"
+  std::string library_version;  // "0.1.0"
+};
+// 32 lowercase hex characters (XXH3-128 of the inputs, each length-prefixed).
+std::string make_cache_key(const CacheKeyInputs& inputs);
+
+struct EntryMeta {
+  std::string key;
+  std::string spec;  // KernelSpec text
+  std::string arch;
+  std::string nvrtc_version;
+  std::string library_version;
+  double compile_seconds = 0;
+  int64_t created_unix = 0;
+  uint64_t cubin_bytes = 0;
+};
+
+struct Entry {
+  EntryMeta meta;
+  std::vector<char> cubin;
+};
+
+struct EntryInfo {
+  EntryMeta meta;
+  std::string path;
+  uint64_t file_bytes = 0;
+  bool valid = true;  // false: the file failed its checks (listed so `clear` can remove it)
+};
+
+// A small interface so a shared or remote cache can stand beside the file one.
+class Cache {
+ public:
+  virtual ~Cache() = default;
+  // The entry for key, or nullopt. A corrupt entry is discarded (and reported
+  // at warn level) and nullopt returned, so the caller rebuilds it.
+  virtual std::optional<Entry> get(const std::string& key) = 0;
+  // Stores an entry. I/O failures never throw: they degrade to memory-only.
+  virtual void put(const Entry& entry) = 0;
+  // get(), else build() and put(), holding a per-key inter-process lock where
+  // the backend has one so that concurrent processes build a key once.
+  // Correctness never depends on the lock. `built` (if given) is set to true
+  // when build() ran in this call.
+  virtual Entry get_or_build(const std::string& key, const std::function<Entry()>& build,
+                             bool* built = nullptr);
+  virtual std::vector<EntryInfo> list() = 0;
+  // Removes every entry (and stray temporary/lock files); returns how many entries.
+  virtual size_t clear() = 0;
+  virtual std::string location() const = 0;
+  virtual bool writable() const = 0;
+};
+
+// Entries live in <dir>/v1/kernels/<key>.entry.
+class FileCache final : public Cache {
+ public:
+  explicit FileCache(std::string dir);
+  std::optional<Entry> get(const std::string& key) override;
+  void put(const Entry& entry) override;
+  Entry get_or_build(const std::string& key, const std::function<Entry()>& build,
+                     bool* built = nullptr) override;
+  std::vector<EntryInfo> list() override;
+  size_t clear() override;
+  std::string location() const override { return dir_; }
+  bool writable() const override;
+
+  std::string entry_path(const std::string& key) const;
+
+ private:
+  void degrade(const std::string& why);
+  std::string dir_;
+  std::string kernels_dir_;
+  mutable std::mutex mutex_;
+  bool writable_ = true;
+  bool warned_ = false;
+};
+
+// Stores nothing: the disk cache is disabled (cache_dir "").
+class NoCache final : public Cache {
+ public:
+  std::optional<Entry> get(const std::string&) override { return std::nullopt; }
+  void put(const Entry&) override {}
+  std::vector<EntryInfo> list() override { return {}; }
+  size_t clear() override { return 0; }
+  std::string location() const override { return "(disabled)"; }
+  bool writable() const override { return false; }
+};
+
+// Serialization of one entry file; exposed for tests and the CLI.
+std::vector<char> encode_entry(const Entry& entry);
+// Throws std::runtime_error describing the first failed check.
+Entry decode_entry(const std::vector<char>& bytes);
+
+}  // namespace jitattn::detail
