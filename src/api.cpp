@@ -1,0 +1,157 @@
+// api: the C++ entry points. A forward call is plan → registry lookup →
+// cuLaunchKernel on the caller's stream; nothing is allocated and nothing
+// synchronizes, so calls can be captured into CUDA graphs once warm.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <mutex>
+
+#include <jitattn/jitattn.hpp>
+
+#include "cache.hpp"
+#include "kernels.hpp"
+#include "log.hpp"
+#include "plan.hpp"
+
+namespace jitattn {
+
+using namespace detail;
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::vector<int64_t> shape) {
+  if (shape.empty() || shape.size() > 4) {
+    throw Error(ErrorCode::invalid_argument, fmt::format("TensorView::contiguous: {} dimensions (1 to 4 allowed)", shape.size()));
+  }
+  TensorView view;
+  view.data = data;
+  view.dtype = dtype;
+  view.ndim = static_cast<int>(shape.size());
+  int64_t stride = 1;
+  for (int axis = view.ndim - 1; axis >= 0; --axis) {
+    view.shape[axis] = shape[axis];
+    view.strides[axis] = stride;
+    stride *= shape[axis];
+  }
+  return view;
+}
+
+Config Config::from_env() {
+  Config config;
+  if (const char* dir = std::getenv("JITATTN_CACHE_DIR")) {
+    config.cache_dir = dir;
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    config.cache_dir = std::string(xdg) + "/jitattn";
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    config.cache_dir = std::string(home) + "/.cache/jitattn";
+  }
+  if (const char* dir = std::getenv("JITATTN_TEMPLATE_DIR")) config.template_dir = dir;
+  if (const char* level = std::getenv("JITATTN_LOG")) config.log_level = parse_log_level(level);
+  return config;
+}
+
+struct Runtime::Impl {
+  explicit Impl(Config c)
+      : config(std::move(c)),
+        builder(TemplateSet(config.template_dir),
+                config.cache_dir.empty() ? std::unique_ptr<Cache>(new NoCache())
+                                         : std::unique_ptr<Cache>(new FileCache(config.cache_dir))),
+        registry(builder) {}
+
+  ForwardPlan plan(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const TensorView* lse, const ForwardOptions& options, const DeviceInfo& device) {
+    return plan_forward(q, k, v, out, lse, options, device.arch, device.max_smem_per_block);
+  }
+
+  Config config;
+  KernelBuilder builder;
+  KernelRegistry registry;
+};
+
+Runtime::Runtime(Config config) {
+  set_log_level(config.log_level);
+  impl_ = std::make_unique<Impl>(std::move(config));
+}
+
+Runtime::~Runtime() = default;
+
+const Config& Runtime::config() const { return impl_->config; }
+
+void Runtime::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const TensorView* lse, const ForwardOptions& options, Stream stream) {
+  if (!driver().available) {
+    // Bad input is reported the same way with or without a GPU.
+    plan_forward(q, k, v, out, lse, options, Arch{9, 0, true}, INT32_MAX);
+    throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", driver().error));
+  }
+  const ContextRef context = impl_->registry.current_context();
+  const DeviceInfo& device = impl_->registry.device_info(context);
+  ForwardPlan plan = impl_->plan(q, k, v, out, lse, options, device);
+  if (plan.grid == 0) return;  // empty batch or no query rows: nothing to write
+  auto cu_stream = static_cast<CUstream>(stream);
+  const LoadedKernel& kernel = impl_->registry.get(plan.spec, context, device, cu_stream);
+  void* arguments[] = {&plan.params};
+  check_cuda(driver().cuLaunchKernel(kernel.function, plan.grid, 1, 1, kernel.threads, 1, 1, kernel.smem_bytes,
+                                     cu_stream, arguments, nullptr),
+             "cuLaunchKernel");
+}
+
+std::string Runtime::spec_for(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const TensorView* lse, const ForwardOptions& options) {
+  Arch arch{9, 0, true};
+  int smem = 227 * 1024;
+  if (driver().available) {
+    const DeviceInfo& device = impl_->registry.device_info(impl_->registry.current_context());
+    arch = device.arch;
+    smem = device.max_smem_per_block;
+  }
+  return plan_forward(q, k, v, out, lse, options, arch, smem).spec.text();
+}
+
+WarmResult Runtime::warm(const std::string& spec_text, const std::string& arch_text) {
+  const KernelSpec spec = KernelSpec::parse(spec_text);
+  const Arch arch = Arch::parse(arch_text);
+  BuiltKernel built = impl_->builder.build(spec, arch);
+  WarmResult result;
+  result.spec = spec.text();
+  result.arch = arch.text();
+  result.cache_hit = built.cache_hit;
+  result.compile_seconds = built.cache_hit ? 0 : built.entry.meta.compile_seconds;
+  result.cubin_bytes = built.entry.cubin.size();
+  return result;
+}
+
+namespace {
+std::mutex g_global_mutex;
+// Never destroyed: calls may still arrive during static destruction.
+std::atomic<Runtime*> g_global{nullptr};
+std::optional<Config> g_pending_config;
+}  // namespace
+
+Runtime& global_runtime() {
+  if (Runtime* runtime = g_global.load(std::memory_order_acquire)) return *runtime;
+  std::lock_guard<std::mutex> lock(g_global_mutex);
+  if (g_global.load() == nullptr) {
+    g_global.store(new Runtime(g_pending_config ? *g_pending_config : Config::from_env()), std::memory_order_release);
+  }
+  return *g_global.load();
+}
+
+void configure(const Config& config) {
+  std::lock_guard<std::mutex> lock(g_global_mutex);
+  if (g_global.load() != nullptr) {
+    throw Error(ErrorCode::invalid_argument,
+                "configure: the global runtime is already in use; call configure before the first call, "
+                "or create a jitattn::Runtime with this Config");
+  }
+  g_pending_config = config;
+}
+
+void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+             const TensorView* lse, const ForwardOptions& options, Stream stream) {
+  global_runtime().forward(q, k, v, out, lse, options, stream);
+}
+
+std::string version() { return JITATTN_VERSION_STRING; }
+
+}  // namespace jitattn

@@ -1,0 +1,118 @@
+// capi: the C API over the C++ one. Every entry point catches everything,
+// returns a status code and keeps the message for jitattn_last_error().
+#include <jitattn/jitattn.h>
+
+#include <exception>
+#include <string>
+
+#include <jitattn/jitattn.hpp>
+
+namespace {
+
+thread_local std::string t_last_error;
+
+jitattn_status status_of(jitattn::ErrorCode code) {
+  switch (code) {
+    case jitattn::ErrorCode::invalid_argument: return JITATTN_ERROR_INVALID_ARGUMENT;
+    case jitattn::ErrorCode::unsupported: return JITATTN_ERROR_UNSUPPORTED;
+    case jitattn::ErrorCode::compile_failed: return JITATTN_ERROR_COMPILE;
+    case jitattn::ErrorCode::cuda_error: return JITATTN_ERROR_CUDA;
+    case jitattn::ErrorCode::cache_error: return JITATTN_ERROR_CACHE;
+    case jitattn::ErrorCode::graph_capture: return JITATTN_ERROR_GRAPH_CAPTURE;
+    case jitattn::ErrorCode::internal: return JITATTN_ERROR_INTERNAL;
+  }
+  return JITATTN_ERROR_INTERNAL;
+}
+
+template <typename Body>
+jitattn_status guarded(Body&& body) {
+  try {
+    body();
+    t_last_error.clear();
+    return JITATTN_OK;
+  } catch (const jitattn::Error& error) {
+    t_last_error = error.what();
+    return status_of(error.code());
+  } catch (const std::exception& error) {
+    t_last_error = error.what();
+    return JITATTN_ERROR_INTERNAL;
+  } catch (...) {
+    t_last_error = "unknown error";
+    return JITATTN_ERROR_INTERNAL;
+  }
+}
+
+jitattn::TensorView view_of(const jitattn_tensor* tensor, const char* name) {
+  if (tensor == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, std::string(name) + ": is NULL");
+  if (tensor->ndim < 0 || tensor->ndim > 4) {
+    throw jitattn::Error(jitattn::ErrorCode::invalid_argument,
+                         std::string(name) + ": ndim=" + std::to_string(tensor->ndim) + " is not in 0..4");
+  }
+  if (tensor->dtype < JITATTN_F16 || tensor->dtype > JITATTN_F32) {
+    throw jitattn::Error(jitattn::ErrorCode::invalid_argument,
+                         std::string(name) + ": dtype=" + std::to_string(tensor->dtype) + " is not a jitattn_dtype");
+  }
+  jitattn::TensorView view;
+  view.data = tensor->data;
+  view.dtype = static_cast<jitattn::DType>(tensor->dtype);
+  view.ndim = tensor->ndim;
+  for (int i = 0; i < tensor->ndim; ++i) {
+    view.shape[i] = tensor->shape[i];
+    view.strides[i] = tensor->strides[i];
+  }
+  return view;
+}
+
+}  // namespace
+
+extern "C" {
+
+void jitattn_fwd_options_init(jitattn_fwd_options* options) {
+  if (options != nullptr) *options = jitattn_fwd_options{0.f, 0, 0, 0, 0};
+}
+
+jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_tensor* k, const jitattn_tensor* v,
+                           const jitattn_tensor* out, const jitattn_tensor* lse,
+                           const jitattn_fwd_options* options, void* stream) {
+  return guarded([&] {
+    const jitattn::TensorView q_view = view_of(q, "q"), k_view = view_of(k, "k"), v_view = view_of(v, "v"),
+                              out_view = view_of(out, "out");
+    jitattn::TensorView lse_view;
+    if (lse != nullptr) lse_view = view_of(lse, "lse");
+    jitattn::ForwardOptions cpp_options;
+    if (options != nullptr) {
+      if (options->softmax_scale > 0.f) cpp_options.softmax_scale = options->softmax_scale;
+      cpp_options.causal = options->causal != 0;
+      cpp_options.tiles = {options->block_q, options->block_kv, options->warps};
+    }
+    jitattn::forward(q_view, k_view, v_view, out_view, lse != nullptr ? &lse_view : nullptr, cpp_options, stream);
+  });
+}
+
+jitattn_status jitattn_warm(const char* spec, const char* arch) {
+  return guarded([&] {
+    if (spec == nullptr || arch == nullptr) {
+      throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "jitattn_warm: spec and arch must not be NULL");
+    }
+    jitattn::global_runtime().warm(spec, arch);
+  });
+}
+
+jitattn_status jitattn_configure(const char* cache_dir, const char* template_dir, int log_level) {
+  return guarded([&] {
+    jitattn::Config config = jitattn::Config::from_env();
+    if (cache_dir != nullptr) config.cache_dir = cache_dir;
+    if (template_dir != nullptr) config.template_dir = template_dir;
+    if (log_level >= 0) {
+      if (log_level > 4) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "log_level: must be -1 or 0..4");
+      config.log_level = static_cast<jitattn::LogLevel>(log_level);
+    }
+    jitattn::configure(config);
+  });
+}
+
+const char* jitattn_last_error(void) { return t_last_error.c_str(); }
+
+const char* jitattn_version(void) { return JITATTN_VERSION_STRING; }
+
+}  // extern "C"

@@ -1,0 +1,45 @@
+// driver: the CUDA driver API, loaded at run time (dlopen libcuda.so.1) with
+// every entry point resolved through cuGetProcAddress for the API version this
+// code was written against — never dlsym on plain names, which returns legacy
+// ABI variants (cuMemAlloc vs cuMemAlloc_v2).
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+namespace jitattn::detail {
+
+struct Driver {
+  bool available = false;
+  std::string error;  // why it is unavailable
+  int version = 0;    // cuDriverGetVersion, e.g. 13000
+
+#define JITATTN_DRIVER_FUNCTIONS(X)                                                     \
+  X(cuGetErrorName) X(cuGetErrorString) X(cuInit) X(cuDriverGetVersion)                 \
+  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName)         \
+  X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent) X(cuCtxSetCurrent) \
+  X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuModuleLoadData) X(cuModuleUnload)           \
+  X(cuModuleGetFunction) X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)  \
+  X(cuStreamIsCapturing) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)    \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch)  \
+  X(cuGraphDestroy) X(cuGraphExecDestroy) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD)    \
+  X(cuMemcpyDtoH) X(cuMemsetD8) X(cuMemsetD32) X(cuEventCreate) X(cuEventRecord)        \
+  X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy)
+
+#define JITATTN_DECLARE_POINTER(name) decltype(&::name) name = nullptr;
+  JITATTN_DRIVER_FUNCTIONS(JITATTN_DECLARE_POINTER)
+#undef JITATTN_DECLARE_POINTER
+  // cuCtxGetId (CUDA 12.0+): a context id that is never reused, unlike the
+  // CUcontext pointer. Null on older drivers.
+  CUresult (*cuCtxGetId)(CUcontext, unsigned long long*) = nullptr;
+};
+
+// Loads the driver once and calls cuInit. Thread-safe. Never throws: check
+// `available` (there is no GPU on a build or CI machine).
+const Driver& driver();
+
+// Throws Error(cuda_error) naming `what` and the driver's error if status != CUDA_SUCCESS.
+void check_cuda(CUresult status, const char* what);
+
+}  // namespace jitattn::detail

@@ -1,0 +1,163 @@
+#include "kernels.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <ctime>
+
+#include "compile.hpp"
+#include "log.hpp"
+
+namespace jitattn::detail {
+
+KernelBuilder::KernelBuilder(TemplateSet templates, std::unique_ptr<Cache> cache)
+    : templates_(std::move(templates)), cache_(std::move(cache)) {}
+
+BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool allow_compile) {
+  const std::string spec_text = spec.text();
+  const std::string source = render(spec, templates_);
+  const NvrtcInfo& nvrtc = nvrtc_info();
+  if (!nvrtc.available) throw Error(ErrorCode::unsupported, nvrtc.error, spec_text);
+  const std::string key = make_cache_key(
+      {source, compile_options(arch), arch.text(), nvrtc.version(), JITATTN_VERSION_STRING});
+  bool built = false;
+  Entry entry = cache_->get_or_build(
+      key,
+      [&] {
+        if (!allow_compile) {
+          throw Error(ErrorCode::graph_capture,
+                      fmt::format("{} for {} is not compiled yet and the stream is being captured into a "
+                                  "CUDA graph: warm it first (make the same call once before capture, or "
+                                  "run `jitattn warm {} --arch {}`)",
+                                  spec_text, arch.text(), spec_text, arch.text()),
+                      spec_text);
+        }
+        CompileOutput compiled = compile_cubin(source, spec_text + ".cu", arch, spec_text);
+        Entry fresh;
+        fresh.meta.key = key;
+        fresh.meta.spec = spec_text;
+        fresh.meta.arch = arch.text();
+        fresh.meta.nvrtc_version = nvrtc.version();
+        fresh.meta.library_version = JITATTN_VERSION_STRING;
+        fresh.meta.compile_seconds = compiled.seconds;
+        fresh.meta.created_unix = static_cast<int64_t>(std::time(nullptr));
+        fresh.meta.cubin_bytes = compiled.cubin.size();
+        fresh.cubin = std::move(compiled.cubin);
+        return fresh;
+      },
+      &built);
+  return {std::move(entry), !built};
+}
+
+KernelRegistry::~KernelRegistry() {
+  // Modules belong to their contexts; unloading may fail harmlessly if the
+  // caller destroyed a context first.
+  const Driver& d = driver();
+  if (!d.available) return;
+  for (auto& [key, slot] : kernels_) {
+    if (slot->ready.load()) d.cuModuleUnload(slot->kernel.module);
+  }
+}
+
+ContextRef KernelRegistry::current_context() {
+  const Driver& d = driver();
+  if (!d.available) throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", d.error));
+  ContextRef ref;
+  check_cuda(d.cuCtxGetCurrent(&ref.context), "cuCtxGetCurrent");
+  if (ref.context == nullptr) {
+    // Retained once for the life of the process, like the CUDA runtime does.
+    static CUcontext primary = [&] {
+      CUdevice device = 0;
+      check_cuda(d.cuDeviceGet(&device, 0), "cuDeviceGet(0)");
+      CUcontext context = nullptr;
+      check_cuda(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+      return context;
+    }();
+    check_cuda(d.cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    ref.context = primary;
+  }
+  unsigned long long id = 0;
+  if (d.cuCtxGetId != nullptr && d.cuCtxGetId(ref.context, &id) == CUDA_SUCCESS) {
+    ref.id = id;
+  } else {
+    ref.id = reinterpret_cast<uint64_t>(ref.context);
+  }
+  return ref;
+}
+
+const DeviceInfo& KernelRegistry::device_info(const ContextRef& context) {
+  {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    auto it = devices_.find(context.id);
+    if (it != devices_.end()) return *it->second;
+  }
+  const Driver& d = driver();
+  auto info = std::make_unique<DeviceInfo>();
+  check_cuda(d.cuCtxGetDevice(&info->device), "cuCtxGetDevice");
+  int major = 0, minor = 0;
+  check_cuda(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, info->device), "cuDeviceGetAttribute");
+  check_cuda(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, info->device), "cuDeviceGetAttribute");
+  check_cuda(d.cuDeviceGetAttribute(&info->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, info->device), "cuDeviceGetAttribute");
+  check_cuda(d.cuDeviceGetAttribute(&info->max_smem_per_block, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, info->device),
+             "cuDeviceGetAttribute");
+  if (major < 8) {
+    throw Error(ErrorCode::unsupported,
+                fmt::format("device {} has compute capability {}.{}; jitattn needs 8.0 or newer", info->device, major, minor));
+  }
+  info->arch = Arch::for_device(major, minor);
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  auto& slot = devices_[context.id];
+  if (!slot) slot = std::move(info);
+  return *slot;
+}
+
+const LoadedKernel& KernelRegistry::get(const KernelSpec& spec, const ContextRef& context,
+                                        const DeviceInfo& device, CUstream stream) {
+  const Key key{context.id, spec.packed()};
+  Slot* slot = nullptr;
+  {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    auto it = kernels_.find(key);
+    if (it != kernels_.end()) {
+      slot = it->second.get();
+      if (slot->ready.load(std::memory_order_acquire)) return slot->kernel;
+    }
+  }
+  if (slot == nullptr) {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    auto& owned = kernels_[key];
+    if (!owned) owned = std::make_unique<Slot>();
+    slot = owned.get();
+  }
+  // One thread loads a given kernel; others wait for it here.
+  std::lock_guard<std::mutex> loading(slot->loading);
+  if (!slot->ready.load(std::memory_order_acquire)) {
+    slot->kernel = load(spec, device, stream);
+    slot->ready.store(true, std::memory_order_release);
+  }
+  return slot->kernel;
+}
+
+LoadedKernel KernelRegistry::load(const KernelSpec& spec, const DeviceInfo& device, CUstream stream) {
+  const Driver& d = driver();
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  check_cuda(d.cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  const auto start = std::chrono::steady_clock::now();
+  BuiltKernel built = builder_.build(spec, device.arch, capture == CU_STREAM_CAPTURE_STATUS_NONE);
+
+  LoadedKernel kernel;
+  kernel.threads = static_cast<unsigned>(spec.threads());
+  kernel.smem_bytes = static_cast<unsigned>(spec.smem_bytes());
+  check_cuda(d.cuModuleLoadData(&kernel.module, built.entry.cubin.data()), "cuModuleLoadData");
+  check_cuda(d.cuModuleGetFunction(&kernel.function, kernel.module, entry_name(spec)), "cuModuleGetFunction");
+  // Above 48 KB a kernel must opt in to its dynamic shared memory.
+  check_cuda(d.cuFuncSetAttribute(kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                  static_cast<int>(kernel.smem_bytes)),
+             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+  log(LogLevel::info, "loaded {} for {} ({}, {:.1f} ms)", spec.text(), device.arch.text(),
+      built.cache_hit ? "disk cache hit" : fmt::format("compiled in {:.2f} s", built.entry.meta.compile_seconds),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  return kernel;
+}
+
+}  // namespace jitattn::detail

@@ -1,0 +1,98 @@
+// kernels: turns a KernelSpec into a launchable function.
+//   KernelBuilder  — render → cache key → disk cache or NVRTC. Needs no GPU.
+//   KernelRegistry — per (CUDA context, spec) loaded functions, thread-safe;
+//                    a hit is two shared-lock map lookups: no rendering, no
+//                    hashing of source, no file I/O.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+
+#include "cache.hpp"
+#include "driver.hpp"
+#include "render.hpp"
+#include "spec.hpp"
+
+namespace jitattn::detail {
+
+struct BuiltKernel {
+  Entry entry;
+  bool cache_hit = false;
+};
+
+class KernelBuilder {
+ public:
+  KernelBuilder(TemplateSet templates, std::unique_ptr<Cache> cache);
+  // With allow_compile false a cache miss throws Error(graph_capture) instead
+  // of compiling (used while the caller's stream is being captured).
+  BuiltKernel build(const KernelSpec& spec, const Arch& arch, bool allow_compile = true);
+  Cache& cache() { return *cache_; }
+  const TemplateSet& templates() const { return templates_; }
+
+ private:
+  TemplateSet templates_;
+  std::unique_ptr<Cache> cache_;
+};
+
+struct DeviceInfo {
+  CUdevice device = 0;
+  Arch arch;
+  int sm_count = 0;
+  int max_smem_per_block = 0;  // opt-in limit for dynamic shared memory
+};
+
+struct LoadedKernel {
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  unsigned threads = 0;
+  unsigned smem_bytes = 0;
+};
+
+// The context a call runs in: the current one, else device 0's primary context
+// (made current, as the CUDA runtime would).
+struct ContextRef {
+  CUcontext context = nullptr;
+  uint64_t id = 0;
+};
+
+class KernelRegistry {
+ public:
+  explicit KernelRegistry(KernelBuilder& builder) : builder_(builder) {}
+  ~KernelRegistry();
+
+  // Throws Error(cuda_error) when no GPU is usable.
+  ContextRef current_context();
+  const DeviceInfo& device_info(const ContextRef& context);
+  // The loaded function for spec in this context; builds or loads it on first
+  // use. `stream` is checked for graph capture before anything is compiled.
+  const LoadedKernel& get(const KernelSpec& spec, const ContextRef& context, const DeviceInfo& device,
+                          CUstream stream);
+
+ private:
+  struct Key {
+    uint64_t context_id;
+    uint64_t spec;
+    bool operator==(const Key& o) const { return context_id == o.context_id && spec == o.spec; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return std::hash<uint64_t>()(k.context_id * 0x9e3779b97f4a7c15ull ^ k.spec); }
+  };
+  struct Slot {
+    std::mutex loading;
+    std::atomic<bool> ready{false};
+    LoadedKernel kernel;
+  };
+  LoadedKernel load(const KernelSpec& spec, const DeviceInfo& device, CUstream stream);
+
+  KernelBuilder& builder_;
+  std::shared_mutex mutex_;
+  std::unordered_map<uint64_t, std::unique_ptr<DeviceInfo>> devices_;
+  std::unordered_map<Key, std::unique_ptr<Slot>, KeyHash> kernels_;
+};
+
+}  // namespace jitattn::detail

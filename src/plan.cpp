@@ -1,0 +1,147 @@
+#include "plan.hpp"
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+namespace jitattn::detail {
+namespace {
+
+[[noreturn]] void reject(const std::string& message) { throw Error(ErrorCode::invalid_argument, message); }
+
+const char* dim_name(int ndim, int axis) {
+  static const char* bshd[] = {"batch", "seqlen", "heads", "head_dim"};
+  static const char* bhs[] = {"batch", "heads", "seqlen_q"};
+  return ndim == 3 ? bhs[axis] : bshd[axis];
+}
+
+std::string shape_text(const TensorView& t) {
+  std::string text = "[";
+  for (int i = 0; i < t.ndim; ++i) text += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
+  return text + "]";
+}
+
+// A [batch, seqlen, heads, head_dim] 16-bit tensor that cp.async can read in
+// 16-byte chunks.
+void check_bshd(const char* name, const TensorView& t) {
+  if (t.ndim != 4) reject(fmt::format("{}: must have 4 dimensions [batch, seqlen, heads, head_dim], got {}", name, t.ndim));
+  if (t.dtype != DType::f16 && t.dtype != DType::bf16) {
+    reject(fmt::format("{}: dtype {} is not f16 or bf16", name, dtype_name(t.dtype)));
+  }
+  for (int axis = 0; axis < 4; ++axis) {
+    if (t.shape[axis] < 0) reject(fmt::format("{}: {}={} is negative", name, dim_name(4, axis), t.shape[axis]));
+    if (t.shape[axis] > INT_MAX) reject(fmt::format("{}: {}={} exceeds 2^31-1", name, dim_name(4, axis), t.shape[axis]));
+  }
+  if (t.shape[2] == 0) reject(fmt::format("{}: heads must be >= 1", name));
+  if (t.strides[3] != 1) reject(fmt::format("{}: head_dim stride is {}; the last dimension must be contiguous (stride 1)", name, t.strides[3]));
+  for (int axis = 0; axis < 3; ++axis) {
+    if (t.strides[axis] % 8 != 0) {
+      reject(fmt::format("{}: {} stride {} must be a multiple of 8 elements (16-byte aligned rows)", name,
+                         dim_name(4, axis), t.strides[axis]));
+    }
+  }
+  const bool empty = t.shape[0] == 0 || t.shape[1] == 0 || t.shape[3] == 0;
+  if (t.data == nullptr && !empty) reject(fmt::format("{}: data is null", name));
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) reject(fmt::format("{}: data pointer must be 16-byte aligned", name));
+}
+
+void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seqlen_q) {
+  if (lse.ndim != 3) reject(fmt::format("lse: must have 3 dimensions [batch, heads_q, seqlen_q], got {}", lse.ndim));
+  if (lse.dtype != DType::f32) reject(fmt::format("lse: dtype {} must be f32", dtype_name(lse.dtype)));
+  if (lse.shape[0] != batch || lse.shape[1] != heads || lse.shape[2] != seqlen_q) {
+    reject(fmt::format("lse: shape {} must be [batch, heads_q, seqlen_q] = [{}, {}, {}]", shape_text(lse), batch, heads, seqlen_q));
+  }
+  if (lse.data == nullptr && batch * heads * seqlen_q > 0) reject("lse: data is null");
+  if (reinterpret_cast<uintptr_t>(lse.data) % 4 != 0) reject("lse: data pointer must be 4-byte aligned");
+}
+
+}  // namespace
+
+TileConfig default_tiles(DType, int head_dim, bool, const Arch&) {
+  // From measurements on the H200 (docs/PERFORMANCE.md); one warp per 16
+  // query rows keeps registers free of spills at both head dims.
+  if (head_dim <= 64) return {128, 64, 4};
+  return {128, 64, 8};
+}
+
+ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView* lse, const ForwardOptions& options,
+                         const Arch& arch, int max_smem_bytes) {
+  check_bshd("q", q);
+  check_bshd("k", k);
+  check_bshd("v", v);
+  check_bshd("out", out);
+  const int64_t batch = q.shape[0], seqlen_q = q.shape[1], heads_q = q.shape[2], head_dim = q.shape[3];
+  const int64_t seqlen_k = k.shape[1], heads_kv = k.shape[2];
+  if (k.dtype != q.dtype || v.dtype != q.dtype || out.dtype != q.dtype) {
+    reject(fmt::format("k, v, out: dtypes ({}, {}, {}) must all match q's ({})", dtype_name(k.dtype),
+                       dtype_name(v.dtype), dtype_name(out.dtype), dtype_name(q.dtype)));
+  }
+  if (k.shape[0] != batch) reject(fmt::format("k: batch={} must equal q's batch={}", k.shape[0], batch));
+  if (k.shape[3] != head_dim) reject(fmt::format("k: head_dim={} must equal q's head_dim={}", k.shape[3], head_dim));
+  for (int axis = 0; axis < 4; ++axis) {
+    if (v.shape[axis] != k.shape[axis]) reject(fmt::format("v: shape {} must equal k's shape {}", shape_text(v), shape_text(k)));
+    if (out.shape[axis] != q.shape[axis]) reject(fmt::format("out: shape {} must equal q's shape {}", shape_text(out), shape_text(q)));
+  }
+  if (heads_q % heads_kv != 0) reject(fmt::format("k: heads_kv={} must divide heads_q={}", heads_kv, heads_q));
+  if (lse != nullptr) check_lse(*lse, batch, heads_q, seqlen_q);
+  float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  if (options.softmax_scale) {
+    scale = *options.softmax_scale;
+    if (!(scale > 0.f) || !std::isfinite(scale)) {
+      reject(fmt::format("options.softmax_scale={} must be positive and finite", scale));
+    }
+  }
+
+  ForwardPlan plan;
+  TileConfig tiles = default_tiles(q.dtype, static_cast<int>(head_dim), options.causal, arch);
+  if (options.tiles.block_q != 0) tiles.block_q = options.tiles.block_q;
+  if (options.tiles.block_kv != 0) tiles.block_kv = options.tiles.block_kv;
+  if (options.tiles.warps != 0) tiles.warps = options.tiles.warps;
+  plan.spec.dtype = q.dtype;
+  plan.spec.head_dim = static_cast<int>(head_dim);
+  plan.spec.block_q = tiles.block_q;
+  plan.spec.block_kv = tiles.block_kv;
+  plan.spec.warps = tiles.warps;
+  plan.spec.causal = options.causal;
+  plan.spec.validate();
+  if (plan.spec.smem_bytes() > static_cast<size_t>(max_smem_bytes)) {
+    throw Error(ErrorCode::unsupported,
+                fmt::format("options.tiles: {} needs {} bytes of shared memory per block; {} allows {}",
+                            plan.spec.text(), plan.spec.smem_bytes(), arch.text(), max_smem_bytes),
+                plan.spec.text());
+  }
+
+  const int64_t num_q_blocks = (seqlen_q + tiles.block_q - 1) / tiles.block_q;
+  const int64_t grid = num_q_blocks * heads_q * batch;
+  if (grid > INT_MAX) reject(fmt::format("q: batch × heads × ceil(seqlen_q / {}) = {} exceeds 2^31-1 blocks", tiles.block_q, grid));
+
+  FwdParams& p = plan.params;
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.o = out.data;
+  p.lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
+  p.q_batch_stride = q.strides[0], p.q_row_stride = q.strides[1], p.q_head_stride = q.strides[2];
+  p.k_batch_stride = k.strides[0], p.k_row_stride = k.strides[1], p.k_head_stride = k.strides[2];
+  p.v_batch_stride = v.strides[0], p.v_row_stride = v.strides[1], p.v_head_stride = v.strides[2];
+  p.o_batch_stride = out.strides[0], p.o_row_stride = out.strides[1], p.o_head_stride = out.strides[2];
+  if (lse != nullptr) {
+    p.lse_batch_stride = lse->strides[0], p.lse_head_stride = lse->strides[1], p.lse_row_stride = lse->strides[2];
+  }
+  p.batch = static_cast<int>(batch);
+  p.heads_q = static_cast<int>(heads_q);
+  p.heads_kv = static_cast<int>(heads_kv);
+  p.heads_per_kv = static_cast<int>(heads_q / heads_kv);
+  p.seqlen_q = static_cast<int>(seqlen_q);
+  p.seqlen_k = static_cast<int>(seqlen_k);
+  p.num_q_blocks = static_cast<int>(num_q_blocks);
+  p.scale = scale;
+  p.scale_log2 = scale * 1.4426950408889634f;
+  plan.grid = static_cast<unsigned>(grid);
+  return plan;
+}
+
+}  // namespace jitattn::detail

@@ -1,0 +1,29 @@
+// plan: validates a forward call and splits it into what is compiled (the
+// KernelSpec) and what stays a runtime argument (FwdParams + grid). Pure
+// arithmetic: no GPU, no I/O, so it is cheap on the hot path and testable on CPU.
+#pragma once
+
+#include <jitattn/jitattn.hpp>
+
+#include "fwd_params.h"
+#include "spec.hpp"
+
+namespace jitattn::detail {
+
+struct ForwardPlan {
+  KernelSpec spec;
+  FwdParams params{};
+  unsigned grid = 0;  // CTAs (flattened); 0 = nothing to compute
+};
+
+// The tile configuration used when the caller does not force one.
+TileConfig default_tiles(DType dtype, int head_dim, bool causal, const Arch& arch);
+
+// Throws Error(invalid_argument) naming the argument and the rule, or
+// Error(unsupported) for valid input this build cannot serve. max_smem_bytes
+// is the device's per-block opt-in limit.
+ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView* lse, const ForwardOptions& options,
+                         const Arch& arch, int max_smem_bytes);
+
+}  // namespace jitattn::detail
