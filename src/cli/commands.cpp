@@ -1,0 +1,576 @@
+// The subcommands of the jitattn tool. Results go to stdout (a table, or JSON
+// for scripts); progress, warnings and errors go to stderr.
+#include "cli/commands.hpp"
+
+#include <fmt/format.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "cache.hpp"
+#include "cli/presets.hpp"
+#include "compile.hpp"
+#include "driver.hpp"
+#include "render.hpp"
+#include "spec.hpp"
+
+namespace jitattn::cli {
+namespace {
+
+using detail::Arch;
+using detail::KernelSpec;
+using json = nlohmann::json;
+
+// ---- output ------------------------------------------------------------------
+
+struct Column {
+  std::string title;
+  bool right_aligned = false;  // numbers line up on their last digit
+};
+using Row = std::vector<std::string>;
+
+// The one table printer: a header line, then rows, columns two spaces apart.
+void print_table(const std::vector<Column>& columns, const std::vector<Row>& rows) {
+  std::vector<size_t> widths;
+  for (const Column& column : columns) widths.push_back(column.title.size());
+  for (const Row& row : rows) {
+    for (size_t i = 0; i < columns.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  auto print_row = [&](const Row& cells) {
+    std::string line;
+    for (size_t i = 0; i < columns.size(); ++i) {
+      if (i > 0) line += "  ";
+      line += columns[i].right_aligned ? fmt::format("{:>{}}", cells[i], widths[i])
+                                       : fmt::format("{:<{}}", cells[i], widths[i]);
+    }
+    line.erase(line.find_last_not_of(' ') + 1);
+    fmt::print("{}\n", line);
+  };
+  Row titles;
+  for (const Column& column : columns) titles.push_back(column.title);
+  print_row(titles);
+  for (const Row& row : rows) print_row(row);
+}
+
+void print_json(const json& value) { fmt::print("{}\n", value.dump(2)); }
+
+// A "name  value" line of `info`'s text output.
+void print_field(const std::string& name, const std::string& value) { fmt::print("{:<10} {}\n", name, value); }
+
+std::string kib(uint64_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / 1024.0); }
+
+std::string count_of(size_t count, const char* singular, const char* plural) {
+  return fmt::format("{} {}", count, count == 1 ? singular : plural);
+}
+
+// "45s", "3m", "2h", "5d": the largest whole unit, as `ls`-style tools show ages.
+std::string age_text(int64_t seconds) {
+  seconds = std::max<int64_t>(seconds, 0);
+  if (seconds < 60) return fmt::format("{}s", seconds);
+  if (seconds < 3600) return fmt::format("{}m", seconds / 60);
+  if (seconds < 86400) return fmt::format("{}h", seconds / 3600);
+  return fmt::format("{}d", seconds / 86400);
+}
+
+// ---- the host: cache, GPUs, archs --------------------------------------------
+
+// The cache the library uses for this configuration (cache_dir "" disables it).
+std::unique_ptr<detail::Cache> open_cache(const Config& config) {
+  if (config.cache_dir.empty()) return std::make_unique<detail::NoCache>();
+  return std::make_unique<detail::FileCache>(config.cache_dir);
+}
+
+struct Device {
+  int index = 0;
+  std::string name;
+  int cc_major = 0;
+  int cc_minor = 0;
+  int sm_count = 0;
+  size_t memory_bytes = 0;
+};
+
+// The GPUs the driver sees; none where there is no driver (a build host).
+std::vector<Device> local_devices() {
+  const detail::Driver& cu = detail::driver();
+  if (!cu.available) return {};
+  int count = 0;
+  detail::check_cuda(cu.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  std::vector<Device> devices;
+  for (int index = 0; index < count; ++index) {
+    CUdevice handle = 0;
+    detail::check_cuda(cu.cuDeviceGet(&handle, index), "cuDeviceGet");
+    auto attribute = [&](CUdevice_attribute which) {
+      int value = 0;
+      detail::check_cuda(cu.cuDeviceGetAttribute(&value, which, handle), "cuDeviceGetAttribute");
+      return value;
+    };
+    Device device;
+    device.index = index;
+    char name[256] = {};
+    detail::check_cuda(cu.cuDeviceGetName(name, sizeof(name), handle), "cuDeviceGetName");
+    device.name = name;
+    device.cc_major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    device.cc_minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    device.sm_count = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    detail::check_cuda(cu.cuDeviceTotalMem(&device.memory_bytes, handle), "cuDeviceTotalMem");
+    devices.push_back(std::move(device));
+  }
+  return devices;
+}
+
+void add_unique(std::vector<Arch>& archs, const Arch& arch) {
+  if (std::find(archs.begin(), archs.end(), arch) == archs.end()) archs.push_back(arch);
+}
+
+// Without --arch: what this host's GPUs run. A host without a (supported) GPU,
+// such as a build machine preparing a cache for deployment, gets the two
+// targets most deployments need: Ampere-class and Hopper.
+std::vector<Arch> default_archs() {
+  std::vector<Arch> archs;
+  for (const Device& device : local_devices()) {
+    const Arch arch = Arch::for_device(device.cc_major, device.cc_minor);
+    if (arch.number() >= 80) add_unique(archs, arch);  // older GPUs are not generated for
+  }
+  if (archs.empty()) archs = {Arch{8, 0, false}, Arch{9, 0, true}};
+  return archs;
+}
+
+std::vector<Arch> parse_archs(const std::vector<std::string>& texts) {
+  if (texts.empty()) return default_archs();
+  std::vector<Arch> archs;
+  for (const std::string& text : texts) add_unique(archs, Arch::parse(text));
+  return archs;
+}
+
+// ---- warm: what to compile ----------------------------------------------------
+
+struct WarmItem {
+  std::string spec;  // canonical text
+  std::string arch;
+  bool operator<(const WarmItem& o) const { return std::tie(spec, arch) < std::tie(o.spec, o.arch); }
+};
+
+// A manifest line is "SPEC [@ARCH]...": '#' starts a comment, blank lines are
+// skipped, and @ARCH pins the line to that arch instead of the --arch list.
+void add_manifest(const std::string& path, const std::vector<Arch>& archs, std::vector<WarmItem>& items) {
+  std::ifstream file(path);
+  if (!file) {
+    throw Error(ErrorCode::invalid_argument, fmt::format("manifest {}: cannot open: {}", path, std::strerror(errno)));
+  }
+  std::string line;
+  for (int number = 1; std::getline(file, line); ++number) {
+    std::istringstream words(line.substr(0, line.find('#')));
+    std::string spec_text;
+    if (!(words >> spec_text)) continue;
+    try {
+      const KernelSpec spec = KernelSpec::parse(spec_text);
+      std::vector<Arch> pinned;
+      for (std::string word; words >> word;) {
+        if (word.size() < 2 || word[0] != '@') {
+          throw Error(ErrorCode::invalid_argument, fmt::format("expected @ARCH after the spec, got '{}'", word));
+        }
+        add_unique(pinned, Arch::parse(word.substr(1)));
+      }
+      for (const Arch& arch : pinned.empty() ? archs : pinned) items.push_back({spec.text(), arch.text()});
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("manifest {}:{}: {}", path, number, e.what()), e.spec());
+    }
+  }
+}
+
+// Every (spec, arch) pair the options ask for, once each, in the order asked.
+// Everything is parsed before anything compiles, so a typo fails in
+// milliseconds rather than after minutes of compiling.
+std::vector<WarmItem> warm_items(const WarmOptions& options) {
+  const std::vector<Arch> archs = parse_archs(options.archs);
+  std::vector<WarmItem> items;
+  for (const std::string& text : options.specs) {
+    const KernelSpec spec = KernelSpec::parse(text);
+    for (const Arch& arch : archs) items.push_back({spec.text(), arch.text()});
+  }
+  if (!options.manifest.empty()) add_manifest(options.manifest, archs, items);
+  std::vector<std::string> preset_names = options.presets;
+  if (options.specs.empty() && options.manifest.empty() && preset_names.empty()) preset_names = {"default"};
+  for (const std::string& name : preset_names) {
+    for (const Arch& arch : archs) {
+      for (const KernelSpec& spec : preset_specs(name, arch)) items.push_back({spec.text(), arch.text()});
+    }
+  }
+  std::set<WarmItem> seen;
+  std::vector<WarmItem> unique;
+  for (const WarmItem& item : items) {
+    if (seen.insert(item).second) unique.push_back(item);
+  }
+  return unique;
+}
+
+// Fails once, up front, when NVRTC is missing or does not know an arch, rather
+// than once per kernel.
+void check_compilable(const std::vector<WarmItem>& items) {
+  const detail::NvrtcInfo& nvrtc = detail::nvrtc_info();
+  if (!nvrtc.available) throw Error(ErrorCode::unsupported, nvrtc.error);
+  std::string known;
+  for (int number : nvrtc.supported_archs) {
+    if (number >= 80) known += fmt::format("{}sm_{}", known.empty() ? "" : ", ", number);
+  }
+  for (const WarmItem& item : items) {
+    const int number = Arch::parse(item.arch).number();
+    const auto& supported = nvrtc.supported_archs;
+    if (std::find(supported.begin(), supported.end(), number) == supported.end()) {
+      throw Error(ErrorCode::unsupported, fmt::format("arch {}: NVRTC {} cannot compile for it (it supports {})",
+                                                      item.arch, nvrtc.version(), known));
+    }
+  }
+}
+
+// ---- warm: compiling ----------------------------------------------------------
+
+size_t terminal_columns() {
+  winsize size{};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 1) return size.ws_col;
+  return 80;
+}
+
+// One status line on stderr, redrawn in place. Silent unless stderr is a
+// terminal, so logs and CI output get only the summary.
+class Progress {
+ public:
+  explicit Progress(size_t total) : total_(total), enabled_(::isatty(STDERR_FILENO) == 1) {}
+
+  void started(const WarmItem& item) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    current_ = item.spec + " " + item.arch;
+    draw();
+  }
+  void finished() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++done_;
+    draw();
+  }
+  // Erases the line so what follows starts on a clean one.
+  void close() {
+    if (!enabled_) return;
+    std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  void draw() const {
+    if (!enabled_) return;
+    constexpr size_t bar_width = 24;
+    const size_t filled = total_ == 0 ? bar_width : bar_width * done_ / total_;
+    std::string line = fmt::format("[{}{}] {}/{} {}", std::string(filled, '#'), std::string(bar_width - filled, '.'),
+                                   done_, total_, current_);
+    // A line wider than the terminal wraps, and "\r" would then redraw only its last part.
+    line.resize(std::min(line.size(), terminal_columns() - 1));
+    fmt::print(stderr, "\r\033[K{}", line);
+    std::fflush(stderr);
+  }
+
+  std::mutex mutex_;
+  size_t total_;
+  size_t done_ = 0;
+  std::string current_;
+  bool enabled_;
+};
+
+struct WarmOutcome {
+  WarmItem item;
+  std::optional<WarmResult> result;  // empty when it failed
+  std::string error;
+};
+
+// Warms the items on `jobs` threads, each taking the next item in order. NVRTC
+// compiles separate programs in parallel and Runtime::warm is thread-safe; a
+// failure is recorded and the others still run.
+std::vector<WarmOutcome> warm_all(Runtime& runtime, const std::vector<WarmItem>& items, size_t jobs) {
+  std::vector<WarmOutcome> outcomes(items.size());
+  Progress progress(items.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < items.size(); i = next++) {
+      progress.started(items[i]);
+      outcomes[i].item = items[i];
+      try {
+        outcomes[i].result = runtime.warm(items[i].spec, items[i].arch);
+      } catch (const std::exception& e) {
+        outcomes[i].error = e.what();
+      }
+      progress.finished();
+    }
+  };
+  std::vector<std::thread> workers;
+  for (size_t j = 0; j < std::min(jobs, items.size()); ++j) workers.emplace_back(work);
+  for (std::thread& worker : workers) worker.join();
+  progress.close();
+  return outcomes;
+}
+
+// Compile errors start with the spec already; others (a cache or driver error) may not.
+std::string failure_text(const WarmOutcome& outcome) {
+  if (outcome.error.rfind(outcome.item.spec, 0) == 0) return outcome.error;
+  return fmt::format("{} for {}: {}", outcome.item.spec, outcome.item.arch, outcome.error);
+}
+
+const char* result_name(const WarmOutcome& outcome) {
+  if (!outcome.result) return "FAILED";
+  return outcome.result->cache_hit ? "hit" : "miss";
+}
+
+json warm_json(const WarmOutcome& outcome) {
+  json record = {{"spec", outcome.item.spec}, {"arch", outcome.item.arch}, {"result", result_name(outcome)}};
+  if (outcome.result) {
+    record["compile_seconds"] = outcome.result->compile_seconds;
+    record["cubin_bytes"] = outcome.result->cubin_bytes;
+  } else {
+    record["error"] = outcome.error;
+  }
+  return record;
+}
+
+Row warm_row(const WarmOutcome& outcome) {
+  const std::optional<WarmResult>& result = outcome.result;
+  const bool compiled = result && !result->cache_hit;
+  return {outcome.item.spec, outcome.item.arch, result_name(outcome),
+          compiled ? fmt::format("{:.2f}", result->compile_seconds) : "-",
+          result ? kib(result->cubin_bytes) : "-"};
+}
+
+// ---- list / info ----------------------------------------------------------------
+
+// Keys are 32 hex digits; 12 tell entries apart in practice.
+std::string short_key(const std::string& key) { return key.substr(0, 12); }
+
+json entry_json(const detail::EntryInfo& entry, int64_t now) {
+  const detail::EntryMeta& meta = entry.meta;
+  return {{"spec", meta.spec},
+          {"arch", meta.arch},
+          {"key", meta.key},
+          {"valid", entry.valid},
+          {"cubin_bytes", meta.cubin_bytes},
+          {"file_bytes", entry.file_bytes},
+          {"created_unix", meta.created_unix},
+          {"age_seconds", entry.valid ? json(now - meta.created_unix) : json()},
+          {"compile_seconds", meta.compile_seconds},
+          {"nvrtc_version", meta.nvrtc_version},
+          {"library_version", meta.library_version},
+          {"path", entry.path}};
+}
+
+Row entry_row(const detail::EntryInfo& entry, int64_t now) {
+  const detail::EntryMeta& meta = entry.meta;
+  if (!entry.valid) return {"(invalid entry)", "-", kib(entry.file_bytes), "-", short_key(meta.key)};
+  return {meta.spec, meta.arch, kib(meta.cubin_bytes), age_text(now - meta.created_unix), short_key(meta.key)};
+}
+
+std::string driver_version_text(int version) { return fmt::format("{}.{}", version / 1000, version % 1000 / 10); }
+
+// Everything `info` reports, gathered once; the text output is rendered from it.
+json info_record(const Config& config) {
+  const detail::NvrtcInfo& nvrtc = detail::nvrtc_info();
+  json nvrtc_record = {{"available", nvrtc.available}, {"version", nvrtc.available ? nvrtc.version() : ""},
+                       {"library", nvrtc.library}, {"error", nvrtc.error}};
+
+  const detail::Driver& cu = detail::driver();
+  json driver_record = {{"available", cu.available},
+                        {"version", cu.available ? driver_version_text(cu.version) : ""},
+                        {"error", cu.error}};
+  json devices = json::array();
+  for (const Device& device : local_devices()) {
+    devices.push_back({{"index", device.index},
+                       {"name", device.name},
+                       {"compute_capability", fmt::format("{}.{}", device.cc_major, device.cc_minor)},
+                       {"arch", Arch::for_device(device.cc_major, device.cc_minor).text()},
+                       {"sm_count", device.sm_count},
+                       {"memory_bytes", device.memory_bytes}});
+  }
+
+  std::unique_ptr<detail::Cache> cache = open_cache(config);
+  size_t invalid = 0;
+  uint64_t bytes = 0;
+  const std::vector<detail::EntryInfo> entries = cache->list();
+  for (const detail::EntryInfo& entry : entries) {
+    invalid += entry.valid ? 0 : 1;
+    bytes += entry.file_bytes;
+  }
+  json cache_record = {{"directory", config.cache_dir}, {"enabled", !config.cache_dir.empty()},
+                       {"writable", cache->writable()}, {"entries", entries.size()},
+                       {"invalid_entries", invalid}, {"bytes", bytes}};
+
+  const bool embedded = config.template_dir.empty();
+  json templates_record = {{"source", embedded ? "embedded" : "directory"}, {"directory", config.template_dir}};
+  if (embedded) templates_record["count"] = detail::embedded_templates().size();
+
+  return {{"version", jitattn::version()}, {"nvrtc", nvrtc_record}, {"driver", driver_record},
+          {"devices", devices}, {"cache", cache_record}, {"templates", templates_record}};
+}
+
+void print_info(const json& info) {
+  print_field("jitattn", info["version"].get<std::string>());
+
+  const json& nvrtc = info["nvrtc"];
+  print_field("nvrtc", nvrtc["available"].get<bool>()
+                           ? fmt::format("{} ({})", nvrtc["version"].get<std::string>(), nvrtc["library"].get<std::string>())
+                           : "unavailable: " + nvrtc["error"].get<std::string>());
+
+  const json& cu = info["driver"];
+  print_field("driver", cu["available"].get<bool>() ? cu["version"].get<std::string>()
+                                                     : "unavailable: " + cu["error"].get<std::string>());
+
+  if (info["devices"].empty()) print_field("devices", "none");
+  for (const json& device : info["devices"]) {
+    print_field(fmt::format("device {}", device["index"].get<int>()),
+                fmt::format("{}, compute {} (jitattn arch {}), {} SMs, {:.1f} GiB", device["name"].get<std::string>(),
+                            device["compute_capability"].get<std::string>(), device["arch"].get<std::string>(),
+                            device["sm_count"].get<int>(),
+                            device["memory_bytes"].get<double>() / (1024.0 * 1024.0 * 1024.0)));
+  }
+
+  const json& cache = info["cache"];
+  if (!cache["enabled"].get<bool>()) {
+    print_field("cache", "disabled (the cache directory is set to \"\")");
+  } else {
+    print_field("cache", fmt::format("{} ({}), {}, {} KiB", cache["directory"].get<std::string>(),
+                                     cache["writable"].get<bool>() ? "writable" : "NOT writable: memory-only",
+                                     count_of(cache["entries"].get<size_t>(), "entry", "entries"),
+                                     kib(cache["bytes"].get<uint64_t>())));
+  }
+  if (cache["invalid_entries"].get<size_t>() > 0) {
+    print_field("", fmt::format("{} invalid (`jitattn clear` removes them)", cache["invalid_entries"].get<size_t>()));
+  }
+
+  const json& templates = info["templates"];
+  print_field("templates", templates["source"] == "embedded"
+                               ? fmt::format("embedded ({} files)", templates["count"].get<size_t>())
+                               : templates["directory"].get<std::string>() + " (JITATTN_TEMPLATE_DIR)");
+}
+
+}  // namespace
+
+// ---- the commands ---------------------------------------------------------------
+
+int warm(const Config& config, const WarmOptions& options) {
+  const std::vector<WarmItem> items = warm_items(options);
+  check_compilable(items);
+  Runtime runtime(config);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<WarmOutcome> outcomes = warm_all(runtime, items, static_cast<size_t>(std::max(options.jobs, 1)));
+  const double wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  size_t misses = 0, failures = 0;
+  for (const WarmOutcome& outcome : outcomes) {
+    if (!outcome.result) {
+      ++failures;
+      fmt::print(stderr, "jitattn: {}\n", failure_text(outcome));
+    } else if (!outcome.result->cache_hit) {
+      ++misses;
+    }
+  }
+  if (options.json) {
+    json records = json::array();
+    for (const WarmOutcome& outcome : outcomes) records.push_back(warm_json(outcome));
+    print_json(records);
+  } else {
+    std::vector<Row> rows;
+    for (const WarmOutcome& outcome : outcomes) rows.push_back(warm_row(outcome));
+    print_table({{"spec"}, {"arch"}, {"result"}, {"compile s", true}, {"cubin KiB", true}}, rows);
+    fmt::print("total: {}, {}, {} failed, {:.2f} s wall\n", count_of(outcomes.size(), "kernel", "kernels"),
+               count_of(misses, "miss (compiled)", "misses (compiled)"), failures, wall_seconds);
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+int list_presets(const std::vector<std::string>& arch_texts, bool json_output) {
+  const std::vector<Arch> archs = parse_archs(arch_texts);
+  json records = json::array();
+  for (const Preset& preset : presets()) {
+    json specs = json::array();
+    for (const Arch& arch : archs) {
+      for (const KernelSpec& spec : preset_specs(preset.name, arch)) {
+        specs.push_back({{"spec", spec.text()}, {"arch", arch.text()}});
+      }
+    }
+    records.push_back({{"name", preset.name}, {"description", preset.description}, {"specs", specs}});
+  }
+  if (json_output) {
+    print_json(records);
+    return 0;
+  }
+  for (const json& record : records) {
+    fmt::print("{:<12} {}\n", record["name"].get<std::string>(), record["description"].get<std::string>());
+    for (const json& spec : record["specs"]) {
+      fmt::print("    {:<8} {}\n", spec["arch"].get<std::string>(), spec["spec"].get<std::string>());
+    }
+  }
+  return 0;
+}
+
+int list(const Config& config, bool json_output) {
+  std::unique_ptr<detail::Cache> cache = open_cache(config);
+  const std::vector<detail::EntryInfo> entries = cache->list();
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  if (json_output) {
+    json records = json::array();
+    for (const detail::EntryInfo& entry : entries) records.push_back(entry_json(entry, now));
+    print_json(records);
+    return 0;
+  }
+  std::vector<Row> rows;
+  uint64_t bytes = 0;
+  size_t invalid = 0;
+  for (const detail::EntryInfo& entry : entries) {
+    rows.push_back(entry_row(entry, now));
+    bytes += entry.file_bytes;
+    invalid += entry.valid ? 0 : 1;
+  }
+  print_table({{"spec"}, {"arch"}, {"cubin KiB", true}, {"age", true}, {"key"}}, rows);
+  fmt::print("{}, {} KiB on disk, in {}\n", count_of(entries.size(), "entry", "entries"), kib(bytes), cache->location());
+  if (invalid > 0) {
+    fmt::print("{} failed their checks and will be rebuilt on use; `jitattn clear` removes them\n",
+               count_of(invalid, "entry", "entries"));
+  }
+  return 0;
+}
+
+int clear(const Config& config) {
+  std::unique_ptr<detail::Cache> cache = open_cache(config);
+  const size_t removed = cache->clear();
+  fmt::print("removed {} from {}\n", count_of(removed, "entry", "entries"), cache->location());
+  return 0;
+}
+
+int info(const Config& config, bool json_output) {
+  const json record = info_record(config);
+  if (json_output) {
+    print_json(record);
+  } else {
+    print_info(record);
+  }
+  return 0;
+}
+
+int source(const Config& config, const std::string& spec_text) {
+  const KernelSpec spec = KernelSpec::parse(spec_text);
+  const std::string text = detail::render(spec, detail::TemplateSet(config.template_dir));
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
+
+}  // namespace jitattn::cli

@@ -1,0 +1,103 @@
+// jitattn: warms, inspects and clears the kernel cache from the command line.
+// This file only parses the command line and dispatches; each command is one
+// function in commands.cpp.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <jitattn/jitattn.hpp>
+
+#include "cli/commands.hpp"
+
+namespace {
+
+constexpr const char* warm_footer = R"(
+Without SPEC, --manifest or --preset, warms the `default` preset.
+Without --arch, targets the archs of this host's GPUs, or sm_80 and sm_90a
+when there is none.
+
+Manifest: one spec per line; blank lines and text after '#' are ignored.
+A line may pin archs, which then replace the --arch list for that line:
+    fwd.bf16.d128.br128.bc64.w8.causal            # every --arch
+    fwd.f16.d64.br128.bc64.w4 @sm_80 @sm_90a      # only these
+
+Prints a table (spec, arch, hit/miss, compile seconds, cubin KiB) and a total
+line; exits 1 if any kernel failed to compile (after compiling the others).)";
+
+// Repeatable options take one value per occurrence, so a spec written after
+// `--arch sm_80` stays a spec.
+CLI::Option* add_repeatable(CLI::App* app, const std::string& name, std::vector<std::string>& values,
+                            const std::string& help) {
+  return app->add_option(name, values, help)->allow_extra_args(false)->type_name("NAME");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace jitattn;
+
+  CLI::App app{"jitattn: FlashAttention kernels generated just in time. Warms, inspects and clears\n"
+               "the on-disk kernel cache (JITATTN_CACHE_DIR, else $XDG_CACHE_HOME/jitattn, else ~/.cache/jitattn).",
+               "jitattn"};
+  app.set_version_flag("--version", "jitattn " + version());
+  app.require_subcommand(1);
+  app.fallthrough();  // global options may also follow the subcommand
+  std::string cache_dir;
+  CLI::Option* cache_dir_option =
+      app.add_option("--cache-dir", cache_dir, "Cache directory for this run (overrides JITATTN_CACHE_DIR)")
+          ->type_name("DIR");
+
+  cli::WarmOptions warm;
+  CLI::App* warm_cmd = app.add_subcommand("warm", "Compile kernels into the cache (or find them there)");
+  warm_cmd->add_option("spec", warm.specs, "Kernel specs, e.g. fwd.bf16.d128.br128.bc64.w8.causal")->type_name("SPEC");
+  warm_cmd->add_option("--manifest", warm.manifest, "File listing specs (format below)")->type_name("FILE");
+  add_repeatable(warm_cmd, "--preset", warm.presets, "Model preset (repeatable); `jitattn presets` lists them");
+  add_repeatable(warm_cmd, "--arch", warm.archs, "Target arch, e.g. sm_80, sm_90a (repeatable)")->type_name("ARCH");
+  warm_cmd->add_option("-j,--jobs", warm.jobs, "Compile N kernels at once (default 1)")
+      ->check(CLI::Range(1, 1024))
+      ->option_text("N");
+  warm_cmd->add_flag("--json", warm.json, "Print the results as a JSON array instead of a table");
+  warm_cmd->footer(warm_footer);
+
+  std::vector<std::string> preset_archs;
+  bool presets_json = false;
+  CLI::App* presets_cmd = app.add_subcommand("presets", "List the model presets and the specs each warms");
+  add_repeatable(presets_cmd, "--arch", preset_archs, "Expand for this arch (repeatable; default as for warm)")->type_name("ARCH");
+  presets_cmd->add_flag("--json", presets_json, "Print JSON");
+
+  bool list_json = false;
+  CLI::App* list_cmd = app.add_subcommand("list", "List the cache's entries: spec, arch, cubin size, age, key");
+  list_cmd->add_flag("--json", list_json, "Print a JSON array");
+
+  CLI::App* clear_cmd = app.add_subcommand("clear", "Remove every cache entry");
+
+  bool info_json = false;
+  CLI::App* info_cmd = app.add_subcommand("info", "Show version, NVRTC, driver, GPUs, cache and template source");
+  info_cmd->add_flag("--json", info_json, "Print a JSON object");
+
+  std::string source_spec;
+  CLI::App* source_cmd = app.add_subcommand("source", "Print the CUDA source rendered for a spec");
+  source_cmd->add_option("spec", source_spec, "Kernel spec, e.g. fwd.bf16.d64.br128.bc64.w4")->required()->type_name("SPEC");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    fmt::print(stderr, "jitattn: {}\nRun 'jitattn --help' for usage.\n", e.what());
+    return 2;
+  }
+
+  try {
+    Config config = Config::from_env();
+    if (*cache_dir_option) config.cache_dir = cache_dir;
+    if (*warm_cmd) return cli::warm(config, warm);
+    if (*presets_cmd) return cli::list_presets(preset_archs, presets_json);
+    if (*list_cmd) return cli::list(config, list_json);
+    if (*clear_cmd) return cli::clear(config);
+    if (*info_cmd) return cli::info(config, info_json);
+    if (*source_cmd) return cli::source(config, source_spec);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "jitattn: {}\n", e.what());
+    return 1;
+  }
+  return 1;  // unreachable: require_subcommand(1)
+}

@@ -1,0 +1,37 @@
+// Named model presets for `jitattn warm --preset NAME`: the attention shapes a
+// model uses (dtype, head dim, causal), expanded per arch into exactly the
+// kernel specs the planner will pick for them, so a warmed cache serves the
+// model's first call without compiling.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <jitattn/jitattn.hpp>
+
+#include "spec.hpp"
+
+namespace jitattn::cli {
+
+// What a model's attention layers bake into a kernel. Head counts, GQA ratio
+// and sequence lengths are runtime arguments, so they do not appear here.
+struct AttentionShape {
+  DType dtype = DType::bf16;
+  int head_dim = 128;
+  bool causal = true;
+};
+
+struct Preset {
+  std::string name;
+  std::string description;
+  std::vector<AttentionShape> shapes;
+};
+
+// Every preset, in the order `jitattn presets` lists them ("default" first).
+const std::vector<Preset>& presets();
+
+// The specs preset `name` needs on `arch`, with the tiles default_tiles() picks.
+// Throws Error(invalid_argument) for an unknown name; the message lists the known ones.
+std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch);
+
+}  // namespace jitattn::cli

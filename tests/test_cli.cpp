@@ -1,0 +1,307 @@
+// The jitattn command-line tool, run as a separate process (JITATTN_CLI_PATH)
+// with its cache in a fresh temporary directory per test. NVRTC compiles cost
+// about a second each, so only a handful of tests compile anything.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "plan.hpp"
+#include "render.hpp"
+#include "cli/presets.hpp"
+#include "spec.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using jitattn::detail::Arch;
+using jitattn::detail::KernelSpec;
+
+std::string shell_quoted(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+struct CliRun {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+// A fresh temporary directory holding the cache and any files a test writes;
+// removed afterwards.
+class CliSandbox {
+ public:
+  CliSandbox() {
+    char pattern[] = "/tmp/jitattn-cli-test-XXXXXX";
+    REQUIRE(::mkdtemp(pattern) != nullptr);
+    root_ = pattern;
+    cache_dir_ = root_ + "/cache";
+  }
+  ~CliSandbox() {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  CliSandbox(const CliSandbox&) = delete;
+  CliSandbox& operator=(const CliSandbox&) = delete;
+
+  const std::string& root() const { return root_; }
+  const std::string& cache_dir() const { return cache_dir_; }
+
+  // Runs `jitattn <args>` with only this sandbox's cache directory in its
+  // environment (extra_env: more VAR=value words); stdout and stderr apart.
+  CliRun run(const std::string& args, const std::string& extra_env = "") const {
+    const std::string err_path = root_ + "/stderr.txt";
+    const std::string command =
+        fmt::format("env -u JITATTN_LOG -u JITATTN_TEMPLATE_DIR JITATTN_CACHE_DIR={} {} {} {} 2>{}",
+                    shell_quoted(cache_dir_), extra_env, shell_quoted(JITATTN_CLI_PATH), args, shell_quoted(err_path));
+    CliRun result;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    char buffer[4096];
+    for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) result.out.append(buffer, n);
+    const int status = ::pclose(pipe);
+    result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    result.err = read_text(err_path);
+    return result;
+  }
+
+  json run_json(const std::string& args) const {
+    const CliRun result = run(args);
+    INFO("stderr: " << result.err);
+    REQUIRE(result.status == 0);
+    return json::parse(result.out);
+  }
+
+  std::string write_file(const std::string& name, const std::string& text) const {
+    const std::string path = root_ + "/" + name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+
+ private:
+  std::string root_;
+  std::string cache_dir_;
+};
+
+// The table row of `spec` in warm's or list's output ("" if none).
+std::string row_of(const std::string& table, const std::string& spec) {
+  std::istringstream lines(table);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(spec + " ", 0) == 0) return line;
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+const char* const kSmallSpec = "fwd.f16.d64.br64.bc64.w4";
+
+}  // namespace
+
+TEST_SUITE("cli") {
+
+TEST_CASE("--version prints the library version") {
+  CliSandbox sandbox;
+  const CliRun result = sandbox.run("--version");
+  CHECK(result.status == 0);
+  CHECK(result.out == "jitattn " + jitattn::version() + "\n");
+}
+
+TEST_CASE("source prints the rendered kernel, byte-identical across runs") {
+  CliSandbox sandbox;
+  const std::string spec = "fwd.bf16.d64.br128.bc64.w4";
+  const CliRun first = sandbox.run("source " + spec);
+  REQUIRE(first.status == 0);
+  CHECK(contains(first.out, "jitattn_fwd"));
+  CHECK(contains(first.out, spec));
+  for (const char* constant : {"/*HEAD_DIM=*/64", "/*BLOCK_Q=*/128", "/*BLOCK_KV=*/64", "/*WARPS=*/4", "/*CAUSAL=*/false"}) {
+    CHECK_MESSAGE(contains(first.out, constant), constant);
+  }
+  CHECK(sandbox.run("source " + spec).out == first.out);
+  // Exactly what the library compiles, so reading it shows what NVRTC sees.
+  CHECK(first.out == jitattn::detail::render(KernelSpec::parse(spec), jitattn::detail::TemplateSet()));
+}
+
+TEST_CASE("source with a bad spec fails naming the bad field") {
+  CliSandbox sandbox;
+  const CliRun result = sandbox.run("source fwd.bf16.x64.br128.bc64.w4");
+  CHECK(result.status == 1);
+  CHECK(result.out.empty());
+  CHECK(contains(result.err, "jitattn: "));
+  CHECK(contains(result.err, "dN (head dim)"));
+}
+
+TEST_CASE("warm compiles on a miss, hits the cache the second time, and list shows the entry") {
+  CliSandbox sandbox;
+  const std::string args = fmt::format("warm {} --arch sm_80", kSmallSpec);
+
+  const CliRun first = sandbox.run(args);
+  INFO("stdout: " << first.out << "\nstderr: " << first.err);
+  REQUIRE(first.status == 0);
+  const std::string first_row = row_of(first.out, kSmallSpec);
+  CHECK(contains(first_row, "sm_80"));
+  CHECK(contains(first_row, " miss "));
+  CHECK(contains(first.out, "total: 1 kernel, 1 miss"));
+  CHECK(first.err.empty());  // no progress bar off a terminal
+
+  const CliRun second = sandbox.run(args);
+  REQUIRE(second.status == 0);
+  CHECK(contains(row_of(second.out, kSmallSpec), " hit "));
+  const json hit = sandbox.run_json(args + " --json");
+  REQUIRE(hit.size() == 1);
+  CHECK(hit[0]["result"] == "hit");
+  CHECK(hit[0]["cubin_bytes"].get<size_t>() > 0);
+
+  const CliRun listed = sandbox.run("list");
+  REQUIRE(listed.status == 0);
+  CHECK(contains(row_of(listed.out, kSmallSpec), "sm_80"));
+  const json entries = sandbox.run_json("list --json");
+  REQUIRE(entries.size() == 1);
+  CHECK(entries[0]["spec"] == kSmallSpec);
+  CHECK(entries[0]["arch"] == "sm_80");
+  CHECK(entries[0]["valid"] == true);
+}
+
+TEST_CASE("warm --manifest skips comments and blank lines, honours @ARCH, and runs -j 2") {
+  CliSandbox sandbox;
+  const std::string manifest = sandbox.write_file("kernels.txt",
+                                                  "# kernels for the test\n"
+                                                  "\n"
+                                                  "fwd.f16.d64.br64.bc64.w4\n"
+                                                  "   fwd.bf16.d64.br64.bc64.w4.causal @sm_90a   # pinned\n");
+  const json results = sandbox.run_json(fmt::format("warm --manifest {} --arch sm_80 -j 2 --json", shell_quoted(manifest)));
+  REQUIRE(results.size() == 2);
+  std::set<std::pair<std::string, std::string>> warmed;
+  for (const json& result : results) {
+    CHECK(result["result"] == "miss");
+    warmed.emplace(result["spec"].get<std::string>(), result["arch"].get<std::string>());
+  }
+  CHECK(warmed == std::set<std::pair<std::string, std::string>>{{"fwd.f16.d64.br64.bc64.w4", "sm_80"},
+                                                                {"fwd.bf16.d64.br64.bc64.w4.causal", "sm_90a"}});
+}
+
+TEST_CASE("a bad manifest line fails before compiling, naming the file and line") {
+  CliSandbox sandbox;
+  const std::string manifest = sandbox.write_file("bad.txt", "# ok\nfwd.f16.d64.br64.bc64.w4\nfwd.f16.d64.br64.bc64.w3\n");
+  const CliRun result = sandbox.run(fmt::format("warm --manifest {} --arch sm_80", shell_quoted(manifest)));
+  CHECK(result.status == 1);
+  CHECK(contains(result.err, manifest + ":3:"));
+  CHECK(contains(result.err, "w=3"));
+  CHECK(sandbox.run_json("list --json").empty());
+}
+
+TEST_CASE("warm --preset with an unknown name fails listing the known presets") {
+  CliSandbox sandbox;
+  const CliRun result = sandbox.run("warm --preset llama9-1t --arch sm_80");
+  CHECK(result.status == 1);
+  CHECK(contains(result.err, "unknown preset 'llama9-1t'"));
+  for (const char* known : {"default", "llama3-8b", "llama3-70b", "mistral-7b", "qwen2.5-7b", "gpt2", "bert-base"}) {
+    CHECK_MESSAGE(contains(result.err, known), known);
+  }
+}
+
+TEST_CASE("presets expand to the specs the planner picks") {
+  const Arch hopper = Arch::parse("sm_90a");
+  const std::vector<KernelSpec> specs = jitattn::cli::preset_specs("default", hopper);
+  CHECK(specs.size() == 8);
+  std::set<std::string> texts;
+  for (const KernelSpec& spec : specs) {
+    texts.insert(spec.text());
+    CHECK(KernelSpec::parse(spec.text()) == spec);
+    const jitattn::TileConfig tiles = jitattn::detail::default_tiles(spec.dtype, spec.head_dim, spec.causal, hopper);
+    CHECK(spec.block_q == tiles.block_q);
+    CHECK(spec.block_kv == tiles.block_kv);
+    CHECK(spec.warps == tiles.warps);
+  }
+  CHECK(texts.size() == 8);
+
+  const std::vector<KernelSpec> llama = jitattn::cli::preset_specs("llama3-8b", hopper);
+  REQUIRE(llama.size() == 1);
+  CHECK(llama[0].dtype == jitattn::DType::bf16);
+  CHECK(llama[0].head_dim == 128);
+  CHECK(llama[0].causal);
+  const std::vector<KernelSpec> bert = jitattn::cli::preset_specs("bert-base", hopper);
+  REQUIRE(bert.size() == 1);
+  CHECK(bert[0].dtype == jitattn::DType::f16);
+  CHECK(bert[0].head_dim == 64);
+  CHECK_FALSE(bert[0].causal);
+
+  CHECK_THROWS_WITH_AS(jitattn::cli::preset_specs("nope", hopper), doctest::Contains("llama3-70b"), jitattn::Error);
+}
+
+TEST_CASE("clear removes every entry and list --json is then empty") {
+  CliSandbox sandbox;
+  REQUIRE(sandbox.run(fmt::format("warm {} --arch sm_80", kSmallSpec)).status == 0);
+  REQUIRE(sandbox.run_json("list --json").size() == 1);
+  const CliRun cleared = sandbox.run("clear");
+  CHECK(cleared.status == 0);
+  CHECK(contains(cleared.out, "removed 1 entry"));
+  CHECK(sandbox.run_json("list --json") == json::array());
+}
+
+TEST_CASE("info --json reports the cache directory and the NVRTC version") {
+  CliSandbox sandbox;
+  const json info = sandbox.run_json("info --json");
+  CHECK(info["version"] == jitattn::version());
+  CHECK(info["cache"]["directory"] == sandbox.cache_dir());
+  CHECK(info["cache"]["writable"] == true);
+  CHECK(info["cache"]["entries"] == 0);
+  CHECK(info["nvrtc"]["available"] == true);
+  CHECK_FALSE(info["nvrtc"]["version"].get<std::string>().empty());
+  CHECK(info["devices"].is_array());
+  CHECK(info["templates"]["source"] == "embedded");
+
+  // --cache-dir overrides JITATTN_CACHE_DIR, before or after the subcommand.
+  const std::string other = sandbox.root() + "/other";
+  CHECK(sandbox.run_json("--cache-dir " + shell_quoted(other) + " info --json")["cache"]["directory"] == other);
+  CHECK(sandbox.run_json("info --json --cache-dir " + shell_quoted(other))["cache"]["directory"] == other);
+}
+
+TEST_CASE("warm with an invalid arch fails before compiling anything") {
+  CliSandbox sandbox;
+  for (const char* arch : {"sm_75", "banana"}) {
+    const CliRun result = sandbox.run(fmt::format("warm {} --arch {}", kSmallSpec, arch));
+    CHECK(result.status == 1);
+    CHECK(contains(result.err, fmt::format("jitattn: arch '{}'", arch)));
+    CHECK(contains(result.err, "sm_90a"));  // the message shows valid examples
+  }
+  CHECK(sandbox.run_json("list --json").empty());
+}
+
+TEST_CASE("a failed compile is reported, the other kernels still finish, and warm exits 1") {
+  CliSandbox sandbox;
+  // A template copy that NVRTC rejects for head_dim 128 only.
+  const std::string templates = sandbox.root() + "/templates";
+  fs::copy(fs::path(JITATTN_SOURCE_DIR) / "templates", templates);
+  std::ofstream(templates + "/entry_fwd.cu", std::ios::app)
+      << "static_assert({head_dim} != 128, \"broken on purpose by test_cli\");\n";
+  const CliRun result = sandbox.run(fmt::format("warm {} fwd.f16.d128.br128.bc64.w8 --arch sm_80 -j 2", kSmallSpec),
+                                    "JITATTN_TEMPLATE_DIR=" + shell_quoted(templates));
+  INFO("stdout: " << result.out << "\nstderr: " << result.err);
+  CHECK(result.status == 1);
+  CHECK(contains(result.err, "jitattn: fwd.f16.d128.br128.bc64.w8 for sm_80"));
+  CHECK(contains(result.err, "broken on purpose by test_cli"));  // the NVRTC log
+  CHECK(contains(row_of(result.out, kSmallSpec), " miss "));
+  CHECK(contains(row_of(result.out, "fwd.f16.d128.br128.bc64.w8"), "FAILED"));
+  CHECK(contains(result.out, "1 failed"));
+}
+
+}  // TEST_SUITE("cli")
