@@ -1,0 +1,156 @@
+// Host-side costs of the JIT path.
+//   jitattn_bench_host compile [ARCH]   cold NVRTC compile time of each default-set kernel (no GPU needed)
+//   jitattn_bench_host first-call       first forward call in this process (disk cache as configured)
+//   jitattn_bench_host overhead [N]     host µs per cached call: jitattn::forward vs a bare cuLaunchKernel
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <jitattn/jitattn.hpp>
+
+#include "compile.hpp"
+#include "driver.hpp"
+#include "kernels.hpp"
+#include "plan.hpp"
+#include "render.hpp"
+
+using namespace jitattn;
+using namespace jitattn::detail;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_since(Clock::time_point start) { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); }
+
+int bench_compile(const std::string& arch_text) {
+  const Arch arch = Arch::parse(arch_text);
+  fmt::print("{:<40} {:>8} {:>10}\n", "spec", "seconds", "cubin KiB");
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int head_dim : {64, 128})
+      for (bool causal : {false, true}) {
+        const TileConfig t = default_tiles(dtype, head_dim, causal, arch);
+        const KernelSpec spec{Family::fwd, dtype, head_dim, t.block_q, t.block_kv, t.warps, causal};
+        const auto start = Clock::now();
+        const CompileOutput out = compile_cubin(render(spec, TemplateSet()), spec.text() + ".cu", arch, spec.text());
+        fmt::print("{:<40} {:>8.2f} {:>10.1f}\n", spec.text(), ms_since(start) / 1000, out.cubin.size() / 1024.0);
+      }
+  return 0;
+}
+
+// A small problem whose kernel is short, so launch costs dominate.
+struct SmallProblem {
+  CUdeviceptr q = 0, k = 0, v = 0, o = 0;
+  TensorView qv, kv, vv, ov;
+  SmallProblem() {
+    const auto& d = driver();
+    const size_t bytes = 1 * 128 * 2 * 64 * 2;
+    for (CUdeviceptr* p : {&q, &k, &v, &o}) {
+      check_cuda(d.cuMemAlloc(p, bytes), "cuMemAlloc");
+      check_cuda(d.cuMemsetD8(*p, 0x3c, bytes), "cuMemsetD8");  // 0x3c3c: a finite f16 value
+    }
+    qv = TensorView::contiguous(reinterpret_cast<void*>(q), DType::f16, {1, 128, 2, 64});
+    kv = TensorView::contiguous(reinterpret_cast<void*>(k), DType::f16, {1, 128, 2, 64});
+    vv = TensorView::contiguous(reinterpret_cast<void*>(v), DType::f16, {1, 128, 2, 64});
+    ov = TensorView::contiguous(reinterpret_cast<void*>(o), DType::f16, {1, 128, 2, 64});
+  }
+};
+
+void make_context_current() {
+  const auto& d = driver();
+  if (!d.available) throw Error(ErrorCode::cuda_error, "no GPU: " + d.error);
+  CUdevice device;
+  CUcontext context;
+  check_cuda(d.cuDeviceGet(&device, 0), "cuDeviceGet");
+  check_cuda(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+  check_cuda(d.cuCtxSetCurrent(context), "cuCtxSetCurrent");
+}
+
+int bench_first_call() {
+  auto start = Clock::now();
+  make_context_current();
+  const double context_ms = ms_since(start);
+  SmallProblem problem;
+  start = Clock::now();
+  forward(problem.qv, problem.kv, problem.vv, problem.ov);
+  check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+  const double first_ms = ms_since(start);
+  start = Clock::now();
+  forward(problem.qv, problem.kv, problem.vv, problem.ov);
+  check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+  fmt::print("context creation {:.1f} ms; first call {:.2f} ms; second call {:.3f} ms (each including the kernel and a sync)\n",
+             context_ms, first_ms, ms_since(start));
+  return 0;
+}
+
+int bench_overhead(int calls) {
+  make_context_current();
+  const auto& d = driver();
+  SmallProblem problem;
+  forward(problem.qv, problem.kv, problem.vv, problem.ov);  // warm
+  // The same kernel and arguments, launched directly.
+  CUdevice device;
+  int major = 0, minor = 0, smem = 0;
+  d.cuCtxGetDevice(&device);
+  d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+  d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+  d.cuDeviceGetAttribute(&smem, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device);
+  const Arch arch = Arch::for_device(major, minor);
+  ForwardPlan plan = plan_forward(problem.qv, problem.kv, problem.vv, problem.ov, nullptr, {}, arch, smem);
+  KernelBuilder builder(TemplateSet(), std::make_unique<FileCache>(Config::from_env().cache_dir));
+  const BuiltKernel built = builder.build(plan.spec, arch);
+  CUmodule module;
+  CUfunction function;
+  check_cuda(d.cuModuleLoadData(&module, built.entry.cubin.data()), "cuModuleLoadData");
+  check_cuda(d.cuModuleGetFunction(&function, module, entry_name(plan.spec)), "cuModuleGetFunction");
+  check_cuda(d.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(plan.spec.smem_bytes())), "attr");
+  void* args[] = {&plan.params};
+
+  // Batches of 100 launches then a sync, so the launch queue never fills and
+  // blocks the host; the median batch is reported.
+  auto time_batches = [&](auto&& launch) {
+    std::vector<double> per_call;
+    for (int batch = 0; batch < calls / 100; ++batch) {
+      check_cuda(d.cuCtxSynchronize(), "sync");
+      const auto start = Clock::now();
+      for (int i = 0; i < 100; ++i) launch();
+      per_call.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / 100);
+    }
+    check_cuda(d.cuCtxSynchronize(), "sync");
+    std::sort(per_call.begin(), per_call.end());
+    return per_call[per_call.size() / 2];
+  };
+  const double raw = time_batches([&] {
+    check_cuda(d.cuLaunchKernel(function, plan.grid, 1, 1, plan.spec.threads(), 1, 1, unsigned(plan.spec.smem_bytes()),
+                                nullptr, args, nullptr), "cuLaunchKernel");
+  });
+  const double full = time_batches([&] { forward(problem.qv, problem.kv, problem.vv, problem.ov); });
+  const double raw_again = time_batches([&] {
+    check_cuda(d.cuLaunchKernel(function, plan.grid, 1, 1, plan.spec.threads(), 1, 1, unsigned(plan.spec.smem_bytes()),
+                                nullptr, args, nullptr), "cuLaunchKernel");
+  });
+  fmt::print("host time per call over {} calls (median of batches of 100):\n", calls);
+  fmt::print("  cuLaunchKernel alone: {:.2f} µs (again: {:.2f} µs)\n", raw, raw_again);
+  fmt::print("  jitattn::forward:     {:.2f} µs\n", full);
+  fmt::print("  jitattn overhead:     {:.2f} µs per call\n", full - std::min(raw, raw_again));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "compile") return bench_compile(argc > 2 ? argv[2] : "sm_90a");
+    if (mode == "first-call") return bench_first_call();
+    if (mode == "overhead") return bench_overhead(argc > 2 ? std::atoi(argv[2]) : 10000);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "jitattn_bench_host: {}\n", e.what());
+    return 1;
+  }
+  fmt::print(stderr, "usage: jitattn_bench_host compile [ARCH] | first-call | overhead [CALLS]\n");
+  return 2;
+}

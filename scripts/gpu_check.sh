@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on the GPU host over a copy of the tree with a build folder built on the
+# development machine (carried with the call): GPU tests, the example, host
+# overhead and prefill benchmarks. Logs go to $OUT (or ./gpu-out).
+#   scripts/gpu_check.sh [BUILD_DIR] [tests|bench|all]
+set -uo pipefail
+build=${1:-build}
+what=${2:-all}
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export JITATTN_CACHE_DIR=${JITATTN_CACHE_DIR:-/tmp/jitattn-cache}
+status=0
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+
+if [[ $what == tests || $what == all ]]; then
+  echo "== GPU tests"
+  "$build/tests/jitattn_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | tail -25 || status=1
+  echo "== example"
+  "$build/examples/attention_example" --seqlen 2048 --causal 2>&1 | tee "$out/example.log" || status=1
+  "$build/examples/attention_example" --seqlen 1000 --head-dim 64 --heads 12 --kv-heads 4 --f16 2>&1 | tee -a "$out/example.log" || status=1
+fi
+if [[ $what == bench || $what == all ]]; then
+  echo "== host costs"
+  rm -rf /tmp/jitattn-first && export JITATTN_CACHE_DIR=/tmp/jitattn-first
+  { "$build/bench/jitattn_bench_host" first-call   # cold: compiles
+    "$build/bench/jitattn_bench_host" first-call   # fresh process, warm disk cache
+    "$build/bench/jitattn_bench_host" first-call
+    "$build/bench/jitattn_bench_host" overhead 10000; } 2>&1 | tee "$out/host.log"
+  export JITATTN_CACHE_DIR=/tmp/jitattn-cache
+  echo "== prefill sweep"
+  "$build/bench/jitattn_bench_prefill" --dtype ${BENCH_DTYPE:-bf16} --tiles ${BENCH_TILES:-all} --iters 10 \
+      --json "$out/prefill.json" > "$out/prefill.log" 2>&1 || status=1
+  grep -E "best|error" "$out/prefill.log" | head -60
+fi
+exit $status

@@ -1,0 +1,284 @@
+#include "gpu_support.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+#include "compile.hpp"
+#include "spec.hpp"
+
+namespace jitattn::test {
+
+using detail::check_cuda;
+using detail::driver;
+
+bool use_gpu(std::string* why) {
+  const auto& d = driver();
+  if (!d.available) {
+    *why = d.error;
+    return false;
+  }
+  static CUcontext primary = [&] {
+    CUdevice device = 0;
+    CUcontext context = nullptr;
+    check_cuda(d.cuDeviceGet(&device, 0), "cuDeviceGet");
+    check_cuda(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+    return context;
+  }();
+  check_cuda(d.cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  return true;
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  check_cuda(driver().cuMemAlloc(&pointer_, bytes > 0 ? bytes : 16), "cuMemAlloc");
+}
+DeviceBuffer::~DeviceBuffer() { driver().cuMemFree(pointer_); }
+void DeviceBuffer::fill_bytes(unsigned char value) { check_cuda(driver().cuMemsetD8(pointer_, value, bytes_), "cuMemsetD8"); }
+void DeviceBuffer::upload(const void* host, size_t bytes) { check_cuda(driver().cuMemcpyHtoD(pointer_, host, bytes), "cuMemcpyHtoD"); }
+void DeviceBuffer::download(void* host, size_t bytes) const {
+  check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+  check_cuda(driver().cuMemcpyDtoH(host, pointer_, bytes), "cuMemcpyDtoH");
+}
+
+namespace {
+
+size_t span_elements(const int64_t (&shape)[4], const int64_t (&strides)[4]) {
+  size_t last = 0;
+  for (int axis = 0; axis < 4; ++axis) {
+    if (shape[axis] == 0) return 0;
+    last += static_cast<size_t>(shape[axis] - 1) * strides[axis];
+  }
+  return last + 1;
+}
+
+template <typename Body>
+void for_each_element(const int64_t (&shape)[4], const int64_t (&strides)[4], Body&& body) {
+  size_t logical = 0;
+  for (int64_t b = 0; b < shape[0]; ++b)
+    for (int64_t s = 0; s < shape[1]; ++s)
+      for (int64_t h = 0; h < shape[2]; ++h)
+        for (int64_t d = 0; d < shape[3]; ++d)
+          body(logical++, static_cast<size_t>(b * strides[0] + s * strides[1] + h * strides[2] + d));
+}
+
+}  // namespace
+
+DeviceTensor::DeviceTensor(DType dtype_, const int64_t (&shape_)[4], const int64_t (&strides_)[4])
+    : dtype(dtype_), shape{shape_[0], shape_[1], shape_[2], shape_[3]},
+      strides{strides_[0], strides_[1], strides_[2], strides_[3]},
+      buffer(span_elements(shape_, strides_) * 2) {
+  buffer.fill_bytes(0xff);
+}
+
+DeviceTensor::DeviceTensor(const std::vector<float>& values, DType dtype_, const int64_t (&shape_)[4],
+                           const int64_t (&strides_)[4])
+    : DeviceTensor(dtype_, shape_, strides_) {
+  std::vector<uint16_t> host(buffer.bytes() / 2, 0xffff);  // gaps stay NaN: a stray read shows
+  for_each_element(shape, strides, [&](size_t logical, size_t offset) { host[offset] = from_float(values[logical], dtype); });
+  buffer.upload(host.data(), host.size() * 2);
+}
+
+TensorView DeviceTensor::view() const {
+  TensorView t;
+  t.data = buffer.get();
+  t.dtype = dtype;
+  t.ndim = 4;
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = shape[i];
+    t.strides[i] = strides[i];
+  }
+  return t;
+}
+
+std::vector<uint16_t> DeviceTensor::raw() const {
+  std::vector<uint16_t> host(buffer.bytes() / 2);
+  buffer.download(host.data(), host.size() * 2);
+  return host;
+}
+
+std::vector<float> DeviceTensor::read() const {
+  const std::vector<uint16_t> host = raw();
+  std::vector<float> values(static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3]));
+  for_each_element(shape, strides, [&](size_t logical, size_t offset) { values[logical] = to_float(host[offset], dtype); });
+  return values;
+}
+
+void contiguous_strides(const int64_t (&shape)[4], int64_t (&strides)[4]) {
+  strides[3] = 1;
+  strides[2] = shape[3];
+  strides[1] = shape[2] * shape[3];
+  strides[0] = shape[1] * shape[2] * shape[3];
+}
+
+void padded_strides(const int64_t (&shape)[4], int64_t (&strides)[4]) {
+  strides[3] = 1;
+  strides[2] = shape[3] + 8;
+  strides[1] = shape[2] * strides[2] + 24;
+  strides[0] = shape[1] * strides[1] + 64;
+}
+
+void heads_major_strides(const int64_t (&shape)[4], int64_t (&strides)[4]) {
+  strides[3] = 1;
+  strides[1] = shape[3];
+  strides[2] = shape[1] * shape[3];
+  strides[0] = shape[2] * shape[1] * shape[3];
+}
+
+namespace {
+
+// One CTA per (query row, head, batch). Scores of the row live in shared
+// memory; fp32 accumulation, expf. No toolkit headers (NVRTC builtins only).
+const char* kReferenceSource = R"CUDA(
+struct RefParams {
+  const unsigned short* q; const unsigned short* k; const unsigned short* v;
+  float* out; float* lse;
+  long long q_stride[3], k_stride[3], v_stride[3];
+  int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal;
+  float scale;
+};
+
+template <bool BF16> __device__ float to_f32(unsigned short bits) {
+  if (BF16) return __uint_as_float(((unsigned)bits) << 16);
+  float f; asm("{ .reg .b16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "h"(bits)); return f;
+}
+template <bool BF16> __device__ float round16(float x) {
+  unsigned short bits;
+  if (BF16) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+  else asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+  return to_f32<BF16>(bits);
+}
+
+__device__ float block_reduce(float x, bool is_max, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = is_max ? fmaxf(x, y) : x + y;
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = x;
+  __syncthreads();
+  x = scratch[0];
+  for (int w = 1; w < blockDim.x / 32; ++w) x = is_max ? fmaxf(x, scratch[w]) : x + scratch[w];
+  return x;
+}
+
+template <bool BF16, bool EXACT>
+__device__ void reference_row(const RefParams& p) {
+  extern __shared__ float scores[];
+  __shared__ float scratch[32];
+  const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int kvh = h / (p.heads_q / p.heads_kv);
+  int keys = p.seqlen_k;
+  if (p.causal) keys = min(max(i + p.seqlen_k - p.seqlen_q + 1, 0), p.seqlen_k);
+  const unsigned short* q = p.q + b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2];
+  const unsigned short* k = p.k + b * p.k_stride[0] + kvh * p.k_stride[2];
+  const unsigned short* v = p.v + b * p.v_stride[0] + kvh * p.v_stride[2];
+  float* out = p.out + (((long long)b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim;
+  float local_max = -__int_as_float(0x7f800000);
+  for (int j = threadIdx.x; j < keys; j += blockDim.x) {
+    float dot = 0.f;
+    for (int d = 0; d < p.head_dim; ++d) {
+      const float kd = to_f32<BF16>(k[j * p.k_stride[1] + d]);
+      dot += to_f32<BF16>(q[d]) * (EXACT ? kd : round16<BF16>(kd * p.scale));
+    }
+    scores[j] = EXACT ? dot * p.scale : round16<BF16>(dot);
+    local_max = fmaxf(local_max, scores[j]);
+  }
+  const float row_max = block_reduce(local_max, true, scratch);
+  float local_sum = 0.f;
+  for (int j = threadIdx.x; j < keys; j += blockDim.x) local_sum += (scores[j] = expf(scores[j] - row_max));
+  const float sum = block_reduce(local_sum, false, scratch);
+  if (!EXACT) {
+    for (int j = threadIdx.x; j < keys; j += blockDim.x) scores[j] = round16<BF16>(scores[j] / sum);
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < keys; ++j) acc += scores[j] * to_f32<BF16>(v[j * p.v_stride[1] + d]);
+    out[d] = keys == 0 ? 0.f : (EXACT ? acc / sum : round16<BF16>(acc));
+  }
+  if (threadIdx.x == 0) {
+    p.lse[((long long)b * p.heads_q + h) * p.seqlen_q + i] = keys == 0 ? -__int_as_float(0x7f800000) : row_max + logf(sum);
+  }
+}
+
+extern "C" __global__ void reference_f16_exact(const __grid_constant__ RefParams p) { reference_row<false, true>(p); }
+extern "C" __global__ void reference_f16_rounded(const __grid_constant__ RefParams p) { reference_row<false, false>(p); }
+extern "C" __global__ void reference_bf16_exact(const __grid_constant__ RefParams p) { reference_row<true, true>(p); }
+extern "C" __global__ void reference_bf16_rounded(const __grid_constant__ RefParams p) { reference_row<true, false>(p); }
+)CUDA";
+
+struct RefParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  float* out;
+  float* lse;
+  long long q_stride[3], k_stride[3], v_stride[3];
+  int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal;
+  float scale;
+};
+
+CUmodule reference_module() {
+  static CUmodule module = [] {
+    const auto& d = driver();
+    CUdevice device = 0;
+    int major = 0, minor = 0;
+    check_cuda(d.cuCtxGetDevice(&device), "cuCtxGetDevice");
+    d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+    d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+    const auto arch = detail::Arch::for_device(major, minor);
+    const auto compiled = detail::compile_cubin(kReferenceSource, "reference.cu", arch, "reference");
+    CUmodule loaded = nullptr;
+    check_cuda(d.cuModuleLoadData(&loaded, compiled.cubin.data()), "cuModuleLoadData(reference)");
+    return loaded;
+  }();
+  return module;
+}
+
+}  // namespace
+
+ReferenceOutput gpu_reference(const AttentionShape& s, const DeviceTensor& q, const DeviceTensor& k,
+                              const DeviceTensor& v, bool exact) {
+  const auto& d = driver();
+  const std::string name = fmt::format("reference_{}_{}", q.dtype == DType::bf16 ? "bf16" : "f16", exact ? "exact" : "rounded");
+  CUfunction function = nullptr;
+  check_cuda(d.cuModuleGetFunction(&function, reference_module(), name.c_str()), "cuModuleGetFunction(reference)");
+  const size_t out_count = static_cast<size_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim;
+  const size_t lse_count = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
+  DeviceBuffer out(out_count * 4), lse(lse_count * 4);
+  out.fill_bytes(0xff);
+  lse.fill_bytes(0xff);
+  RefParams p{};
+  p.q = q.buffer.get();
+  p.k = k.buffer.get();
+  p.v = v.buffer.get();
+  p.out = reinterpret_cast<float*>(out.get());
+  p.lse = reinterpret_cast<float*>(lse.get());
+  for (int i = 0; i < 3; ++i) {
+    p.q_stride[i] = q.strides[i];
+    p.k_stride[i] = k.strides[i];
+    p.v_stride[i] = v.strides[i];
+  }
+  p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k, p.heads_q = s.heads_q, p.heads_kv = s.heads_kv;
+  p.head_dim = s.head_dim, p.causal = s.causal, p.scale = s.effective_scale();
+  const unsigned smem = static_cast<unsigned>(std::max(1, s.seqlen_k) * 4);
+  check_cuda(d.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
+             "cuFuncSetAttribute(reference)");
+  void* args[] = {&p};
+  if (s.seqlen_q > 0 && s.batch > 0) {
+    check_cuda(d.cuLaunchKernel(function, s.seqlen_q, s.heads_q, s.batch, 128, 1, 1, smem, nullptr, args, nullptr),
+               "cuLaunchKernel(reference)");
+  }
+  std::vector<float> out_host(out_count), lse_host(lse_count);
+  out.download(out_host.data(), out_count * 4);
+  lse.download(lse_host.data(), lse_count * 4);
+  ReferenceOutput result;
+  result.out.assign(out_host.begin(), out_host.end());
+  result.lse.assign(lse_host.begin(), lse_host.end());
+  return result;
+}
+
+}  // namespace jitattn::test

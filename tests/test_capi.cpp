@@ -1,0 +1,101 @@
+// The C API without a GPU: status codes, messages, and that validation runs
+// before anything needs a device.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include <jitattn/jitattn.h>
+#include <jitattn/jitattn.hpp>
+
+#include "driver.hpp"
+
+namespace {
+
+jitattn_tensor bshd(void* data, int32_t dtype, int64_t b, int64_t s, int64_t h, int64_t d) {
+  jitattn_tensor t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = 4;
+  const int64_t shape[4] = {b, s, h, d};
+  const int64_t strides[4] = {s * h * d, h * d, d, 1};
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = shape[i];
+    t.strides[i] = strides[i];
+  }
+  return t;
+}
+
+void* fake(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+// The process-wide runtime must be configured before its first use.
+void configure_once() {
+  static const bool done = [] {
+    const auto dir = std::filesystem::temp_directory_path() / ("jitattn-capi-" + std::to_string(::getpid()));
+    REQUIRE(jitattn_configure(dir.c_str(), nullptr, 1) == JITATTN_OK);
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace
+
+TEST_SUITE("capi") {
+
+TEST_CASE("options_init gives the documented defaults") {
+  jitattn_fwd_options options;
+  options.causal = 7;
+  options.softmax_scale = 3.f;
+  jitattn_fwd_options_init(&options);
+  CHECK(options.causal == 0);
+  CHECK(options.softmax_scale == 0.f);
+  CHECK(options.block_q == 0);
+  CHECK(std::string(jitattn_version()) == jitattn::version());
+}
+
+TEST_CASE("invalid arguments return a status and a message naming the rule") {
+  configure_once();
+  jitattn_tensor q = bshd(fake(0x1000), JITATTN_BF16, 1, 16, 32, 128);
+  jitattn_tensor k = bshd(fake(0x2000), JITATTN_BF16, 1, 16, 6, 128);
+  jitattn_tensor o = bshd(fake(0x3000), JITATTN_BF16, 1, 16, 32, 128);
+  CHECK(jitattn_fwd(&q, &k, &k, &o, nullptr, nullptr, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("k: heads_kv=6 must divide heads_q=32") != std::string::npos);
+  CHECK(jitattn_fwd(nullptr, &k, &k, &o, nullptr, nullptr, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()) == "q: is NULL");
+  q.dtype = 9;
+  CHECK(jitattn_fwd(&q, &k, &k, &o, nullptr, nullptr, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("q: dtype=9") != std::string::npos);
+}
+
+TEST_CASE("a valid call without a GPU fails with a CUDA status, not a crash") {
+  configure_once();
+  if (jitattn::detail::driver().available) {
+    MESSAGE("a GPU is present: the no-GPU path is not reachable here");
+    return;
+  }
+  jitattn_tensor q = bshd(fake(0x1000), JITATTN_F16, 1, 16, 8, 64);
+  jitattn_tensor k = bshd(fake(0x2000), JITATTN_F16, 1, 16, 8, 64);
+  jitattn_tensor o = bshd(fake(0x3000), JITATTN_F16, 1, 16, 8, 64);
+  CHECK(jitattn_fwd(&q, &k, &k, &o, nullptr, nullptr, nullptr) == JITATTN_ERROR_CUDA);
+  CHECK(std::string(jitattn_last_error()).find("no usable GPU") != std::string::npos);
+}
+
+TEST_CASE("warm compiles through the C API; errors are reported; success clears the message") {
+  configure_once();
+  CHECK(jitattn_warm("fwd.bf16.d96.br128.bc64.w4", "sm_80") == JITATTN_ERROR_UNSUPPORTED);
+  CHECK(std::string(jitattn_last_error()).find("head_dim=96") != std::string::npos);
+  CHECK(jitattn_warm("fwd.bf16.d64.br128.bc64.w4", "sm_7") == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(jitattn_warm(nullptr, "sm_80") == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(jitattn_warm("fwd.bf16.d64.br128.bc64.w4", "sm_80") == JITATTN_OK);
+  CHECK(std::string(jitattn_last_error()).empty());
+}
+
+TEST_CASE("configure after first use is refused") {
+  configure_once();
+  CHECK(jitattn_warm("fwd.bf16.d64.br128.bc64.w4", "sm_80") == JITATTN_OK);
+  CHECK(jitattn_configure("/tmp/elsewhere", nullptr, -1) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("already in use") != std::string::npos);
+}
+
+}  // TEST_SUITE

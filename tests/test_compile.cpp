@@ -1,0 +1,149 @@
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <unistd.h>
+
+#include "compile.hpp"
+#include "kernels.hpp"
+#include "plan.hpp"
+#include "render.hpp"
+
+using namespace jitattn;
+using namespace jitattn::detail;
+
+namespace {
+
+bool is_elf(const std::vector<char>& bytes) {
+  return bytes.size() > 4 && bytes[0] == 0x7f && bytes[1] == 'E' && bytes[2] == 'L' && bytes[3] == 'F';
+}
+
+// What the planner picks for each dtype × head dim × causal: the kernels a
+// default `jitattn warm` produces.
+std::vector<KernelSpec> default_set(const Arch& arch) {
+  std::vector<KernelSpec> specs;
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int head_dim : {64, 128})
+      for (bool causal : {false, true}) {
+        const TileConfig t = default_tiles(dtype, head_dim, causal, arch);
+        specs.push_back({Family::fwd, dtype, head_dim, t.block_q, t.block_kv, t.warps, causal});
+      }
+  return specs;
+}
+
+// Compiles specs on two threads (NVRTC programs are independent); returns failures.
+std::vector<std::string> compile_all(const std::vector<KernelSpec>& specs, const Arch& arch) {
+  std::vector<std::string> failures(specs.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < specs.size();) {
+      try {
+        const CompileOutput out = compile_cubin(render(specs[i], TemplateSet()), specs[i].text() + ".cu", arch, specs[i].text());
+        if (!is_elf(out.cubin)) failures[i] = specs[i].text() + ": output is not an ELF cubin";
+        if (out.log.find("spill stores") == std::string::npos) failures[i] = specs[i].text() + ": no ptxas report in the log";
+      } catch (const std::exception& e) {
+        failures[i] = e.what();
+      }
+    }
+  };
+  std::thread a(worker), b(worker);
+  a.join();
+  b.join();
+  std::vector<std::string> errors;
+  for (auto& f : failures) {
+    if (!f.empty()) errors.push_back(f);
+  }
+  return errors;
+}
+
+}  // namespace
+
+TEST_SUITE("compile") {
+
+TEST_CASE("NVRTC is found and reports its version and archs") {
+  const NvrtcInfo& info = nvrtc_info();
+  REQUIRE_MESSAGE(info.available, info.error);
+  CHECK(info.major >= 12);
+  CHECK(std::find(info.supported_archs.begin(), info.supported_archs.end(), 80) != info.supported_archs.end());
+  CHECK(std::find(info.supported_archs.begin(), info.supported_archs.end(), 90) != info.supported_archs.end());
+}
+
+TEST_CASE("every spec of the default warm set compiles for sm_80 and sm_90a") {
+  for (const char* arch_text : {"sm_80", "sm_90a"}) {
+    const Arch arch = Arch::parse(arch_text);
+    const auto errors = compile_all(default_set(arch), arch);
+    for (const auto& e : errors) FAIL_CHECK(e);
+    CHECK(errors.empty());
+  }
+}
+
+TEST_CASE("every valid tile configuration of the prefill family compiles (sm_90a)") {
+  std::vector<KernelSpec> specs;
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int head_dim : {64, 128})
+      for (int block_q : {64, 128})
+        for (int block_kv : {32, 64, 128})
+          for (int warps : {4, 8})
+            for (bool causal : {false, true}) {
+              if (block_q % (16 * warps) == 0) specs.push_back({Family::fwd, dtype, head_dim, block_q, block_kv, warps, causal});
+            }
+  REQUIRE(specs.size() == 72);
+  const auto errors = compile_all(specs, Arch::parse("sm_90a"));
+  for (const auto& e : errors) FAIL_CHECK(e);
+  CHECK(errors.empty());
+}
+
+TEST_CASE("a compile failure carries the spec text and the NVRTC log") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "jitattn-compile-failure";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& entry : embedded_templates()) std::ofstream(dir / entry.name, std::ios::binary) << entry.text;
+  std::ofstream(dir / "ptx.cuh", std::ios::app) << "\nthis_is_not_cuda;\n";
+  const KernelSpec spec = KernelSpec::parse("fwd.bf16.d64.br64.bc64.w4");
+  try {
+    compile_cubin(render(spec, TemplateSet(dir.string())), "broken.cu", Arch::parse("sm_80"), spec.text());
+    FAIL("a broken template compiled");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::compile_failed);
+    CHECK(e.spec() == spec.text());
+    CHECK(e.log().find("this_is_not_cuda") != std::string::npos);
+    CHECK(std::string(e.what()).find(spec.text()) != std::string::npos);
+    CHECK(e.log().find("ptx.cuh") != std::string::npos);  // #line markers point into the template
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("an arch NVRTC does not know is refused before compiling") {
+  const KernelSpec spec = KernelSpec::parse("fwd.bf16.d64.br64.bc64.w4");
+  CHECK_THROWS_WITH_AS(compile_cubin(render(spec, TemplateSet()), "x.cu", Arch::parse("sm_99"), spec.text()),
+                       doctest::Contains("sm_99"), Error);
+}
+
+TEST_CASE("warm compiles on a miss, then hits the disk cache, also from a new runtime") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("jitattn-warm-{}", ::getpid());
+  fs::remove_all(dir);
+  Config config;
+  config.cache_dir = dir.string();
+  {
+    Runtime runtime(config);
+    const WarmResult first = runtime.warm("fwd.f16.d64.br64.bc32.w4", "sm_80");
+    CHECK_FALSE(first.cache_hit);
+    CHECK(first.compile_seconds > 0);
+    CHECK(first.cubin_bytes > 0);
+    const WarmResult second = runtime.warm("fwd.f16.d64.br64.bc32.w4", "sm_80");
+    CHECK(second.cache_hit);
+    CHECK(second.cubin_bytes == first.cubin_bytes);
+  }
+  Runtime fresh(config);
+  CHECK(fresh.warm("fwd.f16.d64.br64.bc32.w4", "sm_80").cache_hit);
+  CHECK_FALSE(fresh.warm("fwd.f16.d64.br64.bc32.w4", "sm_90a").cache_hit);  // arch is part of the key
+  fs::remove_all(dir);
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,407 @@
+// The prefill kernel against references, on a GPU. Small shapes are checked
+// against the float64 CPU reference, large ones against the GPU reference
+// kernel (itself checked against the CPU one). Tolerance, as FlashAttention's
+// tests: max |out − exact| ≤ 2 × max |out16 − exact|, where out16 is the same
+// attention computed with 16-bit rounding of its intermediates.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "gpu_support.hpp"
+#include "spec.hpp"
+
+using namespace jitattn;
+using namespace jitattn::test;
+
+namespace {
+
+uint64_t fresh_seed() {
+  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
+}
+
+Runtime& test_runtime() {
+  static Runtime runtime([] {
+    Config config = Config::from_env();
+    if (std::getenv("JITATTN_CACHE_DIR") == nullptr) config.cache_dir = (std::filesystem::temp_directory_path() / "jitattn-gpu-tests").string();
+    return config;
+  }());
+  return runtime;
+}
+
+enum class Layout { contiguous, padded, heads_major };
+
+void strides_for(Layout layout, const int64_t (&shape)[4], int64_t (&strides)[4]) {
+  switch (layout) {
+    case Layout::contiguous: contiguous_strides(shape, strides); break;
+    case Layout::padded: padded_strides(shape, strides); break;
+    case Layout::heads_major: heads_major_strides(shape, strides); break;
+  }
+}
+
+struct Problem {
+  AttentionShape shape;
+  DType dtype = DType::bf16;
+  Layout layout = Layout::contiguous;
+};
+
+// Inputs on the device plus their logical values on the host.
+struct Inputs {
+  std::vector<float> q, k, v;
+  std::unique_ptr<DeviceTensor> dq, dk, dv;
+};
+
+Inputs make_inputs(const Problem& problem, std::mt19937_64& rng) {
+  const auto& s = problem.shape;
+  const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
+  const int64_t kv_shape[4] = {s.batch, s.seqlen_k, s.heads_kv, s.head_dim};
+  int64_t q_strides[4], kv_strides[4];
+  strides_for(problem.layout, q_shape, q_strides);
+  strides_for(problem.layout, kv_shape, kv_strides);
+  Inputs in;
+  in.q = random_values(static_cast<size_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim, problem.dtype, rng);
+  in.k = random_values(static_cast<size_t>(s.batch) * s.seqlen_k * s.heads_kv * s.head_dim, problem.dtype, rng);
+  in.v = random_values(in.k.size(), problem.dtype, rng);
+  in.dq = std::make_unique<DeviceTensor>(in.q, problem.dtype, q_shape, q_strides);
+  in.dk = std::make_unique<DeviceTensor>(in.k, problem.dtype, kv_shape, kv_strides);
+  in.dv = std::make_unique<DeviceTensor>(in.v, problem.dtype, kv_shape, kv_strides);
+  return in;
+}
+
+struct KernelRun {
+  std::vector<float> out;
+  std::vector<float> lse;
+  std::string spec;
+};
+
+// Runs jitattn with out (and lse) poisoned with NaN first.
+KernelRun run_kernel(const Problem& problem, const Inputs& in, TileConfig tiles) {
+  const auto& s = problem.shape;
+  const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
+  int64_t out_strides[4];
+  // Output in a different layout than the inputs, to exercise its strides.
+  strides_for(problem.layout == Layout::contiguous ? Layout::heads_major : Layout::contiguous, q_shape, out_strides);
+  DeviceTensor out(problem.dtype, q_shape, out_strides);
+  const size_t lse_count = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
+  DeviceBuffer lse(lse_count * 4);
+  lse.fill_bytes(0xff);
+  TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {s.batch, s.heads_q, s.seqlen_q});
+  ForwardOptions options;
+  options.causal = s.causal;
+  if (s.scale > 0.f) options.softmax_scale = s.scale;
+  options.tiles = tiles;
+  KernelRun run;
+  run.spec = test_runtime().spec_for(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, options);
+  test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, options, nullptr);
+  run.out = out.read();
+  run.lse.resize(lse_count);
+  lse.download(run.lse.data(), lse_count * 4);
+  return run;
+}
+
+double max_abs_error(const std::vector<double>& reference, const std::vector<float>& values) {
+  double worst = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double error = std::fabs(double(values[i]) - reference[i]);
+    if (!(error <= worst)) worst = std::isnan(error) ? INFINITY : error;
+  }
+  return worst;
+}
+double max_abs_error(const std::vector<double>& reference, const std::vector<double>& values) {
+  return max_abs_error(reference, std::vector<float>(values.begin(), values.end()));
+}
+
+std::string describe(const Problem& p, const std::string& spec, uint64_t seed) {
+  const auto& s = p.shape;
+  return fmt::format("{} batch={} seqlen_q={} seqlen_k={} heads={}/{} layout={} seed={}", spec, s.batch, s.seqlen_q,
+                     s.seqlen_k, s.heads_q, s.heads_kv, static_cast<int>(p.layout), seed);
+}
+
+// Every output element written and finite, error within the 16-bit yardstick,
+// lse within fp32 rounding, rows with no visible key exactly 0 / -inf.
+void check_against(const Problem& problem, const KernelRun& run, const ReferenceOutput& exact,
+                   const ReferenceOutput& rounded, uint64_t seed) {
+  const std::string what = describe(problem, run.spec, seed);
+  INFO(what);
+  size_t non_finite = 0;
+  for (float x : run.out) non_finite += !std::isfinite(x);
+  CHECK_MESSAGE(non_finite == 0, fmt::format("{} output elements are NaN/inf (unwritten or overflowed)", non_finite));
+  const double kernel_error = max_abs_error(exact.out, run.out);
+  const double yardstick = max_abs_error(exact.out, rounded.out);
+  CHECK_MESSAGE(kernel_error <= 2 * yardstick + 1e-5,
+                fmt::format("max error {:.3g} > 2 × 16-bit reference error {:.3g}", kernel_error, yardstick));
+  size_t lse_bad = 0;
+  for (size_t i = 0; i < run.lse.size(); ++i) {
+    const double want = exact.lse[i];
+    const double got = run.lse[i];
+    const bool ok = std::isinf(want) ? (std::isinf(got) && got < 0) : std::fabs(got - want) <= 1e-3 * std::max(1.0, std::fabs(want));
+    lse_bad += !ok;
+  }
+  CHECK_MESSAGE(lse_bad == 0, fmt::format("{} lse values off", lse_bad));
+}
+
+const std::vector<TileConfig> kAllTiles = {
+    {64, 32, 4}, {64, 64, 4}, {64, 128, 4}, {128, 32, 4}, {128, 64, 4}, {128, 128, 4},
+    {128, 32, 8}, {128, 64, 8}, {128, 128, 8},
+};
+
+// Compiles every spec a test will use up front, in parallel, so the checks
+// themselves are not serialized behind NVRTC.
+void warm_specs(const std::vector<std::string>& specs, const std::string& arch) {
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> workers;
+  std::vector<std::string> failures(specs.size());
+  const unsigned count = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  for (unsigned w = 0; w < count; ++w) {
+    workers.emplace_back([&] {
+      for (size_t i; (i = next++) < specs.size();) {
+        try {
+          test_runtime().warm(specs[i], arch);
+        } catch (const std::exception& e) {
+          failures[i] = e.what();
+        }
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  for (const auto& failure : failures) CHECK_MESSAGE(failure.empty(), failure);
+}
+
+std::string device_arch() {
+  const auto& d = detail::driver();
+  CUdevice device = 0;
+  int major = 0, minor = 0;
+  d.cuCtxGetDevice(&device);
+  d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+  d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+  return detail::Arch::for_device(major, minor).text();
+}
+
+std::string spec_text(DType dtype, int head_dim, TileConfig t, bool causal) {
+  detail::KernelSpec spec;
+  spec.dtype = dtype;
+  spec.head_dim = head_dim;
+  spec.block_q = t.block_q;
+  spec.block_kv = t.block_kv;
+  spec.warps = t.warps;
+  spec.causal = causal;
+  return spec.text();
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+
+TEST_CASE("prefill matches the float64 CPU reference on small shapes, every tile config") {
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const std::vector<std::pair<int, int>> seqlens = {{1, 1}, {1, 239}, {113, 203}, {128, 217}, {512, 256}, {17, 0}};
+  std::vector<std::string> specs;
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int head_dim : {64, 128})
+      for (bool causal : {false, true})
+        for (const auto& tiles : kAllTiles) specs.push_back(spec_text(dtype, head_dim, tiles, causal));
+  warm_specs(specs, device_arch());
+  int index = 0;
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (int head_dim : {64, 128}) {
+      for (bool causal : {false, true}) {
+        for (const auto& [seqlen_q, seqlen_k] : seqlens) {
+          Problem problem;
+          problem.dtype = dtype;
+          problem.layout = static_cast<Layout>(index++ % 3);
+          const bool gqa = index % 2 == 0;
+          problem.shape = {2, seqlen_q, seqlen_k, gqa ? 4 : 3, gqa ? 2 : 3, head_dim, causal, 0.f};
+          const Inputs in = make_inputs(problem, rng);
+          const ReferenceOutput exact = attention_exact(problem.shape, in.q, in.k, in.v);
+          const ReferenceOutput rounded = attention_16bit(problem.shape, in.q, in.k, in.v, dtype);
+          for (const auto& tiles : kAllTiles) check_against(problem, run_kernel(problem, in, tiles), exact, rounded, seed);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the GPU reference kernel agrees with the float64 CPU reference") {
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (bool causal : {false, true}) {
+      Problem problem;
+      problem.dtype = dtype;
+      problem.layout = Layout::padded;
+      problem.shape = {2, 300, 451, 4, 2, 128, causal, 0.f};
+      const Inputs in = make_inputs(problem, rng);
+      const ReferenceOutput cpu_exact = attention_exact(problem.shape, in.q, in.k, in.v);
+      const ReferenceOutput cpu_rounded = attention_16bit(problem.shape, in.q, in.k, in.v, dtype);
+      const ReferenceOutput gpu_exact = gpu_reference(problem.shape, *in.dq, *in.dk, *in.dv, true);
+      const ReferenceOutput gpu_rounded = gpu_reference(problem.shape, *in.dq, *in.dk, *in.dv, false);
+      INFO(describe(problem, "reference", seed));
+      CHECK(max_abs_error(cpu_exact.out, gpu_exact.out) < 1e-4);
+      CHECK(max_abs_error(cpu_exact.lse, gpu_exact.lse) < 1e-3);
+      // The rounded variant differs from the CPU one only where fp32 sums in
+      // another order round differently: its error must be of the same size.
+      const double cpu_error = max_abs_error(cpu_exact.out, std::vector<float>(cpu_rounded.out.begin(), cpu_rounded.out.end()));
+      const double gpu_error = max_abs_error(cpu_exact.out, std::vector<float>(gpu_rounded.out.begin(), gpu_rounded.out.end()));
+      CHECK(gpu_error > 0.25 * cpu_error);
+      CHECK(gpu_error < 4 * cpu_error);
+    }
+  }
+}
+
+TEST_CASE("prefill matches the GPU reference on large shapes with non-default strides") {
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const std::vector<std::pair<int, int>> seqlens = {{1023, 1024}, {1024, 1023}, {2048, 2048}};
+  const std::vector<TileConfig> tile_choices = {{}, {64, 64, 4}, {128, 128, 8}};
+  std::vector<std::string> specs;
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int head_dim : {64, 128})
+      for (bool causal : {false, true})
+        for (const auto& tiles : tile_choices) {
+          if (tiles.block_q != 0) specs.push_back(spec_text(dtype, head_dim, tiles, causal));
+        }
+  warm_specs(specs, device_arch());
+  int index = 0;
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (int head_dim : {64, 128}) {
+      for (bool causal : {false, true}) {
+        for (const auto& [seqlen_q, seqlen_k] : seqlens) {
+          Problem problem;
+          problem.dtype = dtype;
+          problem.layout = index++ % 2 == 0 ? Layout::padded : Layout::heads_major;
+          problem.shape = {2, seqlen_q, seqlen_k, 4, 2, head_dim, causal, 0.f};
+          const Inputs in = make_inputs(problem, rng);
+          const ReferenceOutput exact = gpu_reference(problem.shape, *in.dq, *in.dk, *in.dv, true);
+          const ReferenceOutput rounded = gpu_reference(problem.shape, *in.dq, *in.dk, *in.dv, false);
+          for (const auto& tiles : tile_choices) check_against(problem, run_kernel(problem, in, tiles), exact, rounded, seed);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("softmax_scale is honoured and lse is optional") {
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  Problem problem;
+  problem.shape = {1, 77, 300, 2, 1, 64, true, 0.37f};
+  const Inputs in = make_inputs(problem, rng);
+  check_against(problem, run_kernel(problem, in, {}), attention_exact(problem.shape, in.q, in.k, in.v),
+                attention_16bit(problem.shape, in.q, in.k, in.v, problem.dtype), seed);
+
+  const int64_t q_shape[4] = {1, 77, 2, 64};
+  int64_t strides[4];
+  contiguous_strides(q_shape, strides);
+  DeviceTensor out(problem.dtype, q_shape, strides);
+  ForwardOptions options;
+  options.causal = true;
+  options.softmax_scale = 0.37f;
+  test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, nullptr);
+  const ReferenceOutput exact = attention_exact(problem.shape, in.q, in.k, in.v);
+  CHECK(max_abs_error(exact.out, out.read()) < 2e-2);
+}
+
+TEST_CASE("a rejected call writes nothing") {
+  std::mt19937_64 rng(fresh_seed());
+  Problem problem;
+  problem.shape = {1, 64, 64, 6, 6, 64, false, 0.f};
+  const Inputs in = make_inputs(problem, rng);
+  const int64_t bad_shape[4] = {1, 64, 4, 64};  // heads_kv = 4 does not divide heads_q = 6
+  int64_t bad_strides[4];
+  contiguous_strides(bad_shape, bad_strides);
+  DeviceTensor bad_k(random_values(64 * 4 * 64, problem.dtype, rng), problem.dtype, bad_shape, bad_strides);
+  const int64_t q_shape[4] = {1, 64, 6, 64};
+  int64_t strides[4];
+  contiguous_strides(q_shape, strides);
+  DeviceTensor out(problem.dtype, q_shape, strides);
+  CHECK_THROWS_WITH_AS(test_runtime().forward(in.dq->view(), bad_k.view(), bad_k.view(), out.view(), nullptr, {}, nullptr),
+                       doctest::Contains("heads_kv=4 must divide heads_q=6"), Error);
+  for (uint16_t bits : out.raw()) REQUIRE(bits == 0xffff);
+}
+
+TEST_CASE("a call with no current context uses the primary context") {
+  std::mt19937_64 rng(fresh_seed());
+  Problem problem;
+  problem.shape = {1, 130, 130, 2, 2, 128, false, 0.f};
+  const Inputs in = make_inputs(problem, rng);
+  const int64_t q_shape[4] = {1, 130, 2, 128};
+  int64_t strides[4];
+  contiguous_strides(q_shape, strides);
+  DeviceTensor out(problem.dtype, q_shape, strides);
+  std::string error;
+  std::thread([&] {
+    try {
+      CUcontext current = nullptr;
+      detail::driver().cuCtxGetCurrent(&current);
+      if (current != nullptr) error = "new thread unexpectedly has a current context";
+      test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, {}, nullptr);
+      detail::driver().cuCtxSynchronize();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }).join();
+  CHECK(error.empty());
+  const ReferenceOutput exact = attention_exact(problem.shape, in.q, in.k, in.v);
+  CHECK(max_abs_error(exact.out, out.read()) < 2e-2);
+}
+
+TEST_CASE("calls are graph-capturable once warm; compiling during capture is a clear error") {
+  const auto& d = detail::driver();
+  std::mt19937_64 rng(fresh_seed());
+  Problem problem;
+  problem.shape = {2, 200, 333, 4, 4, 64, true, 0.f};
+  const Inputs in = make_inputs(problem, rng);
+  const int64_t q_shape[4] = {2, 200, 4, 64};
+  int64_t strides[4];
+  contiguous_strides(q_shape, strides);
+  DeviceTensor out(problem.dtype, q_shape, strides);
+  ForwardOptions options;
+  options.causal = true;
+  CUstream stream = nullptr;
+  REQUIRE(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);  // warm
+  REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+  out.buffer.fill_bytes(0xff);
+
+  CUgraph graph = nullptr;
+  REQUIRE(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);
+  REQUIRE(d.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  REQUIRE(d.cuGraphInstantiate(&exec, graph, 0) == CUDA_SUCCESS);
+  REQUIRE(d.cuGraphLaunch(exec, stream) == CUDA_SUCCESS);
+  REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+  const ReferenceOutput exact = attention_exact(problem.shape, in.q, in.k, in.v);
+  CHECK(max_abs_error(exact.out, out.read()) < 2e-2);
+  d.cuGraphExecDestroy(exec);
+  d.cuGraphDestroy(graph);
+
+  // A spec never compiled in an empty cache: capture must fail with advice.
+  const std::string empty_cache = (std::filesystem::temp_directory_path() / fmt::format("jitattn-capture-{}", fresh_seed() % 1000000)).string();
+  Config config;
+  config.cache_dir = empty_cache;
+  Runtime cold(config);
+  ForwardOptions cold_options;
+  cold_options.tiles = {64, 32, 4};
+  REQUIRE(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  try {
+    cold.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, cold_options, stream);
+    FAIL("compiling during capture did not throw");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::graph_capture);
+    CHECK(std::string(e.what()).find("warm") != std::string::npos);
+  }
+  CUgraph aborted = nullptr;
+  d.cuStreamEndCapture(stream, &aborted);
+  if (aborted != nullptr) d.cuGraphDestroy(aborted);
+  d.cuStreamDestroy(stream);
+  std::filesystem::remove_all(empty_cache);
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,102 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "plan.hpp"
+
+using namespace jitattn;
+using namespace jitattn::detail;
+
+namespace {
+
+// Fake, suitably aligned device addresses: plan never dereferences them.
+void* address(uintptr_t base) { return reinterpret_cast<void*>(base); }
+
+struct Call {
+  TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 100, 8, 128});
+  TensorView k = TensorView::contiguous(address(0x20000), DType::bf16, {2, 300, 2, 128});
+  TensorView v = TensorView::contiguous(address(0x30000), DType::bf16, {2, 300, 2, 128});
+  TensorView out = TensorView::contiguous(address(0x40000), DType::bf16, {2, 100, 8, 128});
+  TensorView lse = TensorView::contiguous(address(0x50000), DType::f32, {2, 8, 100});
+  ForwardOptions options;
+  ForwardPlan plan(bool with_lse = true, int smem = 227 * 1024) const {
+    return plan_forward(q, k, v, out, with_lse ? &lse : nullptr, options, Arch::parse("sm_90a"), smem);
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("plan") {
+
+TEST_CASE("a valid call becomes a spec, launch parameters and a grid") {
+  Call call;
+  call.options.causal = true;
+  const ForwardPlan plan = call.plan();
+  CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc64.w8.causal");
+  CHECK(plan.grid == 1 * 8 * 2);  // ceil(100 / 128) × heads × batch
+  const FwdParams& p = plan.params;
+  CHECK(p.q == call.q.data);
+  CHECK(p.lse == call.lse.data);
+  CHECK(p.q_batch_stride == 100 * 8 * 128);
+  CHECK(p.q_row_stride == 8 * 128);
+  CHECK(p.q_head_stride == 128);
+  CHECK(p.k_row_stride == 2 * 128);
+  CHECK(p.lse_head_stride == 100);
+  CHECK(p.heads_per_kv == 4);
+  CHECK(p.seqlen_q == 100);
+  CHECK(p.seqlen_k == 300);
+  CHECK(p.num_q_blocks == 1);
+  CHECK(p.scale == doctest::Approx(1 / std::sqrt(128.0)));
+  CHECK(p.scale_log2 == doctest::Approx(1 / std::sqrt(128.0) * 1.4426950408889634));
+}
+
+TEST_CASE("forced tiles and scale are used") {
+  Call call;
+  call.options.tiles = {64, 32, 4};
+  call.options.softmax_scale = 0.5f;
+  const ForwardPlan plan = call.plan(false);
+  CHECK(plan.spec.text() == "fwd.bf16.d128.br64.bc32.w4");
+  CHECK(plan.grid == 2 * 8 * 2);
+  CHECK(plan.params.lse == nullptr);
+  CHECK(plan.params.scale == 0.5f);
+}
+
+TEST_CASE("empty problems plan to an empty grid") {
+  Call call;
+  call.q.shape[1] = call.out.shape[1] = call.lse.shape[2] = 0;
+  CHECK(call.plan().grid == 0);
+}
+
+TEST_CASE("every rule is enforced with a message naming the argument") {
+  auto rejects = [](Call call, const char* message) {
+    CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains(message), Error);
+  };
+  { Call c; c.k.shape[2] = c.v.shape[2] = 3; rejects(c, "k: heads_kv=3 must divide heads_q=8"); }
+  { Call c; c.q.ndim = 3; rejects(c, "q: must have 4 dimensions"); }
+  { Call c; c.v.dtype = DType::f16; rejects(c, "must all match q's"); }
+  { Call c; c.q.dtype = c.k.dtype = c.v.dtype = c.out.dtype = DType::f32; rejects(c, "q: dtype f32 is not f16 or bf16"); }
+  { Call c; c.k.strides[3] = 2; rejects(c, "k: head_dim stride is 2"); }
+  { Call c; c.v.strides[1] = 100; rejects(c, "v: seqlen stride 100 must be a multiple of 8"); }
+  { Call c; c.out.data = address(0x40008); rejects(c, "out: data pointer must be 16-byte aligned"); }
+  { Call c; c.q.data = nullptr; rejects(c, "q: data is null"); }
+  { Call c; c.k.shape[0] = c.v.shape[0] = 3; rejects(c, "k: batch=3 must equal q's batch=2"); }
+  { Call c; c.v.shape[1] = 299; rejects(c, "v: shape [2, 299, 2, 128] must equal k's shape [2, 300, 2, 128]"); }
+  { Call c; c.out.shape[1] = 99; rejects(c, "out: shape"); }
+  { Call c; c.lse.dtype = DType::bf16; rejects(c, "lse: dtype bf16 must be f32"); }
+  { Call c; c.lse.shape[2] = 101; rejects(c, "lse: shape [2, 8, 101] must be [batch, heads_q, seqlen_q] = [2, 8, 100]"); }
+  { Call c; c.options.softmax_scale = -1.f; rejects(c, "options.softmax_scale=-1 must be positive and finite"); }
+  { Call c; c.options.softmax_scale = NAN; rejects(c, "options.softmax_scale"); }
+  { Call c; c.q.shape[3] = c.k.shape[3] = c.v.shape[3] = c.out.shape[3] = 96;
+    c.q.strides[2] = c.out.strides[2] = 96; rejects(c, "head_dim=96 is not one of 64, 128"); }
+  { Call c; c.options.tiles = {64, 64, 8}; rejects(c, "8 query rows per warp"); }
+  { Call c; c.q.shape[0] = -1; rejects(c, "q: batch=-1 is negative"); }
+}
+
+TEST_CASE("tiles that exceed the device's shared memory are refused") {
+  Call call;
+  call.options.tiles = {128, 128, 8};
+  CHECK_THROWS_WITH_AS(call.plan(true, 64 * 1024), doctest::Contains("shared memory"), Error);
+  CHECK_NOTHROW(call.plan(true, 227 * 1024));
+}
+
+}  // TEST_SUITE

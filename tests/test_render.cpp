@@ -1,0 +1,75 @@
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "render.hpp"
+
+using namespace jitattn;
+using namespace jitattn::detail;
+
+TEST_SUITE("render") {
+
+TEST_CASE("the same spec renders byte-identical source") {
+  const TemplateSet embedded;
+  const KernelSpec spec = KernelSpec::parse("fwd.bf16.d128.br128.bc64.w8.causal");
+  const std::string first = render(spec, embedded);
+  CHECK(first == render(spec, embedded));
+  CHECK(first == render(spec, TemplateSet()));
+}
+
+TEST_CASE("rendered source is self-contained and carries the spec's constants") {
+  const std::string source = render(KernelSpec::parse("fwd.f16.d64.br64.bc32.w4"), TemplateSet());
+  CHECK(source.find("jitattn::f16, /*HEAD_DIM=*/64, /*BLOCK_Q=*/64") != std::string::npos);
+  CHECK(source.find("/*BLOCK_KV=*/32, /*WARPS=*/4, /*CAUSAL=*/false") != std::string::npos);
+  CHECK(source.find("jitattn_fwd(") != std::string::npos);
+  // Every template include is expanded in place: NVRTC gets one text.
+  CHECK(source.find("#include") == std::string::npos);
+  CHECK(source.find("struct FwdParams") != std::string::npos);
+  CHECK(source.find("#line 1 \"fwd_prefill.cuh\"") != std::string::npos);
+  // No toolkit header is needed to compile it.
+  CHECK(source.find("cuda_fp16") == std::string::npos);
+  CHECK(source.find("cuda_bf16") == std::string::npos);
+}
+
+TEST_CASE("different specs render different source") {
+  const TemplateSet templates;
+  CHECK(render(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w8"), templates) !=
+        render(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w8.causal"), templates));
+  CHECK(render(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w8"), templates) !=
+        render(KernelSpec::parse("fwd.f16.d128.br128.bc64.w8"), templates));
+}
+
+TEST_CASE("a template directory overrides the embedded templates") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "jitattn-render-test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& entry : embedded_templates()) {
+    std::ofstream(dir / entry.name, std::ios::binary) << entry.text;
+  }
+  const KernelSpec spec = KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4");
+  CHECK(render(spec, TemplateSet(dir.string())) == render(spec, TemplateSet()));
+  std::ofstream(dir / "ptx.cuh", std::ios::app) << "// local edit\n";
+  const std::string edited = render(spec, TemplateSet(dir.string()));
+  CHECK(edited.find("// local edit") != std::string::npos);
+  fs::remove(dir / "fwd_prefill.cuh");
+  CHECK_THROWS_WITH_AS(render(spec, TemplateSet(dir.string())), doctest::Contains("fwd_prefill.cuh"), Error);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("embedded templates match the templates/ folder of this source tree") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(JITATTN_SOURCE_DIR) / "templates";
+  if (!fs::exists(dir)) {
+    MESSAGE("source tree not present (binary moved to another host): nothing to compare");
+    return;
+  }
+  for (const auto& entry : embedded_templates()) {
+    std::ifstream file(dir / entry.name, std::ios::binary);
+    const std::string on_disk((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    CHECK_MESSAGE(on_disk == entry.text, entry.name);
+  }
+}
+
+}  // TEST_SUITE

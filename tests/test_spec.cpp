@@ -1,0 +1,80 @@
+#include <doctest/doctest.h>
+
+#include "spec.hpp"
+
+using namespace jitattn;
+using namespace jitattn::detail;
+
+TEST_SUITE("spec") {
+
+TEST_CASE("spec text round-trips for every supported field combination") {
+  int count = 0;
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int head_dim : {64, 128})
+      for (int block_q : {64, 128})
+        for (int block_kv : {32, 64, 128})
+          for (int warps : {4, 8})
+            for (bool causal : {false, true}) {
+              KernelSpec spec{Family::fwd, dtype, head_dim, block_q, block_kv, warps, causal};
+              if (block_q % (16 * warps) != 0) {
+                CHECK_THROWS_AS(spec.validate(), Error);
+                continue;
+              }
+              const KernelSpec parsed = KernelSpec::parse(spec.text());
+              CHECK(parsed == spec);
+              CHECK(parsed.text() == spec.text());
+              ++count;
+            }
+  CHECK(count == 2 * 2 * 9 * 2);
+}
+
+TEST_CASE("spec text is the documented canonical form") {
+  KernelSpec spec{Family::fwd, DType::bf16, 128, 128, 64, 4, true};
+  CHECK(spec.text() == "fwd.bf16.d128.br128.bc64.w4.causal");
+  spec.causal = false;
+  spec.dtype = DType::f16;
+  CHECK(spec.text() == "fwd.f16.d128.br128.bc64.w4");
+}
+
+TEST_CASE("spec hash is stable across runs and builds") {
+  // Pinned value: XXH3-64 of the canonical text (checked with the Python xxhash package). A change here invalidates
+  // every tuned table and cache listing keyed by spec hash, so it must be deliberate.
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.causal").hash() ==
+        KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.causal").hash());
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4").hash() != KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.causal").hash());
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4").hash() == 0x09b43fa24b339db4ull);
+}
+
+TEST_CASE("distinct specs pack to distinct hot-path keys") {
+  std::vector<uint64_t> keys;
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int head_dim : {64, 128})
+      for (int block_kv : {32, 64, 128})
+        for (bool causal : {false, true}) keys.push_back(KernelSpec{Family::fwd, dtype, head_dim, 128, block_kv, 8, causal}.packed());
+  std::sort(keys.begin(), keys.end());
+  CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
+}
+
+TEST_CASE("bad spec text is rejected naming the field") {
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("bwd.bf16.d128.br128.bc64.w4"), doctest::Contains("unknown family 'bwd'"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.f32.d128.br128.bc64.w4"), doctest::Contains("dtype 'f32'"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.x128.br128.bc64.w4"), doctest::Contains("dN (head dim)"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d96.br128.bc64.w4"), doctest::Contains("head_dim=96"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc48.w4"), doctest::Contains("bc=48"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w8"), doctest::Contains("8 query rows per warp"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.causal.causal"), doctest::Contains("repeated flag"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128"), doctest::Contains("expected family.dtype"), Error);
+}
+
+TEST_CASE("arch text round-trips and device mapping picks sm_90a on Hopper") {
+  for (const char* text : {"sm_80", "sm_86", "sm_89", "sm_90a", "sm_90", "sm_100", "sm_120"}) {
+    CHECK(Arch::parse(text).text() == text);
+  }
+  CHECK(Arch::for_device(9, 0).text() == "sm_90a");
+  CHECK(Arch::for_device(8, 6).text() == "sm_86");
+  CHECK_THROWS_AS(Arch::parse("sm_75"), Error);
+  CHECK_THROWS_AS(Arch::parse("compute_80"), Error);
+  CHECK_THROWS_AS(Arch::parse("sm_8x"), Error);
+}
+
+}  // TEST_SUITE
