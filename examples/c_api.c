@@ -10,11 +10,11 @@ static jitattn_tensor bshd(void* data, int64_t b, int64_t s, int64_t h, int64_t 
 
 int main(void) {
   printf("jitattn %s\n", jitattn_version());
-  if (jitattn_warm("fwd.bf16.d128.br128.bc64.w8.causal", "sm_90a") != JITATTN_OK) {
+  if (jitattn_warm("fwd.bf16.d128.br128.bc64.w4.causal", "sm_90a") != JITATTN_OK) {
     fprintf(stderr, "warm failed: %s\n", jitattn_last_error());
     return 1;
   }
-  printf("warmed fwd.bf16.d128.br128.bc64.w8.causal for sm_90a\n");
+  printf("warmed fwd.bf16.d128.br128.bc64.w4.causal for sm_90a\n");
 
   /* A call with 6 KV heads for 32 query heads is rejected before any launch. */
   jitattn_tensor q = bshd((void*)0x1000, 1, 128, 32, 128);

@@ -2,7 +2,7 @@
 # Runs on the GPU host over a copy of the tree with a build folder built on the
 # development machine (carried with the call): GPU tests, the example, host
 # overhead and prefill benchmarks. Logs go to $OUT (or ./gpu-out).
-#   scripts/gpu_check.sh [BUILD_DIR] [tests|bench|all]
+#   scripts/gpu_check.sh [BUILD_DIR] [tests|bench|all]     (SWEEP=1 adds a tile sweep)
 set -uo pipefail
 build=${1:-build}
 what=${2:-all}
@@ -28,9 +28,14 @@ if [[ $what == bench || $what == all ]]; then
     "$build/bench/jitattn_bench_host" first-call
     "$build/bench/jitattn_bench_host" overhead 10000; } 2>&1 | tee "$out/host.log"
   export JITATTN_CACHE_DIR=/tmp/jitattn-cache
-  echo "== prefill sweep"
-  "$build/bench/jitattn_bench_prefill" --dtype ${BENCH_DTYPE:-bf16} --tiles ${BENCH_TILES:-all} --iters 10 \
-      --json "$out/prefill.json" > "$out/prefill.log" 2>&1 || status=1
-  grep -E "best|error" "$out/prefill.log" | head -60
+  echo "== jitattn beside PyTorch SDPA"
+  PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --lib "$build/libjitattn.so" --dtype both \
+      --json "$out/compare_torch.json" 2>&1 | tee "$out/compare_torch.log" || status=1
+  if [[ -n ${SWEEP:-} ]]; then
+    echo "== tile sweep"
+    "$build/bench/jitattn_bench_prefill" --dtype ${BENCH_DTYPE:-bf16} --tiles all --iters 10 \
+        --json "$out/prefill.json" > "$out/prefill.log" 2>&1 || status=1
+    grep -E "best|error" "$out/prefill.log" | head -60
+  fi
 fi
 exit $status

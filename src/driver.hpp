@@ -15,6 +15,11 @@ struct Driver {
   std::string error;  // why it is unavailable
   int version = 0;    // cuDriverGetVersion, e.g. 13000
 
+  // Each pointer is resolved by the name written here. Where cuda.h renames a
+  // function to another name (not a _vN suffix), list that name itself:
+  // "cuGraphInstantiate" at API 12000 resolves to the legacy 5-argument
+  // cuGraphInstantiate_v2, while the header's cuGraphInstantiate means
+  // cuGraphInstantiateWithFlags (seen crashing on the H200 host).
 #define JITATTN_DRIVER_FUNCTIONS(X)                                                     \
   X(cuGetErrorName) X(cuGetErrorString) X(cuInit) X(cuDriverGetVersion)                 \
   X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName)         \
@@ -22,7 +27,8 @@ struct Driver {
   X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuModuleLoadData) X(cuModuleUnload)           \
   X(cuModuleGetFunction) X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)  \
   X(cuStreamIsCapturing) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)    \
-  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch)  \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)           \
+  X(cuGraphLaunch)                                                                      \
   X(cuGraphDestroy) X(cuGraphExecDestroy) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD)    \
   X(cuMemcpyDtoH) X(cuMemsetD8) X(cuMemsetD32) X(cuEventCreate) X(cuEventRecord)        \
   X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy)

@@ -60,10 +60,12 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
 }  // namespace
 
 TileConfig default_tiles(DType, int head_dim, bool, const Arch&) {
-  // From measurements on the H200 (docs/PERFORMANCE.md); one warp per 16
-  // query rows keeps registers free of spills at both head dims.
-  if (head_dim <= 64) return {128, 64, 4};
-  return {128, 64, 8};
+  // The fastest configurations of a full sweep on the H200 (bf16, seqlen 512
+  // to 16k, causal and not: docs/measurements/2026-11-22-tile-sweep-bf16.json).
+  // Four warps with 32 query rows each beat eight warps with 16 at both head
+  // dims: each K/V fragment loaded from shared memory feeds two MMA row tiles.
+  if (head_dim <= 64) return {128, 128, 4};
+  return {128, 64, 4};
 }
 
 ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,

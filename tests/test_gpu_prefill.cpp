@@ -374,7 +374,7 @@ TEST_CASE("calls are graph-capturable once warm; compiling during capture is a c
   test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);
   REQUIRE(d.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
   CUgraphExec exec = nullptr;
-  REQUIRE(d.cuGraphInstantiate(&exec, graph, 0) == CUDA_SUCCESS);
+  REQUIRE(d.cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS);
   REQUIRE(d.cuGraphLaunch(exec, stream) == CUDA_SUCCESS);
   REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
   const ReferenceOutput exact = attention_exact(problem.shape, in.q, in.k, in.v);

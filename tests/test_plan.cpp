@@ -32,7 +32,7 @@ TEST_CASE("a valid call becomes a spec, launch parameters and a grid") {
   Call call;
   call.options.causal = true;
   const ForwardPlan plan = call.plan();
-  CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc64.w8.causal");
+  CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc64.w4.causal");
   CHECK(plan.grid == 1 * 8 * 2);  // ceil(100 / 128) × heads × batch
   const FwdParams& p = plan.params;
   CHECK(p.q == call.q.data);

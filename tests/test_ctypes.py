@@ -1,0 +1,53 @@
+"""The C API from Python's ctypes, as a PyTorch user would load it.
+
+Usage: test_ctypes.py PATH/TO/libjitattn.so
+Needs no GPU: checks loading, configuration, warming and error reporting.
+"""
+import ctypes
+import sys
+import tempfile
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * 4), ("strides", ctypes.c_int64 * 4)]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("block_q", ctypes.c_int32),
+                ("block_kv", ctypes.c_int32), ("warps", ctypes.c_int32)]
+
+
+def bshd(address, b, s, h, d):
+    return Tensor(address, 1, 4, (ctypes.c_int64 * 4)(b, s, h, d), (ctypes.c_int64 * 4)(s * h * d, h * d, d, 1))
+
+
+def main():
+    lib = ctypes.CDLL(sys.argv[1])
+    lib.jitattn_version.restype = ctypes.c_char_p
+    lib.jitattn_last_error.restype = ctypes.c_char_p
+    failures = []
+
+    def check(condition, what):
+        print(("ok   " if condition else "FAIL ") + what)
+        if not condition:
+            failures.append(what)
+
+    check(lib.jitattn_version().decode().count(".") == 2, "version is MAJOR.MINOR.PATCH")
+    with tempfile.TemporaryDirectory() as cache:
+        check(lib.jitattn_configure(cache.encode(), None, 1) == 0, "configure with a cache directory")
+        status = lib.jitattn_warm(b"fwd.bf16.d64.br128.bc64.w4", b"sm_80")
+        check(status == 0, f"warm compiles a kernel (status {status}: {lib.jitattn_last_error().decode()})")
+        q, k, out = bshd(0x1000, 1, 16, 32, 128), bshd(0x2000, 1, 16, 6, 128), bshd(0x3000, 1, 16, 32, 128)
+        options = Options()
+        lib.jitattn_fwd_options_init(ctypes.byref(options))
+        status = lib.jitattn_fwd(ctypes.byref(q), ctypes.byref(k), ctypes.byref(k), ctypes.byref(out), None,
+                                 ctypes.byref(options), None)
+        message = lib.jitattn_last_error().decode()
+        check(status == 1 and "heads_kv=6 must divide heads_q=32" in message, f"bad call rejected: {message}")
+    print(f"{4 - len(failures)} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
