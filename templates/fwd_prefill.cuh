@@ -33,6 +33,12 @@ struct FwdConfig {
   static constexpr int kSmemV = BLOCK_KV * HEAD_DIM;
   static constexpr int kSmemBytes = (kSmemQ + kSmemK + kSmemV) * 2;
 
+  // Whether the next K block is requested before this block's softmax (more
+  // time to hide its latency, longer register live ranges) or after it.
+  // Measured on the H200 (docs/measurements/2026-11-22-kv-order-variants-bf16.json):
+  // before wins by 3-4% at head_dim 64, after by 2-3% at 128.
+  static constexpr bool kEarlyNextK = HEAD_DIM <= 64;
+
   static_assert(kRowsPerWarp % 16 == 0, "each warp owns whole 16-row MMA tiles");
   static_assert(BLOCK_KV % 16 == 0 && HEAD_DIM % 16 == 0, "MMA k-steps are 16 wide");
 };
@@ -63,12 +69,17 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
   const int row = threadIdx.x / Cfg::kChunksPerRow;
   const int chunk = threadIdx.x % Cfg::kChunksPerRow;
   const unsigned destination = tile + swizzled_bytes<Cfg::kHeadDim>(row, chunk);
+  // One pointer walked by a fixed step, and one row count compared against
+  // constants: precomputing a 64-bit address per pass costs registers the
+  // main loop needs.
   const unsigned short* source = global + (row0 + row) * row_stride + chunk * 8;
+  const long long step = kRowsPerPass * row_stride;
+  const int rows_left = rows_valid - row0 - row;
 #pragma unroll
   for (int pass = 0; pass < ROWS / kRowsPerPass; ++pass) {
-    const bool valid = row0 + row + pass * kRowsPerPass < rows_valid;
-    cp_async_16(destination + pass * kRowsPerPass * Cfg::kHeadDim * 2,
-                valid ? source + pass * kRowsPerPass * row_stride : global, valid);
+    const bool valid = pass * kRowsPerPass < rows_left;
+    cp_async_16(destination + pass * kRowsPerPass * Cfg::kHeadDim * 2, valid ? source : global, valid);
+    source += step;
   }
 }
 
@@ -111,35 +122,44 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kScoreTile
   }
 }
 
-// O += P V. P comes straight from the score accumulators: the C fragment of two
-// adjacent 8-column tiles is the A fragment of one 16-wide k-step. V is
-// [BLOCK_KV][HEAD_DIM] row-major, so its B fragments need ldmatrix's transpose.
+// P (fp32 probabilities in score-accumulator layout) → 16-bit A fragments.
+// The C fragment of two adjacent 8-column tiles is the A fragment of one
+// 16-wide k-step. Packing all of P at once frees the fp32 scores before P V.
+template <class Cfg>
+__device__ __forceinline__ void pack_probabilities(unsigned (&a)[Cfg::kMTiles][Cfg::kBlockKV / 16][4],
+                                                   const float (&p)[Cfg::kMTiles][Cfg::kScoreTiles][4]) {
+  using Element = typename Cfg::Element;
+#pragma unroll
+  for (int m = 0; m < Cfg::kMTiles; ++m) {
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kBlockKV / 16; ++ks) {
+      a[m][ks][0] = pack2<Element>(p[m][2 * ks][0], p[m][2 * ks][1]);
+      a[m][ks][1] = pack2<Element>(p[m][2 * ks][2], p[m][2 * ks][3]);
+      a[m][ks][2] = pack2<Element>(p[m][2 * ks + 1][0], p[m][2 * ks + 1][1]);
+      a[m][ks][3] = pack2<Element>(p[m][2 * ks + 1][2], p[m][2 * ks + 1][3]);
+    }
+  }
+}
+
+// O += P V. V is [BLOCK_KV][HEAD_DIM] row-major, so its B fragments need
+// ldmatrix's transpose.
 template <class Cfg>
 __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
-                                        const float (&p)[Cfg::kMTiles][Cfg::kScoreTiles][4],
+                                        const unsigned (&a)[Cfg::kMTiles][Cfg::kBlockKV / 16][4],
                                         unsigned v_tile, int lane) {
-  using Element = typename Cfg::Element;
   constexpr int kRowBytes = Cfg::kHeadDim * 2;
   // Matrices: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
   const unsigned v_base = v_tile + swizzled_bytes<Cfg::kHeadDim>(lane & 15, lane >> 4);
 #pragma unroll
   for (int ks = 0; ks < Cfg::kBlockKV / 16; ++ks) {
-    unsigned a[Cfg::kMTiles][4];
-#pragma unroll
-    for (int m = 0; m < Cfg::kMTiles; ++m) {
-      a[m][0] = pack2<Element>(p[m][2 * ks][0], p[m][2 * ks][1]);
-      a[m][1] = pack2<Element>(p[m][2 * ks][2], p[m][2 * ks][3]);
-      a[m][2] = pack2<Element>(p[m][2 * ks + 1][0], p[m][2 * ks + 1][1]);
-      a[m][3] = pack2<Element>(p[m][2 * ks + 1][2], p[m][2 * ks + 1][3]);
-    }
 #pragma unroll
     for (int pair = 0; pair < Cfg::kOutTiles / 2; ++pair) {
       unsigned b[4];
       ldmatrix_x4_trans(b, (v_base + ks * 16 * kRowBytes) ^ (pair * 32));
 #pragma unroll
       for (int m = 0; m < Cfg::kMTiles; ++m) {
-        mma_m16n8k16<Element>(o[m][2 * pair], a[m], b[0], b[1]);
-        mma_m16n8k16<Element>(o[m][2 * pair + 1], a[m], b[2], b[3]);
+        mma_m16n8k16<typename Cfg::Element>(o[m][2 * pair], a[m][ks], b[0], b[1]);
+        mma_m16n8k16<typename Cfg::Element>(o[m][2 * pair + 1], a[m][ks], b[2], b[3]);
       }
     }
   }
@@ -257,6 +277,17 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
   }
 }
 
+// V has landed, and every warp is done with K, so the next K block may stream
+// in while P V (and, with kEarlyNextK, the softmax) runs.
+template <class Cfg>
+__device__ __forceinline__ void wait_v_then_load_next_k(unsigned k_tile, const unsigned short* k, long long row_stride,
+                                                        int block, int key0, int seqlen_k) {
+  cp_async_wait<0>();
+  __syncthreads();
+  if (block > 0) load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, row_stride, key0 - Cfg::kBlockKV, seqlen_k);
+  cp_async_commit();
+}
+
 template <class Cfg>
 __device__ void fwd_prefill(const FwdParams& p) {
   // 1 KB alignment: the address XOR steps (at most bit 7) must not carry into
@@ -270,7 +301,10 @@ __device__ void fwd_prefill(const FwdParams& p) {
 
   // Flattened grid: query blocks of one (batch, head) are adjacent, so CTAs
   // that read the same K/V run together and share it in L2.
-  const int q_block = blockIdx.x % p.num_q_blocks;
+  // Causal: a head's last query blocks see the most keys; running them first
+  // leaves the light blocks for the tail of the grid.
+  const int q_block = Cfg::kCausal ? p.num_q_blocks - 1 - static_cast<int>(blockIdx.x % p.num_q_blocks)
+                                   : static_cast<int>(blockIdx.x % p.num_q_blocks);
   const int batch_head = blockIdx.x / p.num_q_blocks;
   const int head = batch_head % p.heads_q;
   const int batch = batch_head / p.heads_q;
@@ -323,23 +357,23 @@ __device__ void fwd_prefill(const FwdParams& p) {
     cp_async_commit();
 
     float s[Cfg::kMTiles][Cfg::kScoreTiles][4];
-    gemm_qk<Cfg>(s, q_tile, k_tile, warp_row0, lane);
+    gemm_qk<Cfg>(s, opaque(q_tile), opaque(k_tile), warp_row0, lane);
     const bool past_end = key0 + Cfg::kBlockKV > p.seqlen_k;
     const bool crosses_diagonal = Cfg::kCausal && key0 + Cfg::kBlockKV - 1 > q0 + diagonal_offset;
     if (past_end || crosses_diagonal) {
       apply_mask<Cfg>(s, q0 + warp_row0, key0, p.seqlen_k, diagonal_offset, lane);
     }
-    online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
 
-    // V has landed, and every warp is done with K, so the next K may stream in
-    // while P V runs.
-    cp_async_wait<0>();
-    __syncthreads();
-    if (block > 0) {
-      load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, p.k_row_stride, key0 - Cfg::kBlockKV, p.seqlen_k);
+    if constexpr (Cfg::kEarlyNextK) {
+      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, key0, p.seqlen_k);
+      online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
+    } else {
+      online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
+      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, key0, p.seqlen_k);
     }
-    cp_async_commit();
-    gemm_pv<Cfg>(o, s, v_tile, lane);
+    unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
+    pack_probabilities<Cfg>(probabilities, s);
+    gemm_pv<Cfg>(o, probabilities, opaque(v_tile), lane);
   }
 
   // With no key block at all the Q copy (issued by every warp, to every row)

@@ -87,6 +87,15 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   return packed;
 }
 
+// Hides a value's origin from the compiler. Applied to shared-memory tile
+// bases once per main-loop iteration, it makes the per-fragment addresses
+// derived from them cheap to recompute rather than loop invariants that ptxas
+// would keep live (and spill) across the whole loop.
+__device__ __forceinline__ unsigned opaque(unsigned value) {
+  asm volatile("" : "+r"(value));
+  return value;
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
