@@ -26,18 +26,30 @@ namespace {
 
 double ms_since(Clock::time_point start) { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); }
 
+// First integer after `label` in ptxas' report (e.g. "Used " → registers).
+int report_value(const std::string& log, const std::string& before, const std::string& after) {
+  const size_t end = log.find(after);
+  if (end == std::string::npos) return -1;
+  const size_t start = log.rfind(before, end);
+  return start == std::string::npos ? -1 : std::atoi(log.c_str() + start + before.size());
+}
+
+// Cold compile of every kernel the planner can pick by default, with ptxas'
+// resource report (registers, spill bytes) for each.
 int bench_compile(const std::string& arch_text) {
   const Arch arch = Arch::parse(arch_text);
-  fmt::print("{:<40} {:>8} {:>10}\n", "spec", "seconds", "cubin KiB");
+  fmt::print("{:<40} {:>8} {:>10} {:>10} {:>12}\n", "spec", "seconds", "cubin KiB", "registers", "spill bytes");
   for (DType dtype : {DType::f16, DType::bf16})
     for (int head_dim : {64, 128})
-      for (bool causal : {false, true}) {
-        const TileConfig t = default_tiles(dtype, head_dim, causal, arch);
-        const KernelSpec spec{Family::fwd, dtype, head_dim, t.block_q, t.block_kv, t.warps, causal};
-        const auto start = Clock::now();
-        const CompileOutput out = compile_cubin(render(spec, TemplateSet()), spec.text() + ".cu", arch, spec.text());
-        fmt::print("{:<40} {:>8.2f} {:>10.1f}\n", spec.text(), ms_since(start) / 1000, out.cubin.size() / 1024.0);
-      }
+      for (bool causal : {false, true})
+        for (const TileConfig& t : default_tile_set(dtype, head_dim, causal, arch)) {
+          const KernelSpec spec{Family::fwd, dtype, head_dim, t.block_q, t.block_kv, t.warps, causal};
+          const auto start = Clock::now();
+          const CompileOutput out = compile_cubin(render(spec, TemplateSet()), spec.text() + ".cu", arch, spec.text());
+          fmt::print("{:<40} {:>8.2f} {:>10.1f} {:>10} {:>12}\n", spec.text(), ms_since(start) / 1000,
+                     out.cubin.size() / 1024.0, report_value(out.log, "Used ", " registers"),
+                     report_value(out.log, "frame, ", " bytes spill stores"));
+        }
   return 0;
 }
 

@@ -134,8 +134,10 @@ int run(const Options& opt) {
     for (int head_dim : {64, 128})
       for (bool causal : {false, true})
         for (const TileConfig& t : tiles) {
-          const TileConfig c = t.block_q ? t : default_tiles(dtype, head_dim, causal, arch);
-          specs.push_back(KernelSpec{Family::fwd, dtype, head_dim, c.block_q, c.block_kv, c.warps, causal}.text());
+          const std::vector<TileConfig> configs = t.block_q ? std::vector<TileConfig>{t} : default_tile_set(dtype, head_dim, causal, arch);
+          for (const TileConfig& c : configs) {
+            specs.push_back(KernelSpec{Family::fwd, dtype, head_dim, c.block_q, c.block_kv, c.warps, causal}.text());
+          }
         }
   std::atomic<size_t> next{0};
   std::vector<std::thread> workers;

@@ -13,7 +13,9 @@
 #include "cache.hpp"
 #include "kernels.hpp"
 #include "log.hpp"
+#include "compile.hpp"
 #include "plan.hpp"
+#include "tune.hpp"
 
 namespace jitattn {
 
@@ -56,16 +58,20 @@ struct Runtime::Impl {
         builder(TemplateSet(config.template_dir),
                 config.cache_dir.empty() ? std::unique_ptr<Cache>(new NoCache())
                                          : std::unique_ptr<Cache>(new FileCache(config.cache_dir))),
-        registry(builder) {}
+        registry(builder),
+        tuning(TuningTable::load(config.cache_dir, JITATTN_VERSION_STRING, nvrtc_info().version())) {}
 
   ForwardPlan plan(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const TensorView* lse, const ForwardOptions& options, const DeviceInfo& device) {
-    return plan_forward(q, k, v, out, lse, options, device.arch, device.max_smem_per_block);
+    return plan_forward(q, k, v, out, lse, options, device.arch, device.max_smem_per_block, &tuning);
   }
 
   Config config;
   KernelBuilder builder;
   KernelRegistry registry;
+  // Read once: a hot call only looks up its shape class. Re-tuning takes
+  // effect in runtimes created afterwards.
+  TuningTable tuning;
 };
 
 Runtime::Runtime(Config config) {
@@ -105,7 +111,7 @@ std::string Runtime::spec_for(const TensorView& q, const TensorView& k, const Te
     arch = device.arch;
     smem = device.max_smem_per_block;
   }
-  return plan_forward(q, k, v, out, lse, options, arch, smem).spec.text();
+  return plan_forward(q, k, v, out, lse, options, arch, smem, &impl_->tuning).spec.text();
 }
 
 WarmResult Runtime::warm(const std::string& spec_text, const std::string& arch_text) {

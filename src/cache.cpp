@@ -135,32 +135,12 @@ int write_all(int fd, const char* data, size_t size) {
   return 0;
 }
 
-// Writes bytes to a new file `tmp` in the same directory as `path`, flushes it
-// to disk, then renames it over `path`: a reader opens either the old file or
-// the complete new one, never a partial one. (The directory itself is not
-// fsynced: a crash may lose the entry, which only costs a rebuild.) Returns ""
-// on success, else what failed; the temporary file never outlives a failure.
-std::string publish_atomically(const std::vector<char>& bytes, const std::string& tmp,
-                               const std::string& path) {
-  Fd file(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (file.fd < 0) return fmt::format("cannot create {}: {}", tmp, os_error(errno));
-  auto fail = [&](const char* step, const std::string& target, int err) {
-    ::unlink(tmp.c_str());
-    return fmt::format("cannot {} {}: {}", step, target, os_error(err));
-  };
-  if (int err = write_all(file.fd, bytes.data(), bytes.size())) return fail("write", tmp, err);
-  if (::fsync(file.fd) != 0) return fail("fsync", tmp, errno);
-  const int fd = std::exchange(file.fd, -1);
-  if (::close(fd) != 0) return fail("close", tmp, errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename onto", path, errno);
-  return "";
-}
-
-// A name no other writer (process, thread or host sharing the directory) picks.
-std::string temp_path(const std::string& dir, const std::string& key) {
+// A name beside `path` that no other writer (process, thread or host sharing
+// the directory) picks; it ends in .tmp so clear() recognizes strays.
+std::string temp_path_for(const std::string& path) {
   std::random_device random;
   const uint64_t suffix = (uint64_t(random()) << 32) | random();
-  return fmt::format("{}/{}.{}.{:016x}.tmp", dir, key, ::getpid(), suffix);
+  return fmt::format("{}.{}.{:016x}.tmp", path, ::getpid(), suffix);
 }
 
 // Holds flock(LOCK_EX) on a lock file while alive. When the file cannot be
@@ -201,6 +181,26 @@ std::vector<fs::path> files_in(const std::string& dir) {
 }
 
 }  // namespace
+
+// Writes bytes to a new temporary file in the same directory as `path`,
+// flushes it to disk, then renames it over `path`: a reader opens either the
+// old file or the complete new one, never a partial one. (The directory itself
+// is not fsynced: a crash may lose the file, which only costs a rebuild.)
+std::string publish_file(std::string_view bytes, const std::string& path) {
+  const std::string tmp = temp_path_for(path);
+  Fd file(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (file.fd < 0) return fmt::format("cannot create {}: {}", tmp, os_error(errno));
+  auto fail = [&](const char* step, const std::string& target, int err) {
+    ::unlink(tmp.c_str());
+    return fmt::format("cannot {} {}: {}", step, target, os_error(err));
+  };
+  if (int err = write_all(file.fd, bytes.data(), bytes.size())) return fail("write", tmp, err);
+  if (::fsync(file.fd) != 0) return fail("fsync", tmp, errno);
+  const int fd = std::exchange(file.fd, -1);
+  if (::close(fd) != 0) return fail("close", tmp, errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename onto", path, errno);
+  return "";
+}
 
 std::string make_cache_key(const CacheKeyInputs& inputs) {
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
@@ -352,8 +352,8 @@ std::optional<Entry> FileCache::get(const std::string& key) {
 void FileCache::put(const Entry& entry) {
   check_key(entry.meta.key);
   if (!writable()) return;
-  const std::string error = publish_atomically(encode_entry(entry), temp_path(kernels_dir_, entry.meta.key),
-                                               entry_path(entry.meta.key));
+  const std::vector<char> bytes = encode_entry(entry);
+  const std::string error = publish_file({bytes.data(), bytes.size()}, entry_path(entry.meta.key));
   if (!error.empty()) degrade(error);
 }
 

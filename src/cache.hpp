@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace jitattn::detail {
@@ -106,6 +107,11 @@ class NoCache final : public Cache {
   std::string location() const override { return "(disabled)"; }
   bool writable() const override { return false; }
 };
+
+// Writes `bytes` to `path` atomically (a temporary file in the same directory,
+// fsync, rename): readers see the old file or the whole new one. Returns "" on
+// success, else what failed; the temporary file never outlives a failure.
+std::string publish_file(std::string_view bytes, const std::string& path);
 
 // Serialization of one entry file; exposed for tests and the CLI.
 std::vector<char> encode_entry(const Entry& entry);

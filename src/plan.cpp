@@ -1,7 +1,10 @@
 #include "plan.hpp"
 
+#include "tune.hpp"
+
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -59,18 +62,36 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
 
 }  // namespace
 
-TileConfig default_tiles(DType, int head_dim, bool, const Arch&) {
-  // The fastest configurations of a full sweep on the H200 (bf16, seqlen 512
-  // to 16k, causal and not: docs/measurements/2026-11-22-tile-sweep-bf16.json).
-  // Four warps with 32 query rows each beat eight warps with 16 at both head
-  // dims: each K/V fragment loaded from shared memory feeds two MMA row tiles.
-  if (head_dim <= 64) return {128, 128, 4};
+TileConfig default_tiles(DType, int head_dim, bool causal, const Arch&, int seqlen_bucket) {
+  // The winners of a sweep of every tile configuration on the H200, bf16 and
+  // f16 (docs/measurements/2026-11-22-tile-sweep-v2.json). Four warps of 32
+  // query rows beat eight warps of 16 everywhere: each K/V fragment read from
+  // shared memory feeds two MMA row tiles. Short causal problems prefer smaller
+  // query blocks, which give the GPU more CTAs to balance.
+  if (head_dim <= 64) {
+    if (causal && seqlen_bucket <= 512) return {64, 64, 4};
+    if (causal && seqlen_bucket <= 2048) return {128, 64, 4};
+    return {128, 128, 4};
+  }
+  if (causal && seqlen_bucket <= 512) return {64, 64, 4};
   return {128, 64, 4};
+}
+
+std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch) {
+  std::vector<TileConfig> set;
+  for (int bucket = 512; bucket <= 16384; bucket *= 2) {
+    const TileConfig t = default_tiles(dtype, head_dim, causal, arch, bucket);
+    const bool seen = std::any_of(set.begin(), set.end(), [&](const TileConfig& s) {
+      return s.block_q == t.block_q && s.block_kv == t.block_kv && s.warps == t.warps;
+    });
+    if (!seen) set.push_back(t);
+  }
+  return set;
 }
 
 ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView* lse, const ForwardOptions& options,
-                         const Arch& arch, int max_smem_bytes) {
+                         const Arch& arch, int max_smem_bytes, const TuningTable* tuning) {
   check_bshd("q", q);
   check_bshd("k", k);
   check_bshd("v", v);
@@ -98,7 +119,10 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
   }
 
   ForwardPlan plan;
-  TileConfig tiles = default_tiles(q.dtype, static_cast<int>(head_dim), options.causal, arch);
+  const int bucket = seqlen_bucket(seqlen_q, seqlen_k);
+  std::optional<TileConfig> tuned;
+  if (tuning != nullptr) tuned = tuning->lookup({arch, q.dtype, static_cast<int>(head_dim), options.causal, bucket});
+  TileConfig tiles = tuned ? *tuned : default_tiles(q.dtype, static_cast<int>(head_dim), options.causal, arch, bucket);
   if (options.tiles.block_q != 0) tiles.block_q = options.tiles.block_q;
   if (options.tiles.block_kv != 0) tiles.block_kv = options.tiles.block_kv;
   if (options.tiles.warps != 0) tiles.warps = options.tiles.warps;

@@ -3,6 +3,8 @@
 // arithmetic: no GPU, no I/O, so it is cheap on the hot path and testable on CPU.
 #pragma once
 
+#include <vector>
+
 #include <jitattn/jitattn.hpp>
 
 #include "fwd_params.h"
@@ -16,14 +18,21 @@ struct ForwardPlan {
   unsigned grid = 0;  // CTAs (flattened); 0 = nothing to compute
 };
 
-// The tile configuration used when the caller does not force one.
-TileConfig default_tiles(DType dtype, int head_dim, bool causal, const Arch& arch);
+class TuningTable;
+
+// The built-in tile configuration for a shape class (from tuning on the H200),
+// used when neither the caller nor a tuning table chooses.
+TileConfig default_tiles(DType dtype, int head_dim, bool causal, const Arch& arch, int seqlen_bucket);
+// Every distinct default_tiles() choice over the seqlen buckets: what warming
+// a (dtype, head_dim, causal) class must compile so no call compiles later.
+std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch);
 
 // Throws Error(invalid_argument) naming the argument and the rule, or
 // Error(unsupported) for valid input this build cannot serve. max_smem_bytes
-// is the device's per-block opt-in limit.
+// is the device's per-block opt-in limit. Tiles come from options.tiles, else
+// `tuning` (if it has the shape class), else default_tiles().
 ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView* lse, const ForwardOptions& options,
-                         const Arch& arch, int max_smem_bytes);
+                         const Arch& arch, int max_smem_bytes, const TuningTable* tuning = nullptr);
 
 }  // namespace jitattn::detail

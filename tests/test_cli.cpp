@@ -218,33 +218,62 @@ TEST_CASE("warm --preset with an unknown name fails listing the known presets") 
   }
 }
 
-TEST_CASE("presets expand to the specs the planner picks") {
+TEST_CASE("presets expand to every tile configuration the planner picks for a class") {
   const Arch hopper = Arch::parse("sm_90a");
   const std::vector<KernelSpec> specs = jitattn::cli::preset_specs("default", hopper);
-  CHECK(specs.size() == 8);
   std::set<std::string> texts;
   for (const KernelSpec& spec : specs) {
     texts.insert(spec.text());
     CHECK(KernelSpec::parse(spec.text()) == spec);
-    const jitattn::TileConfig tiles = jitattn::detail::default_tiles(spec.dtype, spec.head_dim, spec.causal, hopper);
-    CHECK(spec.block_q == tiles.block_q);
-    CHECK(spec.block_kv == tiles.block_kv);
-    CHECK(spec.warps == tiles.warps);
   }
-  CHECK(texts.size() == 8);
+  CHECK(texts.size() == specs.size());  // no spec twice
+  // Exactly the planner's choices over every seqlen bucket of the 8 classes:
+  // warming the preset leaves nothing for a first call to compile.
+  std::set<std::string> planned;
+  for (jitattn::DType dtype : {jitattn::DType::bf16, jitattn::DType::f16}) {
+    for (int head_dim : {64, 128}) {
+      for (bool causal : {false, true}) {
+        for (int bucket = 512; bucket <= 16384; bucket *= 2) {
+          const jitattn::TileConfig tiles = jitattn::detail::default_tiles(dtype, head_dim, causal, hopper, bucket);
+          planned.insert(KernelSpec{jitattn::detail::Family::fwd, dtype, head_dim, tiles.block_q, tiles.block_kv,
+                                    tiles.warps, causal}
+                             .text());
+        }
+      }
+    }
+  }
+  CHECK(texts == planned);
+  CHECK(specs.size() >= 8);
 
+  // A model preset warms only its own class (in every tiling the planner may pick for it).
   const std::vector<KernelSpec> llama = jitattn::cli::preset_specs("llama3-8b", hopper);
-  REQUIRE(llama.size() == 1);
-  CHECK(llama[0].dtype == jitattn::DType::bf16);
-  CHECK(llama[0].head_dim == 128);
-  CHECK(llama[0].causal);
+  REQUIRE_FALSE(llama.empty());
+  for (const KernelSpec& spec : llama) {
+    CHECK(spec.dtype == jitattn::DType::bf16);
+    CHECK(spec.head_dim == 128);
+    CHECK(spec.causal);
+  }
+  CHECK(llama.size() == jitattn::detail::default_tile_set(jitattn::DType::bf16, 128, true, hopper).size());
   const std::vector<KernelSpec> bert = jitattn::cli::preset_specs("bert-base", hopper);
-  REQUIRE(bert.size() == 1);
-  CHECK(bert[0].dtype == jitattn::DType::f16);
-  CHECK(bert[0].head_dim == 64);
-  CHECK_FALSE(bert[0].causal);
+  REQUIRE_FALSE(bert.empty());
+  for (const KernelSpec& spec : bert) {
+    CHECK(spec.dtype == jitattn::DType::f16);
+    CHECK(spec.head_dim == 64);
+    CHECK_FALSE(spec.causal);
+  }
+  CHECK(bert.size() == jitattn::detail::default_tile_set(jitattn::DType::f16, 64, false, hopper).size());
 
   CHECK_THROWS_WITH_AS(jitattn::cli::preset_specs("nope", hopper), doctest::Contains("llama3-70b"), jitattn::Error);
+
+  // Tiles a tuning table chose for the class are warmed too (the planner prefers
+  // them); choices for another arch or class are not.
+  jitattn::detail::TuningTable tuning;
+  tuning.set({{hopper, jitattn::DType::bf16, 128, true, 4096}, {64, 32, 4}, 1.0, 0.5});
+  tuning.set({{jitattn::detail::Arch::parse("sm_80"), jitattn::DType::bf16, 128, true, 4096}, {128, 128, 8}, 1.0, 0.5});
+  tuning.set({{hopper, jitattn::DType::f16, 64, false, 1024}, {128, 32, 8}, 1.0, 0.5});
+  const std::vector<KernelSpec> tuned = jitattn::cli::preset_specs("llama3-8b", hopper, &tuning);
+  CHECK(tuned.size() == llama.size() + 1);
+  CHECK(tuned.back().text() == "fwd.bf16.d128.br64.bc32.w4.causal");
 }
 
 TEST_CASE("clear removes every entry and list --json is then empty") {
@@ -302,6 +331,103 @@ TEST_CASE("a failed compile is reported, the other kernels still finish, and war
   CHECK(contains(row_of(result.out, kSmallSpec), " miss "));
   CHECK(contains(row_of(result.out, "fwd.f16.d128.br128.bc64.w8"), "FAILED"));
   CHECK(contains(result.out, "1 failed"));
+}
+
+TEST_CASE("tune --dry-run lists the classes and candidates it would time, without a GPU") {
+  CliSandbox sandbox;
+  const std::string args = "tune --dry-run --dtype bf16 --head-dim 128 --causal yes --seqlen 1024,4096";
+  const CliRun text = sandbox.run(args);
+  INFO("stdout: " << text.out << "\nstderr: " << text.err);
+  REQUIRE(text.status == 0);
+  CHECK(contains(text.out, "2 classes × 9 candidates"));
+  CHECK(contains(text.out, "bf16.d128.causal.n1024"));
+  CHECK(contains(text.out, "bf16.d128.causal.n4096"));
+
+  const json plan = sandbox.run_json(args + " --json");
+  REQUIRE(plan["classes"].size() == 2);
+  CHECK(plan["classes"][0]["seqlen_bucket"] == 1024);
+  CHECK(plan["classes"][1]["seqlen_bucket"] == 4096);
+  CHECK(plan["classes"][1]["batch"] == 4);   // 16384 tokens / 4096
+  CHECK(plan["classes"][1]["heads"] == 16);  // 2048 / 128
+  for (const json& shape : plan["classes"]) {
+    CHECK(shape["dtype"] == "bf16");
+    CHECK(shape["causal"] == true);
+    CHECK(shape["candidates"].size() == 9);
+  }
+  CHECK(plan["iterations"] == 10);
+
+  // Repeated options and a candidate list work too; nothing is written.
+  const json two = sandbox.run_json("tune --dry-run --json --dtype bf16 --dtype f16 --head-dim 64 --causal no "
+                                    "--seqlen 512 --candidates 128x64x4,64x32x4");
+  REQUIRE(two["classes"].size() == 2);
+  CHECK(two["classes"][0]["candidates"] == json({"128x64x4", "64x32x4"}));
+  CHECK_FALSE(fs::exists(sandbox.cache_dir() + "/v1/tuning.json"));
+}
+
+TEST_CASE("tune rejects bad lists before doing anything") {
+  CliSandbox sandbox;
+  const CliRun bad_tiles = sandbox.run("tune --dry-run --candidates 64x64x8");
+  CHECK(bad_tiles.status == 1);
+  CHECK(contains(bad_tiles.err, "--candidates: 64x64x8"));
+  CHECK(contains(bad_tiles.err, "8 query rows per warp"));
+  const CliRun bad_dtype = sandbox.run("tune --dry-run --dtype f32");
+  CHECK(bad_dtype.status == 1);
+  CHECK(contains(bad_dtype.err, "--dtype: 'f32' is not bf16 or f16"));
+  const CliRun same_bucket = sandbox.run("tune --dry-run --seqlen 1000,1024");
+  CHECK(same_bucket.status == 1);
+  CHECK(contains(same_bucket.err, "same bucket (n1024)"));
+  CHECK(sandbox.run("tune --dry-run --causal maybe").status == 2);  // a usage error
+}
+
+TEST_CASE("tune without a GPU fails saying it needs one") {
+  CliSandbox sandbox;
+  if (sandbox.run_json("info --json")["driver"]["available"] == true) return;  // a GPU host: nothing to check
+  const CliRun result = sandbox.run("tune --dtype bf16 --head-dim 64 --causal no --seqlen 512");
+  CHECK(result.status == 1);
+  CHECK(result.out.empty());
+  CHECK(contains(result.err, "jitattn: tune needs a GPU: "));
+  CHECK_FALSE(fs::exists(sandbox.cache_dir() + "/v1/tuning.json"));
+}
+
+TEST_CASE("info reports the tuning table and clear removes it") {
+  CliSandbox sandbox;
+  CHECK(sandbox.run_json("info --json")["tuning"]["status"] == "none");
+
+  // A table for this very library and NVRTC version, as `tune` writes it.
+  const json nvrtc = sandbox.run_json("info --json")["nvrtc"];
+  const std::string nvrtc_version = nvrtc["available"] == true ? nvrtc["version"].get<std::string>() : "none";
+  auto row = [](int bucket) {
+    return json{{"arch", "sm_90a"}, {"dtype", "bf16"}, {"head_dim", 128}, {"causal", true},
+                {"seqlen_bucket", bucket}, {"block_q", 128}, {"block_kv", 128}, {"warps", 8},
+                {"tflops", 500.0}, {"default_tflops", 450.0}};
+  };
+  const json table = {{"format", 1}, {"library_version", jitattn::version()}, {"nvrtc_version", nvrtc_version},
+                      {"choices", {row(1024), row(4096)}}};
+  fs::create_directories(sandbox.cache_dir() + "/v1");
+  const std::string path = sandbox.cache_dir() + "/v1/tuning.json";
+  std::ofstream(path) << table.dump();
+
+  const json tuning = sandbox.run_json("info --json")["tuning"];
+  CHECK(tuning["status"] == "loaded");
+  CHECK(tuning["entries"] == 2);
+  CHECK(tuning["path"] == path);
+  CHECK(contains(sandbox.run("info").out, "2 shape classes"));
+
+  // From another library version: reported as ignored, with the reason.
+  json stale = table;
+  stale["library_version"] = "0.0.0-other";
+  std::ofstream(path) << stale.dump();
+  const json ignored = sandbox.run_json("info --json")["tuning"];
+  CHECK(ignored["status"] == "ignored");
+  CHECK(ignored["entries"] == 0);
+  CHECK(contains(ignored["reason"].get<std::string>(), "tuned with jitattn 0.0.0-other"));
+
+  const CliRun cleared = sandbox.run("clear");
+  CHECK(cleared.status == 0);
+  CHECK(contains(cleared.out, "removed 0 entries"));
+  CHECK(contains(cleared.out, "removed the tuning table " + path));
+  CHECK_FALSE(fs::exists(path));
+  CHECK(sandbox.run_json("info --json")["tuning"]["status"] == "none");
 }
 
 }  // TEST_SUITE("cli")

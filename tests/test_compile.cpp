@@ -29,8 +29,9 @@ std::vector<KernelSpec> default_set(const Arch& arch) {
   for (DType dtype : {DType::f16, DType::bf16})
     for (int head_dim : {64, 128})
       for (bool causal : {false, true}) {
-        const TileConfig t = default_tiles(dtype, head_dim, causal, arch);
-        specs.push_back({Family::fwd, dtype, head_dim, t.block_q, t.block_kv, t.warps, causal});
+        for (const TileConfig& t : default_tile_set(dtype, head_dim, causal, arch)) {
+          specs.push_back({Family::fwd, dtype, head_dim, t.block_q, t.block_kv, t.warps, causal});
+        }
       }
   return specs;
 }

@@ -32,8 +32,9 @@ TEST_CASE("a valid call becomes a spec, launch parameters and a grid") {
   Call call;
   call.options.causal = true;
   const ForwardPlan plan = call.plan();
-  CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc64.w4.causal");
-  CHECK(plan.grid == 1 * 8 * 2);  // ceil(100 / 128) × heads × batch
+  // Short causal problems get the built-in small query block.
+  CHECK(plan.spec.text() == "fwd.bf16.d128.br64.bc64.w4.causal");
+  CHECK(plan.grid == 2 * 8 * 2);  // ceil(100 / 64) × heads × batch
   const FwdParams& p = plan.params;
   CHECK(p.q == call.q.data);
   CHECK(p.lse == call.lse.data);
@@ -45,9 +46,20 @@ TEST_CASE("a valid call becomes a spec, launch parameters and a grid") {
   CHECK(p.heads_per_kv == 4);
   CHECK(p.seqlen_q == 100);
   CHECK(p.seqlen_k == 300);
-  CHECK(p.num_q_blocks == 1);
+  CHECK(p.num_q_blocks == 2);
   CHECK(p.scale == doctest::Approx(1 / std::sqrt(128.0)));
   CHECK(p.scale_log2 == doctest::Approx(1 / std::sqrt(128.0) * 1.4426950408889634));
+}
+
+TEST_CASE("the built-in tiles follow the seqlen bucket") {
+  Call call;
+  call.options.causal = true;
+  call.k.shape[1] = call.v.shape[1] = 4000;  // bucket 4096
+  call.k.strides[0] = call.v.strides[0] = 4000 * 2 * 128;
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc64.w4.causal");
+  call.options.causal = false;
+  call.k.shape[1] = call.v.shape[1] = 300;
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc64.w4");
 }
 
 TEST_CASE("forced tiles and scale are used") {

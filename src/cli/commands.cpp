@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -28,8 +29,10 @@
 #include "cli/presets.hpp"
 #include "compile.hpp"
 #include "driver.hpp"
+#include "plan.hpp"
 #include "render.hpp"
 #include "spec.hpp"
+#include "tune.hpp"
 
 namespace jitattn::cli {
 namespace {
@@ -37,6 +40,7 @@ namespace {
 using detail::Arch;
 using detail::KernelSpec;
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 // ---- output ------------------------------------------------------------------
 
@@ -198,7 +202,7 @@ void add_manifest(const std::string& path, const std::vector<Arch>& archs, std::
 // Every (spec, arch) pair the options ask for, once each, in the order asked.
 // Everything is parsed before anything compiles, so a typo fails in
 // milliseconds rather than after minutes of compiling.
-std::vector<WarmItem> warm_items(const WarmOptions& options) {
+std::vector<WarmItem> warm_items(const WarmOptions& options, const detail::TuningTable& tuning) {
   const std::vector<Arch> archs = parse_archs(options.archs);
   std::vector<WarmItem> items;
   for (const std::string& text : options.specs) {
@@ -210,7 +214,7 @@ std::vector<WarmItem> warm_items(const WarmOptions& options) {
   if (options.specs.empty() && options.manifest.empty() && preset_names.empty()) preset_names = {"default"};
   for (const std::string& name : preset_names) {
     for (const Arch& arch : archs) {
-      for (const KernelSpec& spec : preset_specs(name, arch)) items.push_back({spec.text(), arch.text()});
+      for (const KernelSpec& spec : preset_specs(name, arch, &tuning)) items.push_back({spec.text(), arch.text()});
     }
   }
   std::set<WarmItem> seen;
@@ -380,6 +384,54 @@ Row entry_row(const detail::EntryInfo& entry, int64_t now) {
   return {meta.spec, meta.arch, kib(meta.cubin_bytes), age_text(now - meta.created_unix), short_key(meta.key)};
 }
 
+// ---- the tuning table ------------------------------------------------------------
+
+std::string tuning_path(const Config& config) { return (fs::path(config.cache_dir) / "v1" / "tuning.json").string(); }
+
+std::string tiles_text(const TileConfig& t) { return fmt::format("{}x{}x{}", t.block_q, t.block_kv, t.warps); }
+
+detail::TuningTable load_tuning(const Config& config) {
+  return detail::TuningTable::load(config.cache_dir, jitattn::version(), detail::nvrtc_info().version());
+}
+
+// Why an existing tuning.json loaded no choice ("" when it is simply empty).
+// TuningTable::load only logs this; `info` shows it.
+std::string tuning_ignored_reason(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::ostringstream text;
+  text << file.rdbuf();
+  try {
+    const json document = json::parse(text.str());
+    if (!document.is_object() || document.value("format", 0) != 1) return "not a format-1 tuning table";
+    const std::string library = document.at("library_version").get<std::string>();
+    const std::string nvrtc = document.at("nvrtc_version").get<std::string>();
+    const std::string our_nvrtc = detail::nvrtc_info().version();
+    if (library != jitattn::version() || nvrtc != our_nvrtc) {
+      return fmt::format("tuned with jitattn {} and NVRTC {}; this is jitattn {} with NVRTC {}", library, nvrtc,
+                         jitattn::version(), our_nvrtc);
+    }
+    const json& choices = document.at("choices");
+    if (!choices.is_array()) return "\"choices\" is not an array";
+    if (!choices.empty()) return fmt::format("none of its {} choices is valid for this build", choices.size());
+    return "";
+  } catch (const json::exception& e) {
+    return fmt::format("unreadable: {}", e.what());
+  }
+}
+
+json tuning_record(const Config& config) {
+  if (config.cache_dir.empty()) return {{"path", ""}, {"status", "disabled"}, {"entries", 0}, {"reason", ""}};
+  const std::string path = tuning_path(config);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return {{"path", path}, {"status", "none"}, {"entries", 0}, {"reason", ""}};
+  const detail::TuningTable table = load_tuning(config);
+  const std::string reason = table.empty() ? tuning_ignored_reason(path) : "";
+  return {{"path", path},
+          {"status", reason.empty() ? "loaded" : "ignored"},
+          {"entries", table.choices().size()},
+          {"reason", reason}};
+}
+
 std::string driver_version_text(int version) { return fmt::format("{}.{}", version / 1000, version % 1000 / 10); }
 
 // Everything `info` reports, gathered once; the text output is rendered from it.
@@ -419,7 +471,8 @@ json info_record(const Config& config) {
   if (embedded) templates_record["count"] = detail::embedded_templates().size();
 
   return {{"version", jitattn::version()}, {"nvrtc", nvrtc_record}, {"driver", driver_record},
-          {"devices", devices}, {"cache", cache_record}, {"templates", templates_record}};
+          {"devices", devices}, {"cache", cache_record}, {"tuning", tuning_record(config)},
+          {"templates", templates_record}};
 }
 
 void print_info(const json& info) {
@@ -456,10 +509,195 @@ void print_info(const json& info) {
     print_field("", fmt::format("{} invalid (`jitattn clear` removes them)", cache["invalid_entries"].get<size_t>()));
   }
 
+  const json& tuning = info["tuning"];
+  const std::string status = tuning["status"].get<std::string>();
+  if (status == "disabled") {
+    print_field("tuning", "none (no disk cache)");
+  } else if (status == "none") {
+    print_field("tuning", "none: the built-in tiles (`jitattn tune` measures this GPU's)");
+  } else if (status == "loaded") {
+    print_field("tuning", fmt::format("{}, {}", tuning["path"].get<std::string>(),
+                                      count_of(tuning["entries"].get<size_t>(), "shape class", "shape classes")));
+  } else {
+    print_field("tuning", fmt::format("{} IGNORED: {}", tuning["path"].get<std::string>(),
+                                      tuning["reason"].get<std::string>()));
+    print_field("", "the built-in tiles are used; `jitattn tune` replaces it");
+  }
+
   const json& templates = info["templates"];
   print_field("templates", templates["source"] == "embedded"
                                ? fmt::format("embedded ({} files)", templates["count"].get<size_t>())
                                : templates["directory"].get<std::string>() + " (JITATTN_TEMPLATE_DIR)");
+}
+
+// ---- tune ----------------------------------------------------------------------------
+
+[[noreturn]] void bad_option(const std::string& message) { throw Error(ErrorCode::invalid_argument, message); }
+
+std::vector<DType> parse_dtypes(const std::vector<std::string>& texts) {
+  if (texts.empty()) return {DType::bf16, DType::f16};
+  std::vector<DType> dtypes;
+  for (const std::string& text : texts) {
+    DType dtype = DType::bf16;
+    if (text == "f16" || text == "fp16") {
+      dtype = DType::f16;
+    } else if (text != "bf16") {
+      bad_option(fmt::format("--dtype: '{}' is not bf16 or f16", text));
+    }
+    if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end()) dtypes.push_back(dtype);
+  }
+  return dtypes;
+}
+
+std::vector<int> parse_head_dims(const std::vector<int>& values) {
+  if (values.empty()) return {64, 128};
+  std::vector<int> head_dims;
+  for (int head_dim : values) {
+    if (head_dim != 64 && head_dim != 128) bad_option(fmt::format("--head-dim: {} is not one of 64, 128", head_dim));
+    if (std::find(head_dims.begin(), head_dims.end(), head_dim) == head_dims.end()) head_dims.push_back(head_dim);
+  }
+  return head_dims;
+}
+
+std::vector<bool> parse_causal(const std::string& text) {
+  if (text == "yes") return {true};
+  if (text == "no") return {false};
+  if (text == "both") return {false, true};
+  bad_option(fmt::format("--causal: '{}' is not yes, no or both", text));
+}
+
+// One seqlen per bucket: the bucket is what the planner looks up.
+std::vector<int> parse_seqlens(const std::vector<int>& values) {
+  if (values.empty()) return {512, 1024, 2048, 4096, 8192, 16384};
+  std::vector<int> seqlens;
+  for (int n : values) {
+    if (n < 1) bad_option(fmt::format("--seqlen: {} must be >= 1", n));
+    for (int earlier : seqlens) {
+      if (detail::seqlen_bucket(n, n) == detail::seqlen_bucket(earlier, earlier)) {
+        bad_option(fmt::format("--seqlen: {} and {} fall in the same bucket (n{}); give one", earlier, n,
+                               detail::seqlen_bucket(n, n)));
+      }
+    }
+    seqlens.push_back(n);
+  }
+  return seqlens;
+}
+
+// Empty: every candidate (tile_candidates per head dim).
+std::vector<TileConfig> parse_candidates(const std::vector<std::string>& texts) {
+  std::vector<TileConfig> candidates;
+  for (const std::string& text : texts) {
+    if (text == "all") {
+      if (texts.size() > 1) bad_option("--candidates: 'all' cannot be combined with tile configurations");
+      return {};
+    }
+    TileConfig tiles;
+    char tail = 0;
+    if (std::sscanf(text.c_str(), "%dx%dx%d%c", &tiles.block_q, &tiles.block_kv, &tiles.warps, &tail) != 3) {
+      bad_option(fmt::format("--candidates: '{}' is not all or BQxBKVxW (e.g. 128x64x4)", text));
+    }
+    KernelSpec spec;
+    spec.block_q = tiles.block_q;
+    spec.block_kv = tiles.block_kv;
+    spec.warps = tiles.warps;
+    try {
+      spec.validate();
+    } catch (const Error& e) {
+      bad_option(fmt::format("--candidates: {}: {}", text, e.what()));
+    }
+    const bool seen = std::any_of(candidates.begin(), candidates.end(), [&](const TileConfig& c) {
+      return tiles_text(c) == tiles_text(tiles);
+    });
+    if (!seen) candidates.push_back(tiles);
+  }
+  return candidates;
+}
+
+detail::TuneRequest tune_request(const TuneOptions& options) {
+  detail::TuneRequest request;
+  request.dtypes = parse_dtypes(options.dtypes);
+  request.head_dims = parse_head_dims(options.head_dims);
+  request.causal = parse_causal(options.causal);
+  request.seqlens = parse_seqlens(options.seqlens);
+  request.candidates = parse_candidates(options.candidates);
+  if (options.iterations < 1) bad_option(fmt::format("--iters: {} must be >= 1", options.iterations));
+  request.iterations = options.iterations;
+  return request;
+}
+
+// "sm_90a.bf16.d128.causal.n4096", or without the arch where it is not known.
+std::string class_text(const detail::ShapeClass& shape, bool arch_known) {
+  const std::string text = shape.text();
+  return arch_known ? text : text.substr(text.find('.') + 1);
+}
+
+// What tune would time, without a GPU: the classes of the request, each with
+// its problem size and candidates. The arch is device 0's where there is one.
+int tune_dry_run(const detail::TuneRequest& request, bool json_output) {
+  const std::vector<Device> devices = local_devices();
+  const bool arch_known = !devices.empty();
+  const Arch arch = arch_known ? Arch::for_device(devices[0].cc_major, devices[0].cc_minor) : Arch{9, 0, true};
+  json classes = json::array();
+  std::vector<Row> rows;
+  size_t timings = 0;
+  std::set<size_t> per_class;
+  for (DType dtype : request.dtypes) {
+    for (int head_dim : request.head_dims) {
+      for (bool causal : request.causal) {
+        const std::vector<TileConfig> candidates =
+            request.candidates.empty() ? detail::tile_candidates(head_dim) : request.candidates;
+        for (int n : request.seqlens) {
+          const detail::ShapeClass shape{arch, dtype, head_dim, causal, detail::seqlen_bucket(n, n)};
+          const int64_t batch = std::max<int64_t>(request.tokens / n, 1);
+          const int64_t heads = request.model_dim / head_dim;
+          const TileConfig builtin = detail::default_tiles(dtype, head_dim, causal, arch, shape.seqlen_bucket);
+          json names = json::array();
+          std::string list;
+          for (const TileConfig& tiles : candidates) {
+            names.push_back(tiles_text(tiles));
+            list += (list.empty() ? "" : ",") + tiles_text(tiles);
+          }
+          classes.push_back({{"class", class_text(shape, arch_known)}, {"dtype", detail::dtype_name(dtype)},
+                             {"head_dim", head_dim}, {"causal", causal}, {"seqlen", n},
+                             {"seqlen_bucket", shape.seqlen_bucket}, {"batch", batch}, {"heads", heads},
+                             {"builtin", tiles_text(builtin)}, {"candidates", names}});
+          rows.push_back({class_text(shape, arch_known), std::to_string(batch), std::to_string(heads),
+                          tiles_text(builtin), list});
+          timings += candidates.size();
+          per_class.insert(candidates.size());
+        }
+      }
+    }
+  }
+  if (json_output) {
+    print_json({{"arch", arch_known ? json(arch.text()) : json()}, {"iterations", request.iterations},
+                {"tokens", request.tokens}, {"model_dim", request.model_dim}, {"classes", classes}});
+    return 0;
+  }
+  const std::string shape_count = count_of(rows.size(), "class", "classes");
+  fmt::print("would time {} on {}, {} timed calls each (after 3 warm-up calls):\n",
+             per_class.size() == 1 ? fmt::format("{} × {} = {}", shape_count,
+                                                 count_of(*per_class.begin(), "candidate", "candidates"),
+                                                 count_of(timings, "configuration", "configurations"))
+                                   : fmt::format("{}, {}", shape_count, count_of(timings, "configuration", "configurations")),
+             arch_known ? arch.text() : "the GPU (none here)", request.iterations);
+  print_table({{"class"}, {"batch", true}, {"heads", true}, {"built-in"}, {"candidates"}}, rows);
+  return 0;
+}
+
+json choice_json(const detail::TunedChoice& choice, const TileConfig& builtin) {
+  const detail::ShapeClass& s = choice.shape;
+  return {{"class", s.text()},
+          {"arch", s.arch.text()},
+          {"dtype", detail::dtype_name(s.dtype)},
+          {"head_dim", s.head_dim},
+          {"causal", s.causal},
+          {"seqlen_bucket", s.seqlen_bucket},
+          {"tiles", tiles_text(choice.tiles)},
+          {"tflops", choice.tflops},
+          {"builtin_tiles", tiles_text(builtin)},
+          {"builtin_tflops", choice.default_tflops > 0 ? json(choice.default_tflops) : json()},
+          {"gain_percent", choice.default_tflops > 0 ? json((choice.tflops / choice.default_tflops - 1) * 100) : json()}};
 }
 
 }  // namespace
@@ -467,7 +705,7 @@ void print_info(const json& info) {
 // ---- the commands ---------------------------------------------------------------
 
 int warm(const Config& config, const WarmOptions& options) {
-  const std::vector<WarmItem> items = warm_items(options);
+  const std::vector<WarmItem> items = warm_items(options, load_tuning(config));
   check_compilable(items);
   Runtime runtime(config);
   const auto start = std::chrono::steady_clock::now();
@@ -553,6 +791,64 @@ int clear(const Config& config) {
   std::unique_ptr<detail::Cache> cache = open_cache(config);
   const size_t removed = cache->clear();
   fmt::print("removed {} from {}\n", count_of(removed, "entry", "entries"), cache->location());
+  if (config.cache_dir.empty()) return 0;
+  // The cache's clear() leaves v1/ alone apart from v1/kernels: the tuning
+  // table (and any temporary file of an interrupted save) goes here.
+  const std::string path = tuning_path(config);
+  std::error_code ec;
+  if (fs::remove(path, ec)) fmt::print("removed the tuning table {}\n", path);
+  const std::string stem = fs::path(path).filename().string() + ".";
+  for (fs::directory_iterator it(fs::path(path).parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(stem, 0) == 0 && it->path().extension() == ".tmp") fs::remove(it->path(), ec), ec.clear();
+  }
+  return 0;
+}
+
+int tune(const Config& config, const TuneOptions& options) {
+  const detail::TuneRequest request = tune_request(options);
+  if (options.dry_run) return tune_dry_run(request, options.json);
+  const detail::Driver& cu = detail::driver();
+  if (!cu.available) throw Error(ErrorCode::cuda_error, "tune needs a GPU: " + cu.error);
+  if (local_devices().empty()) throw Error(ErrorCode::cuda_error, "tune needs a GPU: the driver sees no CUDA device");
+  if (config.cache_dir.empty()) {
+    throw Error(ErrorCode::cache_error,
+                "tune: the disk cache is disabled (the cache directory is \"\"), so there is nowhere to keep the "
+                "tuning table; set JITATTN_CACHE_DIR or --cache-dir");
+  }
+  if (::isatty(STDERR_FILENO) == 1) {
+    fmt::print(stderr, "jitattn: compiling the candidates, then timing them (JITATTN_LOG=info shows each class)\n");
+  }
+  Runtime runtime(config);
+  const std::vector<detail::TunedChoice> winners = detail::tune(runtime, request);
+
+  detail::TuningTable table = load_tuning(config);
+  table.library_version = jitattn::version();
+  table.nvrtc_version = detail::nvrtc_info().version();
+  for (const detail::TunedChoice& choice : winners) table.set(choice);
+  table.save(config.cache_dir);
+
+  auto builtin_of = [](const detail::TunedChoice& choice) {
+    const detail::ShapeClass& s = choice.shape;
+    return detail::default_tiles(s.dtype, s.head_dim, s.causal, s.arch, s.seqlen_bucket);
+  };
+  if (options.json) {
+    json choices = json::array();
+    for (const detail::TunedChoice& choice : winners) choices.push_back(choice_json(choice, builtin_of(choice)));
+    print_json({{"path", tuning_path(config)}, {"entries", table.choices().size()}, {"choices", choices}});
+    return 0;
+  }
+  std::vector<Row> rows;
+  for (const detail::TunedChoice& choice : winners) {
+    const bool measured = choice.default_tflops > 0;
+    rows.push_back({choice.shape.text(), tiles_text(choice.tiles), fmt::format("{:.1f}", choice.tflops),
+                    tiles_text(builtin_of(choice)), measured ? fmt::format("{:.1f}", choice.default_tflops) : "-",
+                    measured ? fmt::format("{:+.1f}", (choice.tflops / choice.default_tflops - 1) * 100) : "-"});
+  }
+  print_table({{"class"}, {"tiles"}, {"TFLOP/s", true}, {"built-in"}, {"built-in TFLOP/s", true}, {"gain %", true}},
+              rows);
+  fmt::print("saved {} to {} ({} in all)\n", count_of(winners.size(), "choice", "choices"), tuning_path(config),
+             count_of(table.choices().size(), "shape class", "shape classes"));
   return 0;
 }
 

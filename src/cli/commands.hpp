@@ -19,14 +19,28 @@ struct WarmOptions {
   bool json = false;
 };
 
+struct TuneOptions {
+  std::vector<std::string> dtypes;      // "bf16", "f16"; empty: both
+  std::vector<int> head_dims;           // empty: 64 and 128
+  std::string causal = "both";          // yes, no or both
+  std::vector<int> seqlens;             // empty: the buckets 512 … 16384
+  std::vector<std::string> candidates;  // "all" or BQxBKVxW; empty: all
+  int iterations = 10;
+  bool json = false;
+  bool dry_run = false;  // print what would be timed; needs no GPU
+};
+
 // Compiles (or finds in the disk cache) every requested spec for every arch.
 int warm(const Config& config, const WarmOptions& options);
 // Lists the presets and the specs each expands to for `archs` (default as for warm).
 int list_presets(const std::vector<std::string>& archs, bool json);
 // Lists the disk cache's entries.
 int list(const Config& config, bool json);
-// Removes every disk cache entry.
+// Removes every disk cache entry and the tuning table.
 int clear(const Config& config);
+// Times the tile candidates of each shape class on this GPU and merges the
+// winners into the cache directory's tuning table.
+int tune(const Config& config, const TuneOptions& options);
 // Library, NVRTC, driver, devices, cache and template source.
 int info(const Config& config, bool json);
 // Prints the source rendered for one spec.

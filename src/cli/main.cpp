@@ -1,4 +1,5 @@
-// jitattn: warms, inspects and clears the kernel cache from the command line.
+// jitattn: warms, inspects and clears the kernel cache and tunes tile choices
+// from the command line.
 // This file only parses the command line and dispatches; each command is one
 // function in commands.cpp.
 #include <CLI/CLI.hpp>
@@ -23,6 +24,20 @@ A line may pin archs, which then replace the --arch list for that line:
 Prints a table (spec, arch, hit/miss, compile seconds, cubin KiB) and a total
 line; exits 1 if any kernel failed to compile (after compiling the others).)";
 
+constexpr const char* tune_footer = R"(
+Each shape class (dtype, head dim, causal, seqlen bucket) is timed on a
+problem of batch x seqlen = 16384 tokens and heads x head_dim = 2048: every
+candidate tile configuration that fits the GPU's shared memory runs 3 warm-up
+calls then --iters timed calls (CUDA events, median). The fastest per class is
+merged into <cache dir>/v1/tuning.json, which the planner consults before its
+built-in choices; a table from another jitattn or NVRTC version is ignored.
+Lists take commas or repeated options: --dtype bf16,f16 or --dtype bf16 --dtype f16.
+Candidates are `all` or BQxBKVxW configurations, e.g. 128x64x4,128x128x8.
+
+Prints a table (class, winning tiles, TFLOP/s, built-in tiles, built-in
+TFLOP/s, gain %). --dry-run prints the classes and candidates instead and
+needs no GPU.)";
+
 // Repeatable options take one value per occurrence, so a spec written after
 // `--arch sm_80` stays a spec.
 CLI::Option* add_repeatable(CLI::App* app, const std::string& name, std::vector<std::string>& values,
@@ -36,7 +51,8 @@ int main(int argc, char** argv) {
   using namespace jitattn;
 
   CLI::App app{"jitattn: FlashAttention kernels generated just in time. Warms, inspects and clears\n"
-               "the on-disk kernel cache (JITATTN_CACHE_DIR, else $XDG_CACHE_HOME/jitattn, else ~/.cache/jitattn).",
+               "the on-disk kernel cache (JITATTN_CACHE_DIR, else $XDG_CACHE_HOME/jitattn, else ~/.cache/jitattn),\n"
+               "and tunes the tile choices for this GPU.",
                "jitattn"};
   app.set_version_flag("--version", "jitattn " + version());
   app.require_subcommand(1);
@@ -68,7 +84,28 @@ int main(int argc, char** argv) {
   CLI::App* list_cmd = app.add_subcommand("list", "List the cache's entries: spec, arch, cubin size, age, key");
   list_cmd->add_flag("--json", list_json, "Print a JSON array");
 
-  CLI::App* clear_cmd = app.add_subcommand("clear", "Remove every cache entry");
+  CLI::App* clear_cmd = app.add_subcommand("clear", "Remove every cache entry and the tuning table");
+
+  cli::TuneOptions tune;
+  CLI::App* tune_cmd =
+      app.add_subcommand("tune", "Time the tile configurations of each shape class on this GPU; keep the fastest");
+  // Comma lists, or one value per occurrence (never swallowing what follows).
+  auto add_list = [&](const std::string& name, auto& values, const std::string& help, const std::string& type) {
+    return tune_cmd->add_option(name, values, help)->delimiter(',')->allow_extra_args(false)->type_name(type);
+  };
+  add_list("--dtype", tune.dtypes, "bf16, f16 (default both)", "DTYPE");
+  add_list("--head-dim", tune.head_dims, "64, 128 (default both)", "D");
+  tune_cmd->add_option("--causal", tune.causal, "yes, no or both (default both)")
+      ->check(CLI::IsMember({"yes", "no", "both"}))
+      ->type_name("WHEN");
+  add_list("--seqlen", tune.seqlens, "Sequence lengths, one per bucket (default 512,1024,2048,4096,8192,16384)", "N");
+  add_list("--candidates", tune.candidates, "all (default) or tile configurations BQxBKVxW", "TILES");
+  tune_cmd->add_option("--iters", tune.iterations, "Timed calls per candidate; the median counts (default 10)")
+      ->check(CLI::Range(1, 1000000))
+      ->option_text("N");
+  tune_cmd->add_flag("--json", tune.json, "Print JSON instead of a table");
+  tune_cmd->add_flag("--dry-run", tune.dry_run, "Print the classes and candidates it would time (no GPU needed)");
+  tune_cmd->footer(tune_footer);
 
   bool info_json = false;
   CLI::App* info_cmd = app.add_subcommand("info", "Show version, NVRTC, driver, GPUs, cache and template source");
@@ -93,6 +130,7 @@ int main(int argc, char** argv) {
     if (*presets_cmd) return cli::list_presets(preset_archs, presets_json);
     if (*list_cmd) return cli::list(config, list_json);
     if (*clear_cmd) return cli::clear(config);
+    if (*tune_cmd) return cli::tune(config, tune);
     if (*info_cmd) return cli::info(config, info_json);
     if (*source_cmd) return cli::source(config, source_spec);
   } catch (const std::exception& e) {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "cli/presets.hpp"
 
 #include <fmt/format.h>
@@ -42,22 +43,36 @@ const std::vector<Preset>& presets() {
   return all;
 }
 
-std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch) {
+std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch,
+                                             const detail::TuningTable* tuning) {
   for (const Preset& preset : presets()) {
     if (preset.name != name) continue;
     std::vector<detail::KernelSpec> specs;
     for (const AttentionShape& shape : preset.shapes) {
-      const TileConfig tiles = detail::default_tiles(shape.dtype, shape.head_dim, shape.causal, arch);
-      detail::KernelSpec spec;
-      spec.dtype = shape.dtype;
-      spec.head_dim = shape.head_dim;
-      spec.causal = shape.causal;
-      spec.block_q = tiles.block_q;
-      spec.block_kv = tiles.block_kv;
-      spec.warps = tiles.warps;
-      // Surfaces a planner/generator mismatch here rather than as a compile error.
-      spec.validate();
-      specs.push_back(spec);
+      // Every tile configuration the planner picks for some seqlen bucket.
+      std::vector<TileConfig> tile_set = detail::default_tile_set(shape.dtype, shape.head_dim, shape.causal, arch);
+      if (tuning != nullptr) {
+        for (const detail::TunedChoice& choice : tuning->choices()) {
+          const detail::ShapeClass& c = choice.shape;
+          const bool same_class = c.arch == arch && c.dtype == shape.dtype && c.head_dim == shape.head_dim && c.causal == shape.causal;
+          const bool known = std::any_of(tile_set.begin(), tile_set.end(), [&](const TileConfig& t) {
+            return t.block_q == choice.tiles.block_q && t.block_kv == choice.tiles.block_kv && t.warps == choice.tiles.warps;
+          });
+          if (same_class && !known) tile_set.push_back(choice.tiles);
+        }
+      }
+      for (const TileConfig& tiles : tile_set) {
+        detail::KernelSpec spec;
+        spec.dtype = shape.dtype;
+        spec.head_dim = shape.head_dim;
+        spec.causal = shape.causal;
+        spec.block_q = tiles.block_q;
+        spec.block_kv = tiles.block_kv;
+        spec.warps = tiles.warps;
+        // Surfaces a planner/generator mismatch here rather than as a compile error.
+        spec.validate();
+        specs.push_back(spec);
+      }
     }
     return specs;
   }

@@ -10,6 +10,7 @@
 #include <jitattn/jitattn.hpp>
 
 #include "spec.hpp"
+#include "tune.hpp"
 
 namespace jitattn::cli {
 
@@ -30,8 +31,12 @@ struct Preset {
 // Every preset, in the order `jitattn presets` lists them ("default" first).
 const std::vector<Preset>& presets();
 
-// The specs preset `name` needs on `arch`, with the tiles default_tiles() picks.
+// The specs preset `name` needs on `arch`: each shape with every tile
+// configuration default_tiles() picks for it over the seqlen buckets
+// (default_tile_set), plus the tiles `tuning` (if given) chose for the shape
+// on that arch, since the planner prefers those.
 // Throws Error(invalid_argument) for an unknown name; the message lists the known ones.
-std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch);
+std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch,
+                                             const detail::TuningTable* tuning = nullptr);
 
 }  // namespace jitattn::cli
