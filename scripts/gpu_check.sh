@@ -28,6 +28,11 @@ if [[ $what == bench || $what == all ]]; then
     "$build/bench/jitattn_bench_host" first-call
     "$build/bench/jitattn_bench_host" overhead 10000; } 2>&1 | tee "$out/host.log"
   export JITATTN_CACHE_DIR=/tmp/jitattn-cache
+  echo "== compiler resource report of the shipped kernels"
+  "$build/bench/jitattn_bench_host" compile sm_90a 2>&1 | tee "$out/resources.log"
+  echo "== jitattn tune (separate cache, so the comparison below uses the built-in tiles)"
+  JITATTN_CACHE_DIR=/tmp/jitattn-tune "$build/jitattn" tune --dtype bf16 --head-dim 64,128 --seqlen 512,4096 --iters 5 \
+      2>&1 | tee "$out/tune.log" || status=1
   echo "== jitattn beside PyTorch SDPA"
   PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --lib "$build/libjitattn.so" --dtype both \
       --json "$out/compare_torch.json" 2>&1 | tee "$out/compare_torch.log" || status=1
