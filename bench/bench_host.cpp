@@ -71,19 +71,9 @@ struct SmallProblem {
   }
 };
 
-void make_context_current() {
-  const auto& d = driver();
-  if (!d.available) throw Error(ErrorCode::cuda_error, "no GPU: " + d.error);
-  CUdevice device;
-  CUcontext context;
-  check_cuda(d.cuDeviceGet(&device, 0), "cuDeviceGet");
-  check_cuda(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
-  check_cuda(d.cuCtxSetCurrent(context), "cuCtxSetCurrent");
-}
-
 int bench_first_call() {
   auto start = Clock::now();
-  make_context_current();
+  current_or_primary_context();
   const double context_ms = ms_since(start);
   SmallProblem problem;
   start = Clock::now();
@@ -99,7 +89,7 @@ int bench_first_call() {
 }
 
 int bench_overhead(int calls) {
-  make_context_current();
+  current_or_primary_context();
   const auto& d = driver();
   SmallProblem problem;
   forward(problem.qv, problem.kv, problem.vv, problem.ov);  // warm

@@ -115,12 +115,9 @@ double time_ms(Runtime& runtime, const TensorView& q, const TensorView& k, const
 
 int run(const Options& opt) {
   const auto& d = driver();
-  if (!d.available) throw Error(ErrorCode::cuda_error, "no GPU: " + d.error);
+  current_or_primary_context();
   CUdevice device;
-  CUcontext context;
-  check_cuda(d.cuDeviceGet(&device, 0), "cuDeviceGet");
-  check_cuda(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
-  check_cuda(d.cuCtxSetCurrent(context), "cuCtxSetCurrent");
+  check_cuda(d.cuCtxGetDevice(&device), "cuCtxGetDevice");
   int major = 0, minor = 0;
   d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
   d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);

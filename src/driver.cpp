@@ -77,6 +77,23 @@ const Driver& driver() {
   return *instance;
 }
 
+CUcontext current_or_primary_context() {
+  const Driver& d = driver();
+  if (!d.available) throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", d.error));
+  CUcontext current = nullptr;
+  check_cuda(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+  if (current != nullptr) return current;
+  static const CUcontext primary = [&] {
+    CUdevice device = 0;
+    check_cuda(d.cuDeviceGet(&device, 0), "cuDeviceGet(0)");
+    CUcontext context = nullptr;
+    check_cuda(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+    return context;
+  }();
+  check_cuda(d.cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  return primary;
+}
+
 void check_cuda(CUresult status, const char* what) {
   if (status == CUDA_SUCCESS) return;
   const Driver& d = driver();

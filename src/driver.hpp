@@ -45,6 +45,11 @@ struct Driver {
 // `available` (there is no GPU on a build or CI machine).
 const Driver& driver();
 
+// The calling thread's current context; if it has none, device 0's primary
+// context, retained once for the life of the process and made current (what
+// the CUDA runtime does). Throws Error(cuda_error) when no GPU is usable.
+CUcontext current_or_primary_context();
+
 // Throws Error(cuda_error) naming `what` and the driver's error if status != CUDA_SUCCESS.
 void check_cuda(CUresult status, const char* what);
 

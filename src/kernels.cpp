@@ -61,21 +61,8 @@ KernelRegistry::~KernelRegistry() {
 
 ContextRef KernelRegistry::current_context() {
   const Driver& d = driver();
-  if (!d.available) throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", d.error));
   ContextRef ref;
-  check_cuda(d.cuCtxGetCurrent(&ref.context), "cuCtxGetCurrent");
-  if (ref.context == nullptr) {
-    // Retained once for the life of the process, like the CUDA runtime does.
-    static CUcontext primary = [&] {
-      CUdevice device = 0;
-      check_cuda(d.cuDeviceGet(&device, 0), "cuDeviceGet(0)");
-      CUcontext context = nullptr;
-      check_cuda(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
-      return context;
-    }();
-    check_cuda(d.cuCtxSetCurrent(primary), "cuCtxSetCurrent");
-    ref.context = primary;
-  }
+  ref.context = current_or_primary_context();
   unsigned long long id = 0;
   if (d.cuCtxGetId != nullptr && d.cuCtxGetId(ref.context, &id) == CUDA_SUCCESS) {
     ref.id = id;

@@ -107,23 +107,6 @@ TunedChoice choice_from_json(const json& row) {
 
 // ---- timing on the GPU ---------------------------------------------------------
 
-// The current context, else device 0's primary one made current (retained once
-// for the life of the process, as the runtime does).
-void ensure_context() {
-  const Driver& d = driver();
-  CUcontext current = nullptr;
-  check_cuda(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-  if (current != nullptr) return;
-  static const CUcontext primary = [&] {
-    CUdevice device = 0;
-    check_cuda(d.cuDeviceGet(&device, 0), "cuDeviceGet(0)");
-    CUcontext context = nullptr;
-    check_cuda(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
-    return context;
-  }();
-  check_cuda(d.cuCtxSetCurrent(primary), "cuCtxSetCurrent");
-}
-
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes) { check_cuda(driver().cuMemAlloc(&ptr_, bytes), "cuMemAlloc"); }
@@ -398,7 +381,7 @@ std::vector<TunedChoice> tune(Runtime& runtime, const TuneRequest& request) {
     }
   }
 
-  ensure_context();
+  current_or_primary_context();
   CUdevice device = 0;
   check_cuda(d.cuCtxGetDevice(&device), "cuCtxGetDevice");
   auto attribute = [&](CUdevice_attribute which) {

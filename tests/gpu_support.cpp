@@ -16,19 +16,11 @@ using detail::check_cuda;
 using detail::driver;
 
 bool use_gpu(std::string* why) {
-  const auto& d = driver();
-  if (!d.available) {
-    *why = d.error;
+  if (!driver().available) {
+    *why = driver().error;
     return false;
   }
-  static CUcontext primary = [&] {
-    CUdevice device = 0;
-    CUcontext context = nullptr;
-    check_cuda(d.cuDeviceGet(&device, 0), "cuDeviceGet");
-    check_cuda(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
-    return context;
-  }();
-  check_cuda(d.cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  detail::current_or_primary_context();
   return true;
 }
 
