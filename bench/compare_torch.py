@@ -24,8 +24,9 @@ class Tensor(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("block_q", ctypes.c_int32),
-                ("block_kv", ctypes.c_int32), ("warps", ctypes.c_int32)]
+    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
+                ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("alibi_slopes", ctypes.c_void_p),
+                ("block_q", ctypes.c_int32), ("block_kv", ctypes.c_int32), ("warps", ctypes.c_int32)]
 
 
 DTYPES = {"bf16": (torch.bfloat16, 1), "f16": (torch.float16, 0)}
@@ -58,6 +59,7 @@ def main():
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "both"])
     parser.add_argument("--json")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    parser.add_argument("--head-dims", default="64,128")
     args = parser.parse_args()
 
     lib = ctypes.CDLL(args.lib)
@@ -69,10 +71,10 @@ def main():
     print(header)
     for name in (["bf16", "f16"] if args.dtype == "both" else [args.dtype]):
         torch_dtype, code = DTYPES[name]
-        for head_dim in (64, 128):
+        for head_dim in [int(x) for x in args.head_dims.split(",")]:
             for causal in (False, True):
                 for n in [int(x) for x in args.seqlens.split(",")]:
-                    batch, heads = 16384 // n, 2048 // head_dim
+                    batch, heads = 16384 // n, max(1, 2048 // head_dim)
                     gen = torch.Generator(device="cuda").manual_seed(n * head_dim + causal)
                     q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch_dtype, generator=gen)
                                for _ in range(3))

@@ -68,7 +68,7 @@ jitattn::TensorView view_of(const jitattn_tensor* tensor, const char* name) {
 extern "C" {
 
 void jitattn_fwd_options_init(jitattn_fwd_options* options) {
-  if (options != nullptr) *options = jitattn_fwd_options{0.f, 0, 0, 0, 0};
+  if (options != nullptr) *options = jitattn_fwd_options{0.f, 0, -1, -1, 0.f, nullptr, 0, 0, 0};
 }
 
 jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_tensor* k, const jitattn_tensor* v,
@@ -80,9 +80,17 @@ jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_tensor* k, con
     jitattn::TensorView lse_view;
     if (lse != nullptr) lse_view = view_of(lse, "lse");
     jitattn::ForwardOptions cpp_options;
+    jitattn::TensorView alibi_view;
     if (options != nullptr) {
       if (options->softmax_scale > 0.f) cpp_options.softmax_scale = options->softmax_scale;
       cpp_options.causal = options->causal != 0;
+      cpp_options.window_left = options->window_left;
+      cpp_options.window_right = options->window_right;
+      cpp_options.softcap = options->softcap;
+      if (options->alibi_slopes != nullptr) {
+        alibi_view = view_of(options->alibi_slopes, "alibi_slopes");
+        cpp_options.alibi_slopes = &alibi_view;
+      }
       cpp_options.tiles = {options->block_q, options->block_kv, options->warps};
     }
     jitattn::forward(q_view, k_view, v_view, out_view, lse != nullptr ? &lse_view : nullptr, cpp_options, stream);

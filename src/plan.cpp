@@ -14,17 +14,46 @@ namespace {
 
 [[noreturn]] void reject(const std::string& message) { throw Error(ErrorCode::invalid_argument, message); }
 
+std::string shape_text(const TensorView& t) {
+  std::string text = "[";
+  for (int i = 0; i < t.ndim; ++i) text += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
+  return text + "]";
+}
+
+// The generated head dims; any other multiple of 8 runs on the next one up,
+// zero-padded inside the kernel (the caller's tensors are not copied).
+constexpr int kKernelHeadDims[] = {32, 64, 96, 128, 192, 256};
+
+int kernel_head_dim(int64_t head_dim) {
+  if (head_dim % 8 != 0 || head_dim < 8) reject(fmt::format("q: head_dim={} must be a multiple of 8", head_dim));
+  for (int dim : kKernelHeadDims) {
+    if (head_dim <= dim) return dim;
+  }
+  throw Error(ErrorCode::unsupported, fmt::format("q: head_dim={} is above the largest supported, 256", head_dim));
+}
+
+// The alibi_slopes tensor: f32 [heads_q] or [batch, heads_q]; returns the
+// batch stride (0 when the slopes are per head).
+long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads) {
+  if (slopes.dtype != DType::f32) reject(fmt::format("alibi_slopes: dtype {} must be f32", dtype_name(slopes.dtype)));
+  const bool per_head = slopes.ndim == 1 && slopes.shape[0] == heads;
+  const bool per_batch_head = slopes.ndim == 2 && slopes.shape[0] == batch && slopes.shape[1] == heads;
+  if (!per_head && !per_batch_head) {
+    reject(fmt::format("alibi_slopes: shape {} must be [heads_q] = [{}] or [batch, heads_q] = [{}, {}]", shape_text(slopes),
+                       heads, batch, heads));
+  }
+  if (slopes.strides[slopes.ndim - 1] != 1) reject("alibi_slopes: the heads dimension must be contiguous (stride 1)");
+  if (slopes.data == nullptr) reject("alibi_slopes: data is null");
+  if (reinterpret_cast<uintptr_t>(slopes.data) % 4 != 0) reject("alibi_slopes: data pointer must be 4-byte aligned");
+  return per_batch_head ? slopes.strides[0] : 0;
+}
+
 const char* dim_name(int ndim, int axis) {
   static const char* bshd[] = {"batch", "seqlen", "heads", "head_dim"};
   static const char* bhs[] = {"batch", "heads", "seqlen_q"};
   return ndim == 3 ? bhs[axis] : bshd[axis];
 }
 
-std::string shape_text(const TensorView& t) {
-  std::string text = "[";
-  for (int i = 0; i < t.ndim; ++i) text += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
-  return text + "]";
-}
 
 // A [batch, seqlen, heads, head_dim] 16-bit tensor that cp.async can read in
 // 16-byte chunks.
@@ -62,7 +91,17 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
 
 }  // namespace
 
-TileConfig default_tiles(DType, int head_dim, bool causal, const Arch&, int seqlen_bucket) {
+TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int seqlen_bucket) {
+  // Head dims 32, 96, 192 and 256 follow their neighbours' rules and the
+  // register budget; they have not been swept yet.
+  if (head_dim >= 192) {
+    // One 16-row tile per warp keeps the output accumulators in registers.
+    // Devices with 99 KB of shared memory per block (sm_86, sm_89, sm_120)
+    // cannot hold 128 query rows of head_dim 256.
+    const bool large_smem = arch.major == 9 || arch.major == 10 || (arch.major == 8 && (arch.minor == 0 || arch.minor == 7));
+    if (head_dim == 256 && !large_smem) return {64, 64, 4};
+    return {128, 64, 8};
+  }
   // The winners of a sweep of every tile configuration on the H200, bf16 and
   // f16 (docs/measurements/2026-11-22-tile-sweep-v2.json). Four warps of 32
   // query rows beat eight warps of 16 everywhere: each K/V fragment read from
@@ -70,6 +109,7 @@ TileConfig default_tiles(DType, int head_dim, bool causal, const Arch&, int seql
   // query blocks, which give the GPU more CTAs to balance.
   if (head_dim <= 64) {
     if (causal && seqlen_bucket <= 512) return {64, 64, 4};
+    if (head_dim == 32) return {128, 128, 4};
     if (causal && seqlen_bucket <= 2048) return {128, 64, 4};
     return {128, 128, 4};
   }
@@ -104,6 +144,7 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
   }
   if (k.shape[0] != batch) reject(fmt::format("k: batch={} must equal q's batch={}", k.shape[0], batch));
   if (k.shape[3] != head_dim) reject(fmt::format("k: head_dim={} must equal q's head_dim={}", k.shape[3], head_dim));
+  const int kernel_dim = kernel_head_dim(head_dim);
   for (int axis = 0; axis < 4; ++axis) {
     if (v.shape[axis] != k.shape[axis]) reject(fmt::format("v: shape {} must equal k's shape {}", shape_text(v), shape_text(k)));
     if (out.shape[axis] != q.shape[axis]) reject(fmt::format("out: shape {} must equal q's shape {}", shape_text(out), shape_text(q)));
@@ -118,20 +159,41 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
     }
   }
 
+  if (options.window_left < -1) reject(fmt::format("options.window_left={} must be -1 (unbounded) or >= 0", options.window_left));
+  if (options.window_right < -1) reject(fmt::format("options.window_right={} must be -1 (unbounded) or >= 0", options.window_right));
+  if (!(options.softcap >= 0.f) || !std::isfinite(options.softcap)) {
+    reject(fmt::format("options.softcap={} must be >= 0 (0 = off) and finite", options.softcap));
+  }
+  long long alibi_batch_stride = 0;
+  if (options.alibi_slopes != nullptr) alibi_batch_stride = check_alibi(*options.alibi_slopes, batch, heads_q);
+
+  // The mask kind: causal is a window with right bound 0; a window that
+  // bounds nothing is no mask.
+  const int right = options.causal ? 0 : options.window_right;
+  const int left = options.window_left;
+  const bool causal = right == 0 && left < 0;
+  const bool local = !causal && (left >= 0 || right >= 0);
+
   ForwardPlan plan;
   const int bucket = seqlen_bucket(seqlen_q, seqlen_k);
+  // Windows are tuned like causal masks (both skip key blocks).
+  const bool masked_like_causal = causal || local;
   std::optional<TileConfig> tuned;
-  if (tuning != nullptr) tuned = tuning->lookup({arch, q.dtype, static_cast<int>(head_dim), options.causal, bucket});
-  TileConfig tiles = tuned ? *tuned : default_tiles(q.dtype, static_cast<int>(head_dim), options.causal, arch, bucket);
+  if (tuning != nullptr) tuned = tuning->lookup({arch, q.dtype, kernel_dim, masked_like_causal, bucket});
+  TileConfig tiles = tuned ? *tuned : default_tiles(q.dtype, kernel_dim, masked_like_causal, arch, bucket);
   if (options.tiles.block_q != 0) tiles.block_q = options.tiles.block_q;
   if (options.tiles.block_kv != 0) tiles.block_kv = options.tiles.block_kv;
   if (options.tiles.warps != 0) tiles.warps = options.tiles.warps;
   plan.spec.dtype = q.dtype;
-  plan.spec.head_dim = static_cast<int>(head_dim);
+  plan.spec.head_dim = kernel_dim;
   plan.spec.block_q = tiles.block_q;
   plan.spec.block_kv = tiles.block_kv;
   plan.spec.warps = tiles.warps;
-  plan.spec.causal = options.causal;
+  plan.spec.causal = causal;
+  plan.spec.local = local;
+  plan.spec.softcap = options.softcap > 0.f;
+  plan.spec.alibi = options.alibi_slopes != nullptr;
+  plan.spec.padded = kernel_dim != head_dim;
   plan.spec.validate();
   if (plan.spec.smem_bytes() > static_cast<size_t>(max_smem_bytes)) {
     throw Error(ErrorCode::unsupported,
@@ -164,8 +226,19 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
   p.seqlen_q = static_cast<int>(seqlen_q);
   p.seqlen_k = static_cast<int>(seqlen_k);
   p.num_q_blocks = static_cast<int>(num_q_blocks);
+  p.head_dim = static_cast<int>(head_dim);
+  // Unbounded sides become bounds past the sequence, so the kernel needs no
+  // special case (and nothing overflows an int).
+  p.window_left = left < 0 ? static_cast<int>(std::min<int64_t>(seqlen_q + seqlen_k, INT_MAX / 4)) : std::min(left, INT_MAX / 4);
+  p.window_right = right < 0 ? static_cast<int>(std::min<int64_t>(seqlen_k, INT_MAX / 4)) : std::min(right, INT_MAX / 4);
   p.scale = scale;
-  p.scale_log2 = scale * 1.4426950408889634f;
+  const bool rewrite_scores = plan.spec.softcap || plan.spec.alibi;
+  p.scale_log2 = rewrite_scores ? 1.f : scale * 1.4426950408889634f;
+  p.lse_scale = rewrite_scores ? 0.6931471805599453f : scale;
+  p.softcap = options.softcap;
+  p.softcap_scale = options.softcap > 0.f ? scale / options.softcap : 0.f;
+  p.alibi_slopes = options.alibi_slopes != nullptr ? static_cast<const float*>(options.alibi_slopes->data) : nullptr;
+  p.alibi_batch_stride = alibi_batch_stride;
   plan.grid = static_cast<unsigned>(grid);
   return plan;
 }

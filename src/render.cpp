@@ -78,7 +78,10 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("element", spec.dtype == DType::bf16 ? "bf16" : "f16"),
       fmt::arg("head_dim", spec.head_dim), fmt::arg("block_q", spec.block_q),
       fmt::arg("block_kv", spec.block_kv), fmt::arg("warps", spec.warps),
-      fmt::arg("causal", spec.causal ? "true" : "false"), fmt::arg("entry_name", entry_name(spec)));
+      fmt::arg("mask", spec.causal ? "kMaskCausal" : spec.local ? "kMaskLocal" : "kMaskNone"),
+      fmt::arg("softcap", spec.softcap ? "true" : "false"), fmt::arg("alibi", spec.alibi ? "true" : "false"),
+      fmt::arg("padded", spec.padded ? "true" : "false"),
+      fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;
   expand_includes("entry_fwd.cu", entry, templates, seen, source);

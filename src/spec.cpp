@@ -50,6 +50,10 @@ std::string KernelSpec::text() const {
   std::string out = fmt::format("fwd.{}.d{}.br{}.bc{}.w{}", dtype_name(dtype), head_dim, block_q,
                                 block_kv, warps);
   if (causal) out += ".causal";
+  if (local) out += ".local";
+  if (softcap) out += ".softcap";
+  if (alibi) out += ".alibi";
+  if (padded) out += ".padded";
   return out;
 }
 
@@ -72,11 +76,16 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   if (!parse_field(fields[4], "bc", spec.block_kv)) bad_spec(text, "fifth field must be bcN (key block)");
   if (!parse_field(fields[5], "w", spec.warps)) bad_spec(text, "sixth field must be wN (warps)");
   for (size_t i = 6; i < fields.size(); ++i) {
-    if (fields[i] == "causal" && !spec.causal) {
-      spec.causal = true;
-    } else {
-      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: causal)", fields[i]));
+    bool* flag = fields[i] == "causal"    ? &spec.causal
+                 : fields[i] == "local"   ? &spec.local
+                 : fields[i] == "softcap" ? &spec.softcap
+                 : fields[i] == "alibi"   ? &spec.alibi
+                 : fields[i] == "padded"  ? &spec.padded
+                                          : nullptr;
+    if (flag == nullptr || *flag) {
+      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: causal, local, softcap, alibi, padded)", fields[i]));
     }
+    *flag = true;
   }
   spec.validate();
   return spec;
@@ -88,7 +97,10 @@ void KernelSpec::validate() const {
     throw Error(code, fmt::format("spec '{}': {}", name, why), name);
   };
   if (dtype != DType::f16 && dtype != DType::bf16) fail(ErrorCode::unsupported, "dtype must be f16 or bf16");
-  if (head_dim != 64 && head_dim != 128) fail(ErrorCode::unsupported, fmt::format("head_dim={} is not one of 64, 128", head_dim));
+  if (head_dim != 32 && head_dim != 64 && head_dim != 96 && head_dim != 128 && head_dim != 192 && head_dim != 256) {
+    fail(ErrorCode::unsupported, fmt::format("head_dim={} is not one of 32, 64, 96, 128, 192, 256", head_dim));
+  }
+  if (causal && local) fail(ErrorCode::invalid_argument, "causal and local are exclusive (a causal window is local)");
   if (block_q != 64 && block_q != 128) fail(ErrorCode::unsupported, fmt::format("br={} is not one of 64, 128", block_q));
   if (block_kv != 32 && block_kv != 64 && block_kv != 128) {
     fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128", block_kv));
@@ -100,6 +112,20 @@ void KernelSpec::validate() const {
          fmt::format("br={} with w={} gives {} query rows per warp; each warp needs a multiple of 16",
                      block_q, warps, block_q / warps));
   }
+  // 128 fp32 output + 64 score accumulators is the most that fits beside the
+  // fragments and addresses in 255 registers (the H200 measurements of
+  // docs/PERFORMANCE.md; beyond it ptxas spills hundreds of bytes).
+  if (accumulator_registers() > 192) {
+    fail(ErrorCode::unsupported,
+         fmt::format("br={} w={} bc={} at head_dim {} needs {} fp32 accumulators per thread; at most 192 fit "
+                     "(use fewer query rows per warp or a smaller bc)",
+                     block_q, warps, block_kv, head_dim, accumulator_registers()));
+  }
+}
+
+int KernelSpec::accumulator_registers() const {
+  const int rows_per_warp_tiles = block_q / warps / 16;
+  return rows_per_warp_tiles * (head_dim / 8 + block_kv / 8) * 4;
 }
 
 uint64_t KernelSpec::hash() const {
@@ -108,8 +134,10 @@ uint64_t KernelSpec::hash() const {
 }
 
 size_t KernelSpec::smem_bytes() const {
-  // Q tile plus one K tile and one V tile, 16-bit elements.
-  return static_cast<size_t>(block_q + 2 * block_kv) * head_dim * dtype_size(dtype);
+  // Q tile plus one K tile and one V tile, 16-bit elements, rows rounded up
+  // to whole 64-element swizzle groups (FwdConfig::kRowElems).
+  const int row_elems = (head_dim + 63) / 64 * 64;
+  return static_cast<size_t>(block_q + 2 * block_kv) * row_elems * dtype_size(dtype);
 }
 
 uint64_t KernelSpec::packed() const {
@@ -120,6 +148,10 @@ uint64_t KernelSpec::packed() const {
   key = key << 10 | static_cast<uint64_t>(block_kv);
   key = key << 6 | static_cast<uint64_t>(warps);
   key = key << 1 | static_cast<uint64_t>(causal);
+  key = key << 1 | static_cast<uint64_t>(local);
+  key = key << 1 | static_cast<uint64_t>(softcap);
+  key = key << 1 | static_cast<uint64_t>(alibi);
+  key = key << 1 | static_cast<uint64_t>(padded);
   return key;
 }
 

@@ -21,9 +21,14 @@ struct KernelSpec {
   int block_q = 128;
   int block_kv = 64;
   int warps = 4;
-  bool causal = false;
+  bool causal = false;   // keys after the bottom-right-aligned diagonal are masked
+  bool local = false;    // sliding window (runtime bounds); excludes causal, which it subsumes
+  bool softcap = false;  // cap · tanh(scores / cap)
+  bool alibi = false;    // −slope · |distance| score bias
+  bool padded = false;   // the caller's head dim is below head_dim (zero-padded in the kernel)
 
-  // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set).
+  // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
+  // the order causal|local, softcap, alibi, padded).
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.
   static KernelSpec parse(std::string_view text);
@@ -33,6 +38,9 @@ struct KernelSpec {
   uint64_t hash() const;
 
   int threads() const { return warps * 32; }
+  // fp32 accumulators per thread (output + scores): what decides whether a
+  // configuration fits in 255 registers.
+  int accumulator_registers() const;
   size_t smem_bytes() const;
 
   // Packs every field into one word: the hot-path lookup key (no strings).

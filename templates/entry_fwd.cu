@@ -4,7 +4,8 @@
 #include "fwd_prefill.cuh"
 
 using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /*BLOCK_Q=*/{block_q},
-                                  /*BLOCK_KV=*/{block_kv}, /*WARPS=*/{warps}, /*CAUSAL=*/{causal}>;
+                                  /*BLOCK_KV=*/{block_kv}, /*WARPS=*/{warps}, /*MASK=*/jitattn::{mask},
+                                  /*SOFTCAP=*/{softcap}, /*ALIBI=*/{alibi}, /*PADDED=*/{padded}>;
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{

@@ -26,8 +26,24 @@ struct FwdParams {
   int seqlen_q;
   int seqlen_k;
   int num_q_blocks;  // ceil(seqlen_q / block_q); the grid is num_q_blocks × heads_q × batch, flattened
+  int head_dim;      // the caller's head dim (<= the kernel's; the rest is zero padding)
+
+  // Local (sliding-window) masks: query i sees keys in
+  // [i + sk - sq - window_left, i + sk - sq + window_right]; both >= 0 here
+  // (the host turns "unbounded" into a bound past the sequence).
+  int window_left;
+  int window_right;
+
   float scale;       // softmax scale applied to q·k
-  float scale_log2;  // scale × log2(e): softmax runs in the exp2 domain
+  // Factor from the kernel's running maxima to log2 units: scale × log2(e)
+  // for plain scores; log2(e) when scores are rewritten (softcap, ALiBi) first.
+  float scale_log2;
+  float lse_scale;   // max × lse_scale + ln(sum) is the natural-log LSE
+  float softcap;     // cap, when compiled with softcap
+  float softcap_scale;  // scale / cap
+
+  const float* alibi_slopes;       // [heads] or [batch, heads], when compiled with ALiBi
+  long long alibi_batch_stride;    // 0 for per-head slopes
 };
 
 }  // namespace jitattn

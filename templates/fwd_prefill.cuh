@@ -12,7 +12,15 @@
 
 namespace jitattn {
 
-template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, bool CAUSAL>
+// Which keys a query row may see, beyond key < seqlen_k.
+enum MaskKind : int {
+  kMaskNone = 0,
+  kMaskCausal = 1,  // key <= row + seqlen_k - seqlen_q
+  kMaskLocal = 2,   // a sliding window around that diagonal (FwdParams::window_*)
+};
+
+template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
+          bool PADDED>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
@@ -20,17 +28,31 @@ struct FwdConfig {
   static constexpr int kBlockKV = BLOCK_KV;
   static constexpr int kWarps = WARPS;
   static constexpr int kThreads = WARPS * 32;
-  static constexpr bool kCausal = CAUSAL;
+  static constexpr bool kCausal = MASK == kMaskCausal;
+  static constexpr bool kLocal = MASK == kMaskLocal;
+  static constexpr bool kSoftcap = SOFTCAP;
+  static constexpr bool kAlibi = ALIBI;
+  // The caller's head dim (FwdParams::head_dim) is below HEAD_DIM: loads
+  // zero-fill and stores skip the chunks past it. Exact head dims compile
+  // without those predicates.
+  static constexpr bool kPadded = PADDED;
+  // Scores rewritten before the softmax (to log2-domain logits) instead of
+  // the scale being folded into the exponent.
+  static constexpr bool kRewriteScores = SOFTCAP || ALIBI;
 
   static constexpr int kRowsPerWarp = BLOCK_Q / WARPS;
   static constexpr int kMTiles = kRowsPerWarp / 16;  // 16-row MMA tiles per warp
   static constexpr int kScoreTiles = BLOCK_KV / 8;   // 8-column accumulator tiles of S
   static constexpr int kOutTiles = HEAD_DIM / 8;     // 8-column accumulator tiles of O
-  static constexpr int kChunksPerRow = HEAD_DIM / 8; // 16-byte chunks per row
+  static constexpr int kChunksPerRow = HEAD_DIM / 8; // 16-byte chunks of data per row
+  // Shared-memory rows hold whole 8-chunk swizzle groups (128 bytes), so head
+  // dims such as 32 and 96 leave a few unused chunks per row.
+  static constexpr int kRowElems = (HEAD_DIM + 63) / 64 * 64;
+  static constexpr int kRowBytes = kRowElems * 2;
 
-  static constexpr int kSmemQ = BLOCK_Q * HEAD_DIM;  // elements
-  static constexpr int kSmemK = BLOCK_KV * HEAD_DIM;
-  static constexpr int kSmemV = BLOCK_KV * HEAD_DIM;
+  static constexpr int kSmemQ = BLOCK_Q * kRowElems;  // elements
+  static constexpr int kSmemK = BLOCK_KV * kRowElems;
+  static constexpr int kSmemV = BLOCK_KV * kRowElems;
   static constexpr int kSmemBytes = (kSmemQ + kSmemK + kSmemV) * 2;
 
   // Whether the next K block is requested before this block's softmax (more
@@ -43,43 +65,70 @@ struct FwdConfig {
   static_assert(BLOCK_KV % 16 == 0 && HEAD_DIM % 16 == 0, "MMA k-steps are 16 wide");
 };
 
-// Shared-memory tiles are row-major [rows][HEAD_DIM] of 16-bit values with the
-// 16-byte chunks of each row XOR-swizzled by (row % 8). ldmatrix reads the same
-// chunk column of 8 consecutive rows, and cp.async writes 8 consecutive chunks
-// of one row; the swizzle puts both patterns on 8 distinct bank groups.
-//
-// Every access below starts at a row ≡ lane (mod 8) and walks in whole 16-row
-// steps and even chunk steps, so its byte offset is a per-thread base plus a
-// row step, XOR a chunk step: ((2k + c) ^ r) = 2k ^ (c ^ r) for c in {0, 1}.
-// Keeping only the base live (instead of one hoisted address per unrolled
-// step) is what keeps the register count down.
-template <int HEAD_DIM>
+// Shared-memory tiles are row-major [rows][kRowElems] of 16-bit values with
+// the 16-byte chunks of each 128-byte group XOR-swizzled by (row % 8).
+// ldmatrix reads the same chunk column of 8 consecutive rows, and cp.async
+// writes 8 consecutive chunks of one row; the swizzle puts both patterns on 8
+// distinct bank groups.
+template <class Cfg>
 __device__ __forceinline__ int swizzled_bytes(int row, int chunk) {
-  return row * HEAD_DIM * 2 + ((chunk ^ (row & 7)) << 4);
+  return row * Cfg::kRowBytes + ((chunk & ~7) << 4) + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-// Copies rows [row0, row0 + ROWS) of a [seqlen, HEAD_DIM] slice into a
-// swizzled tile; rows at or past `rows_valid` are zero-filled.
+// Every ldmatrix access starts at a row ≡ lane (mod 8) and walks in whole
+// 16-row steps and in chunk pairs 2·step + c (c in {0, 1}): its address is a
+// per-thread row base and `low` = ((c ^ row) << 4), combined with the step. As
+// (2k + c) ^ r = 2k ^ (c ^ r), the step only XORs into the low bits. Keeping
+// the base live (instead of one hoisted address per unrolled step) keeps the
+// register count down.
+template <class Cfg>
+__device__ __forceinline__ unsigned fragment_address(unsigned row_base, unsigned low, int step) {
+  if constexpr ((Cfg::kRowBytes & (Cfg::kRowBytes - 1)) == 0) {
+    // Power-of-two rows on a 1 KB-aligned tile: the whole chunk index is free
+    // of row bits, so one XOR does it.
+    return (row_base + low) ^ (step * 32);
+  } else {
+    return row_base + (step >> 2) * 128 + (low ^ ((step & 3) * 32));
+  }
+}
+
+// Copies rows [row0, row0 + ROWS) of a [seqlen, head_dim] slice into a
+// swizzled tile. Rows at or past `rows_valid`, and chunks at or past
+// `chunks_valid` (a caller's head dim below the kernel's), are zero-filled.
 template <class Cfg, int ROWS>
-__device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* global,
-                                          long long row_stride, int row0, int rows_valid) {
+__device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* global, long long row_stride,
+                                          int row0, int rows_valid, int chunks_valid) {
   constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunksPerRow;
-  static_assert(Cfg::kThreads % Cfg::kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0,
-                "each thread copies one fixed chunk column in whole 8-row steps");
-  const int row = threadIdx.x / Cfg::kChunksPerRow;
-  const int chunk = threadIdx.x % Cfg::kChunksPerRow;
-  const unsigned destination = tile + swizzled_bytes<Cfg::kHeadDim>(row, chunk);
-  // One pointer walked by a fixed step, and one row count compared against
-  // constants: precomputing a 64-bit address per pass costs registers the
-  // main loop needs.
-  const unsigned short* source = global + (row0 + row) * row_stride + chunk * 8;
-  const long long step = kRowsPerPass * row_stride;
-  const int rows_left = rows_valid - row0 - row;
+  if constexpr (Cfg::kThreads % Cfg::kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0) {
+    // Each thread copies one fixed chunk column in whole 8-row steps: one
+    // pointer walked by a fixed step and one row count compared against
+    // constants (a 64-bit address per pass would cost registers the main
+    // loop needs).
+    const int row = threadIdx.x / Cfg::kChunksPerRow;
+    const int chunk = threadIdx.x % Cfg::kChunksPerRow;
+    const unsigned destination = tile + swizzled_bytes<Cfg>(row, chunk);
+    const unsigned short* source = global + (row0 + row) * row_stride + chunk * 8;
+    const long long step = kRowsPerPass * row_stride;
+    const int rows_left = chunk < chunks_valid ? rows_valid - row0 - row : 0;
 #pragma unroll
-  for (int pass = 0; pass < ROWS / kRowsPerPass; ++pass) {
-    const bool valid = pass * kRowsPerPass < rows_left;
-    cp_async_16(destination + pass * kRowsPerPass * Cfg::kHeadDim * 2, valid ? source : global, valid);
-    source += step;
+    for (int pass = 0; pass < ROWS / kRowsPerPass; ++pass) {
+      const bool valid = pass * kRowsPerPass < rows_left;
+      cp_async_16(destination + pass * kRowsPerPass * Cfg::kRowBytes, valid ? source : global, valid);
+      source += step;
+    }
+  } else {
+    constexpr int kChunks = ROWS * Cfg::kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < (kChunks + Cfg::kThreads - 1) / Cfg::kThreads; ++i) {
+      const int index = i * Cfg::kThreads + threadIdx.x;
+      if (kChunks % Cfg::kThreads == 0 || index < kChunks) {
+        const int row = index / Cfg::kChunksPerRow;
+        const int chunk = index % Cfg::kChunksPerRow;
+        const bool valid = row0 + row < rows_valid && chunk < chunks_valid;
+        cp_async_16(tile + swizzled_bytes<Cfg>(row, chunk), valid ? global + (row0 + row) * row_stride + chunk * 8 : global,
+                    valid);
+      }
+    }
   }
 }
 
@@ -89,11 +138,13 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
 template <class Cfg>
 __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], unsigned q_tile,
                                         unsigned k_tile, int warp_row0, int lane) {
-  constexpr int kRowBytes = Cfg::kHeadDim * 2;
+  constexpr int kRowBytes = Cfg::kRowBytes;
   // ldmatrix lanes: Q matrices are (rows 0-7 | 8-15) × (k 0-7 | 8-15); K matrices
   // are (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
-  const unsigned q_base = q_tile + swizzled_bytes<Cfg::kHeadDim>(warp_row0 + (lane & 15), lane >> 4);
-  const unsigned k_base = k_tile + swizzled_bytes<Cfg::kHeadDim>((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1);
+  const unsigned q_row = q_tile + (warp_row0 + (lane & 15)) * kRowBytes;
+  const unsigned q_low = ((lane >> 4) ^ (lane & 7)) << 4;
+  const unsigned k_row = k_tile + ((lane & 7) + (lane >> 4) * 8) * kRowBytes;
+  const unsigned k_low = (((lane >> 3) & 1) ^ (lane & 7)) << 4;
 #pragma unroll
   for (int m = 0; m < Cfg::kMTiles; ++m) {
 #pragma unroll
@@ -107,12 +158,12 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kScoreTile
     unsigned a[Cfg::kMTiles][4];
 #pragma unroll
     for (int m = 0; m < Cfg::kMTiles; ++m) {
-      ldmatrix_x4(a[m], (q_base + m * 16 * kRowBytes) ^ (ks * 32));
+      ldmatrix_x4(a[m], fragment_address<Cfg>(q_row + m * 16 * kRowBytes, q_low, ks));
     }
 #pragma unroll
     for (int pair = 0; pair < Cfg::kScoreTiles / 2; ++pair) {
       unsigned b[4];
-      ldmatrix_x4(b, (k_base + pair * 16 * kRowBytes) ^ (ks * 32));
+      ldmatrix_x4(b, fragment_address<Cfg>(k_row + pair * 16 * kRowBytes, k_low, ks));
 #pragma unroll
       for (int m = 0; m < Cfg::kMTiles; ++m) {
         mma_m16n8k16<typename Cfg::Element>(s[m][2 * pair], a[m], b[0], b[1]);
@@ -147,15 +198,16 @@ template <class Cfg>
 __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
                                         const unsigned (&a)[Cfg::kMTiles][Cfg::kBlockKV / 16][4],
                                         unsigned v_tile, int lane) {
-  constexpr int kRowBytes = Cfg::kHeadDim * 2;
+  constexpr int kRowBytes = Cfg::kRowBytes;
   // Matrices: (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
-  const unsigned v_base = v_tile + swizzled_bytes<Cfg::kHeadDim>(lane & 15, lane >> 4);
+  const unsigned v_row = v_tile + (lane & 15) * kRowBytes;
+  const unsigned v_low = ((lane >> 4) ^ (lane & 7)) << 4;
 #pragma unroll
   for (int ks = 0; ks < Cfg::kBlockKV / 16; ++ks) {
 #pragma unroll
     for (int pair = 0; pair < Cfg::kOutTiles / 2; ++pair) {
       unsigned b[4];
-      ldmatrix_x4_trans(b, (v_base + ks * 16 * kRowBytes) ^ (pair * 32));
+      ldmatrix_x4_trans(b, fragment_address<Cfg>(v_row + ks * 16 * kRowBytes, v_low, pair));
 #pragma unroll
       for (int m = 0; m < Cfg::kMTiles; ++m) {
         mma_m16n8k16<typename Cfg::Element>(o[m][2 * pair], a[m][ks], b[0], b[1]);
@@ -165,27 +217,51 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kOutTiles]
   }
 }
 
-// Sets scores of keys outside [0, seqlen_k) and, when causal, of keys after the
-// query's bottom-right-aligned diagonal to -inf. Accumulator element e of tile
-// n sits at row lane/4 (+8 for e >= 2) and column n*8 + 2*(lane%4) + (e & 1).
-template <class Cfg>
-__device__ __forceinline__ void apply_mask(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4],
-                                           int first_row, int first_key, int seqlen_k,
-                                           int diagonal_offset, int lane) {
+// Accumulator element e of score tile n sits at row lane/4 (+8 for e >= 2)
+// and column n*8 + 2*(lane%4) + (e & 1); `body` gets those positions.
+template <class Cfg, typename Body>
+__device__ __forceinline__ void for_each_score(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], int first_row,
+                                               int first_key, int lane, Body&& body) {
 #pragma unroll
   for (int m = 0; m < Cfg::kMTiles; ++m) {
 #pragma unroll
     for (int n = 0; n < Cfg::kScoreTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int row = first_row + m * 16 + (lane >> 2) + (e >> 1) * 8;
-        const int key = first_key + n * 8 + (lane & 3) * 2 + (e & 1);
-        bool visible = key < seqlen_k;
-        if constexpr (Cfg::kCausal) visible = visible && key <= row + diagonal_offset;
-        if (!visible) s[m][n][e] = -kInfinity;
+        body(s[m][n][e], first_row + m * 16 + (lane >> 2) + (e >> 1) * 8, first_key + n * 8 + (lane & 3) * 2 + (e & 1));
       }
     }
   }
+}
+
+// Turns raw q·k into log2-domain logits: softcap · tanh(scale · s / softcap)
+// (or scale · s), minus the ALiBi distance bias, times log2(e). The softmax
+// then runs with scale_log2 = 1.
+template <class Cfg>
+__device__ __forceinline__ void rewrite_scores(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], const FwdParams& p,
+                                               float slope, int first_row, int first_key, int diagonal_offset,
+                                               int lane) {
+  for_each_score<Cfg>(s, first_row, first_key, lane, [&](float& score, int row, int key) {
+    float logit = Cfg::kSoftcap ? p.softcap * fast_tanh(score * p.softcap_scale) : score * p.scale;
+    if constexpr (Cfg::kAlibi) logit -= slope * static_cast<float>(abs(row + diagonal_offset - key));
+    score = logit * 1.4426950408889634f;
+  });
+}
+
+// Sets scores of keys the row may not see to -inf: keys past seqlen_k, and
+// those outside the causal or local window around the bottom-right-aligned
+// diagonal (key = row + diagonal_offset).
+template <class Cfg>
+__device__ __forceinline__ void apply_mask(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], const FwdParams& p,
+                                           int first_row, int first_key, int diagonal_offset, int lane) {
+  for_each_score<Cfg>(s, first_row, first_key, lane, [&](float& score, int row, int key) {
+    bool visible = key < p.seqlen_k;
+    if constexpr (Cfg::kCausal) visible = visible && key <= row + diagonal_offset;
+    if constexpr (Cfg::kLocal) {
+      visible = visible && key <= row + diagonal_offset + p.window_right && key >= row + diagonal_offset - p.window_left;
+    }
+    if (!visible) score = -kInfinity;
+  });
 }
 
 // Online softmax step: folds this block's scores into the running row maxima
@@ -234,15 +310,15 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kSc
 
 // Normalizes O, writes it (through this warp's rows of the Q tile, so global
 // stores are full 16-byte chunks) and the log-sum-exp. A row that saw no key
-// has sum 0 and writes 0 and lse = -inf.
+// has sum 0 and writes 0 and lse = -inf. Chunks past the caller's head dim
+// (zero padding) are not stored.
 template <class Cfg>
 __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
                                              const float (&row_max)[Cfg::kMTiles][2],
-                                             const float (&row_sum)[Cfg::kMTiles][2],
-                                             unsigned char* staging, unsigned short* out,
-                                             long long out_row_stride, float* lse,
-                                             long long lse_row_stride, int q0, int warp_row0,
-                                             int seqlen_q, float scale, int lane) {
+                                             const float (&row_sum)[Cfg::kMTiles][2], unsigned char* staging,
+                                             unsigned short* out, long long out_row_stride, float* lse,
+                                             long long lse_row_stride, int q0, int warp_row0, int seqlen_q,
+                                             int chunks_valid, float lse_scale, int lane) {
   using Element = typename Cfg::Element;
 #pragma unroll
   for (int m = 0; m < Cfg::kMTiles; ++m) {
@@ -253,26 +329,27 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
       const int row = warp_row0 + m * 16 + (lane >> 2) + half * 8;
 #pragma unroll
       for (int n = 0; n < Cfg::kOutTiles; ++n) {
-        *reinterpret_cast<unsigned*>(staging + swizzled_bytes<Cfg::kHeadDim>(row, n) + (lane & 3) * 4) =
+        *reinterpret_cast<unsigned*>(staging + swizzled_bytes<Cfg>(row, n) + (lane & 3) * 4) =
             pack2<Element>(o[m][n][2 * half] * inverse, o[m][n][2 * half + 1] * inverse);
       }
       if (lse != nullptr && (lane & 3) == 0 && q0 + row < seqlen_q) {
-        // Natural log: max·scale + ln(sum).
+        // Natural log: max·lse_scale + ln(sum).
         lse[(q0 + row) * lse_row_stride] =
-            sum > 0.f ? row_max[m][half] * scale + fast_log2(sum) * 0.69314718055994531f : -kInfinity;
+            sum > 0.f ? row_max[m][half] * lse_scale + fast_log2(sum) * 0.69314718055994531f : -kInfinity;
       }
     }
   }
   __syncwarp();
   constexpr int kChunks = Cfg::kRowsPerWarp * Cfg::kChunksPerRow;
+  static_assert(kChunks % 32 == 0, "whole warp passes");
 #pragma unroll
   for (int i = 0; i < kChunks / 32; ++i) {
     const int chunk = i * 32 + lane;
     const int row = warp_row0 + chunk / Cfg::kChunksPerRow;
-    const int col = (chunk % Cfg::kChunksPerRow) * 8;
-    if (q0 + row < seqlen_q) {
-      const uint4 value = *reinterpret_cast<const uint4*>(staging + swizzled_bytes<Cfg::kHeadDim>(row, col / 8));
-      *reinterpret_cast<uint4*>(out + (q0 + row) * out_row_stride + col) = value;
+    const int column_chunk = chunk % Cfg::kChunksPerRow;
+    if (q0 + row < seqlen_q && column_chunk < chunks_valid) {
+      const uint4 value = *reinterpret_cast<const uint4*>(staging + swizzled_bytes<Cfg>(row, column_chunk));
+      *reinterpret_cast<uint4*>(out + (q0 + row) * out_row_stride + column_chunk * 8) = value;
     }
   }
 }
@@ -281,16 +358,19 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
 // in while P V (and, with kEarlyNextK, the softmax) runs.
 template <class Cfg>
 __device__ __forceinline__ void wait_v_then_load_next_k(unsigned k_tile, const unsigned short* k, long long row_stride,
-                                                        int block, int key0, int seqlen_k) {
+                                                        int block, int first_block, int key0, int seqlen_k,
+                                                        int chunks_valid) {
   cp_async_wait<0>();
   __syncthreads();
-  if (block > 0) load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, row_stride, key0 - Cfg::kBlockKV, seqlen_k);
+  if (block > first_block) {
+    load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, row_stride, key0 - Cfg::kBlockKV, seqlen_k, chunks_valid);
+  }
   cp_async_commit();
 }
 
 template <class Cfg>
 __device__ void fwd_prefill(const FwdParams& p) {
-  // 1 KB alignment: the address XOR steps (at most bit 7) must not carry into
+  // 1 KB alignment: the address XOR steps (at most bit 8) must not carry into
   // the tile base.
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   // Shared-window addresses (32-bit) of the three tiles; Q's rows are reused
@@ -300,9 +380,9 @@ __device__ void fwd_prefill(const FwdParams& p) {
   const unsigned v_tile = k_tile + Cfg::kSmemK * 2;
 
   // Flattened grid: query blocks of one (batch, head) are adjacent, so CTAs
-  // that read the same K/V run together and share it in L2.
-  // Causal: a head's last query blocks see the most keys; running them first
-  // leaves the light blocks for the tail of the grid.
+  // that read the same K/V run together and share it in L2. Causal: a head's
+  // last query blocks see the most keys; running them first leaves the light
+  // blocks for the tail of the grid.
   const int q_block = Cfg::kCausal ? p.num_q_blocks - 1 - static_cast<int>(blockIdx.x % p.num_q_blocks)
                                    : static_cast<int>(blockIdx.x % p.num_q_blocks);
   const int batch_head = blockIdx.x / p.num_q_blocks;
@@ -312,23 +392,31 @@ __device__ void fwd_prefill(const FwdParams& p) {
   const int q0 = q_block * Cfg::kBlockQ;
   const int lane = threadIdx.x & 31;
   const int warp_row0 = (threadIdx.x >> 5) * Cfg::kRowsPerWarp;
+  const int chunks_valid = Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
 
   const unsigned short* q = static_cast<const unsigned short*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
   const unsigned short* k = static_cast<const unsigned short*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
   const unsigned short* v = static_cast<const unsigned short*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
   unsigned short* out = static_cast<unsigned short*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
   float* lse = p.lse == nullptr ? nullptr : p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  const float slope = Cfg::kAlibi ? p.alibi_slopes[batch * p.alibi_batch_stride + head] : 0.f;
 
-  // Query i sees keys j <= i + diagonal_offset (bottom-right alignment), so
-  // this block's last row bounds the keys worth loading.
+  // Query i sees keys around i + diagonal_offset (bottom-right alignment);
+  // this block's first and last rows bound the keys worth loading.
   const int diagonal_offset = p.seqlen_k - p.seqlen_q;
-  int kv_end = p.seqlen_k;
-  if constexpr (Cfg::kCausal) kv_end = min(kv_end, q0 + Cfg::kBlockQ + diagonal_offset);
-  const int num_kv_blocks = kv_end > 0 ? (kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV : 0;
+  long long kv_begin = 0;
+  long long kv_end = p.seqlen_k;
+  if constexpr (Cfg::kCausal) kv_end = min(kv_end, static_cast<long long>(q0) + Cfg::kBlockQ + diagonal_offset);
+  if constexpr (Cfg::kLocal) {
+    kv_end = min(kv_end, static_cast<long long>(q0) + Cfg::kBlockQ + diagonal_offset + p.window_right);
+    kv_begin = max(kv_begin, static_cast<long long>(q0) + diagonal_offset - p.window_left);
+  }
+  const int first_block = static_cast<int>(kv_begin / Cfg::kBlockKV);
+  const int end_block = kv_end > kv_begin ? static_cast<int>((kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV) : first_block;
 
-  load_tile<Cfg, Cfg::kBlockQ>(q_tile, q, p.q_row_stride, q0, p.seqlen_q);
-  if (num_kv_blocks > 0) {
-    load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, p.k_row_stride, (num_kv_blocks - 1) * Cfg::kBlockKV, p.seqlen_k);
+  load_tile<Cfg, Cfg::kBlockQ>(q_tile, q, p.q_row_stride, q0, p.seqlen_q, chunks_valid);
+  if (end_block > first_block) {
+    load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, p.k_row_stride, (end_block - 1) * Cfg::kBlockKV, p.seqlen_k, chunks_valid);
   }
   cp_async_commit();
 
@@ -346,30 +434,34 @@ __device__ void fwd_prefill(const FwdParams& p) {
     row_sum[m][0] = row_sum[m][1] = 0.f;
   }
 
-  for (int block = num_kv_blocks - 1; block >= 0; --block) {
+  for (int block = end_block - 1; block >= first_block; --block) {
     const int key0 = block * Cfg::kBlockKV;
     // This barrier has two jobs: K (and, first time, Q) has landed for every
     // thread, and every warp has finished reading V of the previous block, so
     // V may be overwritten.
     cp_async_wait<0>();
     __syncthreads();
-    load_tile<Cfg, Cfg::kBlockKV>(v_tile, v, p.v_row_stride, key0, p.seqlen_k);
+    load_tile<Cfg, Cfg::kBlockKV>(v_tile, v, p.v_row_stride, key0, p.seqlen_k, chunks_valid);
     cp_async_commit();
 
     float s[Cfg::kMTiles][Cfg::kScoreTiles][4];
     gemm_qk<Cfg>(s, opaque(q_tile), opaque(k_tile), warp_row0, lane);
-    const bool past_end = key0 + Cfg::kBlockKV > p.seqlen_k;
-    const bool crosses_diagonal = Cfg::kCausal && key0 + Cfg::kBlockKV - 1 > q0 + diagonal_offset;
-    if (past_end || crosses_diagonal) {
-      apply_mask<Cfg>(s, q0 + warp_row0, key0, p.seqlen_k, diagonal_offset, lane);
+    if constexpr (Cfg::kRewriteScores) rewrite_scores<Cfg>(s, p, slope, q0 + warp_row0, key0, diagonal_offset, lane);
+    // Only blocks that cross a boundary pay for masking.
+    bool needs_mask = key0 + Cfg::kBlockKV > p.seqlen_k;
+    if constexpr (Cfg::kCausal) needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > q0 + diagonal_offset;
+    if constexpr (Cfg::kLocal) {
+      needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > q0 + diagonal_offset + p.window_right ||
+                   key0 < q0 + Cfg::kBlockQ - 1 + diagonal_offset - p.window_left;
     }
+    if (needs_mask) apply_mask<Cfg>(s, p, q0 + warp_row0, key0, diagonal_offset, lane);
 
     if constexpr (Cfg::kEarlyNextK) {
-      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, key0, p.seqlen_k);
+      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, first_block, key0, p.seqlen_k, chunks_valid);
       online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
     } else {
       online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
-      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, key0, p.seqlen_k);
+      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, first_block, key0, p.seqlen_k, chunks_valid);
     }
     unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
     pack_probabilities<Cfg>(probabilities, s);
@@ -380,8 +472,8 @@ __device__ void fwd_prefill(const FwdParams& p) {
   // was never waited for: it must land before rows are reused for staging.
   cp_async_wait<0>();
   __syncthreads();
-  store_output<Cfg>(o, row_max, row_sum, shared_bytes, out, p.o_row_stride, lse, p.lse_row_stride, q0,
-                    warp_row0, p.seqlen_q, p.scale, lane);
+  store_output<Cfg>(o, row_max, row_sum, shared_bytes, out, p.o_row_stride, lse, p.lse_row_stride, q0, warp_row0,
+                    p.seqlen_q, chunks_valid, p.lse_scale, lane);
 }
 
 }  // namespace jitattn

@@ -2,10 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 
 #include "compile.hpp"
 #include "spec.hpp"
@@ -121,15 +127,21 @@ void heads_major_strides(const int64_t (&shape)[4], int64_t (&strides)[4]) {
 
 namespace {
 
-// One CTA per (query row, head, batch). Scores of the row live in shared
-// memory; fp32 accumulation, expf. No toolkit headers (NVRTC builtins only).
+// One CTA per (query row, head, batch). Scores of the row's visible keys live
+// in shared memory; fp32 accumulation, expf. No toolkit headers (NVRTC
+// builtins only). Features (window, softcap, ALiBi) follow AttentionShape;
+// with them off this is plain attention. Rounded mode rounds like
+// attention_16bit (see reference.hpp).
 const char* kReferenceSource = R"CUDA(
 struct RefParams {
   const unsigned short* q; const unsigned short* k; const unsigned short* v;
   float* out; float* lse;
+  const float* alibi_slopes;  // nullptr: no ALiBi
   long long q_stride[3], k_stride[3], v_stride[3];
-  int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal;
-  float scale;
+  int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  int window_left, window_right;  // -1: unbounded; causal is window_right = 0
+  int alibi_per_batch;            // slopes indexed b * heads_q + h (else h)
+  float scale, softcap;           // softcap 0: off
 };
 
 template <bool BF16> __device__ float to_f32(unsigned short bits) {
@@ -162,33 +174,48 @@ __device__ void reference_row(const RefParams& p) {
   __shared__ float scratch[32];
   const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int kvh = h / (p.heads_q / p.heads_kv);
-  int keys = p.seqlen_k;
-  if (p.causal) keys = min(max(i + p.seqlen_k - p.seqlen_q + 1, 0), p.seqlen_k);
+  // Visible keys [first, last): the window around the aligned key `diagonal`.
+  const long long diagonal = (long long)i + p.seqlen_k - p.seqlen_q;
+  long long first = 0, last = p.seqlen_k;
+  if (p.window_left >= 0 && diagonal - p.window_left > first) first = diagonal - p.window_left;
+  if (p.window_right >= 0 && diagonal + p.window_right + 1 < last) last = diagonal + p.window_right + 1;
+  const int keys = last > first ? (int)(last - first) : 0;
+  const float slope = p.alibi_slopes == 0 ? 0.f : p.alibi_slopes[p.alibi_per_batch ? b * p.heads_q + h : h];
   const unsigned short* q = p.q + b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2];
-  const unsigned short* k = p.k + b * p.k_stride[0] + kvh * p.k_stride[2];
-  const unsigned short* v = p.v + b * p.v_stride[0] + kvh * p.v_stride[2];
+  const unsigned short* k = p.k + b * p.k_stride[0] + kvh * p.k_stride[2] + first * p.k_stride[1];
+  const unsigned short* v = p.v + b * p.v_stride[0] + kvh * p.v_stride[2] + first * p.v_stride[1];
   float* out = p.out + (((long long)b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim;
+  const bool capped = p.softcap > 0.f;
   float local_max = -__int_as_float(0x7f800000);
-  for (int j = threadIdx.x; j < keys; j += blockDim.x) {
+  for (int t = threadIdx.x; t < keys; t += blockDim.x) {
     float dot = 0.f;
     for (int d = 0; d < p.head_dim; ++d) {
-      const float kd = to_f32<BF16>(k[j * p.k_stride[1] + d]);
-      dot += to_f32<BF16>(q[d]) * (EXACT ? kd : round16<BF16>(kd * p.scale));
+      const float kd = to_f32<BF16>(k[t * p.k_stride[1] + d]);
+      dot += to_f32<BF16>(q[d]) * (EXACT || capped ? kd : round16<BF16>(kd * p.scale));
     }
-    scores[j] = EXACT ? dot * p.scale : round16<BF16>(dot);
-    local_max = fmaxf(local_max, scores[j]);
+    float s;
+    if (EXACT) {
+      s = dot * p.scale;
+      if (capped) s = p.softcap * tanhf(s / p.softcap);
+    } else {
+      s = round16<BF16>(dot);
+      if (capped) s = round16<BF16>(p.softcap * tanhf(s * p.scale / p.softcap));
+    }
+    s -= slope * fabsf((float)(diagonal - (first + t)));
+    scores[t] = s;
+    local_max = fmaxf(local_max, s);
   }
   const float row_max = block_reduce(local_max, true, scratch);
   float local_sum = 0.f;
-  for (int j = threadIdx.x; j < keys; j += blockDim.x) local_sum += (scores[j] = expf(scores[j] - row_max));
+  for (int t = threadIdx.x; t < keys; t += blockDim.x) local_sum += (scores[t] = expf(scores[t] - row_max));
   const float sum = block_reduce(local_sum, false, scratch);
   if (!EXACT) {
-    for (int j = threadIdx.x; j < keys; j += blockDim.x) scores[j] = round16<BF16>(scores[j] / sum);
+    for (int t = threadIdx.x; t < keys; t += blockDim.x) scores[t] = round16<BF16>(scores[t] / sum);
   }
   __syncthreads();
   for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
     float acc = 0.f;
-    for (int j = 0; j < keys; ++j) acc += scores[j] * to_f32<BF16>(v[j * p.v_stride[1] + d]);
+    for (int t = 0; t < keys; ++t) acc += scores[t] * to_f32<BF16>(v[t * p.v_stride[1] + d]);
     out[d] = keys == 0 ? 0.f : (EXACT ? acc / sum : round16<BF16>(acc));
   }
   if (threadIdx.x == 0) {
@@ -202,16 +229,21 @@ extern "C" __global__ void reference_bf16_exact(const __grid_constant__ RefParam
 extern "C" __global__ void reference_bf16_rounded(const __grid_constant__ RefParams p) { reference_row<true, false>(p); }
 )CUDA";
 
+// Mirrors RefParams in kReferenceSource field for field.
 struct RefParams {
   const void* q;
   const void* k;
   const void* v;
   float* out;
   float* lse;
+  const float* alibi_slopes;
   long long q_stride[3], k_stride[3], v_stride[3];
-  int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal;
-  float scale;
+  int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  int window_left, window_right;
+  int alibi_per_batch;
+  float scale, softcap;
 };
+static_assert(sizeof(RefParams) == 6 * 8 + 9 * 8 + 8 * 4 + 2 * 4, "RefParams must match the kernel's layout");
 
 CUmodule reference_module() {
   static CUmodule module = [] {
@@ -238,24 +270,32 @@ ReferenceOutput gpu_reference(const AttentionShape& s, const DeviceTensor& q, co
   const std::string name = fmt::format("reference_{}_{}", q.dtype == DType::bf16 ? "bf16" : "f16", exact ? "exact" : "rounded");
   CUfunction function = nullptr;
   check_cuda(d.cuModuleGetFunction(&function, reference_module(), name.c_str()), "cuModuleGetFunction(reference)");
+  s.check();
   const size_t out_count = static_cast<size_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim;
   const size_t lse_count = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
   DeviceBuffer out(out_count * 4), lse(lse_count * 4);
   out.fill_bytes(0xff);
   lse.fill_bytes(0xff);
+  // The slopes travel with the shape, so the reference and the kernel under
+  // test are fed from the same host vector.
+  DeviceBuffer slopes(s.alibi_slopes.size() * 4);
+  if (!s.alibi_slopes.empty()) slopes.upload(s.alibi_slopes.data(), s.alibi_slopes.size() * 4);
   RefParams p{};
   p.q = q.buffer.get();
   p.k = k.buffer.get();
   p.v = v.buffer.get();
   p.out = reinterpret_cast<float*>(out.get());
   p.lse = reinterpret_cast<float*>(lse.get());
+  p.alibi_slopes = s.alibi_slopes.empty() ? nullptr : reinterpret_cast<const float*>(slopes.get());
+  p.alibi_per_batch = s.alibi_per_batch();
   for (int i = 0; i < 3; ++i) {
     p.q_stride[i] = q.strides[i];
     p.k_stride[i] = k.strides[i];
     p.v_stride[i] = v.strides[i];
   }
   p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k, p.heads_q = s.heads_q, p.heads_kv = s.heads_kv;
-  p.head_dim = s.head_dim, p.causal = s.causal, p.scale = s.effective_scale();
+  p.head_dim = s.head_dim, p.scale = s.effective_scale(), p.softcap = s.softcap;
+  p.window_left = s.window_left, p.window_right = s.effective_window_right();
   const unsigned smem = static_cast<unsigned>(std::max(1, s.seqlen_k) * 4);
   check_cuda(d.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
              "cuFuncSetAttribute(reference)");
@@ -271,6 +311,107 @@ ReferenceOutput gpu_reference(const AttentionShape& s, const DeviceTensor& q, co
   result.out.assign(out_host.begin(), out_host.end());
   result.lse.assign(lse_host.begin(), lse_host.end());
   return result;
+}
+
+uint64_t clock_seed() {
+  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
+}
+
+Runtime& gpu_tests_runtime() {
+  static Runtime runtime([] {
+    Config config = Config::from_env();
+    if (std::getenv("JITATTN_CACHE_DIR") == nullptr) {
+      config.cache_dir = (std::filesystem::temp_directory_path() / "jitattn-gpu-tests").string();
+    }
+    return config;
+  }());
+  return runtime;
+}
+
+std::string current_arch() {
+  const auto& d = driver();
+  CUdevice device = 0;
+  int major = 0, minor = 0;
+  check_cuda(d.cuCtxGetDevice(&device), "cuCtxGetDevice");
+  d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+  d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+  return detail::Arch::for_device(major, minor).text();
+}
+
+std::vector<std::string> warm_all(Runtime& runtime, const std::vector<std::string>& specs, const std::string& arch) {
+  std::atomic<size_t> next{0};
+  std::vector<std::string> failures(specs.size());
+  std::vector<std::thread> workers;
+  const unsigned count = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  for (unsigned w = 0; w < count; ++w) {
+    workers.emplace_back([&] {
+      for (size_t i; (i = next++) < specs.size();) {
+        try {
+          runtime.warm(specs[i], arch);
+        } catch (const std::exception& e) {
+          failures[i] = fmt::format("warm({}): {}", specs[i], e.what());
+        }
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  failures.erase(std::remove(failures.begin(), failures.end(), std::string()), failures.end());
+  return failures;
+}
+
+double max_deviation(const std::vector<double>& reference, const std::vector<float>& values) {
+  double worst = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double error = std::fabs(double(values[i]) - reference[i]);
+    if (!(error <= worst)) worst = std::isnan(error) ? INFINITY : error;
+  }
+  return worst;
+}
+
+double max_deviation(const std::vector<double>& reference, const std::vector<double>& values) {
+  double worst = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double error = std::fabs(values[i] - reference[i]);
+    if (!(error <= worst)) worst = std::isnan(error) ? INFINITY : error;
+  }
+  return worst;
+}
+
+bool Verdict::ok() const {
+  return non_finite == 0 && error <= 2 * yardstick + 1e-5 && lse_off == 0 && empty_rows_nonzero == 0;
+}
+
+std::string Verdict::summary() const {
+  return fmt::format("max error {:.3g} (allowed 2 × 16-bit reference error {:.3g} + 1e-5); {} outputs NaN/inf; "
+                     "{} lse values off; {} rows without keys not 0",
+                     error, yardstick, non_finite, lse_off, empty_rows_nonzero);
+}
+
+Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std::vector<float>& lse,
+              const ReferenceOutput& exact, const ReferenceOutput& rounded) {
+  Verdict verdict;
+  for (float x : out) verdict.non_finite += !std::isfinite(x);
+  verdict.error = max_deviation(exact.out, out);
+  verdict.yardstick = max_deviation(exact.out, rounded.out);
+  for (size_t i = 0; i < lse.size(); ++i) {
+    const double want = exact.lse[i];
+    const double got = lse[i];
+    const bool ok = std::isinf(want) ? (std::isinf(got) && got < 0)
+                                     : std::fabs(got - want) <= 1e-3 * std::max(1.0, std::fabs(want));
+    verdict.lse_off += !ok;
+  }
+  for (int b = 0; b < s.batch; ++b) {
+    for (int h = 0; h < s.heads_q; ++h) {
+      for (int i = 0; i < s.seqlen_q; ++i) {
+        if (!std::isinf(exact.lse[(static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i])) continue;
+        const size_t row = ((static_cast<size_t>(b) * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
+        bool zero = true;
+        for (int d = 0; d < s.head_dim; ++d) zero = zero && out[row + d] == 0.f;
+        verdict.empty_rows_nonzero += !zero;
+      }
+    }
+  }
+  return verdict;
 }
 
 }  // namespace jitattn::test

@@ -56,8 +56,45 @@ void heads_major_strides(const int64_t (&shape)[4], int64_t (&strides)[4]);
 void contiguous_strides(const int64_t (&shape)[4], int64_t (&strides)[4]);
 
 // The reference kernel: `exact` computes in fp32 with no rounding of
-// intermediates; otherwise it rounds like attention_16bit.
+// intermediates; otherwise it rounds like attention_16bit. Honours every
+// field of `shape` (window, softcap; ALiBi slopes are uploaded from
+// shape.alibi_slopes for the call). q/k/v may have any strides.
 ReferenceOutput gpu_reference(const AttentionShape& shape, const DeviceTensor& q, const DeviceTensor& k,
                               const DeviceTensor& v, bool exact);
+
+// --- Shared helpers of the GPU test files --------------------------------
+
+// Different on every run; print it with every failure.
+uint64_t clock_seed();
+// The runtime GPU tests use: its disk cache is $JITATTN_CACHE_DIR, else
+// <tmp>/jitattn-gpu-tests.
+Runtime& gpu_tests_runtime();
+// The compile target of the current context's device, e.g. "sm_90a".
+std::string current_arch();
+// Compiles (or finds in the cache) every spec, in parallel, so tests are not
+// serialized behind NVRTC. Returns one message per failure.
+std::vector<std::string> warm_all(Runtime& runtime, const std::vector<std::string>& specs, const std::string& arch);
+
+// max |values − reference|; a NaN counts as infinity.
+double max_deviation(const std::vector<double>& reference, const std::vector<float>& values);
+double max_deviation(const std::vector<double>& reference, const std::vector<double>& values);
+
+// A kernel's output judged against the references, FlashAttention's way:
+// max |out − exact| ≤ 2 · max |out16 − exact| + 1e-5, lse within fp32
+// rounding (1e-3 · max(1, |lse|)), every output finite, and rows that see no
+// key (exact lse = -inf) exactly 0 with lse -inf.
+struct Verdict {
+  size_t non_finite = 0;         // outputs NaN/inf (unwritten or overflowed)
+  double error = 0;              // max |out − exact|
+  double yardstick = 0;          // max |out16 − exact|
+  size_t lse_off = 0;            // lse values outside tolerance
+  size_t empty_rows_nonzero = 0; // rows with no visible key whose output is not 0
+  bool ok() const;
+  std::string summary() const;
+};
+// out: [batch, seqlen_q, heads_q, head_dim] contiguous; lse: [batch, heads_q,
+// seqlen_q] or empty (not checked).
+Verdict judge(const AttentionShape& shape, const std::vector<float>& out, const std::vector<float>& lse,
+              const ReferenceOutput& exact, const ReferenceOutput& rounded);
 
 }  // namespace jitattn::test

@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <string>
+#include <tuple>
 
 namespace jitattn::test {
 
@@ -69,22 +73,67 @@ float round_to(float value, DType dtype) { return to_float(from_float(value, dty
 
 float AttentionShape::effective_scale() const { return scale > 0.f ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 
+std::pair<int, int> AttentionShape::visible_keys(int i) const {
+  const long long diagonal = static_cast<long long>(i) + seqlen_k - seqlen_q;
+  long long first = 0, last = seqlen_k;
+  if (window_left >= 0) first = std::max(first, diagonal - window_left);
+  const int right = effective_window_right();
+  if (right >= 0) last = std::min(last, diagonal + right + 1);
+  first = std::min<long long>(first, seqlen_k);
+  if (last < first) last = first;
+  return {static_cast<int>(first), static_cast<int>(last)};
+}
+
+float AttentionShape::alibi_slope(int b, int h) const {
+  if (alibi_slopes.empty()) return 0.f;
+  return alibi_per_batch() ? alibi_slopes[static_cast<size_t>(b) * heads_q + h] : alibi_slopes[h];
+}
+
+void AttentionShape::check() const {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("AttentionShape: " + what); };
+  if (batch < 0 || seqlen_q < 0 || seqlen_k < 0) fail("negative batch or seqlen");
+  if (heads_q < 1 || heads_kv < 1 || heads_q % heads_kv != 0) fail("heads_kv must divide heads_q");
+  if (head_dim < 1) fail("head_dim must be positive");
+  if (window_left < -1 || window_right < -1) fail("window bounds must be -1 or >= 0");
+  if (!(softcap >= 0.f) || !std::isfinite(softcap)) fail("softcap must be finite and >= 0");
+  const size_t slopes = alibi_slopes.size();
+  if (slopes != 0 && slopes != static_cast<size_t>(heads_q) && slopes != static_cast<size_t>(batch) * heads_q) {
+    fail("alibi_slopes must hold heads_q or batch*heads_q values");
+  }
+}
+
 namespace {
 
-// Visits every (batch, query head, query row) with the row's visible key range.
+// One (batch, query head, query row) and where its data lives.
+struct Row {
+  int b, h, i;
+  size_t q_row;      // first element of q (and out) for this row
+  size_t kv_base;    // first element of k/v for key 0 of this row's kv head
+  size_t kv_stride;  // elements between consecutive keys
+  size_t lse_index;
+  long long diagonal;  // i + seqlen_k - seqlen_q: the key aligned with this row
+  int first, last;     // visible keys [first, last)
+  float slope;         // ALiBi slope (0 without ALiBi)
+};
+
+// Visits every row with its visible key range.
 template <typename Body>
 void for_each_row(const AttentionShape& s, Body&& body) {
+  s.check();
   const int group = s.heads_q / s.heads_kv;
   for (int b = 0; b < s.batch; ++b) {
     for (int h = 0; h < s.heads_q; ++h) {
       for (int i = 0; i < s.seqlen_q; ++i) {
-        int keys = s.seqlen_k;
-        if (s.causal) keys = std::clamp(i + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k);
-        const size_t q_row = ((static_cast<size_t>(b) * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
-        const size_t kv_base = (static_cast<size_t>(b) * s.seqlen_k * s.heads_kv + h / group) * s.head_dim;
-        const size_t kv_row_stride = static_cast<size_t>(s.heads_kv) * s.head_dim;
-        const size_t lse_index = (static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i;
-        body(q_row, kv_base, kv_row_stride, keys, lse_index);
+        Row row;
+        row.b = b, row.h = h, row.i = i;
+        row.q_row = ((static_cast<size_t>(b) * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
+        row.kv_base = (static_cast<size_t>(b) * s.seqlen_k * s.heads_kv + h / group) * s.head_dim;
+        row.kv_stride = static_cast<size_t>(s.heads_kv) * s.head_dim;
+        row.lse_index = (static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i;
+        row.diagonal = static_cast<long long>(i) + s.seqlen_k - s.seqlen_q;
+        std::tie(row.first, row.last) = s.visible_keys(i);
+        row.slope = s.alibi_slope(b, h);
+        body(row);
       }
     }
   }
@@ -103,24 +152,30 @@ ReferenceOutput attention_exact(const AttentionShape& s, const std::vector<float
                                 const std::vector<float>& v) {
   ReferenceOutput r = allocate(s);
   const double scale = s.effective_scale();
+  const double softcap = s.softcap;
   std::vector<double> scores(s.seqlen_k);
-  for_each_row(s, [&](size_t q_row, size_t kv_base, size_t kv_stride, int keys, size_t lse_index) {
-    if (keys == 0) return;
+  for_each_row(s, [&](const Row& row) {
+    if (row.first == row.last) return;  // no visible key: out 0, lse -inf
+    const int keys = row.last - row.first;
     double max_score = -std::numeric_limits<double>::infinity();
-    for (int j = 0; j < keys; ++j) {
+    for (int t = 0; t < keys; ++t) {
+      const int j = row.first + t;
       double dot = 0;
-      for (int d = 0; d < s.head_dim; ++d) dot += double(q[q_row + d]) * double(k[kv_base + j * kv_stride + d]);
-      scores[j] = dot * scale;
-      max_score = std::max(max_score, scores[j]);
+      for (int d = 0; d < s.head_dim; ++d) dot += double(q[row.q_row + d]) * double(k[row.kv_base + j * row.kv_stride + d]);
+      double logit = dot * scale;
+      if (softcap > 0) logit = softcap * std::tanh(logit / softcap);
+      logit -= double(row.slope) * std::fabs(double(row.diagonal - j));
+      scores[t] = logit;
+      max_score = std::max(max_score, logit);
     }
     double sum = 0;
-    for (int j = 0; j < keys; ++j) sum += (scores[j] = std::exp(scores[j] - max_score));
+    for (int t = 0; t < keys; ++t) sum += (scores[t] = std::exp(scores[t] - max_score));
     for (int d = 0; d < s.head_dim; ++d) {
       double acc = 0;
-      for (int j = 0; j < keys; ++j) acc += scores[j] * double(v[kv_base + j * kv_stride + d]);
-      r.out[q_row + d] = acc / sum;
+      for (int t = 0; t < keys; ++t) acc += scores[t] * double(v[row.kv_base + (row.first + t) * row.kv_stride + d]);
+      r.out[row.q_row + d] = acc / sum;
     }
-    r.lse[lse_index] = max_score + std::log(sum);
+    r.lse[row.lse_index] = max_score + std::log(sum);
   });
   return r;
 }
@@ -129,25 +184,35 @@ ReferenceOutput attention_16bit(const AttentionShape& s, const std::vector<float
                                 const std::vector<float>& v, DType dtype) {
   ReferenceOutput r = allocate(s);
   const float scale = s.effective_scale();
+  const float softcap = s.softcap;
+  // The k operand of the score product: k·scale rounded (no softcap), or k as
+  // is (softcap: the raw product is rounded, scale applied after).
+  std::vector<float> k_operand(k.size());
+  for (size_t e = 0; e < k.size(); ++e) k_operand[e] = softcap > 0.f ? k[e] : round_to(k[e] * scale, dtype);
   std::vector<float> scores(s.seqlen_k);
-  for_each_row(s, [&](size_t q_row, size_t kv_base, size_t kv_stride, int keys, size_t lse_index) {
-    if (keys == 0) return;
+  for_each_row(s, [&](const Row& row) {
+    if (row.first == row.last) return;  // no visible key: out 0, lse -inf
+    const int keys = row.last - row.first;
     float max_score = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j < keys; ++j) {
+    for (int t = 0; t < keys; ++t) {
+      const int j = row.first + t;
       float dot = 0;
-      for (int d = 0; d < s.head_dim; ++d) dot += q[q_row + d] * round_to(k[kv_base + j * kv_stride + d] * scale, dtype);
-      scores[j] = round_to(dot, dtype);
-      max_score = std::max(max_score, scores[j]);
+      for (int d = 0; d < s.head_dim; ++d) dot += q[row.q_row + d] * k_operand[row.kv_base + j * row.kv_stride + d];
+      float logit = round_to(dot, dtype);
+      if (softcap > 0.f) logit = round_to(softcap * std::tanh(logit * scale / softcap), dtype);
+      logit -= row.slope * static_cast<float>(std::llabs(row.diagonal - j));
+      scores[t] = logit;
+      max_score = std::max(max_score, logit);
     }
     float sum = 0;
-    for (int j = 0; j < keys; ++j) sum += (scores[j] = std::exp(scores[j] - max_score));
-    for (int j = 0; j < keys; ++j) scores[j] = round_to(scores[j] / sum, dtype);
+    for (int t = 0; t < keys; ++t) sum += (scores[t] = std::exp(scores[t] - max_score));
+    for (int t = 0; t < keys; ++t) scores[t] = round_to(scores[t] / sum, dtype);
     for (int d = 0; d < s.head_dim; ++d) {
       float acc = 0;
-      for (int j = 0; j < keys; ++j) acc += scores[j] * v[kv_base + j * kv_stride + d];
-      r.out[q_row + d] = round_to(acc, dtype);
+      for (int t = 0; t < keys; ++t) acc += scores[t] * v[row.kv_base + (row.first + t) * row.kv_stride + d];
+      r.out[row.q_row + d] = round_to(acc, dtype);
     }
-    r.lse[lse_index] = double(max_score) + std::log(double(sum));
+    r.lse[row.lse_index] = double(max_score) + std::log(double(sum));
   });
   return r;
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <jitattn/jitattn.hpp>
@@ -19,16 +20,41 @@ float to_float(uint16_t bits, DType dtype);
 uint16_t from_float(float value, DType dtype);
 float round_to(float value, DType dtype);  // value rounded through the 16-bit type
 
+// One attention problem, FlashAttention's semantics. The fields after `scale`
+// are the optional features; their defaults mean "off". With
+// off = seqlen_k - seqlen_q, query row i sees key j iff
+//   j >= i + off - window_left   (when window_left >= 0),
+//   j <= i + off + window_right  (when the effective window_right >= 0),
+//   0 <= j < seqlen_k;
+// causal is window_right = 0 (whatever window_right says), combined with any
+// window_left. A row that sees no key outputs 0 and has lse = -inf.
+// Logits: scale·q·k, or softcap·tanh(scale·q·k / softcap) when softcap > 0,
+// then − slope · |i + off − j| when ALiBi slopes are given.
 struct AttentionShape {
   int batch = 1;
   int seqlen_q = 1;
   int seqlen_k = 1;
   int heads_q = 1;
   int heads_kv = 1;
-  int head_dim = 64;
+  int head_dim = 64;  // any positive size; the kernels want multiples of 8
   bool causal = false;
   float scale = 0.f;  // 0: 1/sqrt(head_dim)
+  int window_left = -1;   // -1: unbounded
+  int window_right = -1;  // -1: unbounded (0 when causal)
+  float softcap = 0.f;    // 0: off
+  // Empty: off. heads_q slopes (one per head) or batch·heads_q slopes (per
+  // batch and head, index b·heads_q + h). With batch == 1 both are the same.
+  std::vector<float> alibi_slopes;
+
   float effective_scale() const;
+  int effective_window_right() const { return causal ? 0 : window_right; }
+  // Keys row i sees: [first, second); empty (first == second) when none.
+  std::pair<int, int> visible_keys(int i) const;
+  // The slope of (batch b, query head h); 0 without ALiBi.
+  float alibi_slope(int b, int h) const;
+  bool alibi_per_batch() const { return !alibi_slopes.empty() && static_cast<int>(alibi_slopes.size()) != heads_q; }
+  // Throws std::invalid_argument when the shape breaks a rule above (a test bug).
+  void check() const;
 };
 
 // Inputs as floats (already rounded to the 16-bit dtype), contiguous
@@ -40,13 +66,19 @@ struct ReferenceOutput {
   std::vector<double> lse;
 };
 
+// Both honour every field of AttentionShape.
 // Exact: float64 throughout.
 ReferenceOutput attention_exact(const AttentionShape& shape, const std::vector<float>& q,
                                 const std::vector<float>& k, const std::vector<float>& v);
-// The same attention as a straightforward 16-bit implementation computes it:
-// k·scale, the scores, the probabilities and the output each rounded to
-// `dtype`, with fp32 accumulation (FlashAttention's attention_ref with
-// upcast=False, reorder_ops=True).
+// The same attention as a straightforward 16-bit implementation computes it,
+// with fp32 accumulation (FlashAttention's attention_ref with upcast=False,
+// reorder_ops=True). Rounded to `dtype`, in order:
+//   without softcap: k·scale, then the score q·(k·scale);
+//   with softcap:    the raw product q·k; then softcap·tanh(raw·scale/softcap)
+//                    is computed in fp32 and rounded;
+//   ALiBi's −slope·|i + off − j| is added in fp32 to the rounded score and not
+//   rounded again (as in attention_ref, where the fp32 bias promotes the sum);
+//   the probabilities exp(s − max)/sum, and the output.
 ReferenceOutput attention_16bit(const AttentionShape& shape, const std::vector<float>& q,
                                 const std::vector<float>& k, const std::vector<float>& v, DType dtype);
 

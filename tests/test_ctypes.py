@@ -14,8 +14,9 @@ class Tensor(ctypes.Structure):
 
 
 class Options(ctypes.Structure):
-    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("block_q", ctypes.c_int32),
-                ("block_kv", ctypes.c_int32), ("warps", ctypes.c_int32)]
+    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
+                ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("alibi_slopes", ctypes.c_void_p),
+                ("block_q", ctypes.c_int32), ("block_kv", ctypes.c_int32), ("warps", ctypes.c_int32)]
 
 
 def bshd(address, b, s, h, d):

@@ -98,10 +98,81 @@ TEST_CASE("every rule is enforced with a message naming the argument") {
   { Call c; c.lse.shape[2] = 101; rejects(c, "lse: shape [2, 8, 101] must be [batch, heads_q, seqlen_q] = [2, 8, 100]"); }
   { Call c; c.options.softmax_scale = -1.f; rejects(c, "options.softmax_scale=-1 must be positive and finite"); }
   { Call c; c.options.softmax_scale = NAN; rejects(c, "options.softmax_scale"); }
-  { Call c; c.q.shape[3] = c.k.shape[3] = c.v.shape[3] = c.out.shape[3] = 96;
-    c.q.strides[2] = c.out.strides[2] = 96; rejects(c, "head_dim=96 is not one of 64, 128"); }
+  { Call c; c.q.shape[3] = c.k.shape[3] = c.v.shape[3] = c.out.shape[3] = 36; rejects(c, "q: head_dim=36 must be a multiple of 8"); }
+  { Call c; c.options.window_left = -2; rejects(c, "options.window_left=-2 must be -1 (unbounded) or >= 0"); }
+  { Call c; c.options.window_right = -5; rejects(c, "options.window_right=-5"); }
+  { Call c; c.options.softcap = -1.f; rejects(c, "options.softcap=-1 must be >= 0"); }
+  { Call c; TensorView slopes = TensorView::contiguous(address(0x60000), DType::f32, {7});
+    c.options.alibi_slopes = &slopes; rejects(c, "alibi_slopes: shape [7] must be [heads_q] = [8] or [batch, heads_q] = [2, 8]"); }
+  { Call c; TensorView slopes = TensorView::contiguous(address(0x60000), DType::bf16, {8});
+    c.options.alibi_slopes = &slopes; rejects(c, "alibi_slopes: dtype bf16 must be f32"); }
   { Call c; c.options.tiles = {64, 64, 8}; rejects(c, "8 query rows per warp"); }
   { Call c; c.q.shape[0] = -1; rejects(c, "q: batch=-1 is negative"); }
+}
+
+TEST_CASE("head dims map to the next generated one, padded in the kernel") {
+  auto spec_for_head_dim = [](int64_t d) {
+    Call c;
+    for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) {
+      *t = TensorView::contiguous(t->data, DType::bf16, {t->shape[0], t->shape[1], t->shape[2], d});
+    }
+    const ForwardPlan plan = c.plan();
+    CHECK(plan.params.head_dim == d);
+    CHECK(plan.params.scale == doctest::Approx(1 / std::sqrt(double(d))));  // the caller's head dim, not the kernel's
+    return plan.spec;
+  };
+  CHECK(spec_for_head_dim(32).text() == "fwd.bf16.d32.br128.bc128.w4");
+  CHECK(spec_for_head_dim(40).text() == "fwd.bf16.d64.br128.bc128.w4.padded");
+  CHECK(spec_for_head_dim(96).text() == "fwd.bf16.d96.br128.bc64.w4");
+  CHECK(spec_for_head_dim(104).head_dim == 128);
+  CHECK(spec_for_head_dim(160).text() == "fwd.bf16.d192.br128.bc64.w8.padded");
+  CHECK(spec_for_head_dim(256).text() == "fwd.bf16.d256.br128.bc64.w8");
+  Call c;
+  for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) {
+    *t = TensorView::contiguous(t->data, DType::bf16, {t->shape[0], t->shape[1], t->shape[2], 264});
+  }
+  CHECK_THROWS_WITH_AS(c.plan(), doctest::Contains("head_dim=264 is above the largest supported, 256"), Error);
+}
+
+TEST_CASE("windows, softcap and ALiBi select kernel features and runtime bounds") {
+  Call c;
+  c.options.causal = true;
+  c.options.window_left = 50;
+  ForwardPlan plan = c.plan();
+  CHECK(plan.spec.local);
+  CHECK_FALSE(plan.spec.causal);
+  CHECK(plan.params.window_left == 50);
+  CHECK(plan.params.window_right == 0);
+
+  Call right_only;
+  right_only.options.window_right = 0;  // exactly causal
+  CHECK(right_only.plan().spec.causal);
+
+  Call unbounded;
+  unbounded.options.window_right = 7;  // left unbounded: bounded past the sequence
+  plan = unbounded.plan();
+  CHECK(plan.spec.local);
+  CHECK(plan.params.window_left >= 100 + 300);
+  CHECK(plan.params.window_right == 7);
+
+  Call softcap;
+  softcap.options.softcap = 30.f;
+  plan = softcap.plan();
+  CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc64.w4.softcap");
+  CHECK(plan.params.scale_log2 == 1.f);  // scores are rewritten to log2 units in the kernel
+  CHECK(plan.params.lse_scale == doctest::Approx(std::log(2.0)));
+  CHECK(plan.params.softcap_scale == doctest::Approx(plan.params.scale / 30.f));
+
+  Call alibi;
+  TensorView slopes = TensorView::contiguous(address(0x60000), DType::f32, {2, 8});
+  alibi.options.alibi_slopes = &slopes;
+  plan = alibi.plan();
+  CHECK(plan.spec.alibi);
+  CHECK(plan.params.alibi_slopes == slopes.data);
+  CHECK(plan.params.alibi_batch_stride == 8);
+  TensorView per_head = TensorView::contiguous(address(0x60000), DType::f32, {8});
+  alibi.options.alibi_slopes = &per_head;
+  CHECK(alibi.plan().params.alibi_batch_stride == 0);
 }
 
 TEST_CASE("tiles that exceed the device's shared memory are refused") {

@@ -21,7 +21,8 @@ TEST_CASE("the same spec renders byte-identical source") {
 TEST_CASE("rendered source is self-contained and carries the spec's constants") {
   const std::string source = render(KernelSpec::parse("fwd.f16.d64.br64.bc32.w4"), TemplateSet());
   CHECK(source.find("jitattn::f16, /*HEAD_DIM=*/64, /*BLOCK_Q=*/64") != std::string::npos);
-  CHECK(source.find("/*BLOCK_KV=*/32, /*WARPS=*/4, /*CAUSAL=*/false") != std::string::npos);
+  CHECK(source.find("/*BLOCK_KV=*/32, /*WARPS=*/4, /*MASK=*/jitattn::kMaskNone") != std::string::npos);
+  CHECK(source.find("/*SOFTCAP=*/false, /*ALIBI=*/false, /*PADDED=*/false") != std::string::npos);
   CHECK(source.find("jitattn_fwd(") != std::string::npos);
   // Every template include is expanded in place: NVRTC gets one text.
   CHECK(source.find("#include") == std::string::npos);

@@ -39,11 +39,15 @@ typedef struct jitattn_tensor {
 } jitattn_tensor;
 
 typedef struct jitattn_fwd_options {
-  float softmax_scale; /* <= 0: 1/sqrt(head_dim) */
-  int32_t causal;      /* bottom-right aligned */
-  int32_t block_q;     /* 0: chosen by the planner */
-  int32_t block_kv;    /* 0: chosen by the planner */
-  int32_t warps;       /* 0: chosen by the planner */
+  float softmax_scale;  /* <= 0: 1/sqrt(head_dim) */
+  int32_t causal;       /* bottom-right aligned */
+  int32_t window_left;  /* sliding window, -1 = unbounded (see jitattn.hpp) */
+  int32_t window_right; /* -1 = unbounded; causal implies 0 */
+  float softcap;        /* 0 = off */
+  const struct jitattn_tensor* alibi_slopes; /* f32 [heads_q] or [batch, heads_q]; NULL = off */
+  int32_t block_q;      /* 0: chosen by the planner */
+  int32_t block_kv;     /* 0: chosen by the planner */
+  int32_t warps;        /* 0: chosen by the planner */
 } jitattn_fwd_options;
 
 JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);

@@ -72,6 +72,16 @@ struct TileConfig {
 struct ForwardOptions {
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
   bool causal = false;                 // bottom-right aligned when seqlen_q != seqlen_k
+  // Sliding window, FlashAttention's window_size: query i sees keys j with
+  // i + sk - sq - window_left <= j <= i + sk - sq + window_right; -1 = unbounded.
+  // causal is window_right = 0.
+  int window_left = -1;
+  int window_right = -1;
+  // Logit softcap: scores become softcap · tanh(scale·q·k / softcap). 0 = off.
+  float softcap = 0.f;
+  // ALiBi: f32 slopes [heads_q] or [batch, heads_q]; adds −slope · |i + sk − sq − j|
+  // to the scaled score. nullptr = off.
+  const TensorView* alibi_slopes = nullptr;
   TileConfig tiles{};
 };
 
