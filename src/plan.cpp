@@ -227,10 +227,13 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
   p.seqlen_k = static_cast<int>(seqlen_k);
   p.num_q_blocks = static_cast<int>(num_q_blocks);
   p.head_dim = static_cast<int>(head_dim);
-  // Unbounded sides become bounds past the sequence, so the kernel needs no
-  // special case (and nothing overflows an int).
-  p.window_left = left < 0 ? static_cast<int>(std::min<int64_t>(seqlen_q + seqlen_k, INT_MAX / 4)) : std::min(left, INT_MAX / 4);
-  p.window_right = right < 0 ? static_cast<int>(std::min<int64_t>(seqlen_k, INT_MAX / 4)) : std::min(right, INT_MAX / 4);
+  // Unbounded sides become bounds past both ends of the sequence (the
+  // diagonal runs from key sk - sq to sk - 1, so sq + sk reaches every key
+  // from every row), so the kernel needs no special case and nothing
+  // overflows an int.
+  const int unbounded = static_cast<int>(std::min<int64_t>(seqlen_q + seqlen_k, INT_MAX / 4));
+  p.window_left = left < 0 ? unbounded : std::min(left, INT_MAX / 4);
+  p.window_right = right < 0 ? unbounded : std::min(right, INT_MAX / 4);
   p.scale = scale;
   const bool rewrite_scores = plan.spec.softcap || plan.spec.alibi;
   p.scale_log2 = rewrite_scores ? 1.f : scale * 1.4426950408889634f;

@@ -150,6 +150,21 @@ const std::vector<TileConfig> kAllTiles = {
     {128, 32, 8}, {128, 64, 8}, {128, 128, 8},
 };
 
+// The tile shapes the generator accepts at a head dim (some exceed the
+// register budget; the spec refuses those, which test_spec checks).
+std::vector<TileConfig> tiles_for(int head_dim) {
+  std::vector<TileConfig> tiles;
+  for (const TileConfig& t : kAllTiles) {
+    detail::KernelSpec spec;
+    spec.head_dim = head_dim;
+    spec.block_q = t.block_q;
+    spec.block_kv = t.block_kv;
+    spec.warps = t.warps;
+    if (spec.accumulator_registers() <= 192) tiles.push_back(t);
+  }
+  return tiles;
+}
+
 // Compiles every spec a test will use up front, in parallel, so the checks
 // themselves are not serialized behind NVRTC.
 void warm_specs(const std::vector<std::string>& specs, const std::string& arch) {
@@ -205,7 +220,7 @@ TEST_CASE("prefill matches the float64 CPU reference on small shapes, every tile
   for (DType dtype : {DType::f16, DType::bf16})
     for (int head_dim : {64, 128})
       for (bool causal : {false, true})
-        for (const auto& tiles : kAllTiles) specs.push_back(spec_text(dtype, head_dim, tiles, causal));
+        for (const auto& tiles : tiles_for(head_dim)) specs.push_back(spec_text(dtype, head_dim, tiles, causal));
   warm_specs(specs, device_arch());
   int index = 0;
   for (DType dtype : {DType::f16, DType::bf16}) {
@@ -220,7 +235,7 @@ TEST_CASE("prefill matches the float64 CPU reference on small shapes, every tile
           const Inputs in = make_inputs(problem, rng);
           const ReferenceOutput exact = attention_exact(problem.shape, in.q, in.k, in.v);
           const ReferenceOutput rounded = attention_16bit(problem.shape, in.q, in.k, in.v, dtype);
-          for (const auto& tiles : kAllTiles) check_against(problem, run_kernel(problem, in, tiles), exact, rounded, seed);
+          for (const auto& tiles : tiles_for(head_dim)) check_against(problem, run_kernel(problem, in, tiles), exact, rounded, seed);
         }
       }
     }

@@ -155,6 +155,19 @@ TEST_CASE("windows, softcap and ALiBi select kernel features and runtime bounds"
   CHECK(plan.params.window_left >= 100 + 300);
   CHECK(plan.params.window_right == 7);
 
+  // An unbounded right side must reach the last key from the first row even
+  // when seqlen_q > seqlen_k (the diagonal starts at key sk - sq < 0).
+  Call left_only;
+  left_only.options.window_left = 40;
+  plan = left_only.plan();
+  CHECK(0 + (300 - 100) + plan.params.window_right >= 300 - 1);
+  Call tall;  // seqlen_q 500 > seqlen_k 300
+  for (TensorView* t : {&tall.q, &tall.out}) *t = TensorView::contiguous(t->data, DType::bf16, {2, 500, 8, 128});
+  tall.lse = TensorView::contiguous(tall.lse.data, DType::f32, {2, 8, 500});
+  tall.options.window_left = 40;
+  plan = tall.plan();
+  CHECK(0 + (300 - 500) + plan.params.window_right >= 300 - 1);
+
   Call softcap;
   softcap.options.softcap = 30.f;
   plan = softcap.plan();

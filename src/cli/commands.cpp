@@ -553,7 +553,10 @@ std::vector<int> parse_head_dims(const std::vector<int>& values) {
   if (values.empty()) return {64, 128};
   std::vector<int> head_dims;
   for (int head_dim : values) {
-    if (head_dim != 64 && head_dim != 128) bad_option(fmt::format("--head-dim: {} is not one of 64, 128", head_dim));
+    const std::vector<int> generated = {32, 64, 96, 128, 192, 256};
+    if (std::find(generated.begin(), generated.end(), head_dim) == generated.end()) {
+      bad_option(fmt::format("--head-dim: {} is not one of 32, 64, 96, 128, 192, 256", head_dim));
+    }
     if (std::find(head_dims.begin(), head_dims.end(), head_dim) == head_dims.end()) head_dims.push_back(head_dim);
   }
   return head_dims;

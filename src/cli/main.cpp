@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
     return tune_cmd->add_option(name, values, help)->delimiter(',')->allow_extra_args(false)->type_name(type);
   };
   add_list("--dtype", tune.dtypes, "bf16, f16 (default both)", "DTYPE");
-  add_list("--head-dim", tune.head_dims, "64, 128 (default both)", "D");
+  add_list("--head-dim", tune.head_dims, "32, 64, 96, 128, 192, 256 (default 64 and 128)", "D");
   tune_cmd->add_option("--causal", tune.causal, "yes, no or both (default both)")
       ->check(CLI::IsMember({"yes", "no", "both"}))
       ->type_name("WHEN");

@@ -20,6 +20,8 @@ struct AttentionShape {
   DType dtype = DType::bf16;
   int head_dim = 128;
   bool causal = true;
+  bool local = false;    // sliding-window layers (a causal window is local)
+  bool softcap = false;  // logit softcap
 };
 
 struct Preset {
