@@ -92,29 +92,30 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
 }  // namespace
 
 TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int seqlen_bucket) {
-  // Head dims 32, 96, 192 and 256 follow their neighbours' rules and the
-  // register budget; they have not been swept yet.
-  if (head_dim >= 192) {
-    // One 16-row tile per warp keeps the output accumulators in registers.
-    // Devices with 99 KB of shared memory per block (sm_86, sm_89, sm_120)
-    // cannot hold 128 query rows of head_dim 256.
-    const bool large_smem = arch.major == 9 || arch.major == 10 || (arch.major == 8 && (arch.minor == 0 || arch.minor == 7));
-    if (head_dim == 256 && !large_smem) return {64, 64, 4};
-    return {128, 64, 8};
+  // The winners of sweeps on the H200 (bf16 and f16): head dims 64 and 128 in
+  // docs/measurements/2026-11-22-tile-sweep-v2.json, the others from `jitattn
+  // tune` in docs/measurements/2026-11-22-tune-new-head-dims.txt. Four warps of
+  // 32 query rows win where the accumulators fit (each K/V fragment read from
+  // shared memory feeds two MMA row tiles); short causal problems prefer
+  // smaller query blocks, which give the GPU more CTAs to balance.
+  const bool short_causal = causal && seqlen_bucket <= 512;
+  switch (head_dim) {
+    case 32: return short_causal ? TileConfig{64, 64, 4} : TileConfig{128, 64, 4};
+    case 64:
+      if (short_causal) return {64, 64, 4};
+      if (causal && seqlen_bucket <= 2048) return {128, 64, 4};
+      return {128, 128, 4};
+    case 96: return {128, 64, 4};
+    case 128: return short_causal ? TileConfig{64, 64, 4} : TileConfig{128, 64, 4};
+    case 192: return causal ? TileConfig{64, 64, 4} : TileConfig{128, 64, 8};
+    default: {
+      // head_dim 256: 128×128×8 needs 192 KB of shared memory (sm_90, sm_100);
+      // sm_80/sm_87 hold 128 KB of it, and sm_86/89/120 only 99 KB.
+      if (arch.major == 9 || arch.major == 10) return {128, 128, 8};
+      if (arch.major == 8 && (arch.minor == 0 || arch.minor == 7)) return {128, 64, 8};
+      return {64, 64, 4};
+    }
   }
-  // The winners of a sweep of every tile configuration on the H200, bf16 and
-  // f16 (docs/measurements/2026-11-22-tile-sweep-v2.json). Four warps of 32
-  // query rows beat eight warps of 16 everywhere: each K/V fragment read from
-  // shared memory feeds two MMA row tiles. Short causal problems prefer smaller
-  // query blocks, which give the GPU more CTAs to balance.
-  if (head_dim <= 64) {
-    if (causal && seqlen_bucket <= 512) return {64, 64, 4};
-    if (head_dim == 32) return {128, 128, 4};
-    if (causal && seqlen_bucket <= 2048) return {128, 64, 4};
-    return {128, 128, 4};
-  }
-  if (causal && seqlen_bucket <= 512) return {64, 64, 4};
-  return {128, 64, 4};
 }
 
 std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch) {

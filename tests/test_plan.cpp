@@ -121,12 +121,12 @@ TEST_CASE("head dims map to the next generated one, padded in the kernel") {
     CHECK(plan.params.scale == doctest::Approx(1 / std::sqrt(double(d))));  // the caller's head dim, not the kernel's
     return plan.spec;
   };
-  CHECK(spec_for_head_dim(32).text() == "fwd.bf16.d32.br128.bc128.w4");
+  CHECK(spec_for_head_dim(32).text() == "fwd.bf16.d32.br128.bc64.w4");
   CHECK(spec_for_head_dim(40).text() == "fwd.bf16.d64.br128.bc128.w4.padded");
   CHECK(spec_for_head_dim(96).text() == "fwd.bf16.d96.br128.bc64.w4");
   CHECK(spec_for_head_dim(104).head_dim == 128);
   CHECK(spec_for_head_dim(160).text() == "fwd.bf16.d192.br128.bc64.w8.padded");
-  CHECK(spec_for_head_dim(256).text() == "fwd.bf16.d256.br128.bc64.w8");
+  CHECK(spec_for_head_dim(256).text() == "fwd.bf16.d256.br128.bc128.w8");
   Call c;
   for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) {
     *t = TensorView::contiguous(t->data, DType::bf16, {t->shape[0], t->shape[1], t->shape[2], 264});
