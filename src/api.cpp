@@ -61,9 +61,25 @@ struct Runtime::Impl {
         registry(builder),
         tuning(TuningTable::load(config.cache_dir, JITATTN_VERSION_STRING, nvrtc_info().version())) {}
 
-  ForwardPlan plan(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                   const TensorView* lse, const ForwardOptions& options, const DeviceInfo& device) {
-    return plan_forward(q, k, v, out, lse, options, device.arch, device.max_smem_per_block, &tuning);
+  // plan(arch, max_smem_bytes, tuning) → ForwardPlan, then launch it on the
+  // current context: the one path every forward call takes.
+  template <typename Plan>
+  void run(Plan&& plan, Stream stream) {
+    if (!driver().available) {
+      // Bad input is reported the same way with or without a GPU.
+      plan(Arch{9, 0, true}, INT32_MAX, nullptr);
+      throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", driver().error));
+    }
+    const ContextRef context = registry.current_context();
+    const DeviceInfo& device = registry.device_info(context);
+    ForwardPlan planned = plan(device.arch, device.max_smem_per_block, &tuning);
+    if (planned.grid == 0) return;  // empty batch or no query rows: nothing to write
+    auto cu_stream = static_cast<CUstream>(stream);
+    const LoadedKernel& kernel = registry.get(planned.spec, context, device, cu_stream);
+    void* arguments[] = {&planned.params};
+    check_cuda(driver().cuLaunchKernel(kernel.function, planned.grid, 1, 1, kernel.threads, 1, 1, kernel.smem_bytes,
+                                       cu_stream, arguments, nullptr),
+               "cuLaunchKernel");
   }
 
   Config config;
@@ -85,21 +101,17 @@ const Config& Runtime::config() const { return impl_->config; }
 
 void Runtime::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const TensorView* lse, const ForwardOptions& options, Stream stream) {
-  if (!driver().available) {
-    // Bad input is reported the same way with or without a GPU.
-    plan_forward(q, k, v, out, lse, options, Arch{9, 0, true}, INT32_MAX);
-    throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", driver().error));
-  }
-  const ContextRef context = impl_->registry.current_context();
-  const DeviceInfo& device = impl_->registry.device_info(context);
-  ForwardPlan plan = impl_->plan(q, k, v, out, lse, options, device);
-  if (plan.grid == 0) return;  // empty batch or no query rows: nothing to write
-  auto cu_stream = static_cast<CUstream>(stream);
-  const LoadedKernel& kernel = impl_->registry.get(plan.spec, context, device, cu_stream);
-  void* arguments[] = {&plan.params};
-  check_cuda(driver().cuLaunchKernel(kernel.function, plan.grid, 1, 1, kernel.threads, 1, 1, kernel.smem_bytes,
-                                     cu_stream, arguments, nullptr),
-             "cuLaunchKernel");
+  impl_->run([&](const Arch& arch, int smem, const TuningTable* tuning) {
+    return plan_forward(q, k, v, out, lse, options, arch, smem, tuning);
+  }, stream);
+}
+
+void Runtime::forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                             const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
+                             Stream stream) {
+  impl_->run([&](const Arch& arch, int smem, const TuningTable* tuning) {
+    return plan_forward_varlen(q, k, v, out, lse, varlen, options, arch, smem, tuning);
+  }, stream);
 }
 
 std::string Runtime::spec_for(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -156,6 +168,11 @@ void configure(const Config& config) {
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const TensorView* lse, const ForwardOptions& options, Stream stream) {
   global_runtime().forward(q, k, v, out, lse, options, stream);
+}
+
+void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                    const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options, Stream stream) {
+  global_runtime().forward_varlen(q, k, v, out, lse, varlen, options, stream);
 }
 
 std::string version() { return JITATTN_VERSION_STRING; }

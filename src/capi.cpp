@@ -48,7 +48,7 @@ jitattn::TensorView view_of(const jitattn_tensor* tensor, const char* name) {
     throw jitattn::Error(jitattn::ErrorCode::invalid_argument,
                          std::string(name) + ": ndim=" + std::to_string(tensor->ndim) + " is not in 0..4");
   }
-  if (tensor->dtype < JITATTN_F16 || tensor->dtype > JITATTN_F32) {
+  if (tensor->dtype < JITATTN_F16 || tensor->dtype > JITATTN_I32) {
     throw jitattn::Error(jitattn::ErrorCode::invalid_argument,
                          std::string(name) + ": dtype=" + std::to_string(tensor->dtype) + " is not a jitattn_dtype");
   }
@@ -63,6 +63,34 @@ jitattn::TensorView view_of(const jitattn_tensor* tensor, const char* name) {
   return view;
 }
 
+// The C structs of one forward call as C++ views (the options keep pointers
+// into this object, so it lives for the whole call).
+struct CallViews {
+  CallViews(const jitattn_tensor* q_, const jitattn_tensor* k_, const jitattn_tensor* v_, const jitattn_tensor* out_,
+            const jitattn_tensor* lse_, const jitattn_fwd_options* c_options)
+      : q(view_of(q_, "q")), k(view_of(k_, "k")), v(view_of(v_, "v")), out(view_of(out_, "out")), has_lse(lse_ != nullptr) {
+    if (has_lse) lse = view_of(lse_, "lse");
+    if (c_options == nullptr) return;
+    if (c_options->softmax_scale > 0.f) options.softmax_scale = c_options->softmax_scale;
+    options.causal = c_options->causal != 0;
+    options.window_left = c_options->window_left;
+    options.window_right = c_options->window_right;
+    options.softcap = c_options->softcap;
+    if (c_options->alibi_slopes != nullptr) {
+      alibi = view_of(c_options->alibi_slopes, "alibi_slopes");
+      options.alibi_slopes = &alibi;
+    }
+    options.tiles = {c_options->block_q, c_options->block_kv, c_options->warps};
+  }
+  CallViews(const CallViews&) = delete;
+  CallViews& operator=(const CallViews&) = delete;
+  const jitattn::TensorView* lse_pointer() const { return has_lse ? &lse : nullptr; }
+
+  jitattn::TensorView q, k, v, out, lse, alibi;
+  bool has_lse;
+  jitattn::ForwardOptions options;
+};
+
 }  // namespace
 
 extern "C" {
@@ -75,25 +103,29 @@ jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_tensor* k, con
                            const jitattn_tensor* out, const jitattn_tensor* lse,
                            const jitattn_fwd_options* options, void* stream) {
   return guarded([&] {
-    const jitattn::TensorView q_view = view_of(q, "q"), k_view = view_of(k, "k"), v_view = view_of(v, "v"),
-                              out_view = view_of(out, "out");
-    jitattn::TensorView lse_view;
-    if (lse != nullptr) lse_view = view_of(lse, "lse");
-    jitattn::ForwardOptions cpp_options;
-    jitattn::TensorView alibi_view;
-    if (options != nullptr) {
-      if (options->softmax_scale > 0.f) cpp_options.softmax_scale = options->softmax_scale;
-      cpp_options.causal = options->causal != 0;
-      cpp_options.window_left = options->window_left;
-      cpp_options.window_right = options->window_right;
-      cpp_options.softcap = options->softcap;
-      if (options->alibi_slopes != nullptr) {
-        alibi_view = view_of(options->alibi_slopes, "alibi_slopes");
-        cpp_options.alibi_slopes = &alibi_view;
-      }
-      cpp_options.tiles = {options->block_q, options->block_kv, options->warps};
+    const CallViews views(q, k, v, out, lse, options);
+    jitattn::forward(views.q, views.k, views.v, views.out, views.lse_pointer(), views.options, stream);
+  });
+}
+
+jitattn_status jitattn_fwd_varlen(const jitattn_tensor* q, const jitattn_tensor* k, const jitattn_tensor* v,
+                                  const jitattn_tensor* out, const jitattn_tensor* lse,
+                                  const jitattn_tensor* cu_seqlens_q, const jitattn_tensor* cu_seqlens_k,
+                                  const jitattn_tensor* seqused_k, int32_t max_seqlen_q, int32_t max_seqlen_k,
+                                  const jitattn_fwd_options* options, void* stream) {
+  return guarded([&] {
+    const CallViews views(q, k, v, out, lse, options);
+    jitattn::VarlenArgs varlen;
+    varlen.cu_seqlens_q = view_of(cu_seqlens_q, "cu_seqlens_q");
+    varlen.cu_seqlens_k = view_of(cu_seqlens_k, "cu_seqlens_k");
+    jitattn::TensorView seqused_view;
+    if (seqused_k != nullptr) {
+      seqused_view = view_of(seqused_k, "seqused_k");
+      varlen.seqused_k = &seqused_view;
     }
-    jitattn::forward(q_view, k_view, v_view, out_view, lse != nullptr ? &lse_view : nullptr, cpp_options, stream);
+    varlen.max_seqlen_q = max_seqlen_q;
+    varlen.max_seqlen_k = max_seqlen_k;
+    jitattn::forward_varlen(views.q, views.k, views.v, views.out, views.lse_pointer(), varlen, views.options, stream);
   });
 }
 

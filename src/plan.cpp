@@ -55,28 +55,53 @@ const char* dim_name(int ndim, int axis) {
 }
 
 
-// A [batch, seqlen, heads, head_dim] 16-bit tensor that cp.async can read in
-// 16-byte chunks.
-void check_bshd(const char* name, const TensorView& t) {
-  if (t.ndim != 4) reject(fmt::format("{}: must have 4 dimensions [batch, seqlen, heads, head_dim], got {}", name, t.ndim));
+// A 16-bit tensor of rows that cp.async reads in 16-byte chunks: dense
+// [batch, seqlen, heads, head_dim] (4-D) or packed varlen [total, heads,
+// head_dim] (3-D).
+void check_rows(const char* name, const TensorView& t, int ndim) {
+  const char* layout = ndim == 4 ? "[batch, seqlen, heads, head_dim]" : "[total_q, heads, head_dim]";
+  if (t.ndim != ndim) reject(fmt::format("{}: must have {} dimensions {}, got {}", name, ndim, layout, t.ndim));
   if (t.dtype != DType::f16 && t.dtype != DType::bf16) {
     reject(fmt::format("{}: dtype {} is not f16 or bf16", name, dtype_name(t.dtype)));
   }
-  for (int axis = 0; axis < 4; ++axis) {
-    if (t.shape[axis] < 0) reject(fmt::format("{}: {}={} is negative", name, dim_name(4, axis), t.shape[axis]));
-    if (t.shape[axis] > INT_MAX) reject(fmt::format("{}: {}={} exceeds 2^31-1", name, dim_name(4, axis), t.shape[axis]));
+  const char* const names4[] = {"batch", "seqlen", "heads", "head_dim"};
+  const char* const names3[] = {"total", "heads", "head_dim"};
+  const char* const* names = ndim == 4 ? names4 : names3;
+  for (int axis = 0; axis < ndim; ++axis) {
+    if (t.shape[axis] < 0) reject(fmt::format("{}: {}={} is negative", name, names[axis], t.shape[axis]));
+    if (t.shape[axis] > INT_MAX) reject(fmt::format("{}: {}={} exceeds 2^31-1", name, names[axis], t.shape[axis]));
   }
-  if (t.shape[2] == 0) reject(fmt::format("{}: heads must be >= 1", name));
-  if (t.strides[3] != 1) reject(fmt::format("{}: head_dim stride is {}; the last dimension must be contiguous (stride 1)", name, t.strides[3]));
-  for (int axis = 0; axis < 3; ++axis) {
+  if (t.shape[ndim - 2] == 0) reject(fmt::format("{}: heads must be >= 1", name));
+  if (t.strides[ndim - 1] != 1) {
+    reject(fmt::format("{}: head_dim stride is {}; the last dimension must be contiguous (stride 1)", name, t.strides[ndim - 1]));
+  }
+  for (int axis = 0; axis < ndim - 1; ++axis) {
     if (t.strides[axis] % 8 != 0) {
-      reject(fmt::format("{}: {} stride {} must be a multiple of 8 elements (16-byte aligned rows)", name,
-                         dim_name(4, axis), t.strides[axis]));
+      reject(fmt::format("{}: {} stride {} must be a multiple of 8 elements (16-byte aligned rows)", name, names[axis],
+                         t.strides[axis]));
     }
   }
-  const bool empty = t.shape[0] == 0 || t.shape[1] == 0 || t.shape[3] == 0;
+  bool empty = false;
+  for (int axis = 0; axis < ndim; ++axis) empty = empty || (axis != ndim - 2 && t.shape[axis] == 0);
   if (t.data == nullptr && !empty) reject(fmt::format("{}: data is null", name));
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) reject(fmt::format("{}: data pointer must be 16-byte aligned", name));
+}
+
+// An i32 vector in device memory of `length` elements (cu_seqlens, seqused_k).
+void check_i32_vector(const char* name, const TensorView& t, int64_t length, const char* meaning) {
+  if (t.dtype != DType::i32) reject(fmt::format("{}: dtype {} must be i32", name, dtype_name(t.dtype)));
+  if (t.ndim != 1 || t.shape[0] != length) {
+    reject(fmt::format("{}: shape {} must be [{}] = [{}]", name, shape_text(t), meaning, length));
+  }
+  if (t.strides[0] != 1) reject(fmt::format("{}: must be contiguous (stride 1)", name));
+  if (t.data == nullptr || reinterpret_cast<uintptr_t>(t.data) % 4 != 0) {
+    reject(fmt::format("{}: data pointer must be non-null and 4-byte aligned", name));
+  }
+}
+
+void check_lse_alignment(const TensorView& lse, int64_t elements) {
+  if (lse.data == nullptr && elements > 0) reject("lse: data is null");
+  if (reinterpret_cast<uintptr_t>(lse.data) % 4 != 0) reject("lse: data pointer must be 4-byte aligned");
 }
 
 void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seqlen_q) {
@@ -85,8 +110,7 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
   if (lse.shape[0] != batch || lse.shape[1] != heads || lse.shape[2] != seqlen_q) {
     reject(fmt::format("lse: shape {} must be [batch, heads_q, seqlen_q] = [{}, {}, {}]", shape_text(lse), batch, heads, seqlen_q));
   }
-  if (lse.data == nullptr && batch * heads * seqlen_q > 0) reject("lse: data is null");
-  if (reinterpret_cast<uintptr_t>(lse.data) % 4 != 0) reject("lse: data pointer must be 4-byte aligned");
+  check_lse_alignment(lse, batch * heads * seqlen_q);
 }
 
 }  // namespace
@@ -130,28 +154,68 @@ std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal,
   return set;
 }
 
-ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const TensorView* lse, const ForwardOptions& options,
-                         const Arch& arch, int max_smem_bytes, const TuningTable* tuning) {
-  check_bshd("q", q);
-  check_bshd("k", k);
-  check_bshd("v", v);
-  check_bshd("out", out);
-  const int64_t batch = q.shape[0], seqlen_q = q.shape[1], heads_q = q.shape[2], head_dim = q.shape[3];
-  const int64_t seqlen_k = k.shape[1], heads_kv = k.shape[2];
+namespace {
+
+// The call after its tensors are validated: sizes, pointers and strides as
+// the kernel reads them. Dense and varlen calls meet here.
+struct Problem {
+  DType dtype = DType::bf16;
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+  // batch (0 for varlen), row, head strides in elements.
+  int64_t q_strides[3] = {}, k_strides[3] = {}, v_strides[3] = {}, out_strides[3] = {};
+  int64_t lse_strides[3] = {};  // batch, head, row
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  const int* seqused_k = nullptr;
+};
+
+void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
   if (k.dtype != q.dtype || v.dtype != q.dtype || out.dtype != q.dtype) {
     reject(fmt::format("k, v, out: dtypes ({}, {}, {}) must all match q's ({})", dtype_name(k.dtype),
                        dtype_name(v.dtype), dtype_name(out.dtype), dtype_name(q.dtype)));
   }
-  if (k.shape[0] != batch) reject(fmt::format("k: batch={} must equal q's batch={}", k.shape[0], batch));
-  if (k.shape[3] != head_dim) reject(fmt::format("k: head_dim={} must equal q's head_dim={}", k.shape[3], head_dim));
-  const int kernel_dim = kernel_head_dim(head_dim);
-  for (int axis = 0; axis < 4; ++axis) {
+  const int d = q.ndim - 1;
+  if (k.shape[d] != q.shape[d]) reject(fmt::format("k: head_dim={} must equal q's head_dim={}", k.shape[d], q.shape[d]));
+  for (int axis = 0; axis < q.ndim; ++axis) {
     if (v.shape[axis] != k.shape[axis]) reject(fmt::format("v: shape {} must equal k's shape {}", shape_text(v), shape_text(k)));
     if (out.shape[axis] != q.shape[axis]) reject(fmt::format("out: shape {} must equal q's shape {}", shape_text(out), shape_text(q)));
   }
+  const int64_t heads_q = q.shape[q.ndim - 2], heads_kv = k.shape[k.ndim - 2];
   if (heads_q % heads_kv != 0) reject(fmt::format("k: heads_kv={} must divide heads_q={}", heads_kv, heads_q));
-  if (lse != nullptr) check_lse(*lse, batch, heads_q, seqlen_q);
+}
+
+void copy_strides(const TensorView& t, int64_t (&strides)[3]) {
+  if (t.ndim == 4) {
+    strides[0] = t.strides[0], strides[1] = t.strides[1], strides[2] = t.strides[2];
+  } else {
+    strides[0] = 0, strides[1] = t.strides[0], strides[2] = t.strides[1];
+  }
+}
+
+Problem problem_of(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
+  Problem p;
+  p.dtype = q.dtype;
+  p.heads_q = q.shape[q.ndim - 2];
+  p.heads_kv = k.shape[k.ndim - 2];
+  p.head_dim = q.shape[q.ndim - 1];
+  p.q = q.data, p.k = k.data, p.v = v.data, p.out = out.data;
+  copy_strides(q, p.q_strides);
+  copy_strides(k, p.k_strides);
+  copy_strides(v, p.v_strides);
+  copy_strides(out, p.out_strides);
+  return p;
+}
+
+ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, const Arch& arch, int max_smem_bytes,
+                         const TuningTable* tuning, bool varlen) {
+  const int64_t batch = problem.batch, seqlen_q = problem.seqlen_q, seqlen_k = problem.seqlen_k;
+  const int64_t heads_q = problem.heads_q, heads_kv = problem.heads_kv, head_dim = problem.head_dim;
+  const int kernel_dim = kernel_head_dim(head_dim);
   float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   if (options.softmax_scale) {
     scale = *options.softmax_scale;
@@ -159,7 +223,6 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
       reject(fmt::format("options.softmax_scale={} must be positive and finite", scale));
     }
   }
-
   if (options.window_left < -1) reject(fmt::format("options.window_left={} must be -1 (unbounded) or >= 0", options.window_left));
   if (options.window_right < -1) reject(fmt::format("options.window_right={} must be -1 (unbounded) or >= 0", options.window_right));
   if (!(options.softcap >= 0.f) || !std::isfinite(options.softcap)) {
@@ -180,12 +243,12 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
   // Windows are tuned like causal masks (both skip key blocks).
   const bool masked_like_causal = causal || local;
   std::optional<TileConfig> tuned;
-  if (tuning != nullptr) tuned = tuning->lookup({arch, q.dtype, kernel_dim, masked_like_causal, bucket});
-  TileConfig tiles = tuned ? *tuned : default_tiles(q.dtype, kernel_dim, masked_like_causal, arch, bucket);
+  if (tuning != nullptr) tuned = tuning->lookup({arch, problem.dtype, kernel_dim, masked_like_causal, bucket});
+  TileConfig tiles = tuned ? *tuned : default_tiles(problem.dtype, kernel_dim, masked_like_causal, arch, bucket);
   if (options.tiles.block_q != 0) tiles.block_q = options.tiles.block_q;
   if (options.tiles.block_kv != 0) tiles.block_kv = options.tiles.block_kv;
   if (options.tiles.warps != 0) tiles.warps = options.tiles.warps;
-  plan.spec.dtype = q.dtype;
+  plan.spec.dtype = problem.dtype;
   plan.spec.head_dim = kernel_dim;
   plan.spec.block_q = tiles.block_q;
   plan.spec.block_kv = tiles.block_kv;
@@ -195,6 +258,7 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
   plan.spec.softcap = options.softcap > 0.f;
   plan.spec.alibi = options.alibi_slopes != nullptr;
   plan.spec.padded = kernel_dim != head_dim;
+  plan.spec.varlen = varlen;
   plan.spec.validate();
   if (plan.spec.smem_bytes() > static_cast<size_t>(max_smem_bytes)) {
     throw Error(ErrorCode::unsupported,
@@ -208,18 +272,19 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
   if (grid > INT_MAX) reject(fmt::format("q: batch × heads × ceil(seqlen_q / {}) = {} exceeds 2^31-1 blocks", tiles.block_q, grid));
 
   FwdParams& p = plan.params;
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.o = out.data;
-  p.lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
-  p.q_batch_stride = q.strides[0], p.q_row_stride = q.strides[1], p.q_head_stride = q.strides[2];
-  p.k_batch_stride = k.strides[0], p.k_row_stride = k.strides[1], p.k_head_stride = k.strides[2];
-  p.v_batch_stride = v.strides[0], p.v_row_stride = v.strides[1], p.v_head_stride = v.strides[2];
-  p.o_batch_stride = out.strides[0], p.o_row_stride = out.strides[1], p.o_head_stride = out.strides[2];
-  if (lse != nullptr) {
-    p.lse_batch_stride = lse->strides[0], p.lse_head_stride = lse->strides[1], p.lse_row_stride = lse->strides[2];
-  }
+  p.q = problem.q;
+  p.k = problem.k;
+  p.v = problem.v;
+  p.o = problem.out;
+  p.lse = problem.lse;
+  p.q_batch_stride = problem.q_strides[0], p.q_row_stride = problem.q_strides[1], p.q_head_stride = problem.q_strides[2];
+  p.k_batch_stride = problem.k_strides[0], p.k_row_stride = problem.k_strides[1], p.k_head_stride = problem.k_strides[2];
+  p.v_batch_stride = problem.v_strides[0], p.v_row_stride = problem.v_strides[1], p.v_head_stride = problem.v_strides[2];
+  p.o_batch_stride = problem.out_strides[0], p.o_row_stride = problem.out_strides[1], p.o_head_stride = problem.out_strides[2];
+  p.lse_batch_stride = problem.lse_strides[0], p.lse_head_stride = problem.lse_strides[1], p.lse_row_stride = problem.lse_strides[2];
+  p.cu_seqlens_q = problem.cu_seqlens_q;
+  p.cu_seqlens_k = problem.cu_seqlens_k;
+  p.seqused_k = problem.seqused_k;
   p.batch = static_cast<int>(batch);
   p.heads_q = static_cast<int>(heads_q);
   p.heads_kv = static_cast<int>(heads_kv);
@@ -245,6 +310,71 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
   p.alibi_batch_stride = alibi_batch_stride;
   plan.grid = static_cast<unsigned>(grid);
   return plan;
+}
+
+
+}  // namespace
+
+ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView* lse, const ForwardOptions& options,
+                         const Arch& arch, int max_smem_bytes, const TuningTable* tuning) {
+  check_rows("q", q, 4);
+  check_rows("k", k, 4);
+  check_rows("v", v, 4);
+  check_rows("out", out, 4);
+  check_matching(q, k, v, out);
+  if (k.shape[0] != q.shape[0]) reject(fmt::format("k: batch={} must equal q's batch={}", k.shape[0], q.shape[0]));
+  Problem problem = problem_of(q, k, v, out);
+  problem.batch = q.shape[0];
+  problem.seqlen_q = q.shape[1];
+  problem.seqlen_k = k.shape[1];
+  if (lse != nullptr) {
+    check_lse(*lse, problem.batch, problem.heads_q, problem.seqlen_q);
+    problem.lse = static_cast<float*>(lse->data);
+    for (int i = 0; i < 3; ++i) problem.lse_strides[i] = lse->strides[i];
+  }
+  return plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
+}
+
+ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
+                                const Arch& arch, int max_smem_bytes, const TuningTable* tuning) {
+  check_rows("q", q, 3);
+  check_rows("k", k, 3);
+  check_rows("v", v, 3);
+  check_rows("out", out, 3);
+  check_matching(q, k, v, out);
+  const int64_t batch = varlen.cu_seqlens_q.ndim == 1 ? varlen.cu_seqlens_q.shape[0] - 1 : -1;
+  if (batch < 0) reject("cu_seqlens_q: shape must be [batch + 1] (at least one element)");
+  check_i32_vector("cu_seqlens_q", varlen.cu_seqlens_q, batch + 1, "batch + 1");
+  check_i32_vector("cu_seqlens_k", varlen.cu_seqlens_k, batch + 1, "batch + 1");
+  if (varlen.seqused_k != nullptr) check_i32_vector("seqused_k", *varlen.seqused_k, batch, "batch");
+  const int64_t total_q = q.shape[0];
+  if (varlen.max_seqlen_q < 0 || (varlen.max_seqlen_q == 0 && total_q > 0 && batch > 0) || varlen.max_seqlen_q > total_q) {
+    reject(fmt::format("varlen: max_seqlen_q={} must be between 1 and total_q={} (0 only when there are no queries)",
+                       varlen.max_seqlen_q, total_q));
+  }
+  if (varlen.max_seqlen_k < 0 || varlen.max_seqlen_k > k.shape[0]) {
+    reject(fmt::format("varlen: max_seqlen_k={} must be between 0 and total_k={}", varlen.max_seqlen_k, k.shape[0]));
+  }
+  Problem problem = problem_of(q, k, v, out);
+  problem.batch = batch;
+  problem.seqlen_q = varlen.max_seqlen_q;
+  problem.seqlen_k = varlen.max_seqlen_k;
+  problem.cu_seqlens_q = static_cast<const int*>(varlen.cu_seqlens_q.data);
+  problem.cu_seqlens_k = static_cast<const int*>(varlen.cu_seqlens_k.data);
+  problem.seqused_k = varlen.seqused_k != nullptr ? static_cast<const int*>(varlen.seqused_k->data) : nullptr;
+  if (lse != nullptr) {
+    if (lse->dtype != DType::f32) reject(fmt::format("lse: dtype {} must be f32", dtype_name(lse->dtype)));
+    if (lse->ndim != 2 || lse->shape[0] != problem.heads_q || lse->shape[1] != total_q) {
+      reject(fmt::format("lse: shape {} must be [heads_q, total_q] = [{}, {}]", shape_text(*lse), problem.heads_q, total_q));
+    }
+    check_lse_alignment(*lse, problem.heads_q * total_q);
+    problem.lse = static_cast<float*>(lse->data);
+    problem.lse_strides[1] = lse->strides[0];
+    problem.lse_strides[2] = lse->strides[1];
+  }
+  return plan_problem(problem, options, arch, max_smem_bytes, tuning, true);
 }
 
 }  // namespace jitattn::detail

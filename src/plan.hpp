@@ -35,4 +35,10 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
                          const TensorView& out, const TensorView* lse, const ForwardOptions& options,
                          const Arch& arch, int max_smem_bytes, const TuningTable* tuning = nullptr);
 
+// The same for packed varlen calls: q/k/v/out 3-D, lse [heads_q, total_q].
+// Sizes the grid by max_seqlen_q; cu_seqlens are passed to the kernel unread.
+ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
+                                const Arch& arch, int max_smem_bytes, const TuningTable* tuning = nullptr);
+
 }  // namespace jitattn::detail

@@ -80,7 +80,7 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("block_kv", spec.block_kv), fmt::arg("warps", spec.warps),
       fmt::arg("mask", spec.causal ? "kMaskCausal" : spec.local ? "kMaskLocal" : "kMaskNone"),
       fmt::arg("softcap", spec.softcap ? "true" : "false"), fmt::arg("alibi", spec.alibi ? "true" : "false"),
-      fmt::arg("padded", spec.padded ? "true" : "false"),
+      fmt::arg("padded", spec.padded ? "true" : "false"), fmt::arg("varlen", spec.varlen ? "true" : "false"),
       fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;

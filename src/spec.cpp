@@ -40,11 +40,12 @@ const char* dtype_name(DType dtype) {
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
     case DType::f32: return "f32";
+    case DType::i32: return "i32";
   }
   return "?";
 }
 
-size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+size_t dtype_size(DType dtype) { return dtype == DType::f32 || dtype == DType::i32 ? 4 : 2; }
 
 std::string KernelSpec::text() const {
   std::string out = fmt::format("fwd.{}.d{}.br{}.bc{}.w{}", dtype_name(dtype), head_dim, block_q,
@@ -54,6 +55,7 @@ std::string KernelSpec::text() const {
   if (softcap) out += ".softcap";
   if (alibi) out += ".alibi";
   if (padded) out += ".padded";
+  if (varlen) out += ".varlen";
   return out;
 }
 
@@ -81,9 +83,10 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "softcap" ? &spec.softcap
                  : fields[i] == "alibi"   ? &spec.alibi
                  : fields[i] == "padded"  ? &spec.padded
+                 : fields[i] == "varlen"  ? &spec.varlen
                                           : nullptr;
     if (flag == nullptr || *flag) {
-      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: causal, local, softcap, alibi, padded)", fields[i]));
+      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: causal, local, softcap, alibi, padded, varlen)", fields[i]));
     }
     *flag = true;
   }
@@ -152,6 +155,7 @@ uint64_t KernelSpec::packed() const {
   key = key << 1 | static_cast<uint64_t>(softcap);
   key = key << 1 | static_cast<uint64_t>(alibi);
   key = key << 1 | static_cast<uint64_t>(padded);
+  key = key << 1 | static_cast<uint64_t>(varlen);
   return key;
 }
 

@@ -26,9 +26,10 @@ struct KernelSpec {
   bool softcap = false;  // cap · tanh(scores / cap)
   bool alibi = false;    // −slope · |distance| score bias
   bool padded = false;   // the caller's head dim is below head_dim (zero-padded in the kernel)
+  bool varlen = false;   // packed sequences located through cu_seqlens
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
-  // the order causal|local, softcap, alibi, padded).
+  // the order causal|local, softcap, alibi, padded, varlen).
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.
   static KernelSpec parse(std::string_view text);

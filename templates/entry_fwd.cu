@@ -5,7 +5,8 @@
 
 using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /*BLOCK_Q=*/{block_q},
                                   /*BLOCK_KV=*/{block_kv}, /*WARPS=*/{warps}, /*MASK=*/jitattn::{mask},
-                                  /*SOFTCAP=*/{softcap}, /*ALIBI=*/{alibi}, /*PADDED=*/{padded}>;
+                                  /*SOFTCAP=*/{softcap}, /*ALIBI=*/{alibi}, /*PADDED=*/{padded},
+                                  /*VARLEN=*/{varlen}>;
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{

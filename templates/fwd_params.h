@@ -44,6 +44,13 @@ struct FwdParams {
 
   const float* alibi_slopes;       // [heads] or [batch, heads], when compiled with ALiBi
   long long alibi_batch_stride;    // 0 for per-head slopes
+
+  // Varlen (packed sequences): batch strides are 0, sequence b starts at
+  // row cu_seqlens_q[b] / cu_seqlens_k[b], and seqlen_q / seqlen_k above are
+  // the maxima. seqused_k (optional) caps each sequence's keys.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  const int* seqused_k;
 };
 
 }  // namespace jitattn

@@ -20,7 +20,7 @@ enum MaskKind : int {
 };
 
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
-          bool PADDED>
+          bool PADDED, bool VARLEN>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
@@ -36,6 +36,7 @@ struct FwdConfig {
   // zero-fill and stores skip the chunks past it. Exact head dims compile
   // without those predicates.
   static constexpr bool kPadded = PADDED;
+  static constexpr bool kVarlen = VARLEN;
   // Scores rewritten before the softmax (to log2-domain logits) instead of
   // the scale being folded into the exponent.
   static constexpr bool kRewriteScores = SOFTCAP || ALIBI;
@@ -253,9 +254,9 @@ __device__ __forceinline__ void rewrite_scores(float (&s)[Cfg::kMTiles][Cfg::kSc
 // diagonal (key = row + diagonal_offset).
 template <class Cfg>
 __device__ __forceinline__ void apply_mask(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], const FwdParams& p,
-                                           int first_row, int first_key, int diagonal_offset, int lane) {
+                                           int seqlen_k, int first_row, int first_key, int diagonal_offset, int lane) {
   for_each_score<Cfg>(s, first_row, first_key, lane, [&](float& score, int row, int key) {
-    bool visible = key < p.seqlen_k;
+    bool visible = key < seqlen_k;
     if constexpr (Cfg::kCausal) visible = visible && key <= row + diagonal_offset;
     if constexpr (Cfg::kLocal) {
       visible = visible && key <= row + diagonal_offset + p.window_right && key >= row + diagonal_offset - p.window_left;
@@ -394,18 +395,38 @@ __device__ void fwd_prefill(const FwdParams& p) {
   const int warp_row0 = (threadIdx.x >> 5) * Cfg::kRowsPerWarp;
   const int chunks_valid = Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
 
-  const unsigned short* q = static_cast<const unsigned short*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-  const unsigned short* k = static_cast<const unsigned short*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const unsigned short* v = static_cast<const unsigned short*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  unsigned short* out = static_cast<unsigned short*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-  float* lse = p.lse == nullptr ? nullptr : p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  // Where this sequence's rows start, and its lengths (varlen: from the
+  // offsets; dense: batch strides and the common lengths).
+  long long q_start = batch * p.q_batch_stride, o_start = batch * p.o_batch_stride;
+  long long k_start = batch * p.k_batch_stride, v_start = batch * p.v_batch_stride;
+  long long lse_start = batch * p.lse_batch_stride;
+  int seqlen_q = p.seqlen_q;
+  int seqlen_k = p.seqlen_k;
+  if constexpr (Cfg::kVarlen) {
+    const int q_row0 = p.cu_seqlens_q[batch];
+    const int k_row0 = p.cu_seqlens_k[batch];
+    seqlen_q = p.cu_seqlens_q[batch + 1] - q_row0;
+    seqlen_k = p.seqused_k != nullptr ? p.seqused_k[batch] : p.cu_seqlens_k[batch + 1] - k_row0;
+    // The grid covers the longest sequence; shorter ones leave CTAs idle.
+    if (q0 >= seqlen_q) return;
+    q_start = q_row0 * p.q_row_stride;
+    o_start = q_row0 * p.o_row_stride;
+    k_start = k_row0 * p.k_row_stride;
+    v_start = k_row0 * p.v_row_stride;
+    lse_start = q_row0 * p.lse_row_stride;
+  }
+  const unsigned short* q = static_cast<const unsigned short*>(p.q) + q_start + head * p.q_head_stride;
+  const unsigned short* k = static_cast<const unsigned short*>(p.k) + k_start + kv_head * p.k_head_stride;
+  const unsigned short* v = static_cast<const unsigned short*>(p.v) + v_start + kv_head * p.v_head_stride;
+  unsigned short* out = static_cast<unsigned short*>(p.o) + o_start + head * p.o_head_stride;
+  float* lse = p.lse == nullptr ? nullptr : p.lse + lse_start + head * p.lse_head_stride;
   const float slope = Cfg::kAlibi ? p.alibi_slopes[batch * p.alibi_batch_stride + head] : 0.f;
 
   // Query i sees keys around i + diagonal_offset (bottom-right alignment);
   // this block's first and last rows bound the keys worth loading.
-  const int diagonal_offset = p.seqlen_k - p.seqlen_q;
+  const int diagonal_offset = seqlen_k - seqlen_q;
   long long kv_begin = 0;
-  long long kv_end = p.seqlen_k;
+  long long kv_end = seqlen_k;
   if constexpr (Cfg::kCausal) kv_end = min(kv_end, static_cast<long long>(q0) + Cfg::kBlockQ + diagonal_offset);
   if constexpr (Cfg::kLocal) {
     kv_end = min(kv_end, static_cast<long long>(q0) + Cfg::kBlockQ + diagonal_offset + p.window_right);
@@ -414,9 +435,9 @@ __device__ void fwd_prefill(const FwdParams& p) {
   const int first_block = static_cast<int>(kv_begin / Cfg::kBlockKV);
   const int end_block = kv_end > kv_begin ? static_cast<int>((kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV) : first_block;
 
-  load_tile<Cfg, Cfg::kBlockQ>(q_tile, q, p.q_row_stride, q0, p.seqlen_q, chunks_valid);
+  load_tile<Cfg, Cfg::kBlockQ>(q_tile, q, p.q_row_stride, q0, seqlen_q, chunks_valid);
   if (end_block > first_block) {
-    load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, p.k_row_stride, (end_block - 1) * Cfg::kBlockKV, p.seqlen_k, chunks_valid);
+    load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, p.k_row_stride, (end_block - 1) * Cfg::kBlockKV, seqlen_k, chunks_valid);
   }
   cp_async_commit();
 
@@ -441,27 +462,27 @@ __device__ void fwd_prefill(const FwdParams& p) {
     // V may be overwritten.
     cp_async_wait<0>();
     __syncthreads();
-    load_tile<Cfg, Cfg::kBlockKV>(v_tile, v, p.v_row_stride, key0, p.seqlen_k, chunks_valid);
+    load_tile<Cfg, Cfg::kBlockKV>(v_tile, v, p.v_row_stride, key0, seqlen_k, chunks_valid);
     cp_async_commit();
 
     float s[Cfg::kMTiles][Cfg::kScoreTiles][4];
     gemm_qk<Cfg>(s, opaque(q_tile), opaque(k_tile), warp_row0, lane);
     if constexpr (Cfg::kRewriteScores) rewrite_scores<Cfg>(s, p, slope, q0 + warp_row0, key0, diagonal_offset, lane);
     // Only blocks that cross a boundary pay for masking.
-    bool needs_mask = key0 + Cfg::kBlockKV > p.seqlen_k;
+    bool needs_mask = key0 + Cfg::kBlockKV > seqlen_k;
     if constexpr (Cfg::kCausal) needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > q0 + diagonal_offset;
     if constexpr (Cfg::kLocal) {
       needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > q0 + diagonal_offset + p.window_right ||
                    key0 < q0 + Cfg::kBlockQ - 1 + diagonal_offset - p.window_left;
     }
-    if (needs_mask) apply_mask<Cfg>(s, p, q0 + warp_row0, key0, diagonal_offset, lane);
+    if (needs_mask) apply_mask<Cfg>(s, p, seqlen_k, q0 + warp_row0, key0, diagonal_offset, lane);
 
     if constexpr (Cfg::kEarlyNextK) {
-      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, first_block, key0, p.seqlen_k, chunks_valid);
+      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, first_block, key0, seqlen_k, chunks_valid);
       online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
     } else {
       online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
-      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, first_block, key0, p.seqlen_k, chunks_valid);
+      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, first_block, key0, seqlen_k, chunks_valid);
     }
     unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
     pack_probabilities<Cfg>(probabilities, s);
@@ -473,7 +494,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
   cp_async_wait<0>();
   __syncthreads();
   store_output<Cfg>(o, row_max, row_sum, shared_bytes, out, p.o_row_stride, lse, p.lse_row_stride, q0, warp_row0,
-                    p.seqlen_q, chunks_valid, p.lse_scale, lane);
+                    seqlen_q, chunks_valid, p.lse_scale, lane);
 }
 
 }  // namespace jitattn

@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 
 #include "compile.hpp"
 #include "spec.hpp"
@@ -34,11 +35,16 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   check_cuda(driver().cuMemAlloc(&pointer_, bytes > 0 ? bytes : 16), "cuMemAlloc");
 }
 DeviceBuffer::~DeviceBuffer() { driver().cuMemFree(pointer_); }
-void DeviceBuffer::fill_bytes(unsigned char value) { check_cuda(driver().cuMemsetD8(pointer_, value, bytes_), "cuMemsetD8"); }
-void DeviceBuffer::upload(const void* host, size_t bytes) { check_cuda(driver().cuMemcpyHtoD(pointer_, host, bytes), "cuMemcpyHtoD"); }
+// Zero-byte transfers (empty sequences) are skipped rather than handed to the driver.
+void DeviceBuffer::fill_bytes(unsigned char value) {
+  if (bytes_ > 0) check_cuda(driver().cuMemsetD8(pointer_, value, bytes_), "cuMemsetD8");
+}
+void DeviceBuffer::upload(const void* host, size_t bytes) {
+  if (bytes > 0) check_cuda(driver().cuMemcpyHtoD(pointer_, host, bytes), "cuMemcpyHtoD");
+}
 void DeviceBuffer::download(void* host, size_t bytes) const {
   check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
-  check_cuda(driver().cuMemcpyDtoH(host, pointer_, bytes), "cuMemcpyDtoH");
+  if (bytes > 0) check_cuda(driver().cuMemcpyDtoH(host, pointer_, bytes), "cuMemcpyDtoH");
 }
 
 namespace {
@@ -102,6 +108,46 @@ std::vector<float> DeviceTensor::read() const {
   std::vector<float> values(static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3]));
   for_each_element(shape, strides, [&](size_t logical, size_t offset) { values[logical] = to_float(host[offset], dtype); });
   return values;
+}
+
+size_t DeviceTensor::count_written_outside(int64_t rows) const {
+  const std::vector<uint16_t> host = raw();
+  std::vector<bool> inside(host.size(), false);
+  int64_t below[4] = {shape[0], std::min(rows, shape[1]), shape[2], shape[3]};
+  for_each_element(below, strides, [&](size_t, size_t offset) { inside[offset] = true; });
+  size_t written = 0;
+  for (size_t i = 0; i < host.size(); ++i) written += !inside[i] && host[i] != 0xffff;
+  return written;
+}
+
+TensorView packed_view(const DeviceTensor& t, int first_head, int heads) {
+  if (t.shape[0] != 1) throw std::invalid_argument("packed_view: the tensor must have batch 1");
+  if (heads < 0) heads = static_cast<int>(t.shape[2]) - first_head;
+  if (first_head < 0 || first_head + heads > t.shape[2]) throw std::invalid_argument("packed_view: heads out of range");
+  TensorView view;
+  view.data = static_cast<char*>(t.buffer.get()) + static_cast<size_t>(first_head) * t.strides[2] * 2;
+  view.dtype = t.dtype;
+  view.ndim = 3;
+  view.shape[0] = t.shape[1], view.shape[1] = heads, view.shape[2] = t.shape[3];
+  view.strides[0] = t.strides[1], view.strides[1] = t.strides[2], view.strides[2] = t.strides[3];
+  return view;
+}
+
+ReferenceOutput gpu_reference_varlen(const VarlenShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                                     const std::vector<float>& v, DType dtype, bool exact) {
+  return attention_varlen(s, q, k, v,
+                          [&](const AttentionShape& sequence, const std::vector<float>& q_b,
+                              const std::vector<float>& k_b, const std::vector<float>& v_b) {
+                            const int64_t q_shape[4] = {1, sequence.seqlen_q, sequence.heads_q, sequence.head_dim};
+                            const int64_t kv_shape[4] = {1, sequence.seqlen_k, sequence.heads_kv, sequence.head_dim};
+                            int64_t q_strides[4], kv_strides[4];
+                            contiguous_strides(q_shape, q_strides);
+                            contiguous_strides(kv_shape, kv_strides);
+                            const DeviceTensor dq(q_b, dtype, q_shape, q_strides);
+                            const DeviceTensor dk(k_b, dtype, kv_shape, kv_strides);
+                            const DeviceTensor dv(v_b, dtype, kv_shape, kv_strides);
+                            return gpu_reference(sequence, dq, dk, dv, exact);
+                          });
 }
 
 void contiguous_strides(const int64_t (&shape)[4], int64_t (&strides)[4]) {
@@ -412,6 +458,39 @@ Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std:
     }
   }
   return verdict;
+}
+
+Verdict judge_varlen(const VarlenShape& s, const std::vector<float>& out, const std::vector<float>& lse,
+                     const ReferenceOutput& exact, const ReferenceOutput& rounded) {
+  s.check();
+  const int used = s.used_q();
+  const size_t row = static_cast<size_t>(s.common.heads_q) * s.common.head_dim;
+  // The owned rows are a prefix of out and, per head, of lse: as one dense
+  // batch-1 problem of `used` rows, judge() reads them in its own layouts.
+  auto owned_rows = [&](const auto& packed) {
+    using Vector = std::decay_t<decltype(packed)>;
+    if (packed.size() != s.total_q * row) throw std::invalid_argument("judge_varlen: out must hold total_q rows");
+    return Vector(packed.begin(), packed.begin() + used * row);
+  };
+  auto owned_lse = [&](const auto& packed) {
+    using Vector = std::decay_t<decltype(packed)>;
+    if (packed.size() != static_cast<size_t>(s.common.heads_q) * s.total_q) {
+      throw std::invalid_argument("judge_varlen: lse must be [heads_q, total_q]");
+    }
+    Vector owned;
+    for (int h = 0; h < s.common.heads_q; ++h) {
+      const auto first = packed.begin() + static_cast<size_t>(h) * s.total_q;
+      owned.insert(owned.end(), first, first + used);
+    }
+    return owned;
+  };
+  AttentionShape flat = s.common;
+  flat.batch = 1;
+  flat.seqlen_q = used;
+  flat.alibi_slopes.clear();
+  ReferenceOutput exact_owned{owned_rows(exact.out), owned_lse(exact.lse)};
+  ReferenceOutput rounded_owned{owned_rows(rounded.out), owned_lse(rounded.lse)};
+  return judge(flat, owned_rows(out), lse.empty() ? std::vector<float>() : owned_lse(lse), exact_owned, rounded_owned);
 }
 
 }  // namespace jitattn::test

@@ -42,6 +42,10 @@ struct DeviceTensor {
   TensorView view() const;
   std::vector<float> read() const;  // logical contiguous content as floats
   std::vector<uint16_t> raw() const;  // the whole allocation, bits as stored
+  // Elements of the allocation outside rows [0, rows) of dimension 1 (later
+  // rows of every batch, and the gaps strides leave) that are no longer
+  // poison (0xffff): what a kernel wrote where it must not.
+  size_t count_written_outside(int64_t rows) const;
 
   DType dtype;
   int64_t shape[4];
@@ -61,6 +65,19 @@ void contiguous_strides(const int64_t (&shape)[4], int64_t (&strides)[4]);
 // shape.alibi_slopes for the call). q/k/v may have any strides.
 ReferenceOutput gpu_reference(const AttentionShape& shape, const DeviceTensor& q, const DeviceTensor& k,
                               const DeviceTensor& v, bool exact);
+
+// --- Varlen (packed) tensors -----------------------------------------------
+
+// The packed [total, heads, head_dim] view of a batch-1 tensor (shape[0] must
+// be 1): its rows as varlen's total dimension. `first_head`/`heads` select a
+// run of its heads (e.g. q, k or v inside a packed qkv buffer); heads -1: all.
+TensorView packed_view(const DeviceTensor& t, int first_head = 0, int heads = -1);
+
+// attention_varlen with gpu_reference as the dense reference: each sequence
+// is uploaded on its own (contiguous, from the packed host values) and run by
+// the reference kernel. Layouts as attention_varlen.
+ReferenceOutput gpu_reference_varlen(const VarlenShape& shape, const std::vector<float>& q, const std::vector<float>& k,
+                                     const std::vector<float>& v, DType dtype, bool exact);
 
 // --- Shared helpers of the GPU test files --------------------------------
 
@@ -96,5 +113,11 @@ struct Verdict {
 // seqlen_q] or empty (not checked).
 Verdict judge(const AttentionShape& shape, const std::vector<float>& out, const std::vector<float>& lse,
               const ReferenceOutput& exact, const ReferenceOutput& rounded);
+// judge() for a varlen call over the rows the sequences own (padding rows past
+// cu_seqlens_q[batch] excluded: check their poison separately). out: [total_q,
+// heads_q, head_dim] contiguous; lse: [heads_q, total_q] contiguous or empty;
+// references from attention_varlen*.
+Verdict judge_varlen(const VarlenShape& shape, const std::vector<float>& out, const std::vector<float>& lse,
+                     const ReferenceOutput& exact, const ReferenceOutput& rounded);
 
 }  // namespace jitattn::test

@@ -217,6 +217,121 @@ ReferenceOutput attention_16bit(const AttentionShape& s, const std::vector<float
   return r;
 }
 
+VarlenShape VarlenShape::packed(const AttentionShape& common, const std::vector<int>& seqlens_q,
+                                const std::vector<int>& seqlens_k, int spare_q, int spare_k) {
+  if (seqlens_q.size() != seqlens_k.size()) throw std::invalid_argument("VarlenShape::packed: one key length per sequence");
+  VarlenShape s;
+  s.common = common;
+  s.common.batch = static_cast<int>(seqlens_q.size());
+  for (size_t b = 0; b < seqlens_q.size(); ++b) {
+    s.cu_seqlens_q.push_back(s.cu_seqlens_q.back() + seqlens_q[b]);
+    s.cu_seqlens_k.push_back(s.cu_seqlens_k.back() + seqlens_k[b]);
+  }
+  s.total_q = s.cu_seqlens_q.back() + spare_q;
+  s.total_k = s.cu_seqlens_k.back() + spare_k;
+  s.check();
+  return s;
+}
+
+int VarlenShape::seqlen_k(int b) const {
+  return seqused_k.empty() ? cu_seqlens_k[b + 1] - cu_seqlens_k[b] : seqused_k[b];
+}
+
+int VarlenShape::max_seqlen_q() const {
+  int longest = 0;
+  for (int b = 0; b < batch(); ++b) longest = std::max(longest, seqlen_q(b));
+  return longest;
+}
+
+int VarlenShape::max_seqlen_k() const {
+  int longest = 0;
+  for (int b = 0; b < batch(); ++b) longest = std::max(longest, cu_seqlens_k[b + 1] - cu_seqlens_k[b]);
+  return longest;
+}
+
+AttentionShape VarlenShape::sequence(int b) const {
+  AttentionShape s = common;
+  s.batch = 1;
+  s.seqlen_q = seqlen_q(b);
+  s.seqlen_k = seqlen_k(b);
+  if (common.alibi_per_batch()) {
+    const auto first = common.alibi_slopes.begin() + static_cast<ptrdiff_t>(b) * common.heads_q;
+    s.alibi_slopes.assign(first, first + common.heads_q);
+  }
+  return s;
+}
+
+void VarlenShape::check() const {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("VarlenShape: " + what); };
+  if (cu_seqlens_q.empty()) fail("cu_seqlens_q must hold batch + 1 offsets");
+  if (cu_seqlens_k.size() != cu_seqlens_q.size()) fail("cu_seqlens_k must hold as many offsets as cu_seqlens_q");
+  if (common.batch != batch()) fail("common.batch must be the number of sequences");
+  common.check();
+  if (!seqused_k.empty() && static_cast<int>(seqused_k.size()) != batch()) fail("seqused_k must be empty or hold batch values");
+  auto check_offsets = [&](const std::vector<int>& cu, int total, const char* name) {
+    if (cu.front() < 0) fail(std::string(name) + " must start at >= 0");
+    for (size_t b = 1; b < cu.size(); ++b) {
+      if (cu[b] < cu[b - 1]) fail(std::string(name) + " must be non-decreasing");
+    }
+    if (cu.back() > total) fail(std::string(name) + " must end within the packed tensor");
+  };
+  check_offsets(cu_seqlens_q, total_q, "cu_seqlens_q");
+  check_offsets(cu_seqlens_k, total_k, "cu_seqlens_k");
+  for (size_t b = 0; b < seqused_k.size(); ++b) {
+    if (seqused_k[b] < 0 || seqused_k[b] > cu_seqlens_k[b + 1] - cu_seqlens_k[b]) {
+      fail("seqused_k[b] must be within 0..the sequence's stored keys");
+    }
+  }
+}
+
+ReferenceOutput attention_varlen(const VarlenShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                                 const std::vector<float>& v, const DenseReference& dense) {
+  s.check();
+  const size_t q_row = static_cast<size_t>(s.common.heads_q) * s.common.head_dim;
+  const size_t kv_row = static_cast<size_t>(s.common.heads_kv) * s.common.head_dim;
+  if (q.size() != s.total_q * q_row || k.size() != s.total_k * kv_row || v.size() != k.size()) {
+    throw std::invalid_argument("attention_varlen: q, k, v must hold total_q and total_k packed rows");
+  }
+  ReferenceOutput r;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  r.out.assign(s.total_q * q_row, nan);
+  r.lse.assign(static_cast<size_t>(s.common.heads_q) * s.total_q, nan);
+  for (int b = 0; b < s.batch(); ++b) {
+    const AttentionShape sequence = s.sequence(b);
+    if (sequence.seqlen_q == 0) continue;  // owns no rows
+    const size_t q_first = static_cast<size_t>(s.cu_seqlens_q[b]) * q_row;
+    const size_t k_first = static_cast<size_t>(s.cu_seqlens_k[b]) * kv_row;
+    const size_t k_count = static_cast<size_t>(sequence.seqlen_k) * kv_row;
+    const std::vector<float> q_b(q.begin() + q_first, q.begin() + q_first + sequence.seqlen_q * q_row);
+    const std::vector<float> k_b(k.begin() + k_first, k.begin() + k_first + k_count);
+    const std::vector<float> v_b(v.begin() + k_first, v.begin() + k_first + k_count);
+    const ReferenceOutput dense_b = dense(sequence, q_b, k_b, v_b);
+    // out [1, seqlen_q, heads_q, head_dim] is the packed layout of these rows;
+    // lse [1, heads_q, seqlen_q] goes to columns cu_seqlens_q[b].. of each head.
+    std::copy(dense_b.out.begin(), dense_b.out.end(), r.out.begin() + q_first);
+    for (int h = 0; h < s.common.heads_q; ++h) {
+      std::copy(dense_b.lse.begin() + static_cast<size_t>(h) * sequence.seqlen_q,
+                dense_b.lse.begin() + static_cast<size_t>(h + 1) * sequence.seqlen_q,
+                r.lse.begin() + static_cast<size_t>(h) * s.total_q + s.cu_seqlens_q[b]);
+    }
+  }
+  return r;
+}
+
+ReferenceOutput attention_varlen_exact(const VarlenShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                                       const std::vector<float>& v) {
+  return attention_varlen(s, q, k, v, attention_exact);
+}
+
+ReferenceOutput attention_varlen_16bit(const VarlenShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                                       const std::vector<float>& v, DType dtype) {
+  return attention_varlen(s, q, k, v,
+                          [dtype](const AttentionShape& shape, const std::vector<float>& q_b,
+                                  const std::vector<float>& k_b, const std::vector<float>& v_b) {
+                            return attention_16bit(shape, q_b, k_b, v_b, dtype);
+                          });
+}
+
 std::vector<float> random_values(size_t count, DType dtype, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<float> values(count);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -81,6 +82,66 @@ ReferenceOutput attention_exact(const AttentionShape& shape, const std::vector<f
 //   the probabilities exp(s − max)/sum, and the output.
 ReferenceOutput attention_16bit(const AttentionShape& shape, const std::vector<float>& q,
                                 const std::vector<float>& k, const std::vector<float>& v, DType dtype);
+
+// --- Packed variable-length batches (FlashAttention's flash_attn_varlen_func) --
+
+// Sequence b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of the
+// packed q/out and the keys starting at row cu_seqlens_k[b] of the packed k/v:
+// all cu_seqlens_k[b+1] - cu_seqlens_k[b] of them, or the first seqused_k[b]
+// when seqused_k is given (the rest are ignored). Each sequence is the dense
+// batch-1 problem sequence(b): its own seqlen_q and seqlen_k (the keys it
+// uses), so causal masks and windows are aligned per sequence
+// (off = seqlen_k(b) - seqlen_q(b)). Rows past cu_seqlens_q[batch] are padding
+// that no sequence owns.
+struct VarlenShape {
+  // Heads, head_dim and the features of every sequence. batch must be the
+  // number of sequences (ALiBi slopes: heads_q values, or batch·heads_q with
+  // row b for sequence b); seqlen_q and seqlen_k are not used.
+  AttentionShape common;
+  std::vector<int> cu_seqlens_q{0};  // batch + 1 non-decreasing offsets
+  std::vector<int> cu_seqlens_k{0};
+  std::vector<int> seqused_k;  // empty, or batch values in [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]
+  int total_q = 0;             // rows of the packed q/out, >= cu_seqlens_q[batch]
+  int total_k = 0;             // rows of the packed k/v, >= cu_seqlens_k[batch]
+
+  // Sequences of the given lengths packed back to back, followed by spare_q
+  // (spare_k) padding rows; `common.batch` is set to their number.
+  static VarlenShape packed(const AttentionShape& common, const std::vector<int>& seqlens_q,
+                            const std::vector<int>& seqlens_k, int spare_q = 0, int spare_k = 0);
+
+  int batch() const { return static_cast<int>(cu_seqlens_q.size()) - 1; }
+  int seqlen_q(int b) const { return cu_seqlens_q[b + 1] - cu_seqlens_q[b]; }
+  // The keys sequence b uses (seqused_k[b] when given).
+  int seqlen_k(int b) const;
+  // Query rows owned by a sequence: cu_seqlens_q[batch]; the rest are padding.
+  int used_q() const { return cu_seqlens_q.back(); }
+  // The longest sequences (key lengths as stored in cu_seqlens_k).
+  int max_seqlen_q() const;
+  int max_seqlen_k() const;
+  // Sequence b as a dense problem: batch 1, its lengths, its ALiBi slopes.
+  AttentionShape sequence(int b) const;
+  // Throws std::invalid_argument when the shape breaks a rule above (a test bug).
+  void check() const;
+};
+
+// A dense reference: (shape, q, k, v) with the layouts of attention_exact.
+using DenseReference = std::function<ReferenceOutput(const AttentionShape&, const std::vector<float>&,
+                                                     const std::vector<float>&, const std::vector<float>&)>;
+
+// Varlen attention computed by running `dense` on each sequence (its rows of
+// q, its used keys of k/v) and scattering the results. Inputs as floats,
+// contiguous: q [total_q, heads_q, head_dim], k/v [total_k, heads_kv,
+// head_dim]. Outputs: out [total_q, heads_q, head_dim] and lse [heads_q,
+// total_q]; padding rows (past cu_seqlens_q[batch]) are NaN in both, as no
+// kernel writes them. Sequences with no queries are skipped; a sequence with
+// no keys gives 0 and -inf, as in the dense case.
+ReferenceOutput attention_varlen(const VarlenShape& shape, const std::vector<float>& q, const std::vector<float>& k,
+                                 const std::vector<float>& v, const DenseReference& dense);
+// attention_varlen over attention_exact / attention_16bit.
+ReferenceOutput attention_varlen_exact(const VarlenShape& shape, const std::vector<float>& q,
+                                       const std::vector<float>& k, const std::vector<float>& v);
+ReferenceOutput attention_varlen_16bit(const VarlenShape& shape, const std::vector<float>& q,
+                                       const std::vector<float>& k, const std::vector<float>& v, DType dtype);
 
 // Normally distributed values already rounded to dtype (never zeros).
 std::vector<float> random_values(size_t count, DType dtype, std::mt19937_64& rng);

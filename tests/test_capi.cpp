@@ -95,6 +95,32 @@ TEST_CASE("warm compiles through the C API; errors are reported; success clears 
   CHECK(std::string(jitattn_last_error()).empty());
 }
 
+TEST_CASE("varlen calls are validated through the C API") {
+  configure_once();
+  jitattn_tensor q{};
+  q.data = fake(0x1000);
+  q.dtype = JITATTN_BF16;
+  q.ndim = 3;
+  const int64_t shape[3] = {100, 8, 64}, strides[3] = {8 * 64, 64, 1};
+  for (int i = 0; i < 3; ++i) {
+    q.shape[i] = shape[i];
+    q.strides[i] = strides[i];
+  }
+  jitattn_tensor cu{};
+  cu.data = fake(0x5000);
+  cu.dtype = JITATTN_F32;  // must be i32
+  cu.ndim = 1;
+  cu.shape[0] = 3;
+  cu.strides[0] = 1;
+  CHECK(jitattn_fwd_varlen(&q, &q, &q, &q, nullptr, &cu, &cu, nullptr, 60, 60, nullptr, nullptr) ==
+        JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("cu_seqlens_q: dtype f32 must be i32") != std::string::npos);
+  cu.dtype = JITATTN_I32;
+  CHECK(jitattn_fwd_varlen(&q, &q, &q, &q, nullptr, &cu, &cu, nullptr, 101, 60, nullptr, nullptr) ==
+        JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("max_seqlen_q=101") != std::string::npos);
+}
+
 TEST_CASE("configure after first use is refused") {
   configure_once();
   CHECK(jitattn_warm("fwd.bf16.d64.br128.bc64.w4", "sm_80") == JITATTN_OK);

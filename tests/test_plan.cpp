@@ -195,4 +195,112 @@ TEST_CASE("tiles that exceed the device's shared memory are refused") {
   CHECK_NOTHROW(call.plan(true, 227 * 1024));
 }
 
+TEST_CASE("varlen: packed tensors plan to a varlen spec, a per-sequence grid and packed strides") {
+  // 3 sequences in q [500, 8, 128] taken from a packed qkv buffer [500, 8 + 2 + 2, 128]
+  // (row stride 12·128), k/v [900, 2, 128], out heads-major [8, 500, 128], lse
+  // [8, 500] with a padded head stride.
+  struct VarlenCall {
+    TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {500, 8, 128});
+    TensorView k = TensorView::contiguous(address(0x20000), DType::bf16, {900, 2, 128});
+    TensorView v = TensorView::contiguous(address(0x30000), DType::bf16, {900, 2, 128});
+    TensorView out = TensorView::contiguous(address(0x40000), DType::bf16, {500, 8, 128});
+    TensorView lse = TensorView::contiguous(address(0x50000), DType::f32, {8, 500});
+    TensorView seqused = TensorView::contiguous(address(0x62000), DType::i32, {3});
+    VarlenArgs varlen;
+    ForwardOptions options;
+    bool with_lse = true, with_seqused = true;
+    VarlenCall() {
+      q.strides[0] = 12 * 128;
+      out.strides[0] = 128;
+      out.strides[1] = 500 * 128;
+      lse.strides[0] = 512;
+      varlen.cu_seqlens_q = TensorView::contiguous(address(0x60000), DType::i32, {4});
+      varlen.cu_seqlens_k = TensorView::contiguous(address(0x61000), DType::i32, {4});
+      varlen.max_seqlen_q = 300;
+      varlen.max_seqlen_k = 700;
+    }
+    ForwardPlan plan() {
+      varlen.seqused_k = with_seqused ? &seqused : nullptr;
+      return plan_forward_varlen(q, k, v, out, with_lse ? &lse : nullptr, varlen, options, Arch::parse("sm_90a"),
+                                 227 * 1024);
+    }
+  };
+
+  VarlenCall call;
+  call.options.causal = true;
+  const ForwardPlan plan = call.plan();
+  CHECK(plan.spec.varlen);
+  CHECK(plan.spec.text().find(".varlen") != std::string::npos);
+  CHECK(plan.spec.causal);
+  const unsigned blocks = (300 + plan.spec.block_q - 1) / plan.spec.block_q;
+  CHECK(plan.grid == blocks * 8 * 3);  // ceil(max_seqlen_q / block_q) × heads_q × batch
+  const FwdParams& p = plan.params;
+  CHECK(p.batch == 3);
+  CHECK(p.heads_q == 8);
+  CHECK(p.heads_kv == 2);
+  CHECK(p.heads_per_kv == 4);
+  CHECK(p.head_dim == 128);
+  CHECK(p.q == call.q.data);
+  CHECK(p.k == call.k.data);
+  CHECK(p.v == call.v.data);
+  CHECK(p.o == call.out.data);
+  CHECK(p.lse == call.lse.data);
+  CHECK(p.q_row_stride == 12 * 128);  // dims 0 (rows) and 1 (heads) of the packed tensors
+  CHECK(p.q_head_stride == 128);
+  CHECK(p.k_row_stride == 2 * 128);
+  CHECK(p.k_head_stride == 128);
+  CHECK(p.v_row_stride == 2 * 128);
+  CHECK(p.v_head_stride == 128);
+  CHECK(p.o_row_stride == 128);
+  CHECK(p.o_head_stride == 500 * 128);
+  CHECK(p.lse_head_stride == 512);  // lse [heads_q, total_q]: dims 0 and 1
+  CHECK(p.lse_row_stride == 1);
+  CHECK(p.cu_seqlens_q == static_cast<const int*>(call.varlen.cu_seqlens_q.data));
+  CHECK(p.cu_seqlens_k == static_cast<const int*>(call.varlen.cu_seqlens_k.data));
+  CHECK(p.seqused_k == static_cast<const int*>(call.seqused.data));
+  CHECK(p.scale == doctest::Approx(1 / std::sqrt(128.0)));
+
+  {  // without seqused_k and lse
+    VarlenCall bare;
+    bare.with_seqused = bare.with_lse = false;
+    const ForwardPlan without = bare.plan();
+    CHECK(without.params.seqused_k == nullptr);
+    CHECK(without.params.lse == nullptr);
+    CHECK(without.params.cu_seqlens_q != nullptr);
+  }
+  {  // a dense call carries no varlen pointers and no .varlen flag
+    Call dense;
+    const ForwardPlan plan_dense = dense.plan();
+    CHECK_FALSE(plan_dense.spec.varlen);
+    CHECK(plan_dense.spec.text().find("varlen") == std::string::npos);
+    CHECK(plan_dense.params.cu_seqlens_q == nullptr);
+    CHECK(plan_dense.params.cu_seqlens_k == nullptr);
+    CHECK(plan_dense.params.seqused_k == nullptr);
+  }
+  {  // no queries at all: an empty grid
+    VarlenCall empty;
+    empty.q.shape[0] = empty.out.shape[0] = empty.lse.shape[1] = 0;
+    empty.varlen.max_seqlen_q = 0;
+    CHECK(empty.plan().grid == 0);
+  }
+
+  auto rejects = [](VarlenCall c, const char* message) {
+    INFO("expected an error containing: ", message);
+    CHECK_THROWS_WITH_AS(c.plan(), doctest::Contains(message), Error);
+  };
+  { VarlenCall c; c.q = TensorView::contiguous(c.q.data, DType::bf16, {1, 500, 8, 128});
+    rejects(c, "q: must have 3 dimensions [total_q, heads, head_dim]"); }
+  { VarlenCall c; c.varlen.cu_seqlens_q.dtype = DType::f32; rejects(c, "cu_seqlens_q: dtype"); }
+  { VarlenCall c; c.varlen.cu_seqlens_q.dtype = DType::bf16; rejects(c, "cu_seqlens_q: dtype"); }
+  { VarlenCall c; c.varlen.cu_seqlens_k.shape[0] = 5; rejects(c, "cu_seqlens_k: shape"); }  // batch + 2
+  { VarlenCall c; c.varlen.cu_seqlens_k.shape[0] = 3; rejects(c, "cu_seqlens_k: shape"); }  // another batch
+  { VarlenCall c; c.varlen.max_seqlen_q = 0; rejects(c, "max_seqlen_q="); }
+  { VarlenCall c; c.varlen.max_seqlen_q = -1; rejects(c, "max_seqlen_q="); }
+  { VarlenCall c; c.seqused.shape[0] = 4; rejects(c, "seqused_k: shape"); }
+  { VarlenCall c; c.seqused.shape[0] = 2; rejects(c, "seqused_k: shape"); }
+  { VarlenCall c; c.lse.shape[1] = 501; rejects(c, "lse: shape"); }
+  { VarlenCall c; c.lse = TensorView::contiguous(c.lse.data, DType::f32, {500, 8}); rejects(c, "lse: shape"); }
+  { VarlenCall c; c.lse = TensorView::contiguous(c.lse.data, DType::f32, {1, 8, 500}); rejects(c, "lse: shape"); }
+}
+
 }  // TEST_SUITE

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include "reference.hpp"
 
@@ -358,6 +359,208 @@ TEST_CASE("head_dim 40: the references handle head dims other than 64/128") {
     CHECK(worst < (dtype == DType::bf16 ? 3e-2 : 4e-3));
     for (size_t i = 0; i < exact.lse.size(); ++i) CHECK(std::isfinite(exact.lse[i]));  // left 9 keeps every row non-empty
   }
+}
+
+// --- Varlen: packed sequences, each the dense problem of its own lengths ----
+
+namespace {
+
+// Packs per-sequence contiguous [seqlen, heads, head_dim] blocks back to back,
+// then `spare` rows of `fill`.
+std::vector<float> pack(const std::vector<std::vector<float>>& blocks, size_t spare_elements, float fill) {
+  std::vector<float> packed;
+  for (const auto& block : blocks) packed.insert(packed.end(), block.begin(), block.end());
+  packed.insert(packed.end(), spare_elements, fill);
+  return packed;
+}
+
+// Rows [first, first + count) of packed out / lse against a dense batch-1 result, bitwise.
+void check_rows_equal(const VarlenShape& s, const ReferenceOutput& packed, int first, const ReferenceOutput& dense) {
+  const size_t row = static_cast<size_t>(s.common.heads_q) * s.common.head_dim;
+  const int count = static_cast<int>(dense.out.size() / row);
+  REQUIRE(dense.lse.size() == static_cast<size_t>(count) * s.common.heads_q);
+  size_t out_differences = 0, lse_differences = 0;
+  for (size_t e = 0; e < dense.out.size(); ++e) out_differences += !(packed.out[first * row + e] == dense.out[e]);
+  for (int h = 0; h < s.common.heads_q; ++h) {
+    for (int i = 0; i < count; ++i) {
+      const double want = dense.lse[static_cast<size_t>(h) * count + i];
+      const double got = packed.lse[static_cast<size_t>(h) * s.total_q + first + i];
+      lse_differences += !(got == want);
+    }
+  }
+  CHECK(out_differences == 0);
+  CHECK(lse_differences == 0);
+}
+
+// Padding rows (past cu_seqlens_q[batch]) are NaN in out and lse.
+void check_padding_nan(const VarlenShape& s, const ReferenceOutput& r) {
+  const size_t row = static_cast<size_t>(s.common.heads_q) * s.common.head_dim;
+  size_t not_nan = 0;
+  for (size_t e = s.used_q() * row; e < r.out.size(); ++e) not_nan += !std::isnan(r.out[e]);
+  for (int h = 0; h < s.common.heads_q; ++h)
+    for (int i = s.used_q(); i < s.total_q; ++i) not_nan += !std::isnan(r.lse[static_cast<size_t>(h) * s.total_q + i]);
+  CHECK(not_nan == 0);
+  CHECK(r.out.size() == s.total_q * row);
+  CHECK(r.lse.size() == static_cast<size_t>(s.total_q) * s.common.heads_q);
+}
+
+}  // namespace
+
+TEST_CASE("varlen reference: each sequence's rows are its dense problem, bitwise; padding rows are NaN") {
+  std::mt19937_64 rng(2024);
+  AttentionShape common;
+  common.heads_q = 4;
+  common.heads_kv = 2;
+  common.head_dim = 40;
+  common.causal = true;
+  common.window_left = 20;
+  common.softcap = 5.f;
+  common.alibi_slopes = {0.3f, 0.6f, 0.9f, 0.1f, 0.2f, 0.4f, 0.8f, 1.0f};  // [2 sequences][4 heads]
+  const int seqlens_q[] = {37, 20}, seqlens_k[] = {53, 11};              // sequence 1: rows 0..8 see nothing
+  const VarlenShape s = VarlenShape::packed(common, {37, 20}, {53, 11}, 3, 5);
+  CHECK(s.batch() == 2);
+  CHECK(s.used_q() == 57);
+  CHECK(s.total_q == 60);
+  CHECK(s.total_k == 69);
+  CHECK(s.max_seqlen_q() == 37);
+  CHECK(s.max_seqlen_k() == 53);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    INFO((dtype == DType::bf16 ? "bf16" : "f16"));
+    std::vector<std::vector<float>> qs, ks, vs;
+    std::vector<AttentionShape> dense_shapes;
+    for (int b = 0; b < 2; ++b) {
+      AttentionShape d = common;  // built here, not by VarlenShape::sequence: that is under test
+      d.batch = 1;
+      d.seqlen_q = seqlens_q[b];
+      d.seqlen_k = seqlens_k[b];
+      d.alibi_slopes.assign(common.alibi_slopes.begin() + 4 * b, common.alibi_slopes.begin() + 4 * b + 4);
+      dense_shapes.push_back(d);
+      qs.push_back(random_values(static_cast<size_t>(d.seqlen_q) * 4 * 40, dtype, rng));
+      ks.push_back(random_values(static_cast<size_t>(d.seqlen_k) * 2 * 40, dtype, rng));
+      vs.push_back(random_values(static_cast<size_t>(d.seqlen_k) * 2 * 40, dtype, rng));
+    }
+    const auto q = pack(qs, 3 * 4 * 40, 7.f), k = pack(ks, 5 * 2 * 40, 7.f), v = pack(vs, 5 * 2 * 40, 7.f);
+    const ReferenceOutput exact = attention_varlen_exact(s, q, k, v);
+    const ReferenceOutput rounded = attention_varlen_16bit(s, q, k, v, dtype);
+    for (int b = 0; b < 2; ++b) {
+      INFO("sequence ", b);
+      check_rows_equal(s, exact, s.cu_seqlens_q[b], attention_exact(dense_shapes[b], qs[b], ks[b], vs[b]));
+      check_rows_equal(s, rounded, s.cu_seqlens_q[b], attention_16bit(dense_shapes[b], qs[b], ks[b], vs[b], dtype));
+    }
+    check_padding_nan(s, exact);
+    check_padding_nan(s, rounded);
+    size_t empty = 0;  // sequence 1 (off = -9) has 9 rows per head that see no key
+    for (double x : exact.lse) empty += std::isinf(x) && x < 0;
+    CHECK(empty == 9 * 4);
+  }
+
+  // Equal lengths: the packed batch is the dense batch (per-batch slopes row b
+  // for sequence b), lse transposed from [batch, heads, seqlen] to [heads, total].
+  AttentionShape dense = common;
+  dense.batch = 2;
+  dense.seqlen_q = 23;
+  dense.seqlen_k = 31;
+  const VarlenShape equal = VarlenShape::packed(common, {23, 23}, {31, 31});
+  const auto q = random_values(2 * 23 * 4 * 40, DType::bf16, rng);
+  const auto k = random_values(2 * 31 * 2 * 40, DType::bf16, rng), v = random_values(2 * 31 * 2 * 40, DType::bf16, rng);
+  const ReferenceOutput packed = attention_varlen_exact(equal, q, k, v);
+  const ReferenceOutput batched = attention_exact(dense, q, k, v);
+  CHECK(packed.out == batched.out);
+  size_t lse_differences = 0;
+  for (int b = 0; b < 2; ++b)
+    for (int h = 0; h < 4; ++h)
+      for (int i = 0; i < 23; ++i)
+        lse_differences += !(packed.lse[h * 46 + b * 23 + i] == batched.lse[(b * 4 + h) * 23 + i]);
+  CHECK(lse_differences == 0);
+}
+
+TEST_CASE("varlen reference: seqused_k keeps the first keys of a sequence and aligns causal masks to them") {
+  // q = k = ones (equal scores), v[j] = j within each sequence: a row's output
+  // is the mean index of the keys it sees.
+  AttentionShape common;
+  common.head_dim = 8;
+  common.causal = true;
+  VarlenShape s = VarlenShape::packed(common, {6, 3}, {10, 7}, 2, 0);
+  s.seqused_k = {4, 7};
+  CHECK(s.seqlen_k(0) == 4);
+  CHECK(s.seqlen_k(1) == 7);
+  CHECK(s.max_seqlen_k() == 10);  // the stored length bounds max_seqlen_k
+  std::vector<float> q(s.total_q * 8, 1.f), k(s.total_k * 8, 1.f), v(s.total_k * 8);
+  for (int b = 0; b < 2; ++b)
+    for (int j = s.cu_seqlens_k[b]; j < s.cu_seqlens_k[b + 1]; ++j)
+      for (int d = 0; d < 8; ++d) v[j * 8 + d] = float(j - s.cu_seqlens_k[b]);
+  const ReferenceOutput r = attention_varlen_exact(s, q, k, v);
+  // Sequence 0: 4 keys, off = 4 - 6 = -2: rows 0, 1 see nothing, row i sees 0..i-2.
+  for (int i = 0; i < 2; ++i) {
+    CHECK(r.out[i * 8] == 0.0);
+    CHECK(std::isinf(r.lse[i]));
+  }
+  for (int i = 2; i < 6; ++i) CHECK(r.out[i * 8] == doctest::Approx((i - 2) / 2.0));
+  // Sequence 1: all 7 keys, off = 4: row i sees 0..i+4.
+  for (int i = 0; i < 3; ++i) CHECK(r.out[(6 + i) * 8] == doctest::Approx((i + 4) / 2.0));
+  // Without seqused_k sequence 0 sees its 10 keys (off = 4): row 0 sees 0..4.
+  VarlenShape all = s;
+  all.seqused_k.clear();
+  CHECK(attention_varlen_exact(all, q, k, v).out[0] == doctest::Approx(2.0));
+
+  // Random inputs: the ignored keys (rows 4..9 of sequence 0) change nothing,
+  // and sequence 0 is the dense problem over its first 4 keys.
+  std::mt19937_64 rng(7);
+  s.common.causal = false;
+  s.common.window_left = 2;
+  const auto rq = random_values(q.size(), DType::f16, rng);
+  auto rk = random_values(k.size(), DType::f16, rng), rv = random_values(v.size(), DType::f16, rng);
+  const ReferenceOutput before = attention_varlen_16bit(s, rq, rk, rv, DType::f16);
+  for (size_t e = 4 * 8; e < 10 * 8; ++e) rk[e] = rv[e] = 100.f;
+  const ReferenceOutput after = attention_varlen_16bit(s, rq, rk, rv, DType::f16);
+  CHECK(before.out.size() == after.out.size());
+  for (size_t e = 0; e < s.used_q() * 8; ++e) REQUIRE(before.out[e] == after.out[e]);
+  AttentionShape first = s.common;
+  first.batch = 1;
+  first.seqlen_q = 6;
+  first.seqlen_k = 4;
+  const ReferenceOutput dense = attention_16bit(first, std::vector<float>(rq.begin(), rq.begin() + 6 * 8),
+                                                std::vector<float>(rk.begin(), rk.begin() + 4 * 8),
+                                                std::vector<float>(rv.begin(), rv.begin() + 4 * 8), DType::f16);
+  check_rows_equal(s, after, 0, dense);
+  check_padding_nan(s, after);
+
+  s.seqused_k = {11, 7};  // more keys than sequence 0 stores
+  CHECK_THROWS_AS(attention_varlen_exact(s, q, k, v), std::invalid_argument);
+}
+
+TEST_CASE("varlen reference: sequences without queries own no rows, sequences without keys give 0 and -inf") {
+  AttentionShape common;
+  common.heads_q = 2;
+  common.heads_kv = 1;
+  common.head_dim = 8;
+  const VarlenShape s = VarlenShape::packed(common, {0, 3, 2, 0}, {5, 0, 2, 0}, 1, 1);
+  CHECK(s.cu_seqlens_q == std::vector<int>{0, 0, 3, 5, 5});
+  CHECK(s.cu_seqlens_k == std::vector<int>{0, 5, 5, 7, 7});
+  std::mt19937_64 rng(3);
+  const auto q = random_values(6 * 2 * 8, DType::bf16, rng);
+  const auto k = random_values(8 * 8, DType::bf16, rng), v = random_values(8 * 8, DType::bf16, rng);
+  for (int pass = 0; pass < 2; ++pass) {
+    INFO((pass == 0 ? "exact" : "16-bit"));
+    const ReferenceOutput r = pass == 0 ? attention_varlen_exact(s, q, k, v) : attention_varlen_16bit(s, q, k, v, DType::bf16);
+    for (int i = 0; i < 3; ++i) {  // sequence 1: rows 0..2, no keys
+      for (int e = 0; e < 2 * 8; ++e) CHECK(r.out[i * 16 + e] == 0.0);
+      for (int h = 0; h < 2; ++h) CHECK((std::isinf(r.lse[h * 6 + i]) && r.lse[h * 6 + i] < 0));
+    }
+    AttentionShape two = common;
+    two.seqlen_q = 2;
+    two.seqlen_k = 2;
+    const std::vector<float> q2(q.begin() + 3 * 16, q.begin() + 5 * 16);
+    const std::vector<float> k2(k.begin() + 5 * 8, k.begin() + 7 * 8), v2(v.begin() + 5 * 8, v.begin() + 7 * 8);
+    check_rows_equal(s, r, 3, pass == 0 ? attention_exact(two, q2, k2, v2) : attention_16bit(two, q2, k2, v2, DType::bf16));
+    check_padding_nan(s, r);
+  }
+  VarlenShape bad = s;
+  bad.cu_seqlens_q = {0, 3, 2, 5, 5};  // decreasing
+  CHECK_THROWS_AS(bad.check(), std::invalid_argument);
+  bad = s;
+  bad.common.batch = 3;
+  CHECK_THROWS_AS(bad.check(), std::invalid_argument);
 }
 
 }  // TEST_SUITE

@@ -27,7 +27,7 @@ typedef enum jitattn_status {
   JITATTN_ERROR_INTERNAL = 7
 } jitattn_status;
 
-typedef enum jitattn_dtype { JITATTN_F16 = 0, JITATTN_BF16 = 1, JITATTN_F32 = 2 } jitattn_dtype;
+typedef enum jitattn_dtype { JITATTN_F16 = 0, JITATTN_BF16 = 1, JITATTN_F32 = 2, JITATTN_I32 = 3 } jitattn_dtype;
 
 /* Shapes and strides in elements; the last dimension must be contiguous. */
 typedef struct jitattn_tensor {
@@ -59,6 +59,18 @@ JITATTN_C_API jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_
                                          const jitattn_tensor* v, const jitattn_tensor* out,
                                          const jitattn_tensor* lse,
                                          const jitattn_fwd_options* options, void* stream);
+
+/* Varlen (packed sequences): q [total_q, Hq, D], k/v [total_k, Hkv, D], out like q,
+ * lse (nullable) f32 [Hq, total_q]; cu_seqlens_q/k i32 [batch + 1] in device memory;
+ * seqused_k nullable i32 [batch]. See VarlenArgs in jitattn.hpp for the contract. */
+JITATTN_C_API jitattn_status jitattn_fwd_varlen(const jitattn_tensor* q, const jitattn_tensor* k,
+                                                const jitattn_tensor* v, const jitattn_tensor* out,
+                                                const jitattn_tensor* lse,
+                                                const jitattn_tensor* cu_seqlens_q,
+                                                const jitattn_tensor* cu_seqlens_k,
+                                                const jitattn_tensor* seqused_k, int32_t max_seqlen_q,
+                                                int32_t max_seqlen_k, const jitattn_fwd_options* options,
+                                                void* stream);
 
 /* Compile or load one kernel into the cache, e.g. ("fwd.bf16.d128.br128.bc64.w8", "sm_90a"). */
 JITATTN_C_API jitattn_status jitattn_warm(const char* spec, const char* arch);

@@ -22,7 +22,7 @@
 
 namespace jitattn {
 
-enum class DType : int { f16 = 0, bf16 = 1, f32 = 2 };
+enum class DType : int { f16 = 0, bf16 = 1, f32 = 2, i32 = 3 };
 
 enum class ErrorCode : int {
   invalid_argument = 1,  // a tensor or option breaks a documented rule
@@ -97,6 +97,21 @@ struct JITATTN_API Config {
   static Config from_env();
 };
 
+// Packed variable-length batches (FlashAttention's varlen API). Sequence b
+// owns rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q/out and rows
+// [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k/v; lengths may be 0. The offsets
+// live in device memory and are not read on the host: they must be
+// non-decreasing and within the tensors, and no sequence may be longer than
+// max_seqlen_q / max_seqlen_k.
+struct VarlenArgs {
+  TensorView cu_seqlens_q;  // i32 [batch + 1]
+  TensorView cu_seqlens_k;  // i32 [batch + 1]
+  int max_seqlen_q = 0;     // sizes the grid
+  int max_seqlen_k = 0;     // chooses the tiles
+  // Optional i32 [batch]: sequence b uses only its first seqused_k[b] keys.
+  const TensorView* seqused_k = nullptr;
+};
+
 // CUstream or cudaStream_t; nullptr is the legacy default stream.
 using Stream = void*;
 
@@ -125,6 +140,13 @@ class JITATTN_API Runtime {
                const TensorView* lse = nullptr, const ForwardOptions& options = {},
                Stream stream = nullptr);
 
+  // Varlen: q [total_q, heads_q, head_dim], k/v [total_k, heads_kv, head_dim],
+  // out like q, lse (optional) f32 [heads_q, total_q]. Options as forward();
+  // causal and windows align each sequence's queries to its own keys.
+  void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options = {},
+                      Stream stream = nullptr);
+
   // Compile (or find in the disk cache) one kernel, e.g.
   // warm("fwd.bf16.d128.br128.bc64.w8.causal", "sm_90a"). Needs no GPU.
   WarmResult warm(const std::string& spec_text, const std::string& arch);
@@ -151,6 +173,10 @@ JITATTN_API void configure(const Config& config);
 JITATTN_API void forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView* lse = nullptr,
                          const ForwardOptions& options = {}, Stream stream = nullptr);
+
+JITATTN_API void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const TensorView* lse, const VarlenArgs& varlen,
+                                const ForwardOptions& options = {}, Stream stream = nullptr);
 
 JITATTN_API std::string version();
 

@@ -1,0 +1,699 @@
+// Varlen (packed variable-length batches, FlashAttention's
+// flash_attn_varlen_func) on a GPU. Sequence b owns query rows
+// cu_seqlens_q[b]..cu_seqlens_q[b+1] and key rows from cu_seqlens_k[b] (the
+// first seqused_k[b] of them when seqused_k is given); every other semantic
+// (causal and windows aligned per sequence, softcap, ALiBi, GQA, rows that see
+// no key) is the dense one, per sequence. The references run the dense ones
+// per sequence (attention_varlen in reference.hpp); the verdict is
+// FlashAttention's tolerance rule (judge), over the rows the sequences own.
+// Packed tensors get spare rows at the end that no sequence owns: the kernel
+// must leave them (and every stride gap) poisoned. Inputs are fresh random
+// values every run (the seed is printed with every failure); lengths include
+// 0 and 1 (queries and keys), and keys shorter than queries, so causal rows
+// that see nothing occur.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "gpu_support.hpp"
+#include "plan.hpp"
+
+using namespace jitattn;
+using namespace jitattn::test;
+
+namespace {
+
+// q/k/v storage. contiguous: each its own packed [total, heads, head_dim];
+// padded: gaps after every head and row (head stride head_dim + 8); qkv: q, k
+// and v are slices of one [total, heads_q + 2·heads_kv, head_dim] buffer (row
+// stride (heads_q + 2·heads_kv)·head_dim; needs total_q == total_k).
+enum class Layout { contiguous, padded, qkv };
+
+const char* layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::contiguous: return "contiguous";
+    case Layout::padded: return "padded";
+    case Layout::qkv: return "qkv";
+  }
+  return "?";
+}
+
+struct Case {
+  VarlenShape shape;  // lengths, heads, features (window, softcap, ALiBi slopes)
+  DType dtype = DType::bf16;
+  Layout layout = Layout::contiguous;
+  // The slopes tensor is [batch, heads_q] (shape.common.alibi_slopes then
+  // holds batch·heads_q values), else [heads_q].
+  bool slopes_per_batch = false;
+  // Added to max_seqlen_q/k (they are upper bounds), within the totals.
+  int slack = 0;
+  // Judge against the GPU reference kernel (large shapes) instead of the CPU one.
+  bool gpu_reference = false;
+};
+
+int max_seqlen_q_of(const Case& c) { return std::min(c.shape.total_q, std::max(1, c.shape.max_seqlen_q()) + c.slack); }
+int max_seqlen_k_of(const Case& c) { return std::min(c.shape.total_k, std::max(1, c.shape.max_seqlen_k()) + c.slack); }
+
+// "(q,k)" per sequence, "(q,k/used)" with seqused_k.
+std::string lengths_text(const VarlenShape& s) {
+  std::string text;
+  for (int b = 0; b < s.batch(); ++b) {
+    text += fmt::format("{}({},{}", b ? " " : "", s.seqlen_q(b), s.cu_seqlens_k[b + 1] - s.cu_seqlens_k[b]);
+    if (!s.seqused_k.empty()) text += fmt::format("/{}", s.seqused_k[b]);
+    text += ")";
+  }
+  return text;
+}
+
+std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
+  const auto& s = c.shape;
+  const auto& a = s.common;
+  std::string slopes = "off";
+  if (!a.alibi_slopes.empty()) slopes = c.slopes_per_batch ? "[batch, heads_q]" : "[heads_q]";
+  return fmt::format(
+      "{} {} batch={} lengths(q,k)=[{}] total_q={} total_k={} max_seqlen=({}, {}) heads={}/{} head_dim={} causal={} "
+      "window=({}, {}) softcap={} alibi={} layout={} reference={} seed={}",
+      spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch(), lengths_text(s), s.total_q,
+      s.total_k, max_seqlen_q_of(c), max_seqlen_k_of(c), a.heads_q, a.heads_kv, a.head_dim, a.causal, a.window_left,
+      a.window_right, a.softcap, slopes, layout_name(c.layout), c.gpu_reference ? "gpu" : "cpu", seed);
+}
+
+std::unique_ptr<DeviceBuffer> upload_i32(const std::vector<int>& values) {
+  auto buffer = std::make_unique<DeviceBuffer>(values.size() * 4);
+  buffer->upload(values.data(), values.size() * 4);
+  return buffer;
+}
+
+// Inputs on the device plus their logical values on the host.
+struct Inputs {
+  std::vector<float> q, k, v;  // packed, contiguous: [total_q, heads_q, head_dim], [total_k, heads_kv, head_dim]
+  std::unique_ptr<DeviceTensor> dq, dk, dv;  // contiguous and padded layouts
+  std::unique_ptr<DeviceTensor> dqkv;        // qkv layout
+  TensorView q_view, k_view, v_view;         // what the kernel gets
+  std::unique_ptr<DeviceBuffer> cu_seqlens_q, cu_seqlens_k, seqused_k, slopes;  // seqused_k/slopes: null when off
+};
+
+Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
+  const auto& s = c.shape;
+  const auto& a = s.common;
+  Inputs in;
+  // Spare rows get values too: a kernel reading them would go wrong.
+  in.q = random_values(static_cast<size_t>(s.total_q) * a.heads_q * a.head_dim, c.dtype, rng);
+  in.k = random_values(static_cast<size_t>(s.total_k) * a.heads_kv * a.head_dim, c.dtype, rng);
+  in.v = random_values(in.k.size(), c.dtype, rng);
+  if (c.layout == Layout::qkv) {
+    if (s.total_q != s.total_k) throw std::invalid_argument("the qkv layout needs total_q == total_k");
+    const int heads = a.heads_q + 2 * a.heads_kv;
+    const size_t d = a.head_dim;
+    std::vector<float> qkv(static_cast<size_t>(s.total_q) * heads * d);
+    for (int r = 0; r < s.total_q; ++r) {
+      float* row = qkv.data() + static_cast<size_t>(r) * heads * d;
+      std::copy_n(in.q.begin() + static_cast<size_t>(r) * a.heads_q * d, a.heads_q * d, row);
+      std::copy_n(in.k.begin() + static_cast<size_t>(r) * a.heads_kv * d, a.heads_kv * d, row + a.heads_q * d);
+      std::copy_n(in.v.begin() + static_cast<size_t>(r) * a.heads_kv * d, a.heads_kv * d, row + (a.heads_q + a.heads_kv) * d);
+    }
+    const int64_t shape[4] = {1, s.total_q, heads, a.head_dim};
+    int64_t strides[4];
+    contiguous_strides(shape, strides);
+    in.dqkv = std::make_unique<DeviceTensor>(qkv, c.dtype, shape, strides);
+    in.q_view = packed_view(*in.dqkv, 0, a.heads_q);
+    in.k_view = packed_view(*in.dqkv, a.heads_q, a.heads_kv);
+    in.v_view = packed_view(*in.dqkv, a.heads_q + a.heads_kv, a.heads_kv);
+  } else {
+    const int64_t q_shape[4] = {1, s.total_q, a.heads_q, a.head_dim};
+    const int64_t kv_shape[4] = {1, s.total_k, a.heads_kv, a.head_dim};
+    int64_t q_strides[4], kv_strides[4];
+    if (c.layout == Layout::padded) {
+      padded_strides(q_shape, q_strides);
+      padded_strides(kv_shape, kv_strides);
+    } else {
+      contiguous_strides(q_shape, q_strides);
+      contiguous_strides(kv_shape, kv_strides);
+    }
+    in.dq = std::make_unique<DeviceTensor>(in.q, c.dtype, q_shape, q_strides);
+    in.dk = std::make_unique<DeviceTensor>(in.k, c.dtype, kv_shape, kv_strides);
+    in.dv = std::make_unique<DeviceTensor>(in.v, c.dtype, kv_shape, kv_strides);
+    in.q_view = packed_view(*in.dq);
+    in.k_view = packed_view(*in.dk);
+    in.v_view = packed_view(*in.dv);
+  }
+  in.cu_seqlens_q = upload_i32(s.cu_seqlens_q);
+  in.cu_seqlens_k = upload_i32(s.cu_seqlens_k);
+  if (!s.seqused_k.empty()) in.seqused_k = upload_i32(s.seqused_k);
+  if (!a.alibi_slopes.empty()) {
+    in.slopes = std::make_unique<DeviceBuffer>(a.alibi_slopes.size() * 4);
+    in.slopes->upload(a.alibi_slopes.data(), a.alibi_slopes.size() * 4);
+  }
+  return in;
+}
+
+TensorView slopes_view(const Case& c, void* data) {
+  if (c.slopes_per_batch) return TensorView::contiguous(data, DType::f32, {c.shape.batch(), c.shape.common.heads_q});
+  return TensorView::contiguous(data, DType::f32, {c.shape.common.heads_q});
+}
+
+ForwardOptions options_for(const Case& c, const TensorView* slopes) {
+  const auto& a = c.shape.common;
+  ForwardOptions options;
+  options.causal = a.causal;
+  options.window_left = a.window_left;
+  options.window_right = a.window_right;
+  options.softcap = a.softcap;
+  options.alibi_slopes = slopes;
+  if (a.scale > 0.f) options.softmax_scale = a.scale;
+  return options;
+}
+
+// The i32 vectors and maxima of a call; the views point at `data` (device
+// buffers for a run, placeholders for planning).
+struct VarlenViews {
+  TensorView cu_seqlens_q, cu_seqlens_k, seqused_k;
+  VarlenArgs args;
+};
+
+void make_varlen(const Case& c, void* cu_q, void* cu_k, void* seqused, VarlenViews& views) {
+  const int64_t batch = c.shape.batch();
+  views.cu_seqlens_q = TensorView::contiguous(cu_q, DType::i32, {batch + 1});
+  views.cu_seqlens_k = TensorView::contiguous(cu_k, DType::i32, {batch + 1});
+  views.args.cu_seqlens_q = views.cu_seqlens_q;
+  views.args.cu_seqlens_k = views.cu_seqlens_k;
+  views.args.max_seqlen_q = max_seqlen_q_of(c);
+  views.args.max_seqlen_k = max_seqlen_k_of(c);
+  views.args.seqused_k = nullptr;
+  if (!c.shape.seqused_k.empty()) {
+    views.seqused_k = TensorView::contiguous(seqused, DType::i32, {batch});
+    views.args.seqused_k = &views.seqused_k;
+  }
+}
+
+// The spec a case will use (default tiles: the runtime may prefer tuned
+// ones), planned on placeholder pointers (planning reads no memory); "" when
+// planning rejects it (the run then reports why).
+std::string spec_of(const Case& c) {
+  const auto& s = c.shape;
+  const auto& a = s.common;
+  void* placeholder = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  const TensorView q = TensorView::contiguous(placeholder, c.dtype, {s.total_q, a.heads_q, a.head_dim});
+  const TensorView kv = TensorView::contiguous(placeholder, c.dtype, {s.total_k, a.heads_kv, a.head_dim});
+  const TensorView lse = TensorView::contiguous(placeholder, DType::f32, {a.heads_q, s.total_q});
+  const TensorView slopes = slopes_view(c, placeholder);
+  VarlenViews varlen;
+  make_varlen(c, placeholder, placeholder, placeholder, varlen);
+  try {
+    return detail::plan_forward_varlen(q, kv, kv, q, &lse, varlen.args,
+                                       options_for(c, a.alibi_slopes.empty() ? nullptr : &slopes),
+                                       detail::Arch::parse(current_arch()), INT_MAX)
+        .spec.text();
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
+// Compiles every kernel the cases will need up front, in parallel.
+void warm_cases(const std::vector<Case>& cases) {
+  std::set<std::string> unique;
+  for (const auto& c : cases) {
+    const std::string spec = spec_of(c);
+    if (!spec.empty()) unique.insert(spec);
+  }
+  const std::vector<std::string> specs(unique.begin(), unique.end());
+  for (const auto& failure : warm_all(gpu_tests_runtime(), specs, current_arch())) FAIL_CHECK(failure);
+}
+
+struct KernelRun {
+  std::vector<float> out;  // [total_q, heads_q, head_dim], contiguous
+  std::vector<float> lse;  // [heads_q, total_q], contiguous
+  size_t out_written_outside = 0;  // out elements written past the owned rows or in stride gaps
+  size_t lse_written_outside = 0;  // likewise for lse
+  std::string spec;
+};
+
+// Runs jitattn with out and lse poisoned (every byte 0xff) first. The output
+// is in another layout than the inputs, and lse has a padded head stride
+// except in the contiguous layout.
+KernelRun run_kernel(const Case& c, const Inputs& in) {
+  const auto& s = c.shape;
+  const auto& a = s.common;
+  const int64_t out_shape[4] = {1, s.total_q, a.heads_q, a.head_dim};
+  int64_t out_strides[4];
+  switch (c.layout) {
+    case Layout::contiguous: heads_major_strides(out_shape, out_strides); break;  // [heads, total, head_dim]
+    case Layout::padded: contiguous_strides(out_shape, out_strides); break;
+    case Layout::qkv: padded_strides(out_shape, out_strides); break;
+  }
+  DeviceTensor out(c.dtype, out_shape, out_strides);
+  const int64_t lse_head_stride = c.layout == Layout::contiguous ? s.total_q : s.total_q + 5;
+  DeviceBuffer lse(static_cast<size_t>(a.heads_q) * lse_head_stride * 4);
+  lse.fill_bytes(0xff);
+  TensorView lse_view;
+  lse_view.data = lse.get();
+  lse_view.dtype = DType::f32;
+  lse_view.ndim = 2;
+  lse_view.shape[0] = a.heads_q, lse_view.shape[1] = s.total_q;
+  lse_view.strides[0] = lse_head_stride, lse_view.strides[1] = 1;
+  VarlenViews varlen;
+  make_varlen(c, in.cu_seqlens_q->get(), in.cu_seqlens_k->get(), in.seqused_k ? in.seqused_k->get() : nullptr, varlen);
+  TensorView slopes;
+  if (in.slopes) slopes = slopes_view(c, in.slopes->get());
+  const ForwardOptions options = options_for(c, in.slopes ? &slopes : nullptr);
+  KernelRun run;
+  run.spec = spec_of(c);
+  gpu_tests_runtime().forward_varlen(in.q_view, in.k_view, in.v_view, packed_view(out), &lse_view, varlen.args,
+                                     options, nullptr);
+  run.out = out.read();
+  run.out_written_outside = out.count_written_outside(s.used_q());
+  std::vector<uint32_t> bits(static_cast<size_t>(a.heads_q) * lse_head_stride);
+  lse.download(bits.data(), bits.size() * 4);
+  run.lse.resize(static_cast<size_t>(a.heads_q) * s.total_q);
+  for (int h = 0; h < a.heads_q; ++h) {
+    for (int64_t i = 0; i < lse_head_stride; ++i) {
+      const uint32_t word = bits[h * lse_head_stride + i];
+      if (i < s.used_q()) {
+        std::memcpy(&run.lse[static_cast<size_t>(h) * s.total_q + i], &word, 4);
+      } else {
+        run.lse_written_outside += word != 0xffffffffu;
+        if (i < s.total_q) run.lse[static_cast<size_t>(h) * s.total_q + i] = NAN;  // not judged
+      }
+    }
+  }
+  return run;
+}
+
+size_t count_empty_rows(const ReferenceOutput& r) {
+  // Padding rows are NaN in the references, so only owned rows count.
+  return static_cast<size_t>(std::count_if(r.lse.begin(), r.lse.end(), [](double x) { return std::isinf(x); }));
+}
+
+// The cases in groups: fresh inputs for each, both references (CPU ones on
+// worker threads, GPU ones here, where the context is current), then the
+// kernel, its verdict and its poison check, in order. Returns, per case, how
+// many (row, head) pairs see no key.
+std::vector<size_t> check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t seed) {
+  std::vector<size_t> empty_rows;
+  const size_t group = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  for (size_t start = 0; start < cases.size(); start += group) {
+    const size_t count = std::min(group, cases.size() - start);
+    std::vector<Inputs> inputs;
+    for (size_t i = 0; i < count; ++i) inputs.push_back(make_inputs(cases[start + i], rng));
+    std::vector<ReferenceOutput> exact(count), rounded(count);
+    std::vector<std::string> errors(count);
+    std::vector<std::thread> workers;
+    for (size_t i = 0; i < count; ++i) {
+      const Case& c = cases[start + i];
+      if (c.gpu_reference) {
+        exact[i] = gpu_reference_varlen(c.shape, inputs[i].q, inputs[i].k, inputs[i].v, c.dtype, true);
+        rounded[i] = gpu_reference_varlen(c.shape, inputs[i].q, inputs[i].k, inputs[i].v, c.dtype, false);
+      } else {
+        workers.emplace_back([&cases, &inputs, &exact, &rounded, &errors, index = start + i, i] {
+          try {
+            const Case& work = cases[index];
+            const Inputs& in = inputs[i];
+            exact[i] = attention_varlen_exact(work.shape, in.q, in.k, in.v);
+            rounded[i] = attention_varlen_16bit(work.shape, in.q, in.k, in.v, work.dtype);
+          } catch (const std::exception& e) {
+            errors[i] = e.what();
+          }
+        });
+      }
+    }
+    for (auto& worker : workers) worker.join();
+    for (size_t i = 0; i < count; ++i) {
+      const Case& c = cases[start + i];
+      empty_rows.push_back(count_empty_rows(exact[i]));
+      if (!errors[i].empty()) {
+        FAIL_CHECK(fmt::format("{}: reference: {}", describe(c, "", seed), errors[i]));
+        continue;
+      }
+      KernelRun run;
+      try {
+        run = run_kernel(c, inputs[i]);
+      } catch (const std::exception& e) {
+        FAIL_CHECK(fmt::format("{}: {}", describe(c, spec_of(c), seed), e.what()));
+        continue;
+      }
+      const Verdict verdict = judge_varlen(c.shape, run.out, run.lse, exact[i], rounded[i]);
+      CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}", describe(c, run.spec, seed), verdict.summary()));
+      CHECK_MESSAGE(run.out_written_outside + run.lse_written_outside == 0,
+                    fmt::format("{}: {} out and {} lse elements written outside the sequences' rows (spare rows or "
+                                "stride gaps)",
+                                describe(c, run.spec, seed), run.out_written_outside, run.lse_written_outside));
+    }
+  }
+  return empty_rows;
+}
+
+// 0 and 1 one time in eight each, 2..64 one time in eight, else 0..max.
+int random_length(std::mt19937_64& rng, int max) {
+  switch (std::uniform_int_distribution<int>(0, 7)(rng)) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return std::uniform_int_distribution<int>(2, 64)(rng);
+    default: return std::uniform_int_distribution<int>(0, max)(rng);
+  }
+}
+
+// 1..9 sequences with independent query and key lengths (keys often fewer
+// than queries), then 1..4 spare rows in q and in k.
+VarlenShape random_batch(const AttentionShape& common, std::mt19937_64& rng, int max_length = 700) {
+  const int batch = std::uniform_int_distribution<int>(1, 9)(rng);
+  std::vector<int> seqlens_q(batch), seqlens_k(batch);
+  for (int b = 0; b < batch; ++b) {
+    seqlens_q[b] = random_length(rng, max_length);
+    seqlens_k[b] = random_length(rng, max_length);
+  }
+  std::uniform_int_distribution<int> spare(1, 4);
+  const int spare_q = spare(rng);
+  return VarlenShape::packed(common, seqlens_q, seqlens_k, spare_q, spare(rng));
+}
+
+// Self-attention: each sequence's keys are its queries (what the qkv layout needs).
+VarlenShape random_self_batch(const AttentionShape& common, std::mt19937_64& rng, int max_length = 700) {
+  const int batch = std::uniform_int_distribution<int>(1, 9)(rng);
+  std::vector<int> seqlens(batch);
+  for (auto& length : seqlens) length = random_length(rng, max_length);
+  const int spare = std::uniform_int_distribution<int>(1, 4)(rng);
+  return VarlenShape::packed(common, seqlens, seqlens, spare, spare);
+}
+
+// seqused_k[b] anywhere in 0..stored keys, with 0 and "all" one time in four each.
+std::vector<int> random_seqused(const VarlenShape& s, std::mt19937_64& rng) {
+  std::vector<int> used(s.batch());
+  for (int b = 0; b < s.batch(); ++b) {
+    const int stored = s.cu_seqlens_k[b + 1] - s.cu_seqlens_k[b];
+    switch (std::uniform_int_distribution<int>(0, 3)(rng)) {
+      case 0: used[b] = 0; break;
+      case 1: used[b] = stored; break;
+      default: used[b] = std::uniform_int_distribution<int>(0, stored)(rng);
+    }
+  }
+  return used;
+}
+
+// Slopes in (0, 1].
+std::vector<float> random_slopes(size_t count, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> uniform(0.f, 1.f);
+  std::vector<float> slopes(count);
+  for (auto& slope : slopes) slope = 1.f - uniform(rng);
+  return slopes;
+}
+
+// Gives c ALiBi slopes: one row per sequence, or one per head.
+void add_slopes(Case& c, bool per_batch, std::mt19937_64& rng) {
+  c.slopes_per_batch = per_batch;
+  const int heads = c.shape.common.heads_q;
+  c.shape.common.alibi_slopes = random_slopes(per_batch ? static_cast<size_t>(c.shape.batch()) * heads : heads, rng);
+}
+
+AttentionShape make_common(int heads_q, int heads_kv, int head_dim, bool causal) {
+  AttentionShape s;
+  s.heads_q = heads_q;
+  s.heads_kv = heads_kv;
+  s.head_dim = head_dim;
+  s.causal = causal;
+  return s;
+}
+
+const DType kDTypes[] = {DType::f16, DType::bf16};
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+
+TEST_CASE("varlen: random packed batches, f16/bf16, head dims 64/128/80, MHA/GQA/MQA, causal and not") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const std::pair<int, int> heads[] = {{6, 6}, {6, 2}, {6, 1}};
+  std::vector<Case> cases;
+  int index = 0;
+  for (DType dtype : kDTypes) {
+    for (int head_dim : {64, 128, 80}) {
+      for (const auto& [heads_q, heads_kv] : heads) {
+        for (bool causal : {false, true}) {
+          Case c;
+          c.dtype = dtype;
+          c.layout = index % 2 == 0 ? Layout::contiguous : Layout::padded;
+          c.slack = index % 4 == 3 ? 37 : 0;
+          c.shape = random_batch(make_common(heads_q, heads_kv, head_dim, causal), rng);
+          cases.push_back(c);
+          ++index;
+        }
+      }
+    }
+  }
+  // Every edge in one batch: no queries (with and without keys), no keys, one
+  // of each, keys far fewer than queries (causal rows that see nothing) and
+  // the other way round, near-equal long sequences.
+  const size_t edge_first = cases.size();
+  for (DType dtype : kDTypes) {
+    for (bool causal : {false, true}) {
+      Case c;
+      c.dtype = dtype;
+      c.layout = causal ? Layout::padded : Layout::contiguous;
+      c.shape = VarlenShape::packed(make_common(6, causal ? 2 : 1, dtype == DType::bf16 ? 128 : 80, causal),
+                                    {0, 0, 5, 1, 1, 300, 650, 700, 129}, {0, 17, 0, 1, 300, 1, 700, 120, 129}, 3, 2);
+      cases.push_back(c);
+    }
+  }
+  warm_cases(cases);
+  const std::vector<size_t> empty = check_cases(cases, rng, seed);
+  size_t edge_empty_rows = 0;  // causal edge batches: (5, 0), (300, 1) and (700, 120) leave rows without keys
+  for (size_t i = edge_first; i < cases.size(); ++i) edge_empty_rows += cases[i].shape.common.causal ? empty[i] : 0;
+  CHECK_MESSAGE(edge_empty_rows > 0, "the causal edge batches were meant to include rows that see no key");
+}
+
+TEST_CASE("varlen: q, k and v as slices of one packed qkv buffer (row stride (heads_q + 2 heads_kv) head_dim)") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  for (DType dtype : kDTypes) {
+    for (bool causal : {false, true}) {
+      for (const auto& [heads_q, heads_kv, head_dim] : {std::tuple{6, 2, 128}, std::tuple{4, 4, 64}}) {
+        Case c;
+        c.dtype = dtype;
+        c.layout = Layout::qkv;
+        c.shape = random_self_batch(make_common(heads_q, heads_kv, head_dim, causal), rng);
+        if (causal && heads_kv == 2) c.shape.seqused_k = random_seqused(c.shape, rng);  // rows without keys
+        cases.push_back(c);
+      }
+    }
+  }
+  warm_cases(cases);
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("varlen: sliding windows, softcap, ALiBi per head and per sequence, seqused_k") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  int index = 0;
+  for (DType dtype : kDTypes) {
+    auto add = [&](Case c) {
+      c.dtype = dtype;
+      c.layout = index % 2 == 0 ? Layout::padded : Layout::contiguous;
+      cases.push_back(std::move(c));
+      ++index;
+    };
+    {  // a two-sided window
+      Case c;
+      c.shape = random_batch(make_common(6, 2, 64, false), rng);
+      c.shape.common.window_left = 30;
+      c.shape.common.window_right = 7;
+      add(c);
+    }
+    {  // causal + left window
+      Case c;
+      c.shape = random_batch(make_common(6, 1, 128, true), rng);
+      c.shape.common.window_left = 50;
+      add(c);
+    }
+    {  // softcap and per-sequence ALiBi, causal
+      Case c;
+      c.shape = random_batch(make_common(6, 2, 128, true), rng);
+      c.shape.common.softcap = 20.f;
+      add_slopes(c, true, rng);
+      add(c);
+    }
+    {  // a small softcap, per-head ALiBi and a left window, padded head dim
+      Case c;
+      c.shape = random_batch(make_common(6, 6, 80, false), rng);
+      c.shape.common.softcap = 5.f;
+      c.shape.common.window_left = 40;
+      add_slopes(c, false, rng);
+      add(c);
+    }
+    {  // seqused_k, causal: alignment to the used keys
+      Case c;
+      c.shape = random_batch(make_common(6, 2, 64, true), rng);
+      c.shape.seqused_k = random_seqused(c.shape, rng);
+      add(c);
+    }
+    {  // seqused_k with a window, per-sequence ALiBi and a loose max_seqlen
+      Case c;
+      c.shape = random_batch(make_common(6, 2, 128, false), rng);
+      c.shape.seqused_k = random_seqused(c.shape, rng);
+      c.shape.common.window_left = 20;
+      c.shape.common.window_right = 100;
+      add_slopes(c, true, rng);
+      c.slack = 50;
+      add(c);
+    }
+    {  // everything at once
+      Case c;
+      c.shape = random_batch(make_common(6, 2, 80, true), rng);
+      c.shape.seqused_k = random_seqused(c.shape, rng);
+      c.shape.common.window_left = 64;
+      c.shape.common.softcap = 30.f;
+      add_slopes(c, true, rng);
+      add(c);
+    }
+  }
+  warm_cases(cases);
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("varlen: long sequences (~1500) against the GPU reference, per sequence") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  for (DType dtype : kDTypes) {
+    Case plain;
+    plain.dtype = dtype;
+    plain.gpu_reference = true;
+    plain.shape = VarlenShape::packed(make_common(8, 2, 128, true), {1500, 1437, 1561}, {1500, 1600, 1311}, 3, 2);
+    cases.push_back(plain);
+
+    Case features = plain;  // non-causal window, softcap, per-sequence ALiBi; padded strides; head dim 64
+    features.layout = Layout::padded;
+    features.shape = VarlenShape::packed(make_common(8, 2, 64, false), {1500, 1437, 1561}, {1500, 1600, 1311}, 3, 2);
+    features.shape.common.window_left = 256;
+    features.shape.common.window_right = 64;
+    features.shape.common.softcap = 30.f;
+    add_slopes(features, true, rng);
+    cases.push_back(features);
+  }
+  warm_cases(cases);
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("varlen: a rejected call writes nothing; a batch without queries writes nothing") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  INFO("seed=", seed);
+  Case c;
+  c.dtype = DType::bf16;
+  c.shape = VarlenShape::packed(make_common(6, 2, 64, false), {30, 20}, {40, 10}, 2, 1);
+  const auto& s = c.shape;
+  const Inputs in = make_inputs(c, rng);
+  const int64_t out_shape[4] = {1, s.total_q, 6, 64};
+  int64_t out_strides[4];
+  contiguous_strides(out_shape, out_strides);
+  DeviceTensor out(c.dtype, out_shape, out_strides);
+  DeviceBuffer lse(static_cast<size_t>(6) * s.total_q * 4);
+  lse.fill_bytes(0xff);
+  const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {6, s.total_q});
+  DeviceBuffer spare(16 * 4);  // backs the wrongly shaped i32 vectors (never read)
+  VarlenViews valid;
+  make_varlen(c, in.cu_seqlens_q->get(), in.cu_seqlens_k->get(), nullptr, valid);
+  CHECK(valid.args.max_seqlen_q == 30);
+  CHECK(valid.args.max_seqlen_k == 40);
+
+  auto count_written = [&] {
+    size_t written = 0;
+    for (uint16_t bits : out.raw()) written += bits != 0xffff;
+    std::vector<uint32_t> lse_bits(static_cast<size_t>(6) * s.total_q);
+    lse.download(lse_bits.data(), lse_bits.size() * 4);
+    for (uint32_t bits : lse_bits) written += bits != 0xffffffffu;
+    return written;
+  };
+  auto expect_rejected = [&](const TensorView& q, const TensorView* lse_arg, const VarlenArgs& varlen,
+                             const std::string& fragment) {
+    INFO("expected an error containing: ", fragment);
+    CHECK_THROWS_WITH_AS(gpu_tests_runtime().forward_varlen(q, in.k_view, in.v_view, packed_view(out), lse_arg, varlen,
+                                                            {}, nullptr),
+                         doctest::Contains(fragment.c_str()), Error);
+    const size_t written = count_written();
+    CHECK_MESSAGE(written == 0, fmt::format("{} output/lse elements written by a rejected call", written));
+  };
+
+  // q as the dense [1, total_q, heads, head_dim] of the same memory.
+  expect_rejected(in.dq->view(), &lse_view, valid.args, "q: must have 3 dimensions [total_q, heads, head_dim]");
+  for (DType wrong : {DType::f32, DType::f16}) {
+    VarlenArgs args = valid.args;
+    args.cu_seqlens_q.dtype = wrong;
+    expect_rejected(in.q_view, &lse_view, args, "cu_seqlens_q: dtype");
+  }
+  const TensorView cu_long = TensorView::contiguous(spare.get(), DType::i32, {4});   // batch + 2
+  const TensorView cu_short = TensorView::contiguous(spare.get(), DType::i32, {2});  // another batch
+  for (const TensorView* wrong : {&cu_long, &cu_short}) {
+    VarlenArgs args = valid.args;
+    args.cu_seqlens_k = *wrong;
+    expect_rejected(in.q_view, &lse_view, args, "cu_seqlens_k: shape");
+  }
+  for (int max_seqlen_q : {0, -3}) {
+    VarlenArgs args = valid.args;
+    args.max_seqlen_q = max_seqlen_q;
+    expect_rejected(in.q_view, &lse_view, args, "max_seqlen_q=");
+  }
+  const TensorView used_long = TensorView::contiguous(spare.get(), DType::i32, {3});  // batch + 1
+  const TensorView used_short = TensorView::contiguous(spare.get(), DType::i32, {1});
+  for (const TensorView* wrong : {&used_long, &used_short}) {
+    VarlenArgs args = valid.args;
+    args.seqused_k = wrong;
+    expect_rejected(in.q_view, &lse_view, args, "seqused_k: shape");
+  }
+  const TensorView lse_wide = TensorView::contiguous(lse.get(), DType::f32, {6, s.total_q + 1});
+  const TensorView lse_transposed = TensorView::contiguous(lse.get(), DType::f32, {s.total_q, 6});
+  const TensorView lse_dense = TensorView::contiguous(lse.get(), DType::f32, {1, 6, s.total_q});
+  for (const TensorView* wrong : {&lse_wide, &lse_transposed, &lse_dense}) {
+    expect_rejected(in.q_view, wrong, valid.args, "lse: shape");
+  }
+
+  // The same call, valid, does write every owned element (the poison was
+  // live), and nothing past them.
+  gpu_tests_runtime().forward_varlen(in.q_view, in.k_view, in.v_view, packed_view(out), &lse_view, valid.args, {},
+                                     nullptr);
+  size_t still_poisoned = 0;
+  const std::vector<float> values = out.read();
+  for (size_t e = 0; e < static_cast<size_t>(s.used_q()) * 6 * 64; ++e) still_poisoned += std::isnan(values[e]);
+  CHECK(still_poisoned == 0);
+  CHECK(out.count_written_outside(s.used_q()) == 0);
+
+  // Sequences without queries (keys only) and spare rows: nothing to write.
+  Case none;
+  none.dtype = DType::bf16;
+  none.shape = VarlenShape::packed(make_common(6, 2, 64, true), {0, 0}, {5, 3}, 4, 1);
+  const Inputs none_in = make_inputs(none, rng);
+  const int64_t none_shape[4] = {1, none.shape.total_q, 6, 64};
+  int64_t none_strides[4];
+  contiguous_strides(none_shape, none_strides);
+  DeviceTensor none_out(none.dtype, none_shape, none_strides);
+  DeviceBuffer none_lse(static_cast<size_t>(6) * none.shape.total_q * 4);
+  none_lse.fill_bytes(0xff);
+  const TensorView none_lse_view = TensorView::contiguous(none_lse.get(), DType::f32, {6, none.shape.total_q});
+  VarlenViews none_varlen;
+  make_varlen(none, none_in.cu_seqlens_q->get(), none_in.cu_seqlens_k->get(), nullptr, none_varlen);
+  CHECK(none_varlen.args.max_seqlen_q == 1);
+  ForwardOptions causal;
+  causal.causal = true;
+  CHECK_NOTHROW(gpu_tests_runtime().forward_varlen(none_in.q_view, none_in.k_view, none_in.v_view, packed_view(none_out),
+                                                   &none_lse_view, none_varlen.args, causal, nullptr));
+  CHECK(none_out.count_written_outside(0) == 0);
+  std::vector<uint32_t> none_bits(static_cast<size_t>(6) * none.shape.total_q);
+  none_lse.download(none_bits.data(), none_bits.size() * 4);
+  CHECK(std::all_of(none_bits.begin(), none_bits.end(), [](uint32_t bits) { return bits == 0xffffffffu; }));
+}
+
+}  // TEST_SUITE
