@@ -493,4 +493,8 @@ Verdict judge_varlen(const VarlenShape& s, const std::vector<float>& out, const 
   return judge(flat, owned_rows(out), lse.empty() ? std::vector<float>() : owned_lse(lse), exact_owned, rounded_owned);
 }
 
+size_t count_empty_rows(const ReferenceOutput& exact) {
+  return static_cast<size_t>(std::count_if(exact.lse.begin(), exact.lse.end(), [](double x) { return std::isinf(x); }));
+}
+
 }  // namespace jitattn::test

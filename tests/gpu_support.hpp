@@ -3,6 +3,8 @@
 // fp32) that is itself checked against the float64 CPU reference.
 #pragma once
 
+#include <algorithm>
+#include <thread>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -119,5 +121,58 @@ Verdict judge(const AttentionShape& shape, const std::vector<float>& out, const 
 // references from attention_varlen*.
 Verdict judge_varlen(const VarlenShape& shape, const std::vector<float>& out, const std::vector<float>& lse,
                      const ReferenceOutput& exact, const ReferenceOutput& rounded);
+
+
+// The two references a case is judged against, or why they failed.
+struct References {
+  ReferenceOutput exact;
+  ReferenceOutput rounded;
+  std::string error;
+};
+
+// (row, head) pairs that see no key, by the exact reference's lse; rows the
+// reference leaves NaN (varlen padding) do not count.
+size_t count_empty_rows(const ReferenceOutput& exact);
+
+// Checks cases in groups of up to 16: fresh inputs for each
+// (make_inputs(case)), both references (references(case, inputs); CPU ones on
+// worker threads, GPU ones, case.gpu_reference, here where the context is
+// current), then check(case, inputs, references) in order on this thread,
+// since doctest's assertions are not thread-safe. Returns, per case, how many
+// (row, head) pairs see no key.
+template <typename Case, typename MakeInputs, typename MakeReferences, typename Check>
+std::vector<size_t> check_in_groups(const std::vector<Case>& cases, MakeInputs&& make_inputs,
+                                    MakeReferences&& references, Check&& check) {
+  using Inputs = decltype(make_inputs(cases.front()));
+  std::vector<size_t> empty_rows;
+  const size_t group = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  for (size_t start = 0; start < cases.size(); start += group) {
+    const size_t count = std::min(group, cases.size() - start);
+    std::vector<Inputs> inputs;
+    for (size_t i = 0; i < count; ++i) inputs.push_back(make_inputs(cases[start + i]));
+    std::vector<References> refs(count);
+    std::vector<std::thread> workers;
+    for (size_t i = 0; i < count; ++i) {
+      auto compute = [&, i] {
+        try {
+          refs[i] = references(cases[start + i], inputs[i]);
+        } catch (const std::exception& e) {
+          refs[i].error = e.what();
+        }
+      };
+      if (cases[start + i].gpu_reference) {
+        compute();
+      } else {
+        workers.emplace_back(compute);
+      }
+    }
+    for (auto& worker : workers) worker.join();
+    for (size_t i = 0; i < count; ++i) {
+      empty_rows.push_back(count_empty_rows(refs[i].exact));
+      check(cases[start + i], inputs[i], refs[i]);
+    }
+  }
+  return empty_rows;
+}
 
 }  // namespace jitattn::test

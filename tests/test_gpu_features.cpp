@@ -184,62 +184,38 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
   return run;
 }
 
-size_t count_empty_rows(const ReferenceOutput& r) {
-  return static_cast<size_t>(std::count_if(r.lse.begin(), r.lse.end(), [](double x) { return std::isinf(x); }));
-}
-
-// The cases in groups: fresh inputs for each, both references (CPU ones on
-// worker threads, GPU ones here, where the context is current), then the
-// kernel and its verdict, in order. Returns, per case, how many rows of the
-// problem see no key (so tests can prove their coverage).
+// The cases checked in groups (check_in_groups): the kernel against both
+// references. Returns, per case, how many rows see no key (so tests can prove
+// their coverage).
 std::vector<size_t> check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t seed) {
-  std::vector<size_t> empty_rows;
-  const size_t group = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  for (size_t start = 0; start < cases.size(); start += group) {
-    const size_t count = std::min(group, cases.size() - start);
-    std::vector<Inputs> inputs;
-    for (size_t i = 0; i < count; ++i) inputs.push_back(make_inputs(cases[start + i], rng));
-    std::vector<ReferenceOutput> exact(count), rounded(count);
-    std::vector<std::string> errors(count);
-    std::vector<std::thread> workers;
-    for (size_t i = 0; i < count; ++i) {
-      const Case& c = cases[start + i];
-      if (c.gpu_reference) {
-        exact[i] = gpu_reference(c.shape, *inputs[i].dq, *inputs[i].dk, *inputs[i].dv, true);
-        rounded[i] = gpu_reference(c.shape, *inputs[i].dq, *inputs[i].dk, *inputs[i].dv, false);
-      } else {
-        workers.emplace_back([&cases, &inputs, &exact, &rounded, &errors, index = start + i, i] {
-          try {
-            const Case& work = cases[index];
-            const Inputs& in = inputs[i];
-            exact[i] = attention_exact(work.shape, in.q, in.k, in.v);
-            rounded[i] = attention_16bit(work.shape, in.q, in.k, in.v, work.dtype);
-          } catch (const std::exception& e) {
-            errors[i] = e.what();
-          }
-        });
-      }
-    }
-    for (auto& worker : workers) worker.join();
-    for (size_t i = 0; i < count; ++i) {
-      const Case& c = cases[start + i];
-      empty_rows.push_back(count_empty_rows(exact[i]));
-      if (!errors[i].empty()) {
-        FAIL_CHECK(fmt::format("{}: reference: {}", describe(c, "", seed), errors[i]));
-        continue;
-      }
-      KernelRun run;
-      try {
-        run = run_kernel(c, inputs[i]);
-      } catch (const std::exception& e) {
-        FAIL_CHECK(fmt::format("{}: {}", describe(c, spec_of(c), seed), e.what()));
-        continue;
-      }
-      const Verdict verdict = judge(c.shape, run.out, run.lse, exact[i], rounded[i]);
-      CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}", describe(c, run.spec, seed), verdict.summary()));
-    }
-  }
-  return empty_rows;
+  return check_in_groups(
+      cases, [&](const Case& c) { return make_inputs(c, rng); },
+      [](const Case& c, const Inputs& in) {
+        References r;
+        if (c.gpu_reference) {
+          r.exact = gpu_reference(c.shape, *in.dq, *in.dk, *in.dv, true);
+          r.rounded = gpu_reference(c.shape, *in.dq, *in.dk, *in.dv, false);
+        } else {
+          r.exact = attention_exact(c.shape, in.q, in.k, in.v);
+          r.rounded = attention_16bit(c.shape, in.q, in.k, in.v, c.dtype);
+        }
+        return r;
+      },
+      [&](const Case& c, const Inputs& in, const References& r) {
+        if (!r.error.empty()) {
+          FAIL_CHECK(fmt::format("{}: reference: {}", describe(c, "", seed), r.error));
+          return;
+        }
+        KernelRun run;
+        try {
+          run = run_kernel(c, in);
+        } catch (const std::exception& e) {
+          FAIL_CHECK(fmt::format("{}: {}", describe(c, spec_of(c), seed), e.what()));
+          return;
+        }
+        const Verdict verdict = judge(c.shape, run.out, run.lse, r.exact, r.rounded);
+        CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}", describe(c, run.spec, seed), verdict.summary()));
+      });
 }
 
 // Slopes in (0, 1].
