@@ -1,5 +1,6 @@
 // Host-side costs of the JIT path.
-//   jitattn_bench_host compile [ARCH]   cold NVRTC compile time of each default-set kernel (no GPU needed)
+//   jitattn_bench_host compile [ARCH [SPEC...]]   cold NVRTC compile time and ptxas resources of each
+//                                                  default-set kernel, or of the given specs (no GPU needed)
 //   jitattn_bench_host first-call       first forward call in this process (disk cache as configured)
 //   jitattn_bench_host overhead [N]     host µs per cached call: jitattn::forward vs a bare cuLaunchKernel
 #include <fmt/format.h>
@@ -36,20 +37,27 @@ int report_value(const std::string& log, const std::string& before, const std::s
 
 // Cold compile of every kernel the planner can pick by default, with ptxas'
 // resource report (registers, spill bytes) for each.
-int bench_compile(const std::string& arch_text) {
+// Specs given on the command line replace the default set.
+int bench_compile(const std::string& arch_text, const std::vector<std::string>& spec_texts) {
   const Arch arch = Arch::parse(arch_text);
+  std::vector<KernelSpec> specs;
+  for (const auto& text : spec_texts) specs.push_back(KernelSpec::parse(text));
+  if (specs.empty()) {
+    for (DType dtype : {DType::f16, DType::bf16})
+      for (int head_dim : {64, 128})
+        for (bool causal : {false, true})
+          for (const TileConfig& t : default_tile_set(dtype, head_dim, causal, arch)) {
+            specs.push_back({Family::fwd, dtype, head_dim, t.block_q, t.block_kv, t.warps, causal});
+          }
+  }
   fmt::print("{:<40} {:>8} {:>10} {:>10} {:>12}\n", "spec", "seconds", "cubin KiB", "registers", "spill bytes");
-  for (DType dtype : {DType::f16, DType::bf16})
-    for (int head_dim : {64, 128})
-      for (bool causal : {false, true})
-        for (const TileConfig& t : default_tile_set(dtype, head_dim, causal, arch)) {
-          const KernelSpec spec{Family::fwd, dtype, head_dim, t.block_q, t.block_kv, t.warps, causal};
-          const auto start = Clock::now();
-          const CompileOutput out = compile_cubin(render(spec, TemplateSet()), spec.text() + ".cu", arch, spec.text());
-          fmt::print("{:<40} {:>8.2f} {:>10.1f} {:>10} {:>12}\n", spec.text(), ms_since(start) / 1000,
-                     out.cubin.size() / 1024.0, report_value(out.log, "Used ", " registers"),
-                     report_value(out.log, "frame, ", " bytes spill stores"));
-        }
+  for (const KernelSpec& spec : specs) {
+    const auto start = Clock::now();
+    const CompileOutput out = compile_cubin(render(spec, TemplateSet()), spec.text() + ".cu", arch, spec.text());
+    fmt::print("{:<40} {:>8.2f} {:>10.1f} {:>10} {:>12}\n", spec.text(), ms_since(start) / 1000,
+               out.cubin.size() / 1024.0, report_value(out.log, "Used ", " registers"),
+               report_value(out.log, "frame, ", " bytes spill stores"));
+  }
   return 0;
 }
 
@@ -146,13 +154,15 @@ int bench_overhead(int calls) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
-    if (mode == "compile") return bench_compile(argc > 2 ? argv[2] : "sm_90a");
+    if (mode == "compile") {
+      return bench_compile(argc > 2 ? argv[2] : "sm_90a", std::vector<std::string>(argv + std::min(argc, 3), argv + argc));
+    }
     if (mode == "first-call") return bench_first_call();
     if (mode == "overhead") return bench_overhead(argc > 2 ? std::atoi(argv[2]) : 10000);
   } catch (const std::exception& e) {
     fmt::print(stderr, "jitattn_bench_host: {}\n", e.what());
     return 1;
   }
-  fmt::print(stderr, "usage: jitattn_bench_host compile [ARCH] | first-call | overhead [CALLS]\n");
+  fmt::print(stderr, "usage: jitattn_bench_host compile [ARCH [SPEC...]] | first-call | overhead [CALLS]\n");
   return 2;
 }

@@ -81,12 +81,37 @@ struct CallViews {
       options.alibi_slopes = &alibi;
     }
     options.tiles = {c_options->block_q, c_options->block_kv, c_options->warps};
+    jitattn::RopeOptions& rope = options.rope;
+    rope.style = static_cast<jitattn::RopeStyle>(c_options->rope_style);
+    rope.rotary_dim = c_options->rotary_dim;
+    rope.theta = c_options->rope_theta;
+    rope.linear_scaling = c_options->rope_linear_scaling;
+    rope.llama3_factor = c_options->rope_llama3_factor;
+    rope.llama3_low_freq_factor = c_options->rope_llama3_low_freq_factor;
+    rope.llama3_high_freq_factor = c_options->rope_llama3_high_freq_factor;
+    rope.llama3_original_max_position = c_options->rope_llama3_original_max_position;
+    rope.cos = optional_view(c_options->rope_cos, "rope_cos", rope_cos);
+    rope.sin = optional_view(c_options->rope_sin, "rope_sin", rope_sin);
+    rope.q_offsets = optional_view(c_options->rope_q_offsets, "rope_q_offsets", rope_q_offsets);
+    rope.k_offsets = optional_view(c_options->rope_k_offsets, "rope_k_offsets", rope_k_offsets);
+    if (c_options->pack_gqa < -1 || c_options->pack_gqa > 1) {
+      throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "options.pack_gqa: must be -1 (auto), 0 or 1");
+    }
+    if (c_options->pack_gqa >= 0) options.pack_gqa = c_options->pack_gqa == 1;
   }
   CallViews(const CallViews&) = delete;
   CallViews& operator=(const CallViews&) = delete;
   const jitattn::TensorView* lse_pointer() const { return has_lse ? &lse : nullptr; }
 
-  jitattn::TensorView q, k, v, out, lse, alibi;
+  // The view of a nullable C tensor, stored in `storage`.
+  static const jitattn::TensorView* optional_view(const jitattn_tensor* tensor, const char* name,
+                                                  jitattn::TensorView& storage) {
+    if (tensor == nullptr) return nullptr;
+    storage = view_of(tensor, name);
+    return &storage;
+  }
+
+  jitattn::TensorView q, k, v, out, lse, alibi, rope_cos, rope_sin, rope_q_offsets, rope_k_offsets;
   bool has_lse;
   jitattn::ForwardOptions options;
 };
@@ -96,7 +121,16 @@ struct CallViews {
 extern "C" {
 
 void jitattn_fwd_options_init(jitattn_fwd_options* options) {
-  if (options != nullptr) *options = jitattn_fwd_options{0.f, 0, -1, -1, 0.f, nullptr, 0, 0, 0};
+  if (options == nullptr) return;
+  *options = jitattn_fwd_options{};
+  options->window_left = -1;
+  options->window_right = -1;
+  options->rope_theta = 10000.f;
+  options->rope_linear_scaling = 1.f;
+  options->rope_llama3_low_freq_factor = 1.f;
+  options->rope_llama3_high_freq_factor = 4.f;
+  options->rope_llama3_original_max_position = 8192;
+  options->pack_gqa = -1;
 }
 
 jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_tensor* k, const jitattn_tensor* v,

@@ -113,7 +113,86 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
   check_lse_alignment(lse, batch * heads * seqlen_q);
 }
 
+// RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
+int check_rope_scalars(const RopeOptions& rope, int64_t head_dim) {
+  const int rotary_dim = rope.rotary_dim == 0 ? static_cast<int>(head_dim) : rope.rotary_dim;
+  if (rope.style != RopeStyle::rotate_half && rope.style != RopeStyle::interleaved) {
+    reject(fmt::format("options.rope.style={} is not none, rotate_half or interleaved", static_cast<int>(rope.style)));
+  }
+  if (rotary_dim < 16 || rotary_dim > head_dim || rotary_dim % 16 != 0) {
+    reject(fmt::format("options.rope.rotary_dim={} (0 = head_dim = {}) must be a multiple of 16 between 16 and head_dim",
+                       rope.rotary_dim, head_dim));
+  }
+  if ((rope.cos == nullptr) != (rope.sin == nullptr)) reject("options.rope: cos and sin tables come together (one is null)");
+  if (rope.cos != nullptr) return rotary_dim;
+  if (!(rope.theta > 0.f) || !std::isfinite(rope.theta)) {
+    reject(fmt::format("options.rope.theta={} must be positive and finite", rope.theta));
+  }
+  if (!(rope.linear_scaling > 0.f) || !std::isfinite(rope.linear_scaling)) {
+    reject(fmt::format("options.rope.linear_scaling={} must be positive and finite (1 = off)", rope.linear_scaling));
+  }
+  if (rope.llama3_factor != 0.f) {
+    if (!(rope.llama3_factor > 0.f) || !std::isfinite(rope.llama3_factor)) {
+      reject(fmt::format("options.rope.llama3_factor={} must be positive and finite (0 = off)", rope.llama3_factor));
+    }
+    if (!(rope.llama3_low_freq_factor > 0.f) || !(rope.llama3_high_freq_factor > rope.llama3_low_freq_factor)) {
+      reject(fmt::format("options.rope: llama3 frequency factors low={} high={} need 0 < low < high",
+                         rope.llama3_low_freq_factor, rope.llama3_high_freq_factor));
+    }
+    if (rope.llama3_original_max_position <= 0) {
+      reject(fmt::format("options.rope.llama3_original_max_position={} must be positive",
+                         rope.llama3_original_max_position));
+    }
+  }
+  return rotary_dim;
+}
+
+// The cos/sin tables: f32 [positions, >= rotary_dim / 2], equal shapes and strides.
+void check_rope_tables(const RopeOptions& rope, int rotary_dim) {
+  for (const TensorView* table : {rope.cos, rope.sin}) {
+    const char* name = table == rope.cos ? "options.rope.cos" : "options.rope.sin";
+    if (table->dtype != DType::f32) reject(fmt::format("{}: dtype {} must be f32", name, dtype_name(table->dtype)));
+    if (table->ndim != 2 || table->shape[0] < 1 || table->shape[1] < rotary_dim / 2) {
+      reject(fmt::format("{}: shape {} must be [positions >= 1, >= rotary_dim / 2 = {}]", name, shape_text(*table),
+                         rotary_dim / 2));
+    }
+    if (table->strides[1] != 1) reject(fmt::format("{}: the last dimension must be contiguous (stride 1)", name));
+    if (table->shape[0] > INT_MAX) reject(fmt::format("{}: more than 2^31-1 positions", name));
+    if (table->data == nullptr || reinterpret_cast<uintptr_t>(table->data) % 4 != 0) {
+      reject(fmt::format("{}: data pointer must be non-null and 4-byte aligned", name));
+    }
+  }
+  if (rope.sin->shape[0] != rope.cos->shape[0] || rope.sin->shape[1] != rope.cos->shape[1] ||
+      rope.sin->strides[0] != rope.cos->strides[0]) {
+    reject(fmt::format("options.rope.sin: shape {} and strides must equal cos's ({})", shape_text(*rope.sin),
+                       shape_text(*rope.cos)));
+  }
+}
+
 }  // namespace
+
+std::vector<float> rope_inv_frequencies(const RopeOptions& rope, int rotary_dim) {
+  std::vector<float> frequencies(rotary_dim / 2);
+  const double two_pi = 6.283185307179586;
+  for (int pair = 0; pair < rotary_dim / 2; ++pair) {
+    double frequency = std::pow(static_cast<double>(rope.theta), -2.0 * pair / rotary_dim) / rope.linear_scaling;
+    if (rope.llama3_factor != 0.f) {
+      // Long wavelengths are slowed by the factor, short ones kept, and the
+      // band between interpolated (Llama 3.1).
+      const double factor = rope.llama3_factor, low = rope.llama3_low_freq_factor, high = rope.llama3_high_freq_factor;
+      const double original = rope.llama3_original_max_position;
+      const double wavelength = two_pi / frequency;
+      if (wavelength > original / low) {
+        frequency /= factor;
+      } else if (wavelength >= original / high) {
+        const double smooth = (original / wavelength - low) / (high - low);
+        frequency = (1.0 - smooth) * frequency / factor + smooth * frequency;
+      }
+    }
+    frequencies[pair] = static_cast<float>(frequency);
+  }
+  return frequencies;
+}
 
 TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int seqlen_bucket) {
   // The winners of sweeps on the H200 (bf16 and f16): head dims 64 and 128 in
@@ -230,6 +309,26 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   }
   long long alibi_batch_stride = 0;
   if (options.alibi_slopes != nullptr) alibi_batch_stride = check_alibi(*options.alibi_slopes, batch, heads_q);
+  const RopeOptions& rope = options.rope;
+  const bool has_rope = rope.style != RopeStyle::none;
+  const int rotary_dim = has_rope ? check_rope_scalars(rope, head_dim) : 0;
+  if (has_rope && rope.cos != nullptr) {
+    check_rope_tables(rope, rotary_dim);
+    const bool offsets = rope.q_offsets != nullptr || rope.k_offsets != nullptr;
+    if (!offsets && !varlen) {
+      // Default positions are checkable here: keys 0 .. sk−1 and queries
+      // sk − sq .. sk − 1.
+      if (seqlen_q > seqlen_k) {
+        reject(fmt::format("options.rope: with tables, queries at negative positions (seqlen_q={} > seqlen_k={}) "
+                           "need rope.q_offsets", seqlen_q, seqlen_k));
+      }
+      if (rope.cos->shape[0] < seqlen_k) {
+        reject(fmt::format("options.rope.cos: {} positions; the keys reach position {}", rope.cos->shape[0], seqlen_k - 1));
+      }
+    }
+  }
+  if (has_rope && rope.q_offsets != nullptr) check_i32_vector("options.rope.q_offsets", *rope.q_offsets, batch, "batch");
+  if (has_rope && rope.k_offsets != nullptr) check_i32_vector("options.rope.k_offsets", *rope.k_offsets, batch, "batch");
 
   // The mask kind: causal is a window with right bound 0; a window that
   // bounds nothing is no mask.
@@ -259,7 +358,34 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   plan.spec.alibi = options.alibi_slopes != nullptr;
   plan.spec.padded = kernel_dim != head_dim;
   plan.spec.varlen = varlen;
+  if (has_rope) {
+    plan.spec.rope = rope.style == RopeStyle::rotate_half ? RopeKind::half : RopeKind::interleaved;
+    plan.spec.rotary_dim = rotary_dim;
+    plan.spec.rope_tables = rope.cos != nullptr;
+  }
+  // Packing a KV head's query heads into one tile pays when query sequences
+  // are shorter than a tile (decoding, short chunks): fewer, fuller tiles,
+  // each reading the group's K/V once. Longer sequences fill their tiles
+  // anyway, and packing would only add per-row addressing.
+  const int64_t group = heads_q / heads_kv;
+  const int64_t unpacked_tiles = group * ((seqlen_q + tiles.block_q - 1) / tiles.block_q);
+  const int64_t packed_tiles = (seqlen_q * group + tiles.block_q - 1) / tiles.block_q;
+  const bool pack_pays = seqlen_q < tiles.block_q && packed_tiles < unpacked_tiles;
+  plan.spec.pack_gqa = group > 1 && options.pack_gqa.value_or(pack_pays);
   plan.spec.validate();
+  // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at
+  // head_dim 256: smaller key blocks first, then smaller query blocks.
+  const bool forced = options.tiles.block_q != 0 || options.tiles.block_kv != 0 || options.tiles.warps != 0;
+  while (!forced && plan.spec.smem_bytes() > static_cast<size_t>(max_smem_bytes) &&
+         (plan.spec.block_kv > 32 || plan.spec.block_q > 64)) {
+    if (plan.spec.block_kv > 32) {
+      plan.spec.block_kv /= 2;
+    } else {
+      plan.spec.block_q /= 2;
+      plan.spec.warps = std::min(plan.spec.warps, plan.spec.block_q / 16);
+    }
+    tiles = {plan.spec.block_q, plan.spec.block_kv, plan.spec.warps};
+  }
   if (plan.spec.smem_bytes() > static_cast<size_t>(max_smem_bytes)) {
     throw Error(ErrorCode::unsupported,
                 fmt::format("options.tiles: {} needs {} bytes of shared memory per block; {} allows {}",
@@ -267,8 +393,11 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                 plan.spec.text());
   }
 
-  const int64_t num_q_blocks = (seqlen_q + tiles.block_q - 1) / tiles.block_q;
-  const int64_t grid = num_q_blocks * heads_q * batch;
+  // Packed rows: every query of each head of a KV head's group.
+  const int64_t packed_rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
+  if (packed_rows > INT_MAX) reject(fmt::format("q: seqlen_q × heads_q / heads_kv = {} exceeds 2^31-1", packed_rows));
+  const int64_t num_q_blocks = (packed_rows + tiles.block_q - 1) / tiles.block_q;
+  const int64_t grid = num_q_blocks * (plan.spec.pack_gqa ? heads_kv : heads_q) * batch;
   if (grid > INT_MAX) reject(fmt::format("q: batch × heads × ceil(seqlen_q / {}) = {} exceeds 2^31-1 blocks", tiles.block_q, grid));
 
   FwdParams& p = plan.params;
@@ -308,6 +437,34 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   p.softcap_scale = options.softcap > 0.f ? scale / options.softcap : 0.f;
   p.alibi_slopes = options.alibi_slopes != nullptr ? static_cast<const float*>(options.alibi_slopes->data) : nullptr;
   p.alibi_batch_stride = alibi_batch_stride;
+  if (has_rope) {
+    if (rope.cos != nullptr) {
+      p.rope_cos = static_cast<const float*>(rope.cos->data);
+      p.rope_sin = static_cast<const float*>(rope.sin->data);
+      p.rope_table_stride = rope.cos->strides[0];
+      p.rope_table_rows = static_cast<int>(rope.cos->shape[0]);
+    } else {
+      // Frequencies depend only on the options: remember the last set, so a
+      // model's calls do not recompute them.
+      thread_local RopeOptions last_options{};
+      thread_local int last_rotary_dim = 0;
+      thread_local std::vector<float> last_frequencies;
+      const bool same = last_rotary_dim == rotary_dim && last_options.theta == rope.theta &&
+                        last_options.linear_scaling == rope.linear_scaling &&
+                        last_options.llama3_factor == rope.llama3_factor &&
+                        last_options.llama3_low_freq_factor == rope.llama3_low_freq_factor &&
+                        last_options.llama3_high_freq_factor == rope.llama3_high_freq_factor &&
+                        last_options.llama3_original_max_position == rope.llama3_original_max_position;
+      if (!same) {
+        last_frequencies = rope_inv_frequencies(rope, rotary_dim);
+        last_options = rope;
+        last_rotary_dim = rotary_dim;
+      }
+      std::copy(last_frequencies.begin(), last_frequencies.end(), p.rope_inv_freq);
+    }
+    p.rope_q_offsets = rope.q_offsets != nullptr ? static_cast<const int*>(rope.q_offsets->data) : nullptr;
+    p.rope_k_offsets = rope.k_offsets != nullptr ? static_cast<const int*>(rope.k_offsets->data) : nullptr;
+  }
   plan.grid = static_cast<unsigned>(grid);
   return plan;
 }

@@ -27,6 +27,10 @@ TileConfig default_tiles(DType dtype, int head_dim, bool causal, const Arch& arc
 // a (dtype, head_dim, causal) class must compile so no call compiles later.
 std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch);
 
+// RoPE inverse frequencies of pairs 0 .. rotary_dim / 2 − 1 from theta,
+// linear scaling and Llama 3.1 scaling (computed in double, rounded once).
+std::vector<float> rope_inv_frequencies(const RopeOptions& rope, int rotary_dim);
+
 // Throws Error(invalid_argument) naming the argument and the rule, or
 // Error(unsupported) for valid input this build cannot serve. max_smem_bytes
 // is the device's per-block opt-in limit. Tiles come from options.tiles, else

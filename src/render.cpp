@@ -81,6 +81,11 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("mask", spec.causal ? "kMaskCausal" : spec.local ? "kMaskLocal" : "kMaskNone"),
       fmt::arg("softcap", spec.softcap ? "true" : "false"), fmt::arg("alibi", spec.alibi ? "true" : "false"),
       fmt::arg("padded", spec.padded ? "true" : "false"), fmt::arg("varlen", spec.varlen ? "true" : "false"),
+      fmt::arg("pack_gqa", spec.pack_gqa ? "true" : "false"),
+      fmt::arg("rope", spec.rope == RopeKind::half          ? "kRopeHalf"
+                       : spec.rope == RopeKind::interleaved ? "kRopeInterleaved"
+                                                            : "kRopeNone"),
+      fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_tables ? "true" : "false"),
       fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;

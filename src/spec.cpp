@@ -54,6 +54,11 @@ std::string KernelSpec::text() const {
   if (local) out += ".local";
   if (softcap) out += ".softcap";
   if (alibi) out += ".alibi";
+  if (rope != RopeKind::none) {
+    out += fmt::format(".rope_{}_r{}", rope == RopeKind::half ? "half" : "interleaved", rotary_dim);
+  }
+  if (rope_tables) out += ".rope_tables";
+  if (pack_gqa) out += ".packgqa";
   if (padded) out += ".padded";
   if (varlen) out += ".varlen";
   return out;
@@ -78,15 +83,25 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   if (!parse_field(fields[4], "bc", spec.block_kv)) bad_spec(text, "fifth field must be bcN (key block)");
   if (!parse_field(fields[5], "w", spec.warps)) bad_spec(text, "sixth field must be wN (warps)");
   for (size_t i = 6; i < fields.size(); ++i) {
+    const bool half = parse_field(fields[i], "rope_half_r", spec.rotary_dim);
+    if (half || parse_field(fields[i], "rope_interleaved_r", spec.rotary_dim)) {
+      if (spec.rope != RopeKind::none) bad_spec(text, "more than one rope field");
+      spec.rope = half ? RopeKind::half : RopeKind::interleaved;
+      continue;
+    }
     bool* flag = fields[i] == "causal"    ? &spec.causal
                  : fields[i] == "local"   ? &spec.local
                  : fields[i] == "softcap" ? &spec.softcap
                  : fields[i] == "alibi"   ? &spec.alibi
                  : fields[i] == "padded"  ? &spec.padded
                  : fields[i] == "varlen"  ? &spec.varlen
+                 : fields[i] == "packgqa" ? &spec.pack_gqa
+                 : fields[i] == "rope_tables" ? &spec.rope_tables
                                           : nullptr;
     if (flag == nullptr || *flag) {
-      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: causal, local, softcap, alibi, padded, varlen)", fields[i]));
+      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: causal, local, softcap, alibi, rope_half_rN, "
+                                 "rope_interleaved_rN, rope_tables, packgqa, padded, varlen)",
+                                 fields[i]));
     }
     *flag = true;
   }
@@ -104,6 +119,12 @@ void KernelSpec::validate() const {
     fail(ErrorCode::unsupported, fmt::format("head_dim={} is not one of 32, 64, 96, 128, 192, 256", head_dim));
   }
   if (causal && local) fail(ErrorCode::invalid_argument, "causal and local are exclusive (a causal window is local)");
+  if (rope == RopeKind::none) {
+    if (rotary_dim != 0 || rope_tables) fail(ErrorCode::invalid_argument, "rotary_dim and rope_tables need a rope style");
+  } else if (rotary_dim < 16 || rotary_dim > head_dim || rotary_dim % 16 != 0) {
+    fail(ErrorCode::unsupported,
+         fmt::format("rotary_dim={} must be a multiple of 16 between 16 and head_dim={}", rotary_dim, head_dim));
+  }
   if (block_q != 64 && block_q != 128) fail(ErrorCode::unsupported, fmt::format("br={} is not one of 64, 128", block_q));
   if (block_kv != 32 && block_kv != 64 && block_kv != 128) {
     fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128", block_kv));
@@ -156,6 +177,10 @@ uint64_t KernelSpec::packed() const {
   key = key << 1 | static_cast<uint64_t>(alibi);
   key = key << 1 | static_cast<uint64_t>(padded);
   key = key << 1 | static_cast<uint64_t>(varlen);
+  key = key << 1 | static_cast<uint64_t>(pack_gqa);
+  key = key << 2 | static_cast<uint64_t>(rope);
+  key = key << 5 | static_cast<uint64_t>(rotary_dim / 16);
+  key = key << 1 | static_cast<uint64_t>(rope_tables);
   return key;
 }
 

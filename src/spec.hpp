@@ -14,6 +14,10 @@ namespace jitattn::detail {
 
 enum class Family : uint8_t { fwd = 0 };
 
+// RoPE pairing (templates/rope.cuh): rotate-half (GPT-NeoX, Llama) pairs
+// channel p with p + rotary_dim / 2; interleaved (GPT-J) pairs 2p with 2p + 1.
+enum class RopeKind : uint8_t { none = 0, half = 1, interleaved = 2 };
+
 struct KernelSpec {
   Family family = Family::fwd;
   DType dtype = DType::bf16;
@@ -27,9 +31,14 @@ struct KernelSpec {
   bool alibi = false;    // −slope · |distance| score bias
   bool padded = false;   // the caller's head dim is below head_dim (zero-padded in the kernel)
   bool varlen = false;   // packed sequences located through cu_seqlens
+  bool pack_gqa = false; // the query heads of a KV head share each tile
+  RopeKind rope = RopeKind::none;  // RoPE applied to q and k in the kernel
+  int rotary_dim = 0;              // channels rotated (a multiple of 16), with rope
+  bool rope_tables = false;        // angles from caller cos/sin tables, not from frequencies
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
-  // the order causal|local, softcap, alibi, padded, varlen).
+  // the order causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
+  // rope_tables, packgqa, padded, varlen).
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.
   static KernelSpec parse(std::string_view text);

@@ -51,6 +51,21 @@ struct FwdParams {
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
   const int* seqused_k;
+
+  // RoPE, when compiled with it (the spec fixes the pairing and rotary_dim):
+  // channel pair p < rotary_dim / 2 of a row at position x is rotated by the
+  // angle x · rope_inv_freq[p], or by the angle whose cosine and sine are
+  // rope_cos / rope_sin [x, p] with tables.
+  float rope_inv_freq[128];
+  const float* rope_cos;  // [rope_table_rows, rope_table_stride], when compiled with tables
+  const float* rope_sin;
+  long long rope_table_stride;
+  int rope_table_rows;  // positions past the tables read their last row
+  // Positions: key j of sequence b is at j + rope_k_offsets[b] (0 when null);
+  // query i at i + rope_q_offsets[b], or when null at i + seqlen_k - seqlen_q
+  // + the key offset (the bottom-right alignment of the causal mask).
+  const int* rope_q_offsets;
+  const int* rope_k_offsets;
 };
 
 }  // namespace jitattn

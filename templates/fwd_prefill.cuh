@@ -9,6 +9,7 @@
 
 #include "fwd_params.h"
 #include "ptx.cuh"
+#include "rope.cuh"
 
 namespace jitattn {
 
@@ -20,7 +21,7 @@ enum MaskKind : int {
 };
 
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
-          bool PADDED, bool VARLEN>
+          bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, bool ROPE_TABLES>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
@@ -37,6 +38,14 @@ struct FwdConfig {
   // without those predicates.
   static constexpr bool kPadded = PADDED;
   static constexpr bool kVarlen = VARLEN;
+  // Query heads that share a KV head share a tile: row r of the packed
+  // sequence is query r / heads_per_kv of head r % heads_per_kv within the
+  // group, so the group's K/V is read once per tile instead of once per head.
+  static constexpr bool kPackGqa = PACK_GQA;
+  // RoPE on q and k as their tiles land (rope.cuh).
+  static constexpr int kRope = ROPE;
+  static constexpr int kRotaryDim = ROTARY_DIM;
+  static constexpr bool kRopeTables = ROPE_TABLES;
   // Scores rewritten before the softmax (to log2-domain logits) instead of
   // the scale being folded into the exponent.
   static constexpr bool kRewriteScores = SOFTCAP || ALIBI;
@@ -219,7 +228,8 @@ __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kOutTiles]
 }
 
 // Accumulator element e of score tile n sits at row lane/4 (+8 for e >= 2)
-// and column n*8 + 2*(lane%4) + (e & 1); `body` gets those positions.
+// and column n*8 + 2*(lane%4) + (e & 1); `body` gets those positions and the
+// thread's row slot (m, e / 2) for per-row values held in registers.
 template <class Cfg, typename Body>
 __device__ __forceinline__ void for_each_score(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], int first_row,
                                                int first_key, int lane, Body&& body) {
@@ -229,10 +239,26 @@ __device__ __forceinline__ void for_each_score(float (&s)[Cfg::kMTiles][Cfg::kSc
     for (int n = 0; n < Cfg::kScoreTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        body(s[m][n][e], first_row + m * 16 + (lane >> 2) + (e >> 1) * 8, first_key + n * 8 + (lane & 3) * 2 + (e & 1));
+        body(s[m][n][e], first_row + m * 16 + (lane >> 2) + (e >> 1) * 8, first_key + n * 8 + (lane & 3) * 2 + (e & 1),
+             m, e >> 1);
       }
     }
   }
+}
+
+// The position in its sequence of tile row `row` (packed rows interleave the
+// heads of a group).
+template <class Cfg>
+__device__ __forceinline__ int query_position(int row, int group) {
+  if constexpr (Cfg::kPackGqa) return row / group;
+  return row;
+}
+
+// Offset of packed row `row` from the group's first head at query 0.
+template <class Cfg>
+__device__ __forceinline__ long long row_offset(int row, int group, long long row_stride, long long head_stride) {
+  if constexpr (Cfg::kPackGqa) return static_cast<long long>(row / group) * row_stride + (row % group) * head_stride;
+  return static_cast<long long>(row) * row_stride;
 }
 
 // Turns raw q·k into log2-domain logits: softcap · tanh(scale · s / softcap)
@@ -240,11 +266,14 @@ __device__ __forceinline__ void for_each_score(float (&s)[Cfg::kMTiles][Cfg::kSc
 // then runs with scale_log2 = 1.
 template <class Cfg>
 __device__ __forceinline__ void rewrite_scores(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], const FwdParams& p,
-                                               float slope, int first_row, int first_key, int diagonal_offset,
-                                               int lane) {
-  for_each_score<Cfg>(s, first_row, first_key, lane, [&](float& score, int row, int key) {
+                                               const float (&slopes)[Cfg::kMTiles][2], int first_row, int first_key,
+                                               int diagonal_offset, int lane) {
+  for_each_score<Cfg>(s, first_row, first_key, lane, [&](float& score, int row, int key, int m, int half) {
     float logit = Cfg::kSoftcap ? p.softcap * fast_tanh(score * p.softcap_scale) : score * p.scale;
-    if constexpr (Cfg::kAlibi) logit -= slope * static_cast<float>(abs(row + diagonal_offset - key));
+    if constexpr (Cfg::kAlibi) {
+      const int position = query_position<Cfg>(row, p.heads_per_kv);
+      logit -= slopes[m][half] * static_cast<float>(abs(position + diagonal_offset - key));
+    }
     score = logit * 1.4426950408889634f;
   });
 }
@@ -255,7 +284,8 @@ __device__ __forceinline__ void rewrite_scores(float (&s)[Cfg::kMTiles][Cfg::kSc
 template <class Cfg>
 __device__ __forceinline__ void apply_mask(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], const FwdParams& p,
                                            int seqlen_k, int first_row, int first_key, int diagonal_offset, int lane) {
-  for_each_score<Cfg>(s, first_row, first_key, lane, [&](float& score, int row, int key) {
+  for_each_score<Cfg>(s, first_row, first_key, lane, [&](float& score, int packed_row, int key, int, int) {
+    const int row = query_position<Cfg>(packed_row, p.heads_per_kv);
     bool visible = key < seqlen_k;
     if constexpr (Cfg::kCausal) visible = visible && key <= row + diagonal_offset;
     if constexpr (Cfg::kLocal) {
@@ -317,9 +347,10 @@ template <class Cfg>
 __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
                                              const float (&row_max)[Cfg::kMTiles][2],
                                              const float (&row_sum)[Cfg::kMTiles][2], unsigned char* staging,
-                                             unsigned short* out, long long out_row_stride, float* lse,
-                                             long long lse_row_stride, int q0, int warp_row0, int seqlen_q,
-                                             int chunks_valid, float lse_scale, int lane) {
+                                             unsigned short* out, long long out_row_stride, long long out_head_stride,
+                                             float* lse, long long lse_row_stride, long long lse_head_stride, int q0,
+                                             int warp_row0, int rows, int group, int chunks_valid, float lse_scale,
+                                             int lane) {
   using Element = typename Cfg::Element;
 #pragma unroll
   for (int m = 0; m < Cfg::kMTiles; ++m) {
@@ -333,9 +364,9 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
         *reinterpret_cast<unsigned*>(staging + swizzled_bytes<Cfg>(row, n) + (lane & 3) * 4) =
             pack2<Element>(o[m][n][2 * half] * inverse, o[m][n][2 * half + 1] * inverse);
       }
-      if (lse != nullptr && (lane & 3) == 0 && q0 + row < seqlen_q) {
+      if (lse != nullptr && (lane & 3) == 0 && q0 + row < rows) {
         // Natural log: max·lse_scale + ln(sum).
-        lse[(q0 + row) * lse_row_stride] =
+        lse[row_offset<Cfg>(q0 + row, group, lse_row_stride, lse_head_stride)] =
             sum > 0.f ? row_max[m][half] * lse_scale + fast_log2(sum) * 0.69314718055994531f : -kInfinity;
       }
     }
@@ -348,9 +379,10 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
     const int chunk = i * 32 + lane;
     const int row = warp_row0 + chunk / Cfg::kChunksPerRow;
     const int column_chunk = chunk % Cfg::kChunksPerRow;
-    if (q0 + row < seqlen_q && column_chunk < chunks_valid) {
+    if (q0 + row < rows && column_chunk < chunks_valid) {
       const uint4 value = *reinterpret_cast<const uint4*>(staging + swizzled_bytes<Cfg>(row, column_chunk));
-      *reinterpret_cast<uint4*>(out + (q0 + row) * out_row_stride + column_chunk * 8) = value;
+      *reinterpret_cast<uint4*>(out + row_offset<Cfg>(q0 + row, group, out_row_stride, out_head_stride) +
+                                column_chunk * 8) = value;
     }
   }
 }
@@ -369,6 +401,51 @@ __device__ __forceinline__ void wait_v_then_load_next_k(unsigned k_tile, const u
   cp_async_commit();
 }
 
+// Copies the Q tile of a packed-GQA CTA: row r is query (q0 + r) / group of
+// head (q0 + r) % group, so rows do not sit at one stride and each chunk
+// computes its own address.
+template <class Cfg>
+__device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned short* q, long long row_stride,
+                                              long long head_stride, int q0, int rows, int group, int chunks_valid) {
+  constexpr int kChunks = Cfg::kBlockQ * Cfg::kChunksPerRow;
+#pragma unroll
+  for (int i = 0; i < (kChunks + Cfg::kThreads - 1) / Cfg::kThreads; ++i) {
+    const int index = i * Cfg::kThreads + threadIdx.x;
+    if (kChunks % Cfg::kThreads == 0 || index < kChunks) {
+      const int row = index / Cfg::kChunksPerRow;
+      const int chunk = index % Cfg::kChunksPerRow;
+      const bool valid = q0 + row < rows && chunk < chunks_valid;
+      const unsigned short* source = valid ? q + row_offset<Cfg>(q0 + row, group, row_stride, head_stride) + chunk * 8 : q;
+      cp_async_16(tile + swizzled_bytes<Cfg>(row, chunk), source, valid);
+    }
+  }
+}
+
+// Applies RoPE to the first ROWS rows of a swizzled tile; position_of(row)
+// is the row's position.
+template <class Cfg, int ROWS, typename PositionOf>
+__device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams& p, PositionOf&& position_of) {
+  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, Cfg::kThreads>(
+      p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg>(row, chunk)); },
+      position_of);
+}
+
+// Applies RoPE to a K tile whose row r is at position0 + r: stepped angles
+// where the units split evenly over the threads, else one angle per row.
+template <class Cfg>
+__device__ __forceinline__ void rotate_k_tile(unsigned char* tile, const FwdParams& p, int position0) {
+  constexpr int kUnitsPerRow = Cfg::kRope == kRopeHalf ? Cfg::kRotaryDim / 16 : Cfg::kRotaryDim / 8;
+  constexpr bool kEven = Cfg::kThreads % kUnitsPerRow == 0 &&
+                         (Cfg::kThreads / kUnitsPerRow >= Cfg::kBlockKV || Cfg::kBlockKV % (Cfg::kThreads / kUnitsPerRow) == 0);
+  if constexpr (Cfg::kRopeTables || !kEven) {
+    rotate_tile<Cfg, Cfg::kBlockKV>(tile, p, [&](int row) { return position0 + row; });
+  } else {
+    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kThreads>(
+        p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg>(row, chunk)); },
+        position0);
+  }
+}
+
 template <class Cfg>
 __device__ void fwd_prefill(const FwdParams& p) {
   // 1 KB alignment: the address XOR steps (at most bit 8) must not carry into
@@ -383,13 +460,17 @@ __device__ void fwd_prefill(const FwdParams& p) {
   // Flattened grid: query blocks of one (batch, head) are adjacent, so CTAs
   // that read the same K/V run together and share it in L2. Causal: a head's
   // last query blocks see the most keys; running them first leaves the light
-  // blocks for the tail of the grid.
+  // blocks for the tail of the grid. Packed GQA: the grid's heads are KV
+  // heads, and a CTA's rows cover every query head of the group.
   const int q_block = Cfg::kCausal ? p.num_q_blocks - 1 - static_cast<int>(blockIdx.x % p.num_q_blocks)
                                    : static_cast<int>(blockIdx.x % p.num_q_blocks);
   const int batch_head = blockIdx.x / p.num_q_blocks;
-  const int head = batch_head % p.heads_q;
-  const int batch = batch_head / p.heads_q;
-  const int kv_head = head / p.heads_per_kv;
+  const int group = Cfg::kPackGqa ? p.heads_per_kv : 1;
+  const int grid_heads = Cfg::kPackGqa ? p.heads_kv : p.heads_q;
+  const int batch = batch_head / grid_heads;
+  const int kv_head = Cfg::kPackGqa ? batch_head % grid_heads : batch_head % grid_heads / p.heads_per_kv;
+  // The (first) query head of this CTA.
+  const int head = Cfg::kPackGqa ? kv_head * group : batch_head % grid_heads;
   const int q0 = q_block * Cfg::kBlockQ;
   const int lane = threadIdx.x & 31;
   const int warp_row0 = (threadIdx.x >> 5) * Cfg::kRowsPerWarp;
@@ -408,38 +489,74 @@ __device__ void fwd_prefill(const FwdParams& p) {
     seqlen_q = p.cu_seqlens_q[batch + 1] - q_row0;
     seqlen_k = p.seqused_k != nullptr ? p.seqused_k[batch] : p.cu_seqlens_k[batch + 1] - k_row0;
     // The grid covers the longest sequence; shorter ones leave CTAs idle.
-    if (q0 >= seqlen_q) return;
+    if (q0 >= seqlen_q * group) return;
     q_start = q_row0 * p.q_row_stride;
     o_start = q_row0 * p.o_row_stride;
     k_start = k_row0 * p.k_row_stride;
     v_start = k_row0 * p.v_row_stride;
     lse_start = q_row0 * p.lse_row_stride;
   }
+  // Rows of this sequence's (packed) Q: queries × heads of the group.
+  const int rows = seqlen_q * group;
   const unsigned short* q = static_cast<const unsigned short*>(p.q) + q_start + head * p.q_head_stride;
   const unsigned short* k = static_cast<const unsigned short*>(p.k) + k_start + kv_head * p.k_head_stride;
   const unsigned short* v = static_cast<const unsigned short*>(p.v) + v_start + kv_head * p.v_head_stride;
   unsigned short* out = static_cast<unsigned short*>(p.o) + o_start + head * p.o_head_stride;
   float* lse = p.lse == nullptr ? nullptr : p.lse + lse_start + head * p.lse_head_stride;
-  const float slope = Cfg::kAlibi ? p.alibi_slopes[batch * p.alibi_batch_stride + head] : 0.f;
+  // ALiBi slopes of this thread's rows (packed rows differ in head).
+  float slopes[Cfg::kMTiles][2];
+  if constexpr (Cfg::kAlibi) {
+#pragma unroll
+    for (int m = 0; m < Cfg::kMTiles; ++m) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = q0 + warp_row0 + m * 16 + (lane >> 2) + half * 8;
+        const int row_head = Cfg::kPackGqa ? head + row % group : head;
+        slopes[m][half] = p.alibi_slopes[batch * p.alibi_batch_stride + row_head];
+      }
+    }
+  }
 
   // Query i sees keys around i + diagonal_offset (bottom-right alignment);
-  // this block's first and last rows bound the keys worth loading.
+  // this block's first and last queries bound the keys worth loading.
   const int diagonal_offset = seqlen_k - seqlen_q;
+  const int first_query = query_position<Cfg>(q0, group);
+  const int last_query = Cfg::kPackGqa ? query_position<Cfg>(min(q0 + Cfg::kBlockQ, rows) - 1, group)
+                                       : q0 + Cfg::kBlockQ - 1;
   long long kv_begin = 0;
   long long kv_end = seqlen_k;
-  if constexpr (Cfg::kCausal) kv_end = min(kv_end, static_cast<long long>(q0) + Cfg::kBlockQ + diagonal_offset);
+  if constexpr (Cfg::kCausal) kv_end = min(kv_end, static_cast<long long>(last_query) + 1 + diagonal_offset);
   if constexpr (Cfg::kLocal) {
-    kv_end = min(kv_end, static_cast<long long>(q0) + Cfg::kBlockQ + diagonal_offset + p.window_right);
-    kv_begin = max(kv_begin, static_cast<long long>(q0) + diagonal_offset - p.window_left);
+    kv_end = min(kv_end, static_cast<long long>(last_query) + 1 + diagonal_offset + p.window_right);
+    kv_begin = max(kv_begin, static_cast<long long>(first_query) + diagonal_offset - p.window_left);
   }
   const int first_block = static_cast<int>(kv_begin / Cfg::kBlockKV);
   const int end_block = kv_end > kv_begin ? static_cast<int>((kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV) : first_block;
 
-  load_tile<Cfg, Cfg::kBlockQ>(q_tile, q, p.q_row_stride, q0, seqlen_q, chunks_valid);
+  if constexpr (Cfg::kPackGqa) {
+    load_packed_q<Cfg>(q_tile, q, p.q_row_stride, p.q_head_stride, q0, rows, group, chunks_valid);
+  } else {
+    load_tile<Cfg, Cfg::kBlockQ>(q_tile, q, p.q_row_stride, q0, seqlen_q, chunks_valid);
+  }
   if (end_block > first_block) {
     load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, p.k_row_stride, (end_block - 1) * Cfg::kBlockKV, seqlen_k, chunks_valid);
   }
   cp_async_commit();
+
+  // RoPE positions: keys from their sequence's offset, queries from theirs
+  // or aligned to the keys' end (the causal diagonal).
+  int key_position0 = 0, query_position0 = 0;
+  if constexpr (Cfg::kRope != kRopeNone) {
+    key_position0 = p.rope_k_offsets != nullptr ? p.rope_k_offsets[batch] : 0;
+    query_position0 = p.rope_q_offsets != nullptr ? p.rope_q_offsets[batch] : key_position0 + diagonal_offset;
+    // Q must land before it is rotated (K with it; the loop's barrier then
+    // also orders these writes before the first Q·Kᵀ).
+    cp_async_wait<0>();
+    __syncthreads();
+    rotate_tile<Cfg, Cfg::kBlockQ>(shared_bytes, p, [&](int row) {
+      return query_position0 + query_position<Cfg>(q0 + row, group);
+    });
+  }
 
   float o[Cfg::kMTiles][Cfg::kOutTiles][4];
   float row_max[Cfg::kMTiles][2];
@@ -464,16 +581,25 @@ __device__ void fwd_prefill(const FwdParams& p) {
     __syncthreads();
     load_tile<Cfg, Cfg::kBlockKV>(v_tile, v, p.v_row_stride, key0, seqlen_k, chunks_valid);
     cp_async_commit();
+    if constexpr (Cfg::kRope != kRopeNone) {
+      // Rotating K here costs 25-40% of a block's time (docs/PERFORMANCE.md):
+      // each CTA rotates every K block it reads. Double-buffering K to overlap
+      // the rotation with P V measured no faster (and spilled at head_dim 128).
+      rotate_k_tile<Cfg>(shared_bytes + Cfg::kSmemQ * 2, p, key_position0 + key0);
+      __syncthreads();
+    }
 
     float s[Cfg::kMTiles][Cfg::kScoreTiles][4];
     gemm_qk<Cfg>(s, opaque(q_tile), opaque(k_tile), warp_row0, lane);
-    if constexpr (Cfg::kRewriteScores) rewrite_scores<Cfg>(s, p, slope, q0 + warp_row0, key0, diagonal_offset, lane);
+    if constexpr (Cfg::kRewriteScores) {
+      rewrite_scores<Cfg>(s, p, slopes, q0 + warp_row0, key0, diagonal_offset, lane);
+    }
     // Only blocks that cross a boundary pay for masking.
     bool needs_mask = key0 + Cfg::kBlockKV > seqlen_k;
-    if constexpr (Cfg::kCausal) needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > q0 + diagonal_offset;
+    if constexpr (Cfg::kCausal) needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > first_query + diagonal_offset;
     if constexpr (Cfg::kLocal) {
-      needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > q0 + diagonal_offset + p.window_right ||
-                   key0 < q0 + Cfg::kBlockQ - 1 + diagonal_offset - p.window_left;
+      needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > first_query + diagonal_offset + p.window_right ||
+                   key0 < last_query + diagonal_offset - p.window_left;
     }
     if (needs_mask) apply_mask<Cfg>(s, p, seqlen_k, q0 + warp_row0, key0, diagonal_offset, lane);
 
@@ -493,8 +619,8 @@ __device__ void fwd_prefill(const FwdParams& p) {
   // was never waited for: it must land before rows are reused for staging.
   cp_async_wait<0>();
   __syncthreads();
-  store_output<Cfg>(o, row_max, row_sum, shared_bytes, out, p.o_row_stride, lse, p.lse_row_stride, q0, warp_row0,
-                    seqlen_q, chunks_valid, p.lse_scale, lane);
+  store_output<Cfg>(o, row_max, row_sum, shared_bytes, out, p.o_row_stride, p.o_head_stride, lse, p.lse_row_stride,
+                    p.lse_head_stride, q0, warp_row0, rows, group, chunks_valid, p.lse_scale, lane);
 }
 
 }  // namespace jitattn

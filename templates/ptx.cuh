@@ -87,6 +87,21 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   return packed;
 }
 
+// The two 16-bit values of a packed register as fp32 (`lo` from the low half).
+template <class Element>
+__device__ __forceinline__ void unpack2(unsigned packed, float& lo, float& hi) {
+  if constexpr (Element::is_bf16) {
+    // bf16 is the top half of an fp32.
+    lo = __uint_as_float(packed << 16);
+    hi = __uint_as_float(packed & 0xffff0000u);
+  } else {
+    const unsigned short lo_bits = static_cast<unsigned short>(packed & 0xffffu);
+    const unsigned short hi_bits = static_cast<unsigned short>(packed >> 16);
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(lo) : "h"(lo_bits));
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(hi) : "h"(hi_bits));
+  }
+}
+
 // Hides a value's origin from the compiler. Applied to shared-memory tile
 // bases once per main-loop iteration, it makes the per-fragment addresses
 // derived from them cheap to recompute rather than loop invariants that ptxas
@@ -112,6 +127,19 @@ __device__ __forceinline__ float fast_log2(float x) {
   float y;
   asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// sin and cos of an fp32 angle of any magnitude (RoPE angles reach 10^5
+// radians): Cody–Waite reduction by a two-part 2π to [-π, π], where the MUFU
+// approximations are accurate to about 2^-21 absolute.
+__device__ __forceinline__ void sincos_reduced(float angle, float& sine, float& cosine) {
+  float turns, reduced;
+  asm("cvt.rni.f32.f32 %0, %1;\n" : "=f"(turns) : "f"(angle * 0.159154943091895336f));
+  // 2π = 6.28318548202514648 (nearest float) - 1.74845553e-7.
+  asm("fma.rn.f32 %0, %1, %2, %3;\n" : "=f"(reduced) : "f"(-turns), "f"(6.28318548202514648f), "f"(angle));
+  asm("fma.rn.f32 %0, %1, %2, %3;\n" : "=f"(reduced) : "f"(turns), "f"(1.74845553e-7f), "f"(reduced));
+  asm("sin.approx.ftz.f32 %0, %1;\n" : "=f"(sine) : "f"(reduced));
+  asm("cos.approx.ftz.f32 %0, %1;\n" : "=f"(cosine) : "f"(reduced));
 }
 
 __device__ __forceinline__ float quad_max(float x) {

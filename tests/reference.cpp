@@ -332,6 +332,83 @@ ReferenceOutput attention_varlen_16bit(const VarlenShape& s, const std::vector<f
                           });
 }
 
+std::vector<double> RopeReference::inverse_frequencies(int head_dim) const {
+  const int dim = rotary_dim == 0 ? head_dim : rotary_dim;
+  std::vector<double> frequencies;
+  for (int i = 0; i < dim; i += 2) {
+    double frequency = 1.0 / std::pow(theta, static_cast<double>(i) / dim) / linear_scaling;
+    if (llama3_factor > 0) {
+      const double wavelength = 2 * M_PI / frequency;
+      const double low_wavelength = llama3_original_max_position / llama3_low_freq_factor;
+      const double high_wavelength = llama3_original_max_position / llama3_high_freq_factor;
+      if (wavelength > low_wavelength) {
+        frequency = frequency / llama3_factor;
+      } else if (!(wavelength < high_wavelength)) {
+        const double smooth = (llama3_original_max_position / wavelength - llama3_low_freq_factor) /
+                              (llama3_high_freq_factor - llama3_low_freq_factor);
+        frequency = (1 - smooth) * frequency / llama3_factor + smooth * frequency;
+      }
+    }
+    frequencies.push_back(frequency);
+  }
+  return frequencies;
+}
+
+RopeTables rope_tables(const RopeReference& rope, int head_dim, int positions) {
+  const std::vector<double> frequencies = rope.inverse_frequencies(head_dim);
+  RopeTables tables;
+  tables.positions = positions;
+  tables.pairs = static_cast<int>(frequencies.size());
+  for (int x = 0; x < positions; ++x) {
+    for (double frequency : frequencies) {
+      tables.cos.push_back(static_cast<float>(std::cos(x * frequency)));
+      tables.sin.push_back(static_cast<float>(std::sin(x * frequency)));
+    }
+  }
+  return tables;
+}
+
+void rotate_reference(std::vector<float>& x, int batch, int seqlen, int heads, int head_dim, const RopeReference& rope,
+                      const RopeTables* tables, const std::function<int(int, int)>& position, bool exact, DType dtype) {
+  const std::vector<double> frequencies = rope.inverse_frequencies(head_dim);
+  const int pairs = static_cast<int>(frequencies.size());
+  for (int b = 0; b < batch; ++b) {
+    for (int s = 0; s < seqlen; ++s) {
+      const int at = position(b, s);
+      for (int h = 0; h < heads; ++h) {
+        float* row = x.data() + ((static_cast<size_t>(b) * seqlen + s) * heads + h) * head_dim;
+        for (int p = 0; p < pairs; ++p) {
+          const int first = rope.style == RopeStyle::rotate_half ? p : 2 * p;
+          const int second = rope.style == RopeStyle::rotate_half ? p + pairs : 2 * p + 1;
+          double cosine, sine;
+          if (tables != nullptr) {
+            const int clamped = std::min(std::max(at, 0), tables->positions - 1);
+            cosine = tables->cos[static_cast<size_t>(clamped) * tables->pairs + p];
+            sine = tables->sin[static_cast<size_t>(clamped) * tables->pairs + p];
+          } else if (exact) {
+            cosine = std::cos(at * frequencies[p]);
+            sine = std::sin(at * frequencies[p]);
+          } else {
+            const float angle = static_cast<float>(at) * static_cast<float>(frequencies[p]);
+            cosine = static_cast<float>(std::cos(static_cast<double>(angle)));
+            sine = static_cast<float>(std::sin(static_cast<double>(angle)));
+          }
+          const double a = row[first], c = row[second];
+          if (exact) {
+            row[first] = static_cast<float>(a * cosine - c * sine);
+            row[second] = static_cast<float>(c * cosine + a * sine);
+          } else {
+            const float fa = static_cast<float>(a), fc = static_cast<float>(c);
+            const float fcos = static_cast<float>(cosine), fsin = static_cast<float>(sine);
+            row[first] = round_to(fa * fcos - fc * fsin, dtype);
+            row[second] = round_to(fc * fcos + fa * fsin, dtype);
+          }
+        }
+      }
+    }
+  }
+}
+
 std::vector<float> random_values(size_t count, DType dtype, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<float> values(count);

@@ -143,6 +143,42 @@ ReferenceOutput attention_varlen_exact(const VarlenShape& shape, const std::vect
 ReferenceOutput attention_varlen_16bit(const VarlenShape& shape, const std::vector<float>& q,
                                        const std::vector<float>& k, const std::vector<float>& v, DType dtype);
 
+// --- RoPE (rotate-then-attend references) -----------------------------------
+
+// How a reference rotates: the same options the kernel gets (RopeOptions),
+// restated so the reference computes them its own way.
+struct RopeReference {
+  RopeStyle style = RopeStyle::rotate_half;
+  int rotary_dim = 0;  // 0: head_dim
+  double theta = 10000.0;
+  double linear_scaling = 1.0;
+  double llama3_factor = 0.0;  // 0: off
+  double llama3_low_freq_factor = 1.0;
+  double llama3_high_freq_factor = 4.0;
+  double llama3_original_max_position = 8192.0;
+
+  // Frequency of pair p (of rotary_dim / 2), Hugging Face's formulas, float64.
+  std::vector<double> inverse_frequencies(int head_dim) const;
+};
+
+// Angles as the kernel will use them: from frequencies (`tables` empty), or
+// f32 tables cos/sin [positions, rotary_dim / 2] that the test also hands the
+// kernel. table() fills those tables from the float64 angles.
+struct RopeTables {
+  std::vector<float> cos, sin;
+  int positions = 0;
+  int pairs = 0;
+};
+RopeTables rope_tables(const RopeReference& rope, int head_dim, int positions);
+
+// Rotates x (contiguous [batch, seqlen, heads, head_dim] floats) in place;
+// row s of batch b is at position(b, s). Exact: float64 angles and
+// arithmetic (the result kept in float). Otherwise as a framework does it
+// before attention: the fp32 angle position · inv_freq (or the fp32 table
+// entries), fp32 arithmetic, the result rounded to dtype.
+void rotate_reference(std::vector<float>& x, int batch, int seqlen, int heads, int head_dim, const RopeReference& rope,
+                      const RopeTables* tables, const std::function<int(int, int)>& position, bool exact, DType dtype);
+
 // Normally distributed values already rounded to dtype (never zeros).
 std::vector<float> random_values(size_t count, DType dtype, std::mt19937_64& rng);
 

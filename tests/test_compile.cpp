@@ -114,6 +114,39 @@ TEST_CASE("feature combinations compile at every head dim: all 32 at 128, a spre
   CHECK(errors.empty());
 }
 
+TEST_CASE("RoPE styles, rotary dims, tables and packed GQA compile, alone and with the other features (sm_90a)") {
+  const Arch arch = Arch::parse("sm_90a");
+  std::vector<KernelSpec> specs;
+  int variant = 0;
+  for (int head_dim : {32, 64, 128, 256})
+    for (RopeKind rope : {RopeKind::half, RopeKind::interleaved})
+      for (bool tables : {false, true})
+        for (bool partial : {false, true}) {
+          const TileConfig t = default_tiles(DType::bf16, head_dim, true, arch, 4096);
+          KernelSpec spec{Family::fwd, (variant % 2) ? DType::f16 : DType::bf16, head_dim, t.block_q, t.block_kv, t.warps};
+          spec.rope = rope;
+          spec.rope_tables = tables;
+          spec.rotary_dim = partial ? head_dim / 2 : head_dim;
+          // Spread the other features over the variants.
+          spec.causal = variant % 3 == 0;
+          spec.local = variant % 3 == 1;
+          spec.pack_gqa = variant % 4 < 2;
+          spec.alibi = variant % 5 == 0;
+          spec.softcap = variant % 7 == 0;
+          spec.varlen = variant % 6 == 0;
+          ++variant;
+          specs.push_back(spec);
+        }
+  for (int head_dim : {64, 128}) {
+    const TileConfig t = default_tiles(DType::bf16, head_dim, false, arch, 512);
+    specs.push_back({Family::fwd, DType::bf16, head_dim, t.block_q, t.block_kv, t.warps});
+    specs.back().pack_gqa = true;
+  }
+  const auto errors = compile_all(specs, arch);
+  for (const auto& e : errors) FAIL_CHECK(e);
+  CHECK(errors.empty());
+}
+
 TEST_CASE("a compile failure carries the spec text and the NVRTC log") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / "jitattn-compile-failure";

@@ -4,19 +4,13 @@ Usage: test_ctypes.py PATH/TO/libjitattn.so
 Needs no GPU: checks loading, configuration, warming and error reporting.
 """
 import ctypes
+import os
 import sys
 import tempfile
 
 
-class Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
-                ("shape", ctypes.c_int64 * 4), ("strides", ctypes.c_int64 * 4)]
-
-
-class Options(ctypes.Structure):
-    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
-                ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("alibi_slopes", ctypes.c_void_p),
-                ("block_q", ctypes.c_int32), ("block_kv", ctypes.c_int32), ("warps", ctypes.c_int32)]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from jitattn_ctypes import Options, Tensor  # noqa: E402
 
 
 def bshd(address, b, s, h, d):

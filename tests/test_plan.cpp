@@ -73,6 +73,72 @@ TEST_CASE("forced tiles and scale are used") {
   CHECK(plan.params.scale == 0.5f);
 }
 
+TEST_CASE("GQA: short query sequences pack a KV head's query heads into one tile, unless told otherwise") {
+  Call call;
+  call.q.shape[1] = call.out.shape[1] = call.lse.shape[2] = 3;  // 3 queries × 4 heads per KV head
+  call.q.strides[0] = call.out.strides[0] = 3 * 8 * 128;
+  call.lse.strides[0] = 8 * 3;
+  call.lse.strides[1] = 3;
+  ForwardPlan plan = call.plan();
+  CHECK(plan.spec.pack_gqa);
+  CHECK(plan.spec.text().find(".packgqa") != std::string::npos);
+  CHECK(plan.params.num_q_blocks == 1);
+  CHECK(plan.grid == 1 * 2 * 2);  // one tile per (KV head, batch)
+  call.options.pack_gqa = false;
+  plan = call.plan();
+  CHECK_FALSE(plan.spec.pack_gqa);
+  CHECK(plan.grid == 1 * 8 * 2);
+  // Long sequences fill their tiles: no packing unless forced.
+  Call long_call;
+  CHECK_FALSE(long_call.plan().spec.pack_gqa);
+  long_call.options.pack_gqa = true;
+  plan = long_call.plan();
+  CHECK(plan.spec.pack_gqa);
+  CHECK(plan.params.num_q_blocks == (100 * 4 + plan.spec.block_q - 1) / plan.spec.block_q);
+  // Without GQA there is nothing to pack.
+  long_call.k.shape[2] = long_call.v.shape[2] = 8;
+  long_call.k.strides[0] = long_call.v.strides[0] = 300 * 8 * 128;
+  long_call.k.strides[1] = long_call.v.strides[1] = 8 * 128;
+  CHECK_FALSE(long_call.plan().spec.pack_gqa);
+}
+
+TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tables become parameters") {
+  Call call;
+  call.options.rope.style = RopeStyle::rotate_half;
+  ForwardPlan plan = call.plan();
+  CHECK(plan.spec.text().find(".rope_half_r128") != std::string::npos);
+  CHECK(plan.params.rope_inv_freq[0] == 1.f);
+  CHECK(plan.params.rope_inv_freq[1] == doctest::Approx(std::pow(10000.0, -2.0 / 128)));
+  CHECK(plan.params.rope_inv_freq[63] == doctest::Approx(std::pow(10000.0, -126.0 / 128)));
+  call.options.rope.style = RopeStyle::interleaved;
+  call.options.rope.rotary_dim = 64;
+  call.options.rope.linear_scaling = 2.f;
+  plan = call.plan();
+  CHECK(plan.spec.text().find(".rope_interleaved_r64") != std::string::npos);
+  CHECK(plan.params.rope_inv_freq[1] == doctest::Approx(std::pow(10000.0, -2.0 / 64) / 2));
+  // Llama 3.1: high frequencies kept, low ones divided by the factor.
+  RopeOptions llama;
+  llama.style = RopeStyle::rotate_half;
+  llama.theta = 500000.f;
+  llama.llama3_factor = 8.f;
+  const std::vector<float> f = rope_inv_frequencies(llama, 128);
+  CHECK(f[0] == 1.f);
+  CHECK(f[63] == doctest::Approx(std::pow(500000.0, -126.0 / 128) / 8));
+  // Tables: pointers and strides pass through, no frequencies.
+  TensorView cos = TensorView::contiguous(address(0x70000), DType::f32, {400, 64});
+  TensorView sin = TensorView::contiguous(address(0x80000), DType::f32, {400, 64});
+  cos.strides[0] = sin.strides[0] = 80;
+  call.options.rope.cos = &cos;
+  call.options.rope.sin = &sin;
+  plan = call.plan();
+  CHECK(plan.spec.rope_tables);
+  CHECK(plan.params.rope_cos == cos.data);
+  CHECK(plan.params.rope_table_stride == 80);
+  CHECK(plan.params.rope_table_rows == 400);
+  cos.shape[0] = sin.shape[0] = 299;  // the keys reach position 299
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("options.rope.cos: 299 positions"), Error);
+}
+
 TEST_CASE("empty problems plan to an empty grid") {
   Call call;
   call.q.shape[1] = call.out.shape[1] = call.lse.shape[2] = 0;

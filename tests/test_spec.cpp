@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "spec.hpp"
 
 using namespace jitattn;
@@ -40,6 +42,36 @@ TEST_CASE("spec text is the documented canonical form") {
   spec.causal = false;
   spec.dtype = DType::f16;
   CHECK(spec.text() == "fwd.f16.d128.br128.bc64.w4");
+}
+
+TEST_CASE("RoPE and packed-GQA fields round-trip, pack distinctly and are validated") {
+  std::vector<uint64_t> keys;
+  for (RopeKind rope : {RopeKind::none, RopeKind::half, RopeKind::interleaved})
+    for (int rotary_dim : {16, 64, 128})
+      for (bool tables : {false, true})
+        for (bool pack : {false, true}) {
+          KernelSpec spec{Family::fwd, DType::bf16, 128, 128, 64, 4};
+          spec.rope = rope;
+          spec.rotary_dim = rope == RopeKind::none ? 0 : rotary_dim;
+          spec.rope_tables = rope != RopeKind::none && tables;
+          spec.pack_gqa = pack;
+          const KernelSpec parsed = KernelSpec::parse(spec.text());
+          CHECK(parsed == spec);
+          CHECK(parsed.text() == spec.text());
+          keys.push_back(spec.packed());
+        }
+  std::sort(keys.begin(), keys.end());
+  CHECK(std::unique(keys.begin(), keys.end()) - keys.begin() == 1 * 2 + 2 * 3 * 2 * 2);
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.causal.rope_half_r64.rope_tables.packgqa").text() ==
+        "fwd.bf16.d128.br128.bc64.w4.causal.rope_half_r64.rope_tables.packgqa");
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4.rope_half_r128"),
+                       doctest::Contains("rotary_dim=128 must be a multiple of 16 between 16 and head_dim=64"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4.rope_half_r24"), doctest::Contains("rotary_dim=24"),
+                       Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4.rope_tables"),
+                       doctest::Contains("need a rope style"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4.rope_half_r32.rope_interleaved_r32"),
+                       doctest::Contains("more than one rope field"), Error);
 }
 
 TEST_CASE("spec hash is stable across runs and builds") {

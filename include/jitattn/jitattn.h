@@ -48,6 +48,21 @@ typedef struct jitattn_fwd_options {
   int32_t block_q;      /* 0: chosen by the planner */
   int32_t block_kv;     /* 0: chosen by the planner */
   int32_t warps;        /* 0: chosen by the planner */
+  /* Fused RoPE (RopeOptions in jitattn.hpp). rope_style: 0 none, 1 rotate-half
+   * (GPT-NeoX/Llama), 2 interleaved (GPT-J). */
+  int32_t rope_style;
+  int32_t rotary_dim;                 /* 0 = head_dim; a multiple of 16 */
+  float rope_theta;                   /* init: 10000 */
+  float rope_linear_scaling;          /* init: 1 (off) */
+  float rope_llama3_factor;           /* 0 = off */
+  float rope_llama3_low_freq_factor;  /* init: 1 */
+  float rope_llama3_high_freq_factor; /* init: 4 */
+  int32_t rope_llama3_original_max_position; /* init: 8192 */
+  const struct jitattn_tensor* rope_cos;       /* f32 [positions, >= rotary_dim/2] or NULL */
+  const struct jitattn_tensor* rope_sin;       /* with rope_cos */
+  const struct jitattn_tensor* rope_q_offsets; /* i32 [batch] or NULL */
+  const struct jitattn_tensor* rope_k_offsets; /* i32 [batch] or NULL */
+  int32_t pack_gqa; /* -1: the planner decides; 0 off; 1 on */
 } jitattn_fwd_options;
 
 JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);

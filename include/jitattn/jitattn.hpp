@@ -69,6 +69,44 @@ struct TileConfig {
   int warps = 0;
 };
 
+enum class RopeStyle : int {
+  none = 0,
+  rotate_half = 1,  // GPT-NeoX / Llama: channel p pairs with p + rotary_dim / 2
+  interleaved = 2,  // GPT-J: channel 2p pairs with 2p + 1
+};
+
+// Rotary position embedding applied to q and k inside the kernel; the
+// rotated tensors are never written to memory. A pair (x, y) at angle a
+// becomes (x·cos a − y·sin a, y·cos a + x·sin a); channels at or past
+// rotary_dim are not rotated.
+struct RopeOptions {
+  RopeStyle style = RopeStyle::none;
+  int rotary_dim = 0;  // channels rotated, from the first; 0 = head_dim. A multiple of 16.
+
+  // Angles position · inv_freq[p] (fp32 product), with
+  // inv_freq[p] = theta^(−2p / rotary_dim) / linear_scaling, then optionally
+  // Llama 3.1's frequency scaling (Hugging Face "rope_type": "llama3").
+  float theta = 10000.f;
+  float linear_scaling = 1.f;  // positions divided by this factor (1 = off)
+  float llama3_factor = 0.f;   // 0 = off
+  float llama3_low_freq_factor = 1.f;
+  float llama3_high_freq_factor = 4.f;
+  int llama3_original_max_position = 8192;
+
+  // Or caller tables, both f32 [positions, >= rotary_dim / 2] with the same
+  // strides: cos and sin of pair p at position x are cos[x, p], sin[x, p].
+  // Positions past the last row read the last row.
+  const TensorView* cos = nullptr;
+  const TensorView* sin = nullptr;
+
+  // Optional i32 [batch] position offsets. Key j of sequence b is at
+  // j + k_offsets[b] (0 without); query i at i + q_offsets[b], or without
+  // q_offsets at i + seqlen_k − seqlen_q + k_offsets[b] (aligned to the keys'
+  // end, like the causal mask).
+  const TensorView* q_offsets = nullptr;
+  const TensorView* k_offsets = nullptr;
+};
+
 struct ForwardOptions {
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
   bool causal = false;                 // bottom-right aligned when seqlen_q != seqlen_k
@@ -82,6 +120,11 @@ struct ForwardOptions {
   // ALiBi: f32 slopes [heads_q] or [batch, heads_q]; adds −slope · |i + sk − sq − j|
   // to the scaled score. nullptr = off.
   const TensorView* alibi_slopes = nullptr;
+  RopeOptions rope{};
+  // GQA/MQA: whether the query heads that share a KV head share each tile
+  // (their K/V is then read once per tile rather than once per head). Unset:
+  // the planner packs when that needs fewer tiles (short query sequences).
+  std::optional<bool> pack_gqa;
   TileConfig tiles{};
 };
 

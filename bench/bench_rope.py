@@ -1,0 +1,136 @@
+"""Fused RoPE: jitattn with RoPE in the kernel beside the same attention without RoPE,
+and beside rotating with PyTorch ops before PyTorch's FlashAttention-2 backend.
+
+Issue grid: bf16, causal, 16 heads, head_dim 64 and 128, seqlen 512..8192. Two
+batch sizes: 2 (GPU.md's peer measurement) and 16384 / seqlen tokens (a full GPU).
+CUDA events, warm-up, median of 30. Before timing, the fused output is checked
+against rotate-then-attend in PyTorch.
+
+  python3 bench/bench_rope.py --lib build/libjitattn.so [--json FILE]
+"""
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from jitattn_ctypes import BF16, F32, default_options, load, tensor  # noqa: E402
+
+
+def median_ms(fn, iters=30, warmup=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bshd(t):
+    return tensor(t.data_ptr(), BF16, list(t.shape), list(t.stride()))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lib", default="build/libjitattn.so")
+    parser.add_argument("--json")
+    parser.add_argument("--seqlens", default="512,1024,2048,4096,8192")
+    parser.add_argument("--rope-tiles", default="", help="force tiles of the RoPE runs, e.g. 64x64x4")
+    args = parser.parse_args()
+    lib = load(args.lib)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    rows = []
+    print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}")
+    print(f"{'d':>4} {'batch':>5} {'N':>6} | {'plain ms':>9} {'rope ms':>9} {'tables ms':>9} | {'rope/plain':>10} "
+          f"{'tab/plain':>9} | {'torch rope+FA2 ms':>17} {'FA2 ms':>8}")
+    for head_dim in (64, 128):
+        for per_gpu in (False, True):
+            for n in [int(x) for x in args.seqlens.split(",")]:
+                batch, heads = (max(1, 16384 // n) if per_gpu else 2), 16
+                gen = torch.Generator(device="cuda").manual_seed(n + head_dim)
+                q, k, v = (torch.randn(batch, n, heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+                           for _ in range(3))
+                out = torch.empty_like(q)
+                positions = torch.arange(n, device="cuda", dtype=torch.float32)
+                inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, device="cuda", dtype=torch.float32) / head_dim))
+                angles = torch.outer(positions, inv_freq)
+                cos_table, sin_table = angles.cos().contiguous(), angles.sin().contiguous()
+                tq, tk, tv, to = bshd(q), bshd(k), bshd(v), bshd(out)
+                tcos = tensor(cos_table.data_ptr(), F32, list(cos_table.shape))
+                tsin = tensor(sin_table.data_ptr(), F32, list(sin_table.shape))
+
+                def options(rope, tables=False):
+                    o = default_options(lib)
+                    o.causal = 1
+                    o.rope_style = 1 if rope else 0
+                    if rope and args.rope_tiles:
+                        o.block_q, o.block_kv, o.warps = (int(x) for x in args.rope_tiles.split("x"))
+                    if tables:
+                        o.rope_cos = ctypes.addressof(tcos)
+                        o.rope_sin = ctypes.addressof(tsin)
+                    return o
+
+                plain, fused, tabled = options(False), options(True), options(True, True)
+
+                def call(o):
+                    def run():
+                        status = lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                                                 ctypes.byref(to), None, ctypes.byref(o), stream)
+                        if status != 0:
+                            raise RuntimeError(lib.jitattn_last_error().decode())
+                    return run
+
+                cos_full = torch.cat([cos_table, cos_table], dim=-1)[None, :, None, :].to(torch.bfloat16)
+                sin_full = torch.cat([sin_table, sin_table], dim=-1)[None, :, None, :].to(torch.bfloat16)
+
+                def rotate(x):
+                    half = x.shape[-1] // 2
+                    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+                    return x * cos_full + rotated * sin_full
+
+                def torch_rope_fa2():
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        return F.scaled_dot_product_attention(rotate(q).transpose(1, 2), rotate(k).transpose(1, 2),
+                                                              v.transpose(1, 2), is_causal=True)
+
+                def torch_fa2():
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                              is_causal=True)
+
+                for o in (fused, tabled):
+                    out.fill_(float("nan"))
+                    call(o)()
+                    reference = torch_rope_fa2().transpose(1, 2)
+                    diff = (out.float() - reference.float()).abs().max().item()
+                    if not diff <= 3e-2:
+                        print(f"MISMATCH d={head_dim} N={n} batch={batch}: max |fused - torch rope+FA2| = {diff}")
+                        return 1
+                r = {"head_dim": head_dim, "batch": batch, "heads": heads, "seqlen": n, "causal": True,
+                     "plain_ms": median_ms(call(plain)), "rope_ms": median_ms(call(fused)),
+                     "rope_tables_ms": median_ms(call(tabled)), "torch_rope_fa2_ms": median_ms(torch_rope_fa2),
+                     "fa2_ms": median_ms(torch_fa2)}
+                rows.append(r)
+                print(f"{head_dim:>4} {batch:>5} {n:>6} | {r['plain_ms']:9.4f} {r['rope_ms']:9.4f} "
+                      f"{r['rope_tables_ms']:9.4f} | {r['rope_ms'] / r['plain_ms']:9.3f}x "
+                      f"{r['rope_tables_ms'] / r['plain_ms']:8.3f}x | {r['torch_rope_fa2_ms']:17.4f} {r['fa2_ms']:8.4f}",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""ctypes mirror of include/jitattn/jitattn.h, shared by the Python tests and benchmarks.
+
+The structs must match the C header field for field: a shorter Python struct
+would let the library read past its end.
+"""
+import ctypes
+
+F16, BF16, F32, I32 = 0, 1, 2, 3
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * 4), ("strides", ctypes.c_int64 * 4)]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
+                ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("alibi_slopes", ctypes.c_void_p),
+                ("block_q", ctypes.c_int32), ("block_kv", ctypes.c_int32), ("warps", ctypes.c_int32),
+                ("rope_style", ctypes.c_int32), ("rotary_dim", ctypes.c_int32), ("rope_theta", ctypes.c_float),
+                ("rope_linear_scaling", ctypes.c_float), ("rope_llama3_factor", ctypes.c_float),
+                ("rope_llama3_low_freq_factor", ctypes.c_float), ("rope_llama3_high_freq_factor", ctypes.c_float),
+                ("rope_llama3_original_max_position", ctypes.c_int32), ("rope_cos", ctypes.c_void_p),
+                ("rope_sin", ctypes.c_void_p), ("rope_q_offsets", ctypes.c_void_p),
+                ("rope_k_offsets", ctypes.c_void_p), ("pack_gqa", ctypes.c_int32)]
+
+
+def tensor(address, dtype, shape, strides=None):
+    """A jitattn_tensor; contiguous strides when none are given."""
+    if strides is None:
+        strides, step = [], 1
+        for size in reversed(shape):
+            strides.insert(0, step)
+            step *= size
+    padded = list(shape) + [0] * (4 - len(shape))
+    padded_strides = list(strides) + [0] * (4 - len(strides))
+    return Tensor(address, dtype, len(shape), (ctypes.c_int64 * 4)(*padded), (ctypes.c_int64 * 4)(*padded_strides))
+
+
+def load(path):
+    lib = ctypes.CDLL(path)
+    lib.jitattn_version.restype = ctypes.c_char_p
+    lib.jitattn_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+def default_options(lib):
+    options = Options()
+    lib.jitattn_fwd_options_init(ctypes.byref(options))
+    return options

@@ -1,0 +1,158 @@
+// Rotary position embedding (RoPE) applied to 16-bit tiles in shared memory,
+// so rotated q and k never travel through global memory.
+//
+// Rotate-half (GPT-NeoX, Llama) pairs channel p with p + rotary_dim / 2;
+// interleaved (GPT-J) pairs 2p with 2p + 1. A pair (x, y) at angle a becomes
+// (x·cos a − y·sin a, y·cos a + x·sin a); channels at or past rotary_dim are
+// left alone. Arithmetic is fp32 and the result is rounded once to 16 bits, as
+// when rotating with framework ops before attention.
+#pragma once
+
+#include "fwd_params.h"
+#include "ptx.cuh"
+
+namespace jitattn {
+
+enum RopeStyle : int {
+  kRopeNone = 0,
+  kRopeHalf = 1,         // pairs (p, p + rotary_dim / 2)
+  kRopeInterleaved = 2,  // pairs (2p, 2p + 1)
+};
+
+// cos and sin of pair `pair` at `position`.
+template <bool TABLES>
+__device__ __forceinline__ void rope_angle(const FwdParams& p, int position, int pair, float& sine, float& cosine) {
+  if constexpr (TABLES) {
+    // Positions outside the tables are a caller error the kernel cannot
+    // report; clamping keeps the reads inside the tables.
+    const long long row = min(max(position, 0), p.rope_table_rows - 1);
+    cosine = __ldg(p.rope_cos + row * p.rope_table_stride + pair);
+    sine = __ldg(p.rope_sin + row * p.rope_table_stride + pair);
+  } else {
+    // The fp32 product, as frameworks build their angle tables.
+    sincos_reduced(static_cast<float>(position) * p.rope_inv_freq[pair], sine, cosine);
+  }
+}
+
+template <class Element, bool TABLES>
+__device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams& p, int position, int pair) {
+  // Interleaved: the two halves of one register are a pair.
+  float x, y, sine, cosine;
+  unpack2<Element>(packed, x, y);
+  rope_angle<TABLES>(p, position, pair, sine, cosine);
+  return pack2<Element>(x * cosine - y * sine, y * cosine + x * sine);
+}
+
+// Rotates rows [0, ROWS) of a tile of 16-bit rows in place. The work unit is
+// one 16-byte chunk (interleaved) or a chunk and its partner half a rotary
+// dim away (rotate-half); `chunk_at(row, chunk)` is the chunk's address and
+// `position_of(row)` the row's position. The caller brackets this with
+// barriers: the tile must have landed, and readers must wait for the writes.
+template <class Element, int STYLE, int ROTARY_DIM, bool TABLES, int ROWS, int THREADS, typename ChunkAt,
+          typename PositionOf>
+__device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_at, PositionOf&& position_of) {
+  static_assert(ROTARY_DIM % 16 == 0, "rotary_dim is a multiple of 16");
+  constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / 16 : ROTARY_DIM / 8;
+  constexpr int kUnits = ROWS * kUnitsPerRow;
+#pragma unroll 1
+  for (int index = threadIdx.x; index < kUnits; index += THREADS) {
+    const int row = index / kUnitsPerRow;
+    const int unit = index % kUnitsPerRow;
+    const int position = position_of(row);
+    if constexpr (STYLE == kRopeHalf) {
+      uint4* first = chunk_at(row, unit);
+      uint4* second = chunk_at(row, unit + ROTARY_DIM / 16);
+      uint4 a = *first, b = *second;
+      unsigned* av = reinterpret_cast<unsigned*>(&a);
+      unsigned* bv = reinterpret_cast<unsigned*>(&b);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        float x0, x1, y0, y1, s0, c0, s1, c1;
+        unpack2<Element>(av[w], x0, x1);
+        unpack2<Element>(bv[w], y0, y1);
+        rope_angle<TABLES>(p, position, unit * 8 + 2 * w, s0, c0);
+        rope_angle<TABLES>(p, position, unit * 8 + 2 * w + 1, s1, c1);
+        av[w] = pack2<Element>(x0 * c0 - y0 * s0, x1 * c1 - y1 * s1);
+        bv[w] = pack2<Element>(y0 * c0 + x0 * s0, y1 * c1 + x1 * s1);
+      }
+      *first = a;
+      *second = b;
+    } else {
+      uint4* chunk = chunk_at(row, unit);
+      uint4 a = *chunk;
+      a.x = rotate_pair<Element, TABLES>(a.x, p, position, unit * 4);
+      a.y = rotate_pair<Element, TABLES>(a.y, p, position, unit * 4 + 1);
+      a.z = rotate_pair<Element, TABLES>(a.z, p, position, unit * 4 + 2);
+      a.w = rotate_pair<Element, TABLES>(a.w, p, position, unit * 4 + 3);
+      *chunk = a;
+    }
+  }
+}
+
+// The same rotation for rows at consecutive positions (a K tile: row r at
+// position0 + r) with angles from frequencies, cheaper: each thread owns a
+// run of consecutive rows of one unit, evaluates sin and cos once at the run's
+// first row, and steps the angle by one position per row with the angle-sum
+// identities (fp32; a few steps add ~1e-7 of rounding). That is two sincos
+// per pair and run instead of one per pair and row.
+template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, typename ChunkAt>
+__device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, ChunkAt&& chunk_at, int position0) {
+  constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / 16 : ROTARY_DIM / 8;
+  constexpr int kPairs = STYLE == kRopeHalf ? 8 : 4;  // pairs per unit
+  constexpr int kRunners = THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;  // runs per pass
+  constexpr int kRun = ROWS / kRunners;  // rows per run
+  static_assert(THREADS % kUnitsPerRow == 0 && ROWS % kRunners == 0, "whole runs");
+  const int unit = threadIdx.x % kUnitsPerRow;
+  const int run = threadIdx.x / kUnitsPerRow;
+  if (run >= kRunners) return;
+  const int row0 = run * kRun;
+  float cosine[kPairs], sine[kPairs], step_cosine[kPairs], step_sine[kPairs];
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const float frequency = p.rope_inv_freq[unit * kPairs + i];
+    sincos_reduced(static_cast<float>(position0 + row0) * frequency, sine[i], cosine[i]);
+    sincos_reduced(frequency, step_sine[i], step_cosine[i]);
+  }
+#pragma unroll
+  for (int r = 0; r < kRun; ++r) {
+    if constexpr (STYLE == kRopeHalf) {
+      uint4* first = chunk_at(row0 + r, unit);
+      uint4* second = chunk_at(row0 + r, unit + ROTARY_DIM / 16);
+      uint4 a = *first, b = *second;
+      unsigned* av = reinterpret_cast<unsigned*>(&a);
+      unsigned* bv = reinterpret_cast<unsigned*>(&b);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        float x0, x1, y0, y1;
+        unpack2<Element>(av[w], x0, x1);
+        unpack2<Element>(bv[w], y0, y1);
+        const float c0 = cosine[2 * w], s0 = sine[2 * w], c1 = cosine[2 * w + 1], s1 = sine[2 * w + 1];
+        av[w] = pack2<Element>(x0 * c0 - y0 * s0, x1 * c1 - y1 * s1);
+        bv[w] = pack2<Element>(y0 * c0 + x0 * s0, y1 * c1 + x1 * s1);
+      }
+      *first = a;
+      *second = b;
+    } else {
+      uint4* chunk = chunk_at(row0 + r, unit);
+      uint4 a = *chunk;
+      unsigned* av = reinterpret_cast<unsigned*>(&a);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        float x, y;
+        unpack2<Element>(av[w], x, y);
+        av[w] = pack2<Element>(x * cosine[w] - y * sine[w], y * cosine[w] + x * sine[w]);
+      }
+      *chunk = a;
+    }
+    if (r + 1 < kRun) {
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        const float c = cosine[i] * step_cosine[i] - sine[i] * step_sine[i];
+        sine[i] = sine[i] * step_cosine[i] + cosine[i] * step_sine[i];
+        cosine[i] = c;
+      }
+    }
+  }
+}
+
+}  // namespace jitattn

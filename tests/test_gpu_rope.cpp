@@ -1,0 +1,398 @@
+// Fused RoPE and packed GQA on a GPU. RoPE is checked against
+// rotate-then-attend: the references rotate q and k on the host (float64 for
+// the exact one; fp32 angles and arithmetic, rounded to 16 bits, for the
+// yardstick) and then run plain attention. Packed GQA (the query heads of a KV
+// head sharing tiles) is checked against the same references as the unpacked
+// kernel, with every mask and score modifier. Inputs are fresh random values
+// every run (the seed is printed with every failure); outputs are poisoned
+// (0xff) first.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gpu_support.hpp"
+
+using namespace jitattn;
+using namespace jitattn::test;
+
+namespace {
+
+enum class Angles { theta, linear, llama3, tables };
+enum class Offsets { none, keys, both };
+
+struct Case {
+  AttentionShape shape;
+  DType dtype = DType::bf16;
+  bool rope = true;
+  RopeReference rotation;
+  Angles angles = Angles::theta;
+  Offsets offsets = Offsets::none;
+  std::optional<bool> pack_gqa;
+  bool heads_major = false;  // q/k/v as [batch, heads, seqlen, head_dim] storage
+  bool gpu_reference = false;  // unused: RoPE references are CPU ones (check_in_groups wants the field)
+};
+
+const char* angles_name(Angles a) {
+  switch (a) {
+    case Angles::theta: return "theta";
+    case Angles::linear: return "theta+linear";
+    case Angles::llama3: return "theta+llama3";
+    case Angles::tables: return "tables";
+  }
+  return "?";
+}
+
+std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
+  const auto& s = c.shape;
+  return fmt::format(
+      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window=({}, {}) softcap={} alibi={} "
+      "rope={} rotary_dim={} angles={} offsets={} pack_gqa={} heads_major={} seed={}",
+      spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch, s.seqlen_q, s.seqlen_k,
+      s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.softcap, !s.alibi_slopes.empty(),
+      !c.rope ? "off" : c.rotation.style == RopeStyle::rotate_half ? "rotate_half" : "interleaved",
+      c.rotation.rotary_dim, angles_name(c.angles), static_cast<int>(c.offsets),
+      c.pack_gqa ? (*c.pack_gqa ? "on" : "off") : "auto", c.heads_major, seed);
+}
+
+struct Inputs {
+  std::vector<float> q, k, v;
+  std::unique_ptr<DeviceTensor> dq, dk, dv;
+  RopeTables tables;
+  std::vector<int> q_offsets, k_offsets;
+  std::unique_ptr<DeviceBuffer> cos, sin, dq_offsets, dk_offsets, slopes;
+};
+
+std::unique_ptr<DeviceBuffer> upload(const void* data, size_t bytes) {
+  auto buffer = std::make_unique<DeviceBuffer>(bytes);
+  buffer->upload(data, bytes);
+  return buffer;
+}
+
+Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
+  const auto& s = c.shape;
+  const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
+  const int64_t kv_shape[4] = {s.batch, s.seqlen_k, s.heads_kv, s.head_dim};
+  int64_t q_strides[4], kv_strides[4];
+  if (c.heads_major) {
+    heads_major_strides(q_shape, q_strides);
+    heads_major_strides(kv_shape, kv_strides);
+  } else {
+    padded_strides(q_shape, q_strides);
+    padded_strides(kv_shape, kv_strides);
+  }
+  Inputs in;
+  in.q = random_values(static_cast<size_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim, c.dtype, rng);
+  in.k = random_values(static_cast<size_t>(s.batch) * s.seqlen_k * s.heads_kv * s.head_dim, c.dtype, rng);
+  in.v = random_values(in.k.size(), c.dtype, rng);
+  in.dq = std::make_unique<DeviceTensor>(in.q, c.dtype, q_shape, q_strides);
+  in.dk = std::make_unique<DeviceTensor>(in.k, c.dtype, kv_shape, kv_strides);
+  in.dv = std::make_unique<DeviceTensor>(in.v, c.dtype, kv_shape, kv_strides);
+  std::uniform_int_distribution<int> offset(0, 3000);
+  if (c.offsets != Offsets::none) {
+    for (int b = 0; b < s.batch; ++b) in.k_offsets.push_back(offset(rng));
+    in.dk_offsets = upload(in.k_offsets.data(), in.k_offsets.size() * 4);
+  }
+  if (c.offsets == Offsets::both) {
+    for (int b = 0; b < s.batch; ++b) in.q_offsets.push_back(offset(rng));
+    in.dq_offsets = upload(in.q_offsets.data(), in.q_offsets.size() * 4);
+  }
+  if (c.rope && c.angles == Angles::tables) {
+    in.tables = rope_tables(c.rotation, s.head_dim, s.seqlen_k + s.seqlen_q + 3001);
+    in.cos = upload(in.tables.cos.data(), in.tables.cos.size() * 4);
+    in.sin = upload(in.tables.sin.data(), in.tables.sin.size() * 4);
+  }
+  if (!s.alibi_slopes.empty()) in.slopes = upload(s.alibi_slopes.data(), s.alibi_slopes.size() * 4);
+  return in;
+}
+
+// Views the options point at; they live as long as the call.
+struct CallViews {
+  TensorView cos, sin, q_offsets, k_offsets, slopes;
+  ForwardOptions options;
+};
+
+void fill_options(const Case& c, const Inputs& in, CallViews& views) {
+  const auto& s = c.shape;
+  ForwardOptions& o = views.options;
+  o.causal = s.causal;
+  o.window_left = s.window_left;
+  o.window_right = s.window_right;
+  o.softcap = s.softcap;
+  o.pack_gqa = c.pack_gqa;
+  if (in.slopes) {
+    views.slopes = TensorView::contiguous(in.slopes->get(), DType::f32, {s.heads_q});
+    o.alibi_slopes = &views.slopes;
+  }
+  if (!c.rope) return;
+  RopeOptions& r = o.rope;
+  r.style = c.rotation.style;
+  r.rotary_dim = c.rotation.rotary_dim;
+  r.theta = static_cast<float>(c.rotation.theta);
+  r.linear_scaling = static_cast<float>(c.rotation.linear_scaling);
+  r.llama3_factor = static_cast<float>(c.rotation.llama3_factor);
+  r.llama3_low_freq_factor = static_cast<float>(c.rotation.llama3_low_freq_factor);
+  r.llama3_high_freq_factor = static_cast<float>(c.rotation.llama3_high_freq_factor);
+  r.llama3_original_max_position = static_cast<int>(c.rotation.llama3_original_max_position);
+  if (in.cos) {
+    views.cos = TensorView::contiguous(in.cos->get(), DType::f32, {in.tables.positions, in.tables.pairs});
+    views.sin = TensorView::contiguous(in.sin->get(), DType::f32, {in.tables.positions, in.tables.pairs});
+    r.cos = &views.cos;
+    r.sin = &views.sin;
+  }
+  if (in.dk_offsets) {
+    views.k_offsets = TensorView::contiguous(in.dk_offsets->get(), DType::i32, {s.batch});
+    r.k_offsets = &views.k_offsets;
+  }
+  if (in.dq_offsets) {
+    views.q_offsets = TensorView::contiguous(in.dq_offsets->get(), DType::i32, {s.batch});
+    r.q_offsets = &views.q_offsets;
+  }
+}
+
+References make_references(const Case& c, const Inputs& in) {
+  References r;
+  const auto& s = c.shape;
+  if (!c.rope) {
+    r.exact = attention_exact(s, in.q, in.k, in.v);
+    r.rounded = attention_16bit(s, in.q, in.k, in.v, c.dtype);
+    return r;
+  }
+  auto key_position = [&](int b, int j) { return j + (in.k_offsets.empty() ? 0 : in.k_offsets[b]); };
+  auto query_position = [&](int b, int i) {
+    if (!in.q_offsets.empty()) return i + in.q_offsets[b];
+    return i + s.seqlen_k - s.seqlen_q + (in.k_offsets.empty() ? 0 : in.k_offsets[b]);
+  };
+  const RopeTables* tables = c.angles == Angles::tables ? &in.tables : nullptr;
+  for (bool exact : {true, false}) {
+    std::vector<float> q = in.q, k = in.k;
+    rotate_reference(q, s.batch, s.seqlen_q, s.heads_q, s.head_dim, c.rotation, tables, query_position, exact, c.dtype);
+    rotate_reference(k, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, c.rotation, tables, key_position, exact, c.dtype);
+    (exact ? r.exact : r.rounded) = exact ? attention_exact(s, q, k, in.v) : attention_16bit(s, q, k, in.v, c.dtype);
+  }
+  return r;
+}
+
+struct KernelRun {
+  std::vector<float> out, lse;
+  std::string spec;
+};
+
+KernelRun run_kernel(const Case& c, const Inputs& in) {
+  const auto& s = c.shape;
+  const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
+  int64_t out_strides[4];
+  contiguous_strides(q_shape, out_strides);
+  DeviceTensor out(c.dtype, q_shape, out_strides);
+  const size_t lse_count = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
+  DeviceBuffer lse(lse_count * 4);
+  lse.fill_bytes(0xff);
+  const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {s.batch, s.heads_q, s.seqlen_q});
+  CallViews views;
+  fill_options(c, in, views);
+  KernelRun run;
+  run.spec = gpu_tests_runtime().spec_for(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view,
+                                          views.options);
+  gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, views.options,
+                              nullptr);
+  run.out = out.read();
+  run.lse.resize(lse_count);
+  lse.download(run.lse.data(), lse_count * 4);
+  return run;
+}
+
+void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t seed,
+                 const std::function<void(const Case&, const KernelRun&)>& extra = {}) {
+  check_in_groups(
+      cases, [&](const Case& c) { return make_inputs(c, rng); }, make_references,
+      [&](const Case& c, const Inputs& in, const References& r) {
+        if (!r.error.empty()) {
+          FAIL_CHECK(fmt::format("{}: reference: {}", describe(c, "", seed), r.error));
+          return;
+        }
+        KernelRun run;
+        try {
+          run = run_kernel(c, in);
+        } catch (const std::exception& e) {
+          FAIL_CHECK(fmt::format("{}: {}", describe(c, "", seed), e.what()));
+          return;
+        }
+        const Verdict verdict = judge(c.shape, run.out, run.lse, r.exact, r.rounded);
+        CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}", describe(c, run.spec, seed), verdict.summary()));
+        if (extra) extra(c, run);
+      });
+}
+
+AttentionShape make_shape(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim, bool causal) {
+  AttentionShape s;
+  s.batch = batch;
+  s.seqlen_q = seqlen_q;
+  s.seqlen_k = seqlen_k;
+  s.heads_q = heads_q;
+  s.heads_kv = heads_kv;
+  s.head_dim = head_dim;
+  s.causal = causal;
+  return s;
+}
+
+// FlashAttention's test rule: rotary_dim = floor(fraction · head_dim / 16) · 16.
+int rotary_dim_for(double fraction, int head_dim) { return static_cast<int>(fraction * head_dim) / 16 * 16; }
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+
+TEST_CASE("rope: both styles, rotary fractions 0.5 and 1, theta / linear / Llama 3.1 / tables, with offsets") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const std::pair<int, int> seqlens[] = {{113, 203}, {128, 217}, {1, 239}, {3, 799}, {256, 512}, {1024, 1024}};
+  const int head_dims[] = {64, 128, 96, 80, 256, 32};
+  const Angles angle_kinds[] = {Angles::theta, Angles::tables, Angles::llama3, Angles::linear};
+  std::vector<Case> cases;
+  int index = 0;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (RopeStyle style : {RopeStyle::rotate_half, RopeStyle::interleaved}) {
+      for (double fraction : {1.0, 0.5}) {
+        for (Offsets offsets : {Offsets::none, Offsets::keys, Offsets::both}) {
+          for (int variant = 0; variant < 2; ++variant, ++index) {
+            const auto& [seqlen_q, seqlen_k] = seqlens[index % 6];
+            const int head_dim = head_dims[index % 6];
+            Case c;
+            c.dtype = dtype;
+            c.shape = make_shape(seqlen_q >= 1024 ? 1 : 2, seqlen_q, seqlen_k, 6, index % 3 == 0 ? 6 : 2, head_dim,
+                                 index % 2 == 0);
+            if (index % 7 == 3) c.shape.window_left = 50;
+            c.rotation.style = style;
+            c.rotation.rotary_dim = rotary_dim_for(fraction, head_dim);
+            c.angles = angle_kinds[index % 4];
+            if (c.angles == Angles::linear) c.rotation.linear_scaling = 4.0;
+            if (c.angles == Angles::llama3) {
+              c.rotation.theta = 500000.0;
+              c.rotation.llama3_factor = 8.0;
+              c.rotation.llama3_original_max_position = 512;  // the smooth band falls inside these positions
+            }
+            c.offsets = offsets;
+            if (index % 5 == 0) c.pack_gqa = true;
+            c.heads_major = index % 4 == 1;
+            cases.push_back(c);
+          }
+        }
+      }
+    }
+  }
+  // RoPE changes the answer: the same inputs without it differ.
+  {
+    const Case& c = cases.front();
+    const Inputs in = make_inputs(c, rng);
+    const References rotated = make_references(c, in);
+    const ReferenceOutput plain = attention_exact(c.shape, in.q, in.k, in.v);
+    CHECK_MESSAGE(max_deviation(plain.out, rotated.exact.out) > 0.05, describe(c, "rope sanity", seed));
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    const std::string style = c.rotation.style == RopeStyle::rotate_half ? "rope_half" : "rope_interleaved";
+    CHECK_MESSAGE(run.spec.find(fmt::format(".{}_r{}", style, c.rotation.rotary_dim)) != std::string::npos, run.spec);
+    CHECK((run.spec.find(".rope_tables") != std::string::npos) == (c.angles == Angles::tables));
+  });
+}
+
+TEST_CASE("pack_gqa: GQA/MQA tiles shared by a KV head's query heads, with masks, softcap and ALiBi") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const std::pair<int, int> seqlens[] = {{1, 239}, {3, 799}, {16, 300}, {113, 203}, {127, 513}, {512, 256}};
+  std::vector<Case> cases;
+  int index = 0;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (int heads_kv : {2, 1}) {
+      for (int head_dim : {64, 128, 40, 256}) {
+        for (int mask = 0; mask < 3; ++mask, ++index) {
+          const auto& [seqlen_q, seqlen_k] = seqlens[index % 6];
+          Case c;
+          c.dtype = dtype;
+          c.rope = false;
+          c.shape = make_shape(2, seqlen_q, seqlen_k, heads_kv == 1 ? 7 : 6, heads_kv, head_dim, mask == 1);
+          if (mask == 2) {
+            c.shape.window_left = 20;
+            c.shape.window_right = 5;
+          }
+          if (index % 3 == 0) c.shape.softcap = 30.f;
+          if (index % 4 < 2) {
+            std::uniform_real_distribution<float> uniform(0.05f, 1.f);
+            for (int h = 0; h < c.shape.heads_q; ++h) c.shape.alibi_slopes.push_back(uniform(rng));
+          }
+          c.pack_gqa = true;
+          c.heads_major = index % 2 == 1;
+          cases.push_back(c);
+        }
+      }
+    }
+  }
+  check_cases(cases, rng, seed, [](const Case&, const KernelRun& run) {
+    CHECK_MESSAGE(run.spec.find(".packgqa") != std::string::npos, run.spec);
+  });
+}
+
+TEST_CASE("rope and pack_gqa: bad options are rejected before launch, naming the option") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  INFO("seed=", seed);
+  Case c;
+  c.shape = make_shape(2, 64, 80, 6, 2, 80, false);
+  const Inputs in = make_inputs(c, rng);
+  const int64_t q_shape[4] = {2, 64, 6, 80};
+  int64_t strides[4];
+  contiguous_strides(q_shape, strides);
+  DeviceTensor out(DType::bf16, q_shape, strides);
+  DeviceBuffer table(4096 * 4);
+  const TensorView cos = TensorView::contiguous(table.get(), DType::f32, {100, 40});
+  const TensorView short_cos = TensorView::contiguous(table.get(), DType::f32, {10, 40});
+  const TensorView narrow_cos = TensorView::contiguous(table.get(), DType::f32, {100, 16});
+  const TensorView half_cos = TensorView::contiguous(table.get(), DType::f16, {100, 40});
+  const TensorView offsets_f32 = TensorView::contiguous(table.get(), DType::f32, {2});
+  const TensorView offsets_short = TensorView::contiguous(table.get(), DType::i32, {1});
+
+  auto expect_rejected = [&](const RopeOptions& rope, const std::string& fragment) {
+    INFO("expected an error containing: ", fragment);
+    ForwardOptions options;
+    options.rope = rope;
+    CHECK_THROWS_WITH_AS(
+        gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, nullptr),
+        doctest::Contains(fragment.c_str()), Error);
+    size_t written = 0;
+    for (uint16_t bits : out.raw()) written += bits != 0xffff;
+    CHECK_MESSAGE(written == 0, fmt::format("{} output elements written by a rejected call", written));
+  };
+  RopeOptions rope;
+  rope.style = RopeStyle::rotate_half;
+  rope.rotary_dim = 40;
+  expect_rejected(rope, "options.rope.rotary_dim=40");
+  rope.rotary_dim = 96;
+  expect_rejected(rope, "must be a multiple of 16 between 16 and head_dim");
+  rope.rotary_dim = 0;  // head_dim 80: a multiple of 16
+  rope.theta = -1.f;
+  expect_rejected(rope, "options.rope.theta=-1");
+  rope.theta = 10000.f;
+  rope.cos = &cos;
+  expect_rejected(rope, "cos and sin tables come together");
+  rope.sin = &short_cos;
+  expect_rejected(rope, "options.rope.sin: shape");
+  rope.cos = rope.sin = &short_cos;
+  expect_rejected(rope, "options.rope.cos: 10 positions; the keys reach position 79");
+  rope.cos = rope.sin = &narrow_cos;
+  expect_rejected(rope, ">= rotary_dim / 2 = 40");
+  rope.cos = rope.sin = &half_cos;
+  expect_rejected(rope, "options.rope.cos: dtype f16 must be f32");
+  rope.cos = rope.sin = nullptr;
+  rope.k_offsets = &offsets_f32;
+  expect_rejected(rope, "options.rope.k_offsets: dtype f32 must be i32");
+  rope.k_offsets = nullptr;
+  rope.q_offsets = &offsets_short;
+  expect_rejected(rope, "options.rope.q_offsets: shape [1] must be [batch] = [2]");
+  RopeOptions style;
+  style.style = static_cast<RopeStyle>(7);
+  expect_rejected(style, "options.rope.style=7");
+}
+
+}  // TEST_SUITE
