@@ -114,6 +114,12 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
 }
 
 // RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
+// The key block and CTAs per SM assumed for decoding tiles (128 threads of
+// about 170 registers: three per SM).
+constexpr int kDecodeBlockKV = 64;
+constexpr int kDecodeCtasPerSm = 3;
+constexpr int kMaxSplits = 128;
+
 int check_rope_scalars(const RopeOptions& rope, int64_t head_dim) {
   const int rotary_dim = rope.rotary_dim == 0 ? static_cast<int>(head_dim) : rope.rotary_dim;
   if (rope.style != RopeStyle::rotate_half && rope.style != RopeStyle::interleaved) {
@@ -170,6 +176,27 @@ void check_rope_tables(const RopeOptions& rope, int rotary_dim) {
 }
 
 }  // namespace
+
+int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int max_splits) {
+  const double wave = static_cast<double>(std::max(1, sm_count)) * std::max(1, ctas_per_sm);
+  if (tiles >= 0.8 * wave) return 1;
+  const int limit = static_cast<int>(std::min<int64_t>({max_splits, kv_blocks, static_cast<int64_t>(wave)}));
+  auto blocks_per_split = [&](int splits) { return (kv_blocks + splits - 1) / splits; };
+  // A split count that leaves blocks per split unchanged only adds empty splits.
+  auto eligible = [&](int splits) { return splits == 1 || blocks_per_split(splits) != blocks_per_split(splits - 1); };
+  auto efficiency = [&](int splits) {
+    const double waves = tiles * splits / wave;
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int splits = 1; splits <= limit; ++splits) {
+    if (eligible(splits)) best = std::max(best, efficiency(splits));
+  }
+  for (int splits = 1; splits <= limit; ++splits) {
+    if (eligible(splits) && efficiency(splits) >= 0.85 * best) return splits;
+  }
+  return 1;
+}
 
 std::vector<float> rope_inv_frequencies(const RopeOptions& rope, int rotary_dim) {
   std::vector<float> frequencies(rotary_dim / 2);
@@ -251,6 +278,20 @@ struct Problem {
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
   const int* seqused_k = nullptr;
+  // KV cache (forward_kvcache): seqused_k is cache_seqlens; seqlen_k above is
+  // the longest sequence (hint or capacity).
+  bool kvcache = false;
+  bool paged = false;
+  int seqlen_k_added = 0;
+  const int* kv_batch_index = nullptr;
+  const int* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int page_shift = 0;
+  int num_splits = 0;  // requested; 0 = heuristic
+  int sm_count = 0;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  bool sizing_only = false;  // kvcache_workspace_bytes: no workspace yet
 };
 
 void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
@@ -372,6 +413,20 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const int64_t packed_tiles = (seqlen_q * group + tiles.block_q - 1) / tiles.block_q;
   const bool pack_pays = seqlen_q < tiles.block_q && packed_tiles < unpacked_tiles;
   plan.spec.pack_gqa = group > 1 && options.pack_gqa.value_or(pack_pays);
+  if (problem.kvcache) {
+    plan.spec.kvcache = true;
+    plan.spec.paged = problem.paged;
+    // Decoding: the (packed) queries fit one 64-row tile of four warps; the
+    // key loop is memory-bound, so small CTAs (more per SM, more loads in
+    // flight) win. Measured on the H200 in docs/PERFORMANCE.md.
+    const int64_t rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
+    if (options.tiles.block_q == 0 && options.tiles.block_kv == 0 && options.tiles.warps == 0 && rows <= 64) {
+      tiles = {64, kDecodeBlockKV, 4};
+      plan.spec.block_q = 64;
+      plan.spec.block_kv = kDecodeBlockKV;
+      plan.spec.warps = 4;
+    }
+  }
   plan.spec.validate();
   // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at
   // head_dim 256: smaller key blocks first, then smaller query blocks.
@@ -397,7 +452,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const int64_t packed_rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
   if (packed_rows > INT_MAX) reject(fmt::format("q: seqlen_q × heads_q / heads_kv = {} exceeds 2^31-1", packed_rows));
   const int64_t num_q_blocks = (packed_rows + tiles.block_q - 1) / tiles.block_q;
-  const int64_t grid = num_q_blocks * (plan.spec.pack_gqa ? heads_kv : heads_q) * batch;
+  int64_t grid = num_q_blocks * (plan.spec.pack_gqa ? heads_kv : heads_q) * batch;
   if (grid > INT_MAX) reject(fmt::format("q: batch × heads × ceil(seqlen_q / {}) = {} exceeds 2^31-1 blocks", tiles.block_q, grid));
 
   FwdParams& p = plan.params;
@@ -464,7 +519,51 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     }
     p.rope_q_offsets = rope.q_offsets != nullptr ? static_cast<const int*>(rope.q_offsets->data) : nullptr;
     p.rope_k_offsets = rope.k_offsets != nullptr ? static_cast<const int*>(rope.k_offsets->data) : nullptr;
+    // KV cache: query i of sequence b is at cache_seqlens[b] + i.
+    if (problem.kvcache) p.rope_q_offsets = problem.seqused_k;
   }
+  if (problem.kvcache) {
+    p.seqlen_k_added = problem.seqlen_k_added;
+    p.kv_batch_index = problem.kv_batch_index;
+    p.block_table = problem.block_table;
+    p.block_table_stride = problem.block_table_stride;
+    p.page_shift = problem.page_shift;
+    // Split-KV when the tiles alone leave the GPU underused.
+    const int64_t kv_blocks = std::max<int64_t>(1, (seqlen_k + plan.spec.block_kv - 1) / plan.spec.block_kv);
+    int splits = problem.num_splits;
+    if (splits == 0) {
+      const size_t smem_per_sm = 228 * 1024;
+      const int ctas_per_sm = static_cast<int>(std::max<size_t>(
+          1, std::min<size_t>(smem_per_sm / (plan.spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
+      splits = num_splits_heuristic(grid, problem.sm_count, ctas_per_sm, kv_blocks, kMaxSplits);
+    }
+    splits = static_cast<int>(std::min<int64_t>(splits, kv_blocks));
+    if (splits > 1) {
+      const int64_t per_split = (kv_blocks + splits - 1) / splits;
+      splits = static_cast<int>((kv_blocks + per_split - 1) / per_split);  // no empty splits
+      plan.spec.split = true;
+      p.num_splits = splits;
+      p.blocks_per_split = static_cast<int>(per_split);
+      plan.num_splits = splits;
+      const size_t partial_elements = static_cast<size_t>(splits) * batch * seqlen_q * heads_q;
+      plan.partial_o_bytes = (partial_elements * head_dim * 4 + 255) / 256 * 256;
+      plan.workspace_bytes = plan.partial_o_bytes + partial_elements * 4;
+      grid *= splits;
+      if (!problem.sizing_only) {
+        if (problem.workspace_bytes < plan.workspace_bytes) {
+          reject(fmt::format("workspace: {} bytes given; this call needs {} (ask kvcache_workspace_bytes)",
+                             problem.workspace_bytes, plan.workspace_bytes));
+        }
+        if (problem.workspace == nullptr || reinterpret_cast<uintptr_t>(problem.workspace) % 256 != 0) {
+          reject("workspace: data pointer must be non-null and 256-byte aligned");
+        }
+        p.partial_o = static_cast<float*>(problem.workspace);
+        p.partial_lse = reinterpret_cast<float*>(static_cast<char*>(problem.workspace) + plan.partial_o_bytes);
+      }
+    }
+    if (grid > INT_MAX) reject(fmt::format("kvcache: {} blocks exceed 2^31-1", grid));
+  }
+  plan.spec.validate();
   plan.grid = static_cast<unsigned>(grid);
   return plan;
 }
@@ -532,6 +631,91 @@ ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const 
     problem.lse_strides[2] = lse->strides[1];
   }
   return plan_problem(problem, options, arch, max_smem_bytes, tuning, true);
+}
+
+ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
+                                 const TensorView* lse, const ForwardOptions& options, void* workspace,
+                                 size_t workspace_bytes, bool sizing_only, const Arch& arch, int max_smem_bytes,
+                                 int sm_count, const TuningTable* tuning) {
+  const TensorView& k_cache = args.k_cache;
+  check_rows("q", q, 4);
+  check_rows("k_cache", k_cache, 4);
+  check_rows("v_cache", args.v_cache, 4);
+  check_rows("out", out, 4);
+  check_matching(q, k_cache, args.v_cache, out);
+  const int64_t batch = q.shape[0], seqlen_q = q.shape[1];
+  check_i32_vector("cache_seqlens", args.cache_seqlens, batch, "batch");
+  Problem problem = problem_of(q, k_cache, args.v_cache, out);
+  problem.batch = batch;
+  problem.seqlen_q = seqlen_q;
+  problem.kvcache = true;
+  problem.seqused_k = static_cast<const int*>(args.cache_seqlens.data);
+  int64_t capacity = k_cache.shape[1];
+  if (args.block_table != nullptr) {
+    const TensorView& table = *args.block_table;
+    if (table.dtype != DType::i32 || table.ndim != 2 || table.shape[0] != batch || table.shape[1] < 1) {
+      reject(fmt::format("block_table: must be i32 [batch, max_pages] = [{}, >= 1], got {} {}", batch,
+                         dtype_name(table.dtype), shape_text(table)));
+    }
+    if (table.strides[1] != 1) reject("block_table: the pages dimension must be contiguous (stride 1)");
+    if (table.data == nullptr || reinterpret_cast<uintptr_t>(table.data) % 4 != 0) {
+      reject("block_table: data pointer must be non-null and 4-byte aligned");
+    }
+    const int64_t page_size = k_cache.shape[1];
+    if (page_size < 1 || (page_size & (page_size - 1)) != 0) {
+      reject(fmt::format("k_cache: page_size={} (dimension 1 of a paged cache) must be a power of two", page_size));
+    }
+    if (args.cache_batch_idx != nullptr) reject("cache_batch_idx: not supported with a paged cache (use block_table)");
+    problem.paged = true;
+    problem.block_table = static_cast<const int*>(table.data);
+    problem.block_table_stride = table.strides[0];
+    while ((int64_t{1} << problem.page_shift) < page_size) ++problem.page_shift;
+    capacity = page_size * table.shape[1];
+  } else if (args.cache_batch_idx != nullptr) {
+    check_i32_vector("cache_batch_idx", *args.cache_batch_idx, batch, "batch");
+    problem.kv_batch_index = static_cast<const int*>(args.cache_batch_idx->data);
+  } else if (k_cache.shape[0] != batch) {
+    reject(fmt::format("k_cache: batch={} must equal q's batch={} (or pass cache_batch_idx)", k_cache.shape[0], batch));
+  }
+  if ((args.k_new == nullptr) != (args.v_new == nullptr)) reject("k_new, v_new: give both or neither");
+  if (args.k_new != nullptr) {
+    check_rows("k_new", *args.k_new, 4);
+    check_rows("v_new", *args.v_new, 4);
+    const TensorView& k_new = *args.k_new;
+    if (k_new.dtype != q.dtype || args.v_new->dtype != q.dtype) reject("k_new, v_new: dtype must match q's");
+    for (int axis = 0; axis < 4; ++axis) {
+      if (args.v_new->shape[axis] != k_new.shape[axis]) {
+        reject(fmt::format("v_new: shape {} must equal k_new's shape {}", shape_text(*args.v_new), shape_text(k_new)));
+      }
+    }
+    if (k_new.shape[0] != batch || k_new.shape[2] != k_cache.shape[2] || k_new.shape[3] != k_cache.shape[3]) {
+      reject(fmt::format("k_new: shape {} must be [batch, seqlen_new, heads_kv, head_dim] = [{}, *, {}, {}]",
+                         shape_text(k_new), batch, k_cache.shape[2], k_cache.shape[3]));
+    }
+    problem.seqlen_k_added = static_cast<int>(k_new.shape[1]);
+  }
+  if (args.max_seqlen_k < 0 || args.max_seqlen_k > capacity) {
+    reject(fmt::format("max_seqlen_k={} must be between 0 (= the cache capacity) and the capacity {}", args.max_seqlen_k,
+                       capacity));
+  }
+  problem.seqlen_k = args.max_seqlen_k > 0 ? args.max_seqlen_k : capacity;
+  if (args.num_splits < 0 || args.num_splits > kMaxSplits) {
+    reject(fmt::format("num_splits={} must be 0 (heuristic) or 1 to {}", args.num_splits, kMaxSplits));
+  }
+  if (options.rope.q_offsets != nullptr || options.rope.k_offsets != nullptr) {
+    reject("options.rope: q_offsets and k_offsets do not apply to forward_kvcache (positions come from cache_seqlens)");
+  }
+  problem.num_splits = args.num_splits;
+  problem.sm_count = sm_count;
+  problem.workspace = workspace;
+  problem.workspace_bytes = workspace_bytes;
+  problem.sizing_only = sizing_only;
+  if (lse != nullptr) {
+    check_lse(*lse, batch, problem.heads_q, seqlen_q);
+    problem.lse = static_cast<float*>(lse->data);
+    for (int i = 0; i < 3; ++i) problem.lse_strides[i] = lse->strides[i];
+  }
+  return plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
 }
 
 }  // namespace jitattn::detail

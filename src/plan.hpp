@@ -16,6 +16,11 @@ struct ForwardPlan {
   KernelSpec spec;
   FwdParams params{};
   unsigned grid = 0;  // CTAs (flattened); 0 = nothing to compute
+  // Split-KV (spec.split): the partial results live in the caller's
+  // workspace, fp32 outputs first (partial_o_bytes, 256-aligned), then LSEs.
+  int num_splits = 1;
+  size_t partial_o_bytes = 0;
+  size_t workspace_bytes = 0;
 };
 
 class TuningTable;
@@ -26,6 +31,14 @@ TileConfig default_tiles(DType dtype, int head_dim, bool causal, const Arch& arc
 // Every distinct default_tiles() choice over the seqlen buckets: what warming
 // a (dtype, head_dim, causal) class must compile so no call compiles later.
 std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch);
+
+// Split-KV: how many splits a call with `tiles` CTAs and `kv_blocks` key
+// blocks each should use on `sm_count` SMs holding `ctas_per_sm` CTAs each.
+// None when the tiles alone fill 80% of a wave; else the smallest count whose
+// wave efficiency (tiles·splits / wave over its ceiling) reaches 85% of the
+// best, counting only counts that change the blocks per split; at most
+// max_splits.
+int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int max_splits);
 
 // RoPE inverse frequencies of pairs 0 .. rotary_dim / 2 − 1 from theta,
 // linear scaling and Llama 3.1 scaling (computed in double, rounded once).
@@ -44,5 +57,14 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
 ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                 const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
                                 const Arch& arch, int max_smem_bytes, const TuningTable* tuning = nullptr);
+
+// forward_kvcache: attention of q over a KV cache (contiguous or paged); the
+// appending of new keys is planned separately (it runs first). sm_count
+// drives the split heuristic. With workspace == nullptr and sizing_only the
+// plan only sizes the workspace.
+ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
+                                 const TensorView* lse, const ForwardOptions& options, void* workspace,
+                                 size_t workspace_bytes, bool sizing_only, const Arch& arch, int max_smem_bytes,
+                                 int sm_count, const TuningTable* tuning = nullptr);
 
 }  // namespace jitattn::detail

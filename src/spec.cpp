@@ -9,7 +9,7 @@
 namespace jitattn::detail {
 namespace {
 
-std::vector<std::string_view> split(std::string_view text, char sep) {
+std::vector<std::string_view> split_fields(std::string_view text, char sep) {
   std::vector<std::string_view> parts;
   size_t start = 0;
   while (true) {
@@ -59,13 +59,16 @@ std::string KernelSpec::text() const {
   }
   if (rope_tables) out += ".rope_tables";
   if (pack_gqa) out += ".packgqa";
+  if (kvcache) out += ".kvcache";
+  if (paged) out += ".paged";
+  if (split) out += ".split";
   if (padded) out += ".padded";
   if (varlen) out += ".varlen";
   return out;
 }
 
 KernelSpec KernelSpec::parse(std::string_view text) {
-  auto fields = split(text, '.');
+  auto fields = split_fields(text, '.');
   if (fields.size() < 6) {
     bad_spec(text, "expected family.dtype.dN.brN.bcN.wN[.causal], e.g. fwd.bf16.d128.br128.bc64.w4");
   }
@@ -97,10 +100,13 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "varlen"  ? &spec.varlen
                  : fields[i] == "packgqa" ? &spec.pack_gqa
                  : fields[i] == "rope_tables" ? &spec.rope_tables
+                 : fields[i] == "kvcache" ? &spec.kvcache
+                 : fields[i] == "paged"   ? &spec.paged
+                 : fields[i] == "split"   ? &spec.split
                                           : nullptr;
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: causal, local, softcap, alibi, rope_half_rN, "
-                                 "rope_interleaved_rN, rope_tables, packgqa, padded, varlen)",
+                                 "rope_interleaved_rN, rope_tables, packgqa, kvcache, paged, split, padded, varlen)",
                                  fields[i]));
     }
     *flag = true;
@@ -130,6 +136,8 @@ void KernelSpec::validate() const {
     fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128", block_kv));
   }
   if (warps != 4 && warps != 8) fail(ErrorCode::unsupported, fmt::format("w={} is not one of 4, 8", warps));
+  if (paged && !kvcache) fail(ErrorCode::invalid_argument, "paged needs kvcache");
+  if (varlen && (kvcache || split)) fail(ErrorCode::unsupported, "varlen does not combine with kvcache or split");
   // Each warp owns whole 16-row MMA tiles of the query block.
   if (block_q % (16 * warps) != 0) {
     fail(ErrorCode::unsupported,
@@ -181,6 +189,9 @@ uint64_t KernelSpec::packed() const {
   key = key << 2 | static_cast<uint64_t>(rope);
   key = key << 5 | static_cast<uint64_t>(rotary_dim / 16);
   key = key << 1 | static_cast<uint64_t>(rope_tables);
+  key = key << 1 | static_cast<uint64_t>(kvcache);
+  key = key << 1 | static_cast<uint64_t>(paged);
+  key = key << 1 | static_cast<uint64_t>(split);
   return key;
 }
 

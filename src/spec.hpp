@@ -35,10 +35,13 @@ struct KernelSpec {
   RopeKind rope = RopeKind::none;  // RoPE applied to q and k in the kernel
   int rotary_dim = 0;              // channels rotated (a multiple of 16), with rope
   bool rope_tables = false;        // angles from caller cos/sin tables, not from frequencies
+  bool kvcache = false;  // keys from a KV cache: per-sequence lengths, keys already rotated
+  bool paged = false;    // the KV cache is paged (block table)
+  bool split = false;    // split-KV: writes fp32 partial results for the combine kernel
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
-  // rope_tables, packgqa, padded, varlen).
+  // rope_tables, packgqa, kvcache, paged, split, padded, varlen).
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.
   static KernelSpec parse(std::string_view text);

@@ -7,7 +7,8 @@ using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /
                                   /*BLOCK_KV=*/{block_kv}, /*WARPS=*/{warps}, /*MASK=*/jitattn::{mask},
                                   /*SOFTCAP=*/{softcap}, /*ALIBI=*/{alibi}, /*PADDED=*/{padded},
                                   /*VARLEN=*/{varlen}, /*PACK_GQA=*/{pack_gqa}, /*ROPE=*/jitattn::{rope},
-                                  /*ROTARY_DIM=*/{rotary_dim}, /*ROPE_TABLES=*/{rope_tables}>;
+                                  /*ROTARY_DIM=*/{rotary_dim}, /*ROPE_TABLES=*/{rope_tables},
+                                  /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged}, /*SPLIT=*/{split}>;
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{

@@ -66,6 +66,29 @@ struct FwdParams {
   // + the key offset (the bottom-right alignment of the causal mask).
   const int* rope_q_offsets;
   const int* rope_k_offsets;
+
+  // KV cache (with_kvcache): sequence b's keys are cache rows
+  // [0, seqused_k[b] + seqlen_k_added) (seqused_k is cache_seqlens; new keys
+  // were appended at its end), in cache batch kv_batch_index[b] (b when null).
+  // The cache holds rotated keys, so RoPE rotates only q.
+  int seqlen_k_added;
+  const int* kv_batch_index;
+  // Paged cache: row r of sequence b is row r & (2^page_shift − 1) of page
+  // block_table[b · block_table_stride + (r >> page_shift)]; k_batch_stride
+  // and v_batch_stride are the page strides.
+  const int* block_table;
+  long long block_table_stride;
+  int page_shift;
+
+  // Split-KV: CTA split s attends to key blocks [s · blocks_per_split,
+  // (s + 1) · blocks_per_split) and writes its normalized fp32 output and LSE
+  // to partial_o [num_splits, batch, seqlen_q, heads_q, head_dim] and
+  // partial_lse [num_splits, batch, seqlen_q, heads_q] (contiguous), for the
+  // combine kernel to merge.
+  int num_splits;
+  int blocks_per_split;
+  float* partial_o;
+  float* partial_lse;
 };
 
 }  // namespace jitattn

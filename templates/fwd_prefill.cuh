@@ -21,7 +21,8 @@ enum MaskKind : int {
 };
 
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
-          bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, bool ROPE_TABLES>
+          bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE,
+          bool PAGED, bool SPLIT>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
@@ -46,6 +47,13 @@ struct FwdConfig {
   static constexpr int kRope = ROPE;
   static constexpr int kRotaryDim = ROTARY_DIM;
   static constexpr bool kRopeTables = ROPE_TABLES;
+  // Keys from a KV cache (per-sequence lengths, optional batch remapping;
+  // the cached keys are already rotated, so RoPE rotates q only), in pages,
+  // and split over several CTAs that write fp32 partial results.
+  static constexpr bool kKVCache = KVCACHE;
+  static constexpr bool kPaged = PAGED;
+  static constexpr bool kSplit = SPLIT;
+  static constexpr bool kRotateKeys = ROPE != 0 && !KVCACHE;
   // Scores rewritten before the softmax (to log2-domain logits) instead of
   // the scale being folded into the exponent.
   static constexpr bool kRewriteScores = SOFTCAP || ALIBI;
@@ -387,18 +395,80 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
   }
 }
 
-// V has landed, and every warp is done with K, so the next K block may stream
-// in while P V (and, with kEarlyNextK, the softmax) runs.
+
+// Copies K or V rows [key0, key0 + BLOCK_KV) of one sequence and head into a
+// tile: rows at a fixed stride, or (paged) through the block table.
 template <class Cfg>
-__device__ __forceinline__ void wait_v_then_load_next_k(unsigned k_tile, const unsigned short* k, long long row_stride,
-                                                        int block, int first_block, int key0, int seqlen_k,
-                                                        int chunks_valid) {
-  cp_async_wait<0>();
-  __syncthreads();
-  if (block > first_block) {
-    load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, row_stride, key0 - Cfg::kBlockKV, seqlen_k, chunks_valid);
+__device__ __forceinline__ void load_kv_tile(unsigned tile, const unsigned short* rows, long long row_stride,
+                                             long long page_stride, const int* pages, int page_shift, int key0,
+                                             int seqlen_k, int chunks_valid) {
+  if constexpr (!Cfg::kPaged) {
+    load_tile<Cfg, Cfg::kBlockKV>(tile, rows, row_stride, key0, seqlen_k, chunks_valid);
+  } else {
+    if ((Cfg::kBlockKV >> page_shift) <= 1) {
+      // Pages at least a tile long (power-of-two sizes, so tiles never
+      // straddle pages): one lookup, then the strided copy.
+      const int page = pages[key0 >> page_shift];
+      const unsigned short* first = rows + page * page_stride + (key0 & ((1 << page_shift) - 1)) * row_stride;
+      load_tile<Cfg, Cfg::kBlockKV>(tile, first, row_stride, 0, seqlen_k - key0, chunks_valid);
+    } else {
+      // Small pages: each row looks up its own. Rows past the sequence read
+      // no table entry (those may be unset).
+      constexpr int kChunks = Cfg::kBlockKV * Cfg::kChunksPerRow;
+      const int in_page = (1 << page_shift) - 1;
+#pragma unroll
+      for (int i = 0; i < (kChunks + Cfg::kThreads - 1) / Cfg::kThreads; ++i) {
+        const int index = i * Cfg::kThreads + threadIdx.x;
+        if (kChunks % Cfg::kThreads == 0 || index < kChunks) {
+          const int row = index / Cfg::kChunksPerRow;
+          const int chunk = index % Cfg::kChunksPerRow;
+          const int key = key0 + row;
+          const bool valid = key < seqlen_k && chunk < chunks_valid;
+          const unsigned short* source = rows;
+          if (valid) source = rows + pages[key >> page_shift] * page_stride + (key & in_page) * row_stride + chunk * 8;
+          cp_async_16(tile + swizzled_bytes<Cfg>(row, chunk), source, valid);
+        }
+      }
+    }
   }
-  cp_async_commit();
+}
+
+// Split-KV epilogue: this split's normalized fp32 output and LSE for each
+// row, straight from the accumulators (the combine kernel merges splits).
+template <class Cfg>
+__device__ __forceinline__ void store_partial(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
+                                              const float (&row_max)[Cfg::kMTiles][2],
+                                              const float (&row_sum)[Cfg::kMTiles][2], const FwdParams& p, int split,
+                                              int batch, int head, int q0, int warp_row0, int rows, int group,
+                                              int lane) {
+#pragma unroll
+  for (int m = 0; m < Cfg::kMTiles; ++m) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(row_sum[m][half]);
+      const int row = q0 + warp_row0 + m * 16 + (lane >> 2) + half * 8;
+      if (row >= rows) continue;
+      const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+      const int query = query_position<Cfg>(row, group);
+      const int row_head = Cfg::kPackGqa ? head + row % group : head;
+      const long long at = (static_cast<long long>(split * p.batch + batch) * p.seqlen_q + query) * p.heads_q + row_head;
+      float* out = p.partial_o + at * p.head_dim;
+#pragma unroll
+      for (int n = 0; n < Cfg::kOutTiles; ++n) {
+        const int column = n * 8 + (lane & 3) * 2;
+        if (!Cfg::kPadded || column < p.head_dim) {
+          float2 pair;
+          pair.x = o[m][n][2 * half] * inverse;
+          pair.y = o[m][n][2 * half + 1] * inverse;
+          *reinterpret_cast<float2*>(out + column) = pair;
+        }
+      }
+      if ((lane & 3) == 0) {
+        p.partial_lse[at] =
+            sum > 0.f ? row_max[m][half] * p.lse_scale + fast_log2(sum) * 0.69314718055994531f : -kInfinity;
+      }
+    }
+  }
 }
 
 // Copies the Q tile of a packed-GQA CTA: row r is query (q0 + r) / group of
@@ -464,7 +534,9 @@ __device__ void fwd_prefill(const FwdParams& p) {
   // heads, and a CTA's rows cover every query head of the group.
   const int q_block = Cfg::kCausal ? p.num_q_blocks - 1 - static_cast<int>(blockIdx.x % p.num_q_blocks)
                                    : static_cast<int>(blockIdx.x % p.num_q_blocks);
-  const int batch_head = blockIdx.x / p.num_q_blocks;
+  // Split-KV: the splits of one tile are adjacent too.
+  const int split = Cfg::kSplit ? static_cast<int>(blockIdx.x / p.num_q_blocks % p.num_splits) : 0;
+  const int batch_head = blockIdx.x / p.num_q_blocks / (Cfg::kSplit ? p.num_splits : 1);
   const int group = Cfg::kPackGqa ? p.heads_per_kv : 1;
   const int grid_heads = Cfg::kPackGqa ? p.heads_kv : p.heads_q;
   const int batch = batch_head / grid_heads;
@@ -496,6 +568,14 @@ __device__ void fwd_prefill(const FwdParams& p) {
     v_start = k_row0 * p.v_row_stride;
     lse_start = q_row0 * p.lse_row_stride;
   }
+  if constexpr (Cfg::kKVCache) {
+    seqlen_k = p.seqused_k[batch] + p.seqlen_k_added;
+    const int cache_batch = p.kv_batch_index != nullptr ? p.kv_batch_index[batch] : batch;
+    // Paged: the batch strides are page strides, applied per tile.
+    k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
+    v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
+  }
+  const int* pages = Cfg::kPaged ? p.block_table + batch * p.block_table_stride : nullptr;
   // Rows of this sequence's (packed) Q: queries × heads of the group.
   const int rows = seqlen_q * group;
   const unsigned short* q = static_cast<const unsigned short*>(p.q) + q_start + head * p.q_head_stride;
@@ -530,8 +610,12 @@ __device__ void fwd_prefill(const FwdParams& p) {
     kv_end = min(kv_end, static_cast<long long>(last_query) + 1 + diagonal_offset + p.window_right);
     kv_begin = max(kv_begin, static_cast<long long>(first_query) + diagonal_offset - p.window_left);
   }
-  const int first_block = static_cast<int>(kv_begin / Cfg::kBlockKV);
-  const int end_block = kv_end > kv_begin ? static_cast<int>((kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV) : first_block;
+  int first_block = static_cast<int>(kv_begin / Cfg::kBlockKV);
+  int end_block = kv_end > kv_begin ? static_cast<int>((kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV) : first_block;
+  if constexpr (Cfg::kSplit) {
+    first_block = max(first_block, split * p.blocks_per_split);
+    end_block = max(first_block, min(end_block, (split + 1) * p.blocks_per_split));
+  }
 
   if constexpr (Cfg::kPackGqa) {
     load_packed_q<Cfg>(q_tile, q, p.q_row_stride, p.q_head_stride, q0, rows, group, chunks_valid);
@@ -539,7 +623,8 @@ __device__ void fwd_prefill(const FwdParams& p) {
     load_tile<Cfg, Cfg::kBlockQ>(q_tile, q, p.q_row_stride, q0, seqlen_q, chunks_valid);
   }
   if (end_block > first_block) {
-    load_tile<Cfg, Cfg::kBlockKV>(k_tile, k, p.k_row_stride, (end_block - 1) * Cfg::kBlockKV, seqlen_k, chunks_valid);
+    load_kv_tile<Cfg>(k_tile, k, p.k_row_stride, p.k_batch_stride, pages, p.page_shift, (end_block - 1) * Cfg::kBlockKV,
+                      seqlen_k, chunks_valid);
   }
   cp_async_commit();
 
@@ -579,9 +664,9 @@ __device__ void fwd_prefill(const FwdParams& p) {
     // V may be overwritten.
     cp_async_wait<0>();
     __syncthreads();
-    load_tile<Cfg, Cfg::kBlockKV>(v_tile, v, p.v_row_stride, key0, seqlen_k, chunks_valid);
+    load_kv_tile<Cfg>(v_tile, v, p.v_row_stride, p.v_batch_stride, pages, p.page_shift, key0, seqlen_k, chunks_valid);
     cp_async_commit();
-    if constexpr (Cfg::kRope != kRopeNone) {
+    if constexpr (Cfg::kRotateKeys) {
       // Rotating K here costs 25-40% of a block's time (docs/PERFORMANCE.md):
       // each CTA rotates every K block it reads. Double-buffering K to overlap
       // the rotation with P V measured no faster (and spilled at head_dim 128).
@@ -603,12 +688,23 @@ __device__ void fwd_prefill(const FwdParams& p) {
     }
     if (needs_mask) apply_mask<Cfg>(s, p, seqlen_k, q0 + warp_row0, key0, diagonal_offset, lane);
 
+    // V has landed, and every warp is done with K, so the next K block may
+    // stream in while P V (and, with kEarlyNextK, the softmax) runs.
+    auto wait_v_then_load_next_k = [&] {
+      cp_async_wait<0>();
+      __syncthreads();
+      if (block > first_block) {
+        load_kv_tile<Cfg>(k_tile, k, p.k_row_stride, p.k_batch_stride, pages, p.page_shift, key0 - Cfg::kBlockKV,
+                          seqlen_k, chunks_valid);
+      }
+      cp_async_commit();
+    };
     if constexpr (Cfg::kEarlyNextK) {
-      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, first_block, key0, seqlen_k, chunks_valid);
+      wait_v_then_load_next_k();
       online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
     } else {
       online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
-      wait_v_then_load_next_k<Cfg>(k_tile, k, p.k_row_stride, block, first_block, key0, seqlen_k, chunks_valid);
+      wait_v_then_load_next_k();
     }
     unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
     pack_probabilities<Cfg>(probabilities, s);
@@ -619,6 +715,10 @@ __device__ void fwd_prefill(const FwdParams& p) {
   // was never waited for: it must land before rows are reused for staging.
   cp_async_wait<0>();
   __syncthreads();
+  if constexpr (Cfg::kSplit) {
+    store_partial<Cfg>(o, row_max, row_sum, p, split, batch, head, q0, warp_row0, rows, group, lane);
+    return;
+  }
   store_output<Cfg>(o, row_max, row_sum, shared_bytes, out, p.o_row_stride, p.o_head_stride, lse, p.lse_row_stride,
                     p.lse_head_stride, q0, warp_row0, rows, group, chunks_valid, p.lse_scale, lane);
 }

@@ -155,6 +155,33 @@ struct VarlenArgs {
   const TensorView* seqused_k = nullptr;
 };
 
+// Attention over a KV cache (FlashAttention's flash_attn_with_kvcache).
+// Sequence b attends to cache rows [0, cache_seqlens[b] + seqlen_new) of
+// cache batch b (cache_batch_idx[b] when given), or of its pages
+// block_table[b, ·] in a paged cache. New keys and values, when given, are
+// first written into the cache at rows cache_seqlens[b] .. + seqlen_new − 1
+// (keys rotated when RoPE is on; the cache holds rotated keys). Queries sit
+// at positions cache_seqlens[b] + i, for RoPE and for the bottom-right causal
+// diagonal. cache_seqlens, block_table and cache_batch_idx live in device
+// memory and are not read on the host: the caller keeps them consistent
+// (lengths within the capacity, page indices within the pages).
+struct KVCacheArgs {
+  // [batch_cache, max_seqlen, heads_kv, head_dim], or paged
+  // [num_pages, page_size, heads_kv, head_dim] with page_size a power of two.
+  TensorView k_cache;
+  TensorView v_cache;
+  TensorView cache_seqlens;                      // i32 [batch]
+  const TensorView* block_table = nullptr;       // i32 [batch, max_pages]: paged cache
+  const TensorView* cache_batch_idx = nullptr;   // i32 [batch] (contiguous cache only)
+  const TensorView* k_new = nullptr;             // [batch, seqlen_new, heads_kv, head_dim]
+  const TensorView* v_new = nullptr;
+  // Split-KV: 0 lets the library choose, 1 disables it, n forces n (<= 128).
+  int num_splits = 0;
+  // The longest cache_seqlens[b] + seqlen_new, if known: sizes the splits.
+  // 0 assumes the cache capacity.
+  int max_seqlen_k = 0;
+};
+
 // CUstream or cudaStream_t; nullptr is the legacy default stream.
 using Stream = void*;
 
@@ -189,6 +216,19 @@ class JITATTN_API Runtime {
   void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options = {},
                       Stream stream = nullptr);
+
+  // KV-cache attention (decoding, speculative decoding, chunked prefill).
+  //   q:   [batch, seqlen_q, heads_q, head_dim]; out like q; lse optional
+  //        [batch, heads_q, seqlen_q] f32. Options as forward() (RoPE offsets
+  //        excepted: positions come from cache_seqlens).
+  // workspace: device memory of at least kvcache_workspace_bytes() for the
+  // same arguments (0 bytes when no split is needed); the library allocates
+  // nothing, so for fixed shapes the launches can be captured in a graph.
+  void forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out, const TensorView* lse,
+                       const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+                       Stream stream = nullptr);
+  size_t kvcache_workspace_bytes(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
+                                 const TensorView* lse = nullptr, const ForwardOptions& options = {});
 
   // Compile (or find in the disk cache) one kernel, e.g.
   // warm("fwd.bf16.d128.br128.bc64.w8.causal", "sm_90a"). Needs no GPU.

@@ -1,0 +1,420 @@
+// forward_kvcache on a GPU, modelled on FlashAttention's kvcache and split-KV
+// tests: contiguous and paged caches (pages shuffled), random cache_seqlens,
+// optional cache_batch_idx, new keys/values appended in the kernel with RoPE
+// (both styles, partial rotary dims, frequencies or tables), split counts 1,
+// 3 and the heuristic, MHA/GQA/MQA. The references append on the host, rotate
+// the queries at cache_seqlens + i and run plain attention per sequence
+// (float64, and 16-bit rounding for the yardstick). After the call the cache
+// itself is checked: appended values bit-exact, appended keys within one
+// rounding of the host rotation, every other row untouched. Inputs are fresh
+// random values (the seed is printed with every failure); outputs, LSE and
+// workspace are poisoned first.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "gpu_support.hpp"
+
+using namespace jitattn;
+using namespace jitattn::test;
+
+namespace {
+
+struct Case {
+  DType dtype = DType::bf16;
+  int batch = 2, seqlen_q = 1, seqlen_k = 128, heads_q = 6, heads_kv = 2, head_dim = 128;
+  bool causal = true;
+  int window_left = -1;
+  bool append = false;  // seqlen_new = seqlen_q new rows
+  RopeStyle rope = RopeStyle::none;
+  double rotary_fraction = 1.0;
+  bool tables = false;
+  int page_size = 0;  // 0: contiguous cache
+  bool batch_index = false;
+  int num_splits = 0;
+  bool gpu_reference = false;  // check_in_groups' field; the references here are CPU ones
+};
+
+std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
+  return fmt::format(
+      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} append={} rope={} "
+      "fraction={} tables={} page_size={} cache_batch_idx={} num_splits={} seed={}",
+      spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
+      c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.append, static_cast<int>(c.rope),
+      c.rotary_fraction, c.tables, c.page_size, c.batch_index, c.num_splits, seed);
+}
+
+int rotary_dim_of(const Case& c) { return static_cast<int>(c.rotary_fraction * c.head_dim) / 16 * 16; }
+
+RopeReference rotation_of(const Case& c) {
+  RopeReference r;
+  r.style = c.rope;
+  r.rotary_dim = rotary_dim_of(c);
+  return r;
+}
+
+std::unique_ptr<DeviceBuffer> upload(const void* data, size_t bytes) {
+  auto buffer = std::make_unique<DeviceBuffer>(std::max<size_t>(bytes, 4));
+  buffer->upload(data, bytes);
+  return buffer;
+}
+
+// The cache as the host models it: per sequence b, logical rows
+// [0, capacity) of [heads_kv, head_dim] floats, stored in pages or in a
+// cache batch.
+struct Inputs {
+  int seqlen_new = 0;
+  int capacity = 0;      // rows per sequence
+  int cache_batches = 0; // contiguous: batch of the cache tensor
+  int num_pages = 0;
+  std::vector<int> cache_seqlens, batch_index, block_table;
+  std::vector<float> q, k_new, v_new;
+  std::vector<float> k_store, v_store;  // the cache tensors' logical contents
+  std::unique_ptr<DeviceTensor> dq, dk_new, dv_new, dk_cache, dv_cache;
+  std::unique_ptr<DeviceBuffer> seqlens, indices, table, cos, sin;
+  RopeTables tables;
+
+  // Offset in k_store/v_store of (sequence b, logical row, head 0, channel 0).
+  size_t at(const Case& c, int b, int row) const {
+    if (c.page_size > 0) {
+      const int page = block_table[static_cast<size_t>(b) * (capacity / c.page_size) + row / c.page_size];
+      return ((static_cast<size_t>(page) * c.page_size + row % c.page_size) * c.heads_kv) * c.head_dim;
+    }
+    const int cache_batch = batch_index.empty() ? b : batch_index[b];
+    return ((static_cast<size_t>(cache_batch) * capacity + row) * c.heads_kv) * c.head_dim;
+  }
+};
+
+Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
+  Inputs in;
+  in.seqlen_new = c.append ? c.seqlen_q : 0;
+  // Room for the longest sequence, rounded to whole pages.
+  in.capacity = c.seqlen_k;
+  if (c.page_size > 0) in.capacity = (c.seqlen_k + c.page_size - 1) / c.page_size * c.page_size;
+  std::uniform_int_distribution<int> length(std::max(0, c.seqlen_k - in.seqlen_new - c.seqlen_k / 3),
+                                            c.seqlen_k - in.seqlen_new);
+  for (int b = 0; b < c.batch; ++b) in.cache_seqlens.push_back(length(rng));
+  in.cache_seqlens[0] = c.seqlen_k - in.seqlen_new;  // one sequence at the full length
+  const size_t row = static_cast<size_t>(c.heads_kv) * c.head_dim;
+  if (c.page_size > 0) {
+    const int pages_per_sequence = in.capacity / c.page_size;
+    in.num_pages = pages_per_sequence * c.batch + 3;  // a few pages nobody uses
+    std::vector<int> pages(in.num_pages);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    in.block_table.assign(pages.begin(), pages.begin() + pages_per_sequence * c.batch);
+    in.k_store = random_values(static_cast<size_t>(in.num_pages) * c.page_size * row, c.dtype, rng);
+  } else {
+    in.cache_batches = c.batch + (c.batch_index ? 2 : 0);
+    if (c.batch_index) {
+      std::vector<int> order(in.cache_batches);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      in.batch_index.assign(order.begin(), order.begin() + c.batch);
+    }
+    in.k_store = random_values(static_cast<size_t>(in.cache_batches) * in.capacity * row, c.dtype, rng);
+  }
+  in.v_store = random_values(in.k_store.size(), c.dtype, rng);
+  in.q = random_values(static_cast<size_t>(c.batch) * c.seqlen_q * c.heads_q * c.head_dim, c.dtype, rng);
+  const int64_t q_shape[4] = {c.batch, c.seqlen_q, c.heads_q, c.head_dim};
+  int64_t q_strides[4];
+  padded_strides(q_shape, q_strides);
+  in.dq = std::make_unique<DeviceTensor>(in.q, c.dtype, q_shape, q_strides);
+  if (c.append) {
+    in.k_new = random_values(static_cast<size_t>(c.batch) * in.seqlen_new * row, c.dtype, rng);
+    in.v_new = random_values(in.k_new.size(), c.dtype, rng);
+    const int64_t shape[4] = {c.batch, in.seqlen_new, c.heads_kv, c.head_dim};
+    int64_t strides[4];
+    heads_major_strides(shape, strides);
+    in.dk_new = std::make_unique<DeviceTensor>(in.k_new, c.dtype, shape, strides);
+    in.dv_new = std::make_unique<DeviceTensor>(in.v_new, c.dtype, shape, strides);
+  }
+  const int64_t cache_shape[4] = {c.page_size > 0 ? in.num_pages : in.cache_batches,
+                                  c.page_size > 0 ? c.page_size : in.capacity, c.heads_kv, c.head_dim};
+  int64_t cache_strides[4];
+  contiguous_strides(cache_shape, cache_strides);
+  in.dk_cache = std::make_unique<DeviceTensor>(in.k_store, c.dtype, cache_shape, cache_strides);
+  in.dv_cache = std::make_unique<DeviceTensor>(in.v_store, c.dtype, cache_shape, cache_strides);
+  in.seqlens = upload(in.cache_seqlens.data(), in.cache_seqlens.size() * 4);
+  if (!in.batch_index.empty()) in.indices = upload(in.batch_index.data(), in.batch_index.size() * 4);
+  if (!in.block_table.empty()) in.table = upload(in.block_table.data(), in.block_table.size() * 4);
+  if (c.rope != RopeStyle::none && c.tables) {
+    in.tables = rope_tables(rotation_of(c), c.head_dim, c.seqlen_k + 1);
+    in.cos = upload(in.tables.cos.data(), in.tables.cos.size() * 4);
+    in.sin = upload(in.tables.sin.data(), in.tables.sin.size() * 4);
+  }
+  return in;
+}
+
+// New keys after the append as the references see them: rotated at
+// cache_seqlens[b] + j (exact or rounded), else as given.
+std::vector<float> appended_keys(const Case& c, const Inputs& in, bool exact) {
+  std::vector<float> keys = in.k_new;
+  if (c.rope != RopeStyle::none && c.append) {
+    rotate_reference(keys, c.batch, in.seqlen_new, c.heads_kv, c.head_dim, rotation_of(c),
+                     c.tables ? &in.tables : nullptr, [&](int b, int j) { return in.cache_seqlens[b] + j; }, exact,
+                     c.dtype);
+  }
+  return keys;
+}
+
+References make_references(const Case& c, const Inputs& in) {
+  References r;
+  const size_t row = static_cast<size_t>(c.heads_kv) * c.head_dim;
+  const size_t q_row = static_cast<size_t>(c.heads_q) * c.head_dim;
+  r.exact.out.assign(static_cast<size_t>(c.batch) * c.seqlen_q * q_row, 0);
+  r.exact.lse.assign(static_cast<size_t>(c.batch) * c.heads_q * c.seqlen_q, 0);
+  r.rounded = r.exact;
+  for (bool exact : {true, false}) {
+    const std::vector<float> keys_new = appended_keys(c, in, exact);
+    for (int b = 0; b < c.batch; ++b) {
+      const int seqlen_k = in.cache_seqlens[b] + in.seqlen_new;
+      AttentionShape shape;
+      shape.seqlen_q = c.seqlen_q;
+      shape.seqlen_k = seqlen_k;
+      shape.heads_q = c.heads_q;
+      shape.heads_kv = c.heads_kv;
+      shape.head_dim = c.head_dim;
+      shape.causal = c.causal;
+      shape.window_left = c.window_left;
+      std::vector<float> q(in.q.begin() + b * c.seqlen_q * q_row, in.q.begin() + (b + 1) * c.seqlen_q * q_row);
+      if (c.rope != RopeStyle::none) {
+        rotate_reference(q, 1, c.seqlen_q, c.heads_q, c.head_dim, rotation_of(c), c.tables ? &in.tables : nullptr,
+                         [&](int, int i) { return in.cache_seqlens[b] + i; }, exact, c.dtype);
+      }
+      std::vector<float> k(static_cast<size_t>(seqlen_k) * row), v(k.size());
+      for (int j = 0; j < seqlen_k; ++j) {
+        const float* k_source;
+        const float* v_source;
+        if (j < in.cache_seqlens[b]) {
+          k_source = in.k_store.data() + in.at(c, b, j);
+          v_source = in.v_store.data() + in.at(c, b, j);
+        } else {
+          const size_t n = (static_cast<size_t>(b) * in.seqlen_new + (j - in.cache_seqlens[b])) * row;
+          k_source = keys_new.data() + n;
+          v_source = in.v_new.data() + n;
+        }
+        std::copy(k_source, k_source + row, k.begin() + j * row);
+        std::copy(v_source, v_source + row, v.begin() + j * row);
+      }
+      const ReferenceOutput o = exact ? attention_exact(shape, q, k, v) : attention_16bit(shape, q, k, v, c.dtype);
+      ReferenceOutput& into = exact ? r.exact : r.rounded;
+      std::copy(o.out.begin(), o.out.end(), into.out.begin() + b * c.seqlen_q * q_row);
+      std::copy(o.lse.begin(), o.lse.end(), into.lse.begin() + static_cast<size_t>(b) * c.heads_q * c.seqlen_q);
+    }
+  }
+  return r;
+}
+
+struct Run {
+  std::vector<float> out, lse;
+  std::string spec;
+};
+
+struct CallViews {
+  KVCacheArgs args;
+  TensorView block_table, batch_index, k_new, v_new, cos, sin;
+  ForwardOptions options;
+};
+
+void fill_call(const Case& c, const Inputs& in, CallViews& v) {
+  v.args.k_cache = in.dk_cache->view();
+  v.args.v_cache = in.dv_cache->view();
+  v.args.cache_seqlens = TensorView::contiguous(in.seqlens->get(), DType::i32, {c.batch});
+  if (in.table) {
+    v.block_table = TensorView::contiguous(in.table->get(), DType::i32, {c.batch, in.capacity / c.page_size});
+    v.args.block_table = &v.block_table;
+  }
+  if (in.indices) {
+    v.batch_index = TensorView::contiguous(in.indices->get(), DType::i32, {c.batch});
+    v.args.cache_batch_idx = &v.batch_index;
+  }
+  if (c.append) {
+    v.k_new = in.dk_new->view();
+    v.v_new = in.dv_new->view();
+    v.args.k_new = &v.k_new;
+    v.args.v_new = &v.v_new;
+  }
+  v.args.num_splits = c.num_splits;
+  v.args.max_seqlen_k = c.seqlen_k;
+  v.options.causal = c.causal;
+  v.options.window_left = c.window_left;
+  if (c.rope != RopeStyle::none) {
+    v.options.rope.style = c.rope;
+    v.options.rope.rotary_dim = rotary_dim_of(c);
+    if (in.cos) {
+      v.cos = TensorView::contiguous(in.cos->get(), DType::f32, {in.tables.positions, in.tables.pairs});
+      v.sin = TensorView::contiguous(in.sin->get(), DType::f32, {in.tables.positions, in.tables.pairs});
+      v.options.rope.cos = &v.cos;
+      v.options.rope.sin = &v.sin;
+    }
+  }
+}
+
+// Checks the cache after the call: appended rows as the host rotation says
+// (values bit-exact, keys within one 16-bit rounding), everything else as
+// uploaded. Returns a description of the first mismatch, or "".
+std::string check_cache(const Case& c, const Inputs& in) {
+  const std::vector<float> k_after = in.dk_cache->read();
+  const std::vector<float> v_after = in.dv_cache->read();
+  std::vector<float> k_want = in.k_store, v_want = in.v_store;
+  const std::vector<float> keys_new = appended_keys(c, in, false);
+  const size_t row = static_cast<size_t>(c.heads_kv) * c.head_dim;
+  std::vector<char> appended(k_want.size(), 0);
+  for (int b = 0; b < c.batch; ++b) {
+    for (int j = 0; j < in.seqlen_new; ++j) {
+      const size_t to = in.at(c, b, in.cache_seqlens[b] + j);
+      const size_t from = (static_cast<size_t>(b) * in.seqlen_new + j) * row;
+      std::copy(keys_new.begin() + from, keys_new.begin() + from + row, k_want.begin() + to);
+      std::copy(in.v_new.begin() + from, in.v_new.begin() + from + row, v_want.begin() + to);
+      std::fill(appended.begin() + to, appended.begin() + to + row, 1);
+    }
+  }
+  const double ulp = c.dtype == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
+  for (size_t i = 0; i < k_want.size(); ++i) {
+    if (v_after[i] != v_want[i] && !(std::isnan(v_after[i]) && std::isnan(v_want[i]))) {
+      return fmt::format("v_cache element {} is {} (want {}; appended row: {})", i, v_after[i], v_want[i], appended[i]);
+    }
+    const bool key_ok = appended[i] ? std::fabs(k_after[i] - k_want[i]) <= ulp * std::max(1.0f, std::fabs(k_want[i]))
+                                    : k_after[i] == k_want[i];
+    if (!key_ok) return fmt::format("k_cache element {} is {} (want {}; appended row: {})", i, k_after[i], k_want[i], appended[i]);
+  }
+  return {};
+}
+
+Run run_kernel(const Case& c, const Inputs& in) {
+  const int64_t q_shape[4] = {c.batch, c.seqlen_q, c.heads_q, c.head_dim};
+  int64_t strides[4];
+  contiguous_strides(q_shape, strides);
+  DeviceTensor out(c.dtype, q_shape, strides);
+  const size_t lse_count = static_cast<size_t>(c.batch) * c.heads_q * c.seqlen_q;
+  DeviceBuffer lse(lse_count * 4);
+  lse.fill_bytes(0xff);
+  const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {c.batch, c.heads_q, c.seqlen_q});
+  CallViews v;
+  fill_call(c, in, v);
+  Runtime& runtime = gpu_tests_runtime();
+  const size_t workspace_bytes = runtime.kvcache_workspace_bytes(in.dq->view(), v.args, out.view(), &lse_view, v.options);
+  DeviceBuffer workspace(std::max<size_t>(workspace_bytes, 256));
+  workspace.fill_bytes(0xff);
+  Run run;
+  run.spec = fmt::format("workspace={}", workspace_bytes);
+  runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
+                          nullptr);
+  run.out = out.read();
+  run.lse.resize(lse_count);
+  lse.download(run.lse.data(), lse_count * 4);
+  return run;
+}
+
+void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t seed) {
+  check_in_groups(
+      cases, [&](const Case& c) { return make_inputs(c, rng); }, make_references,
+      [&](const Case& c, const Inputs& in, const References& r) {
+        if (!r.error.empty()) {
+          FAIL_CHECK(fmt::format("{}: reference: {}", describe(c, "", seed), r.error));
+          return;
+        }
+        Run run;
+        try {
+          run = run_kernel(c, in);
+        } catch (const std::exception& e) {
+          FAIL_CHECK(fmt::format("{}: {}", describe(c, "", seed), e.what()));
+          return;
+        }
+        AttentionShape shape;
+        shape.batch = c.batch;
+        shape.seqlen_q = c.seqlen_q;
+        shape.heads_q = c.heads_q;
+        shape.head_dim = c.head_dim;
+        const Verdict verdict = judge(shape, run.out, run.lse, r.exact, r.rounded);
+        CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}", describe(c, run.spec, seed), verdict.summary()));
+        const std::string cache = check_cache(c, in);
+        CHECK_MESSAGE(cache.empty(), fmt::format("{}: {}", describe(c, run.spec, seed), cache));
+      });
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+
+TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, RoPE and paging") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const std::pair<int, int> seqlens[] = {{1, 128},    {1, 339},  {3, 1024}, {64, 800},    {64, 256},     {3, 799},
+                                         {64, 2048},  {16, 20000}, {1, 131072}, {16, 131072}, {128, 128}};
+  const int page_sizes[] = {0, 16, 64, 256};
+  const RopeStyle styles[] = {RopeStyle::none, RopeStyle::rotate_half, RopeStyle::interleaved};
+  std::vector<Case> cases;
+  int index = 0;
+  for (const auto& [seqlen_q, seqlen_k] : seqlens) {
+    for (int num_splits : {1, 3, 0}) {
+      for (int variant = 0; variant < 2; ++variant, ++index) {
+        Case c;
+        c.dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
+        c.seqlen_q = seqlen_q;
+        c.seqlen_k = seqlen_k;
+        const bool long_keys = seqlen_k >= 20000;
+        c.batch = long_keys ? 1 : 3;
+        const int kv_heads[] = {6, 2, 1};
+        c.heads_kv = kv_heads[index % 3];
+        if (long_keys && c.heads_kv == 6) c.heads_kv = 2;
+        c.head_dim = (index / 3) % 3 == 2 ? 64 : 128;
+        c.causal = index % 4 != 1;
+        if (index % 7 == 5) c.window_left = 100;
+        c.append = variant == 1 && seqlen_q <= seqlen_k / 2;
+        c.rope = styles[index % 3];
+        c.rotary_fraction = index % 5 < 3 ? 1.0 : 0.5;
+        c.tables = index % 4 == 3;
+        c.page_size = page_sizes[index % 4];
+        c.batch_index = c.page_size == 0 && index % 3 == 1;
+        c.num_splits = num_splits;
+        cases.push_back(c);
+      }
+    }
+  }
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache: bad arguments are rejected before launch, naming the argument") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  INFO("seed=", seed);
+  Case c;
+  c.batch = 2;
+  c.seqlen_k = 256;
+  c.page_size = 64;
+  Inputs in = make_inputs(c, rng);
+  const int64_t q_shape[4] = {c.batch, c.seqlen_q, c.heads_q, c.head_dim};
+  int64_t strides[4];
+  contiguous_strides(q_shape, strides);
+  DeviceTensor out(c.dtype, q_shape, strides);
+  auto expect_rejected = [&](const std::function<void(CallViews&)>& spoil, const std::string& fragment) {
+    INFO("expected an error containing: ", fragment);
+    CallViews v;
+    fill_call(c, in, v);
+    spoil(v);
+    CHECK_THROWS_WITH_AS(gpu_tests_runtime().forward_kvcache(in.dq->view(), v.args, out.view(), nullptr, v.options,
+                                                             nullptr, 0, nullptr),
+                         doctest::Contains(fragment.c_str()), Error);
+    size_t written = 0;
+    for (uint16_t bits : out.raw()) written += bits != 0xffff;
+    CHECK_MESSAGE(written == 0, fmt::format("{} output elements written by a rejected call", written));
+  };
+  expect_rejected([](CallViews& v) { v.args.num_splits = 129; }, "num_splits=129 must be 0 (heuristic) or 1 to 128");
+  expect_rejected([](CallViews& v) { v.args.num_splits = 4; }, "workspace: 0 bytes given; this call needs");
+  expect_rejected([](CallViews& v) { v.args.cache_seqlens.dtype = DType::f32; }, "cache_seqlens: dtype f32 must be i32");
+  expect_rejected([](CallViews& v) { v.block_table.shape[0] = 1; }, "block_table: must be i32 [batch, max_pages]");
+  expect_rejected([](CallViews& v) { v.args.k_cache.shape[1] = v.args.v_cache.shape[1] = 48; },
+                  "page_size=48 (dimension 1 of a paged cache) must be a power of two");
+  expect_rejected([&](CallViews& v) { v.args.k_new = in.dq.get() ? &v.args.k_cache : nullptr; }, "k_new, v_new: give both or neither");
+  expect_rejected([](CallViews& v) { v.args.max_seqlen_k = 100000; }, "max_seqlen_k=100000 must be between 0");
+}
+
+}  // TEST_SUITE
