@@ -6,6 +6,8 @@
 #include <charconv>
 #include <vector>
 
+#include "combine_params.h"
+
 namespace jitattn::detail {
 namespace {
 
@@ -33,7 +35,59 @@ bool parse_field(std::string_view field, std::string_view prefix, int& value) {
   throw Error(ErrorCode::invalid_argument, fmt::format("spec '{}': {}", text, why), std::string(text));
 }
 
+// --- the combine family: combine.<state dtype>.<out dtype> -----------------
+
+bool combine_dtype(DType dtype) { return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16; }
+
+std::string combine_text(const KernelSpec& spec);
+
+KernelSpec parse_combine(std::string_view text) {
+  auto fields = split(text, '.');
+  if (fields.size() != 3) bad_spec(text, "expected combine.<state dtype>.<out dtype>, e.g. combine.f32.bf16");
+  auto dtype_of = [&](std::string_view field, const char* role) {
+    if (field == "f32") return DType::f32;
+    if (field == "f16") return DType::f16;
+    if (field == "bf16") return DType::bf16;
+    bad_spec(text, fmt::format("{} dtype '{}' is not f32, f16 or bf16", role, field));
+  };
+  KernelSpec spec = KernelSpec::combine(dtype_of(fields[1], "state"), dtype_of(fields[2], "out"));
+  spec.validate();
+  return spec;
+}
+
+void validate_combine(const KernelSpec& spec) {
+  if (!combine_dtype(spec.dtype) || !combine_dtype(spec.out_dtype)) {
+    const std::string name = combine_text(spec);
+    throw Error(ErrorCode::unsupported, fmt::format("spec '{}': state and out dtypes must be f32, f16 or bf16", name), name);
+  }
+}
+
+std::string combine_text(const KernelSpec& spec) {
+  return fmt::format("combine.{}.{}", dtype_name(spec.dtype), dtype_name(spec.out_dtype));
+}
+
+uint64_t combine_packed(const KernelSpec& spec) {
+  // The family sits above every fwd field (bit 46), so no fwd key collides.
+  uint64_t key = static_cast<uint64_t>(spec.family);
+  key = key << 4 | static_cast<uint64_t>(spec.dtype);
+  key = key << 4 | static_cast<uint64_t>(spec.out_dtype);
+  return key << 38;
+}
+
 }  // namespace
+
+KernelSpec KernelSpec::combine(DType state_dtype, DType out_dtype) {
+  KernelSpec spec;
+  spec.family = Family::combine;
+  spec.dtype = state_dtype;
+  spec.out_dtype = out_dtype;
+  return spec;
+}
+
+int KernelSpec::threads() const {
+  if (family == Family::combine) return kCombineThreads;
+  return warps * 32;
+}
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
@@ -48,6 +102,7 @@ const char* dtype_name(DType dtype) {
 size_t dtype_size(DType dtype) { return dtype == DType::f32 || dtype == DType::i32 ? 4 : 2; }
 
 std::string KernelSpec::text() const {
+  if (family == Family::combine) return combine_text(*this);
   std::string out = fmt::format("fwd.{}.d{}.br{}.bc{}.w{}", dtype_name(dtype), head_dim, block_q,
                                 block_kv, warps);
   if (causal) out += ".causal";
@@ -65,12 +120,13 @@ std::string KernelSpec::text() const {
 }
 
 KernelSpec KernelSpec::parse(std::string_view text) {
+  if (text.substr(0, text.find('.')) == "combine") return parse_combine(text);
   auto fields = split(text, '.');
   if (fields.size() < 6) {
     bad_spec(text, "expected family.dtype.dN.brN.bcN.wN[.causal], e.g. fwd.bf16.d128.br128.bc64.w4");
   }
   KernelSpec spec;
-  if (fields[0] != "fwd") bad_spec(text, fmt::format("unknown family '{}' (known: fwd)", fields[0]));
+  if (fields[0] != "fwd") bad_spec(text, fmt::format("unknown family '{}' (known: fwd, combine)", fields[0]));
   if (fields[1] == "f16" || fields[1] == "fp16") {
     spec.dtype = DType::f16;
   } else if (fields[1] == "bf16") {
@@ -110,6 +166,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
 }
 
 void KernelSpec::validate() const {
+  if (family == Family::combine) return validate_combine(*this);
   const std::string name = text();
   auto fail = [&](ErrorCode code, const std::string& why) {
     throw Error(code, fmt::format("spec '{}': {}", name, why), name);
@@ -158,6 +215,7 @@ uint64_t KernelSpec::hash() const {
 }
 
 size_t KernelSpec::smem_bytes() const {
+  if (family == Family::combine) return 0;  // static shared memory only (combine.cuh)
   // Q tile plus one K tile and one V tile, 16-bit elements, rows rounded up
   // to whole 64-element swizzle groups (FwdConfig::kRowElems).
   const int row_elems = (head_dim + 63) / 64 * 64;
@@ -165,6 +223,7 @@ size_t KernelSpec::smem_bytes() const {
 }
 
 uint64_t KernelSpec::packed() const {
+  if (family == Family::combine) return combine_packed(*this);
   uint64_t key = static_cast<uint64_t>(family);
   key = key << 4 | static_cast<uint64_t>(dtype);
   key = key << 10 | static_cast<uint64_t>(head_dim);

@@ -12,7 +12,10 @@
 
 namespace jitattn::detail {
 
-enum class Family : uint8_t { fwd = 0 };
+// fwd: attention forward (prefill). combine: merges attention states (split-KV
+// partials, merge_states); its spec is combine.<state dtype>.<out dtype> and
+// uses only `dtype` (the states') and `out_dtype`.
+enum class Family : uint8_t { fwd = 0, combine = 1 };
 
 // RoPE pairing (templates/rope.cuh): rotate-half (GPT-NeoX, Llama) pairs
 // channel p with p + rotary_dim / 2; interleaved (GPT-J) pairs 2p with 2p + 1.
@@ -35,10 +38,14 @@ struct KernelSpec {
   RopeKind rope = RopeKind::none;  // RoPE applied to q and k in the kernel
   int rotary_dim = 0;              // channels rotated (a multiple of 16), with rope
   bool rope_tables = false;        // angles from caller cos/sin tables, not from frequencies
+  DType out_dtype = DType::f32;    // combine: the output's dtype (fwd writes `dtype`)
+
+  // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
+  static KernelSpec combine(DType state_dtype, DType out_dtype);
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
-  // rope_tables, packgqa, padded, varlen).
+  // rope_tables, packgqa, padded, varlen), "combine.f32.bf16".
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.
   static KernelSpec parse(std::string_view text);
@@ -47,13 +54,14 @@ struct KernelSpec {
   // XXH3-64 of text(): stable across runs, hosts and builds.
   uint64_t hash() const;
 
-  int threads() const { return warps * 32; }
+  int threads() const;
   // fp32 accumulators per thread (output + scores): what decides whether a
   // configuration fits in 255 registers.
   int accumulator_registers() const;
   size_t smem_bytes() const;
 
   // Packs every field into one word: the hot-path lookup key (no strings).
+  // Fields a family does not use are left out, so they never split its keys.
   uint64_t packed() const;
   bool operator==(const KernelSpec& other) const { return packed() == other.packed(); }
   bool operator!=(const KernelSpec& other) const { return !(*this == other); }
