@@ -14,6 +14,7 @@
 #include "kernels.hpp"
 #include "log.hpp"
 #include "compile.hpp"
+#include "merge.hpp"
 #include "plan.hpp"
 #include "tune.hpp"
 
@@ -61,8 +62,9 @@ struct Runtime::Impl {
         registry(builder),
         tuning(TuningTable::load(config.cache_dir, JITATTN_VERSION_STRING, nvrtc_info().version())) {}
 
-  // plan(arch, max_smem_bytes, tuning) → ForwardPlan, then launch it on the
-  // current context: the one path every forward call takes.
+  // plan(arch, max_smem_bytes, tuning) → a plan (ForwardPlan, CombinePlan:
+  // spec, params, grid), then launch it on the current context: the one path
+  // every call takes. Blocks are spec.threads() wide.
   template <typename Plan>
   void run(Plan&& plan, Stream stream) {
     if (!driver().available) {
@@ -72,7 +74,7 @@ struct Runtime::Impl {
     }
     const ContextRef context = registry.current_context();
     const DeviceInfo& device = registry.device_info(context);
-    ForwardPlan planned = plan(device.arch, device.max_smem_per_block, &tuning);
+    auto planned = plan(device.arch, device.max_smem_per_block, &tuning);
     if (planned.grid == 0) return;  // empty batch or no query rows: nothing to write
     auto cu_stream = static_cast<CUstream>(stream);
     const LoadedKernel& kernel = registry.get(planned.spec, context, device, cu_stream);
@@ -112,6 +114,18 @@ void Runtime::forward_varlen(const TensorView& q, const TensorView& k, const Ten
   impl_->run([&](const Arch& arch, int smem, const TuningTable* tuning) {
     return plan_forward_varlen(q, k, v, out, lse, varlen, options, arch, smem, tuning);
   }, stream);
+}
+
+void Runtime::merge_states(const TensorView& states, const TensorView& lse, const TensorView& out,
+                           const TensorView* out_lse, Stream stream) {
+  impl_->run([&](const Arch&, int, const TuningTable*) { return plan_merge_states(states, lse, out, out_lse); },
+             stream);
+}
+
+void Runtime::merge_state(const TensorView& a, const TensorView& lse_a, const TensorView& b, const TensorView& lse_b,
+                          const TensorView& out, const TensorView* out_lse, Stream stream) {
+  impl_->run([&](const Arch&, int, const TuningTable*) { return plan_merge_state(a, lse_a, b, lse_b, out, out_lse); },
+             stream);
 }
 
 std::string Runtime::spec_for(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -173,6 +187,16 @@ void forward(const TensorView& q, const TensorView& k, const TensorView& v, cons
 void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                     const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options, Stream stream) {
   global_runtime().forward_varlen(q, k, v, out, lse, varlen, options, stream);
+}
+
+void merge_states(const TensorView& states, const TensorView& lse, const TensorView& out, const TensorView* out_lse,
+                  Stream stream) {
+  global_runtime().merge_states(states, lse, out, out_lse, stream);
+}
+
+void merge_state(const TensorView& a, const TensorView& lse_a, const TensorView& b, const TensorView& lse_b,
+                 const TensorView& out, const TensorView* out_lse, Stream stream) {
+  global_runtime().merge_state(a, lse_a, b, lse_b, out, out_lse, stream);
 }
 
 std::string version() { return JITATTN_VERSION_STRING; }

@@ -163,6 +163,31 @@ jitattn_status jitattn_fwd_varlen(const jitattn_tensor* q, const jitattn_tensor*
   });
 }
 
+jitattn_status jitattn_merge_states(const jitattn_tensor* states, const jitattn_tensor* lse, const jitattn_tensor* out,
+                                    const jitattn_tensor* out_lse, void* stream) {
+  return guarded([&] {
+    const jitattn::TensorView states_view = view_of(states, "states"), lse_view = view_of(lse, "lse");
+    const jitattn::TensorView out_view = view_of(out, "out");
+    jitattn::TensorView out_lse_view;
+    if (out_lse != nullptr) out_lse_view = view_of(out_lse, "out_lse");
+    jitattn::merge_states(states_view, lse_view, out_view, out_lse != nullptr ? &out_lse_view : nullptr, stream);
+  });
+}
+
+jitattn_status jitattn_merge_state(const jitattn_tensor* a, const jitattn_tensor* lse_a, const jitattn_tensor* b,
+                                   const jitattn_tensor* lse_b, const jitattn_tensor* out,
+                                   const jitattn_tensor* out_lse, void* stream) {
+  return guarded([&] {
+    const jitattn::TensorView a_view = view_of(a, "a"), lse_a_view = view_of(lse_a, "lse_a");
+    const jitattn::TensorView b_view = view_of(b, "b"), lse_b_view = view_of(lse_b, "lse_b");
+    const jitattn::TensorView out_view = view_of(out, "out");
+    jitattn::TensorView out_lse_view;
+    if (out_lse != nullptr) out_lse_view = view_of(out_lse, "out_lse");
+    jitattn::merge_state(a_view, lse_a_view, b_view, lse_b_view, out_view, out_lse != nullptr ? &out_lse_view : nullptr,
+                         stream);
+  });
+}
+
 jitattn_status jitattn_warm(const char* spec, const char* arch) {
   return guarded([&] {
     if (spec == nullptr || arch == nullptr) {

@@ -87,7 +87,22 @@ JITATTN_C_API jitattn_status jitattn_fwd_varlen(const jitattn_tensor* q, const j
                                                 int32_t max_seqlen_k, const jitattn_fwd_options* options,
                                                 void* stream);
 
-/* Compile or load one kernel into the cache, e.g. ("fwd.bf16.d128.br128.bc64.w8", "sm_90a"). */
+/* Merge attention states (see merge_states in jitattn.hpp): states [N, rows, H, D] f32/f16/bf16,
+ * lse f32 [N, rows, H] (natural log, -INFINITY = empty state), out [rows, H, D] f32/f16/bf16,
+ * out_lse (nullable) f32 [rows, H]. out = sum_s exp(lse_s - out_lse) * states_s; 0 when every lse_s is -inf. */
+JITATTN_C_API jitattn_status jitattn_merge_states(const jitattn_tensor* states, const jitattn_tensor* lse,
+                                                  const jitattn_tensor* out, const jitattn_tensor* out_lse,
+                                                  void* stream);
+
+/* Two states in separate tensors: a, b [rows, H, D] (one dtype), lse_a, lse_b f32 [rows, H];
+ * out and out_lse as jitattn_merge_states. */
+JITATTN_C_API jitattn_status jitattn_merge_state(const jitattn_tensor* a, const jitattn_tensor* lse_a,
+                                                 const jitattn_tensor* b, const jitattn_tensor* lse_b,
+                                                 const jitattn_tensor* out, const jitattn_tensor* out_lse,
+                                                 void* stream);
+
+/* Compile or load one kernel into the cache, e.g. ("fwd.bf16.d128.br128.bc64.w8", "sm_90a")
+ * or ("combine.f32.bf16", "sm_90a"). */
 JITATTN_C_API jitattn_status jitattn_warm(const char* spec, const char* arch);
 
 /* Configure the process-wide runtime before its first use. NULL keeps the
