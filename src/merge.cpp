@@ -49,13 +49,16 @@ void check_floats(const char* name, const void* data, bool empty) {
 }
 
 // The thread layout of CombineParams: enough chunk lanes to cover head_dim in
-// 8-element chunks, as many state lanes as there are states (up to the CTA),
-// and as many pairs per CTA as then fit. pairs_per_block × num_states stays
-// within the kernel's kCombineMaxStates weights: either one pair per CTA, or
-// state_lanes >= num_states and pairs_per_block × state_lanes <= kCombineThreads.
+// 8-element chunks; enough state lanes that each lane has at most
+// kCombineStatesInFlight states (all loaded in one batch, beside the LSE
+// loads), up to a whole CTA per pair; then as many pairs per CTA as fit.
+// pairs_per_block × num_states stays within the kernel's kCombineMaxStates
+// weights: either one pair per CTA, or state_lanes × kCombineStatesInFlight
+// >= num_states and pairs_per_block × state_lanes × chunk_lanes = kCombineThreads.
 void choose_layout(CombineParams& p) {
   p.chunk_lanes = next_power_of_two(p.head_dim / 8);
-  p.state_lanes = std::min(next_power_of_two(p.num_states), kCombineThreads / p.chunk_lanes);
+  const int batches = (p.num_states + kCombineStatesInFlight - 1) / kCombineStatesInFlight;
+  p.state_lanes = std::min(next_power_of_two(batches), kCombineThreads / p.chunk_lanes);
   p.pairs_per_block = kCombineThreads / (p.chunk_lanes * p.state_lanes);
 }
 

@@ -8,10 +8,14 @@
 //      their max m, then turns each into e_s = exp(LSE_s - m) (ex2 on
 //      log2-scaled values) and reduces their sum.
 //   2. Accumulation: lane (k, c) adds e_s · O_s over elements [8c, 8c + 8) of
-//      states s = k, k + state_lanes, ...; 16-byte loads, kInFlight states
-//      issued before any is used. The state lanes' sums meet in shared
+//      states s = k, k + state_lanes, ...; 16-byte loads in batches of
+//      kCombineStatesInFlight states. The state lanes' sums meet in shared
 //      memory and the total is divided by Σ e_s.
-// A state with e_s == 0 (LSE -inf, or far below the max) is not read at all,
+// The first batch is loaded before the LSE pass, so its loads and the LSE
+// loads overlap instead of queueing one memory round trip behind the other
+// (with few states, the first batch is every state a lane has: the host
+// sizes state_lanes so). Later batches load only states with e_s > 0. A
+// state with e_s == 0 (LSE -inf, or far below the max) never enters the sum,
 // so a split that saw no key may leave anything in its O_s, NaN included;
 // a pair whose every state is empty writes out = 0 and lse = -inf.
 #pragma once
@@ -130,7 +134,7 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
   using Result = combine_io::Eight<Out>;
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
-  constexpr int kInFlight = 4;
+  constexpr int kInFlight = kCombineStatesInFlight;
 
   // A group's LSE_s, then its e_s (pairs_per_block × num_states <= kCombineMaxStates by the host's layout).
   __shared__ float weights[kCombineMaxStates];
@@ -145,6 +149,7 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
   const int state_lane = lane / p.chunk_lanes;
   const int pair = blockIdx.x * p.pairs_per_block + slot;
   const bool active = pair < p.pairs;
+  const bool has_chunk = active && chunk * 8 < p.head_dim;
   const int num_states = p.num_states;
 
   int b = 0, r = 0, h = 0;
@@ -154,6 +159,34 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
     r = row % p.seqlen;
     b = row / p.seqlen;
   }
+
+  // This lane's chunk of state 0 and of state 1 (its own buffer in merge_state).
+  const char* state_0 = static_cast<const char*>(p.states) +
+                        (b * p.states_batch_stride + r * p.states_row_stride + h * p.states_head_stride + chunk * 8) *
+                            In::kBytes;
+  const long long state_step = p.states_state_stride * In::kBytes;
+  const char* state_1 =
+      p.states_b != nullptr
+          ? static_cast<const char*>(p.states_b) +
+                (b * p.states_b_batch_stride + r * p.states_b_row_stride + h * p.states_b_head_stride + chunk * 8) *
+                    In::kBytes
+          : state_0 + state_step;
+  // Loads states first, first + state_lanes, ... of one batch (given the
+  // weights e_s, only those of positive weight).
+  uint4 raw[kInFlight][In::kVectors];
+  auto load_batch = [&](int first, const float* known_weights) {
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int s = first + i * p.state_lanes;
+      const bool load = has_chunk && s < num_states && (known_weights == nullptr || known_weights[s] > 0.f);
+      const char* address = s == 1 ? state_1 : state_0 + s * state_step;
+#pragma unroll
+      for (int v = 0; v < In::kVectors; ++v) {
+        raw[i][v] = load ? combine_io::load_once_16(address + 16 * v) : uint4{0u, 0u, 0u, 0u};
+      }
+    }
+  };
+  load_batch(state_lane, nullptr);
 
   // --- 1. LSE: max, then e_s and their sum ---------------------------------
   const float* lse = p.lse + b * p.lse_batch_stride + r * p.lse_row_stride + h * p.lse_head_stride;
@@ -185,38 +218,18 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
 
   // --- 2. Σ e_s · O_s over this lane's states and chunk ----------------------
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  const bool has_chunk = active && chunk * 8 < p.head_dim;
   if (has_chunk) {
-    const char* state_0 = static_cast<const char*>(p.states) +
-                          (b * p.states_batch_stride + r * p.states_row_stride + h * p.states_head_stride + chunk * 8) *
-                              In::kBytes;
-    const long long state_step = p.states_state_stride * In::kBytes;
-    const char* state_1 =
-        p.states_b != nullptr
-            ? static_cast<const char*>(p.states_b) + (b * p.states_b_batch_stride + r * p.states_b_row_stride +
-                                                      h * p.states_b_head_stride + chunk * 8) *
-                                                         In::kBytes
-            : state_0 + state_step;
     for (int first = state_lane; first < num_states; first += p.state_lanes * kInFlight) {
-      uint4 raw[kInFlight][In::kVectors];
-      float weight[kInFlight];
+      if (first != state_lane) load_batch(first, e);
 #pragma unroll
       for (int i = 0; i < kInFlight; ++i) {
         const int s = first + i * p.state_lanes;
-        weight[i] = s < num_states ? e[s] : 0.f;
-        const char* address = s == 1 ? state_1 : state_0 + s * state_step;
-#pragma unroll
-        for (int v = 0; v < In::kVectors; ++v) {
-          raw[i][v] = weight[i] > 0.f ? combine_io::load_once_16(address + 16 * v) : uint4{0u, 0u, 0u, 0u};
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kInFlight; ++i) {
-        if (weight[i] > 0.f) {
+        const float weight = s < num_states ? e[s] : 0.f;
+        if (weight > 0.f) {  // an empty state's O_s (perhaps NaN) never meets a multiply
           float x[8];
           In::to_float(raw[i], x);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[j] = fmaf(weight[i], x[j], acc[j]);
+          for (int j = 0; j < 8; ++j) acc[j] = fmaf(weight, x[j], acc[j]);
         }
       }
     }

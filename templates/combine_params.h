@@ -14,6 +14,9 @@ namespace jitattn {
 constexpr int kCombineThreads = 128;     // threads per CTA
 constexpr int kCombineMaxStates = 1024;  // states one call may merge
 constexpr int kCombineMaxHeadDim = 512;  // head_dim: a multiple of 8 up to this
+// States a lane loads before it uses any (combine.cuh); the host gives each
+// lane at most this many when there are few states.
+constexpr int kCombineStatesInFlight = 4;
 
 struct CombineParams {
   const void* states;  // [num_states, batch, seqlen, heads, head_dim]

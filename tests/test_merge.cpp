@@ -90,11 +90,11 @@ TEST_CASE("merge_states plans a combine spec, strides and a thread layout") {
   CHECK(p.out_head_stride == 128);
   CHECK(p.out_lse_row_stride == 3);
   CHECK(p.out_lse_head_stride == 1);
-  // 16 chunks of 8 elements; 5 states → 8 state lanes; one 128-thread group per CTA.
+  // 16 chunks of 8 elements; 5 states → 2 state lanes of up to 4 states; 4 pairs per CTA.
   CHECK(p.chunk_lanes == 16);
-  CHECK(p.state_lanes == 8);
-  CHECK(p.pairs_per_block == 1);
-  CHECK(plan.grid == 21);
+  CHECK(p.state_lanes == 2);
+  CHECK(p.pairs_per_block == 4);
+  CHECK(plan.grid == 6);
 }
 
 TEST_CASE("the thread layout covers head_dim, packs small groups, and keeps the CTA's weights in bounds") {
@@ -113,7 +113,9 @@ TEST_CASE("the thread layout covers head_dim, packs small groups, and keeps the 
       CHECK((p.state_lanes & (p.state_lanes - 1)) == 0);
       CHECK(group * p.pairs_per_block == kCombineThreads);
       CHECK(p.pairs_per_block * states <= kCombineMaxStates);
-      CHECK((p.state_lanes >= states || group == kCombineThreads));
+      // Each lane has at most one batch of states, unless the pair already has the whole CTA.
+      CHECK((p.state_lanes * kCombineStatesInFlight >= states || group == kCombineThreads));
+      CHECK((p.state_lanes == 1 || (p.state_lanes / 2) * kCombineStatesInFlight < states));
     }
   }
 }
@@ -131,7 +133,7 @@ TEST_CASE("plan_combine takes split-KV partials on two row levels") {
   CHECK(p.lse_batch_stride == 16);
   CHECK(p.out_batch_stride == 2 * 8 * 128);
   CHECK(p.out_lse == nullptr);
-  CHECK(plan.grid == 64);
+  CHECK(plan.grid == 32);
 
   CombineProblem empty = q;
   empty.batch = 0;
@@ -146,7 +148,7 @@ TEST_CASE("plan_combine takes split-KV partials on two row levels") {
   bad = q;
   bad.batch = 1;
   bad.states_strides[1] = 3;  // the stride of a dimension of extent 1 is never used
-  CHECK(plan_combine(bad).grid == 16);
+  CHECK(plan_combine(bad).grid == 8);
   bad = q;
   bad.out_dtype = DType::i32;
   CHECK_THROWS_WITH_AS(plan_combine(bad), doctest::Contains("out: dtype i32 is not f32, f16 or bf16"), Error);
@@ -291,11 +293,11 @@ TEST_CASE("merge_state reads b from its own buffer with its own strides") {
   CHECK(p.lse_b_head_stride == 9);
   CHECK(p.out_lse == out_lse.data);
   CHECK(p.pairs == 36);
-  // 8 chunks × 2 state lanes: 8 pairs per CTA.
+  // 8 chunks × 1 state lane (both states in one batch): 16 pairs per CTA.
   CHECK(p.chunk_lanes == 8);
-  CHECK(p.state_lanes == 2);
-  CHECK(p.pairs_per_block == 8);
-  CHECK(plan.grid == 5);
+  CHECK(p.state_lanes == 1);
+  CHECK(p.pairs_per_block == 16);
+  CHECK(plan.grid == 3);
 }
 
 TEST_CASE("merge_state rejects mismatched inputs naming a, b, lse_a, lse_b") {
