@@ -67,11 +67,10 @@ std::string combine_text(const KernelSpec& spec) {
 }
 
 uint64_t combine_packed(const KernelSpec& spec) {
-  // The family sits above every fwd field (bit 46), so no fwd key collides.
-  uint64_t key = static_cast<uint64_t>(spec.family);
-  key = key << 4 | static_cast<uint64_t>(spec.dtype);
-  key = key << 4 | static_cast<uint64_t>(spec.out_dtype);
-  return key << 38;
+  // The family in the top four bits: fwd keys (family 0) stay far below
+  // bit 60 whatever fields they gain, so no fwd key equals a combine key.
+  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.dtype) << 4 |
+         static_cast<uint64_t>(spec.out_dtype);
 }
 
 }  // namespace

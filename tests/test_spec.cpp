@@ -142,6 +142,10 @@ TEST_CASE("combine specs: text is combine.<state>.<out>, round-trips, and packs 
                                 (flags & 4) != 0, (flags & 8) != 0, (flags & 16) != 0}
                          .packed());
     }
+  // The largest fwd key (every field at its widest) stays below the combine keys' family bits.
+  KernelSpec widest{Family::fwd, DType::bf16, 256, 128, 128, 8, true, true, true, true, true, true};
+  CHECK(widest.packed() < (uint64_t{1} << 60));
+  CHECK(KernelSpec::combine(DType::f32, DType::f32).packed() >= (uint64_t{1} << 60));
   std::sort(keys.begin(), keys.end());
   CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
   CHECK(KernelSpec::combine(DType::bf16, DType::f32).hash() != KernelSpec::combine(DType::f32, DType::bf16).hash());
