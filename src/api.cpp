@@ -14,6 +14,7 @@
 #include "kernels.hpp"
 #include "log.hpp"
 #include "compile.hpp"
+#include "merge.hpp"
 #include "plan.hpp"
 #include "tune.hpp"
 
@@ -61,8 +62,9 @@ struct Runtime::Impl {
         registry(builder),
         tuning(TuningTable::load(config.cache_dir, JITATTN_VERSION_STRING, nvrtc_info().version())) {}
 
-  // plan(arch, max_smem_bytes, tuning) → ForwardPlan, then launch it on the
-  // current context: the one path every forward call takes.
+  // plan(arch, max_smem_bytes, tuning) → a plan (ForwardPlan, CombinePlan:
+  // spec, params, grid), then launch it on the current context: the one path
+  // every call takes. Blocks are spec.threads() wide.
   template <typename Plan>
   void run(Plan&& plan, Stream stream) {
     if (!driver().available) {
@@ -72,7 +74,7 @@ struct Runtime::Impl {
     }
     const ContextRef context = registry.current_context();
     const DeviceInfo& device = registry.device_info(context);
-    ForwardPlan planned = plan(device.arch, device.max_smem_per_block, &tuning);
+    auto planned = plan(device.arch, device.max_smem_per_block, &tuning);
     if (planned.grid == 0) return;  // empty batch or no query rows: nothing to write
     auto cu_stream = static_cast<CUstream>(stream);
     const LoadedKernel& kernel = registry.get(planned.spec, context, device, cu_stream);
@@ -80,6 +82,35 @@ struct Runtime::Impl {
     check_cuda(driver().cuLaunchKernel(kernel.function, planned.grid, 1, 1, kernel.threads, 1, 1, kernel.smem_bytes,
                                        cu_stream, arguments, nullptr),
                "cuLaunchKernel");
+  }
+
+  // forward_kvcache: append, attention, combine. Every kernel is loaded
+  // (compiled if need be) before the first launch, so a failure launches
+  // nothing.
+  void run_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out, const TensorView* lse,
+                   const ForwardOptions& options, void* workspace, size_t workspace_bytes, Stream stream) {
+    if (!driver().available) {
+      plan_kvcache(q, args, out, lse, options, workspace, workspace_bytes, false, Arch{9, 0, true}, INT32_MAX, 132);
+      throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", driver().error));
+    }
+    const ContextRef context = registry.current_context();
+    const DeviceInfo& device = registry.device_info(context);
+    KVCachePlan plan = plan_kvcache(q, args, out, lse, options, workspace, workspace_bytes, false, device.arch,
+                                    device.max_smem_per_block, device.sm_count, &tuning);
+    if (plan.attention.grid == 0) return;
+    auto cu_stream = static_cast<CUstream>(stream);
+    const LoadedKernel* append = plan.append.grid ? &registry.get(plan.append.spec, context, device, cu_stream) : nullptr;
+    const LoadedKernel& attention = registry.get(plan.attention.spec, context, device, cu_stream);
+    const LoadedKernel* combine = plan.combine.grid ? &registry.get(plan.combine.spec, context, device, cu_stream) : nullptr;
+    auto launch = [&](const LoadedKernel& kernel, unsigned grid, void* params) {
+      void* arguments[] = {params};
+      check_cuda(driver().cuLaunchKernel(kernel.function, grid, 1, 1, kernel.threads, 1, 1, kernel.smem_bytes, cu_stream,
+                                         arguments, nullptr),
+                 "cuLaunchKernel");
+    };
+    if (append != nullptr) launch(*append, plan.append.grid, &plan.append.params);
+    launch(attention, plan.attention.grid, &plan.attention.params);
+    if (combine != nullptr) launch(*combine, plan.combine.grid, &plan.combine.params);
   }
 
   Config config;
@@ -112,6 +143,37 @@ void Runtime::forward_varlen(const TensorView& q, const TensorView& k, const Ten
   impl_->run([&](const Arch& arch, int smem, const TuningTable* tuning) {
     return plan_forward_varlen(q, k, v, out, lse, varlen, options, arch, smem, tuning);
   }, stream);
+}
+
+void Runtime::merge_states(const TensorView& states, const TensorView& lse, const TensorView& out,
+                           const TensorView* out_lse, Stream stream) {
+  impl_->run([&](const Arch&, int, const TuningTable*) { return plan_merge_states(states, lse, out, out_lse); },
+             stream);
+}
+
+void Runtime::merge_state(const TensorView& a, const TensorView& lse_a, const TensorView& b, const TensorView& lse_b,
+                          const TensorView& out, const TensorView* out_lse, Stream stream) {
+  impl_->run([&](const Arch&, int, const TuningTable*) { return plan_merge_state(a, lse_a, b, lse_b, out, out_lse); },
+             stream);
+}
+
+void Runtime::forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out, const TensorView* lse,
+                              const ForwardOptions& options, void* workspace, size_t workspace_bytes, Stream stream) {
+  impl_->run_kvcache(q, args, out, lse, options, workspace, workspace_bytes, stream);
+}
+
+size_t Runtime::kvcache_workspace_bytes(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
+                                        const TensorView* lse, const ForwardOptions& options) {
+  Arch arch{9, 0, true};
+  int smem = 227 * 1024, sm_count = 132;
+  if (driver().available) {
+    const DeviceInfo& device = impl_->registry.device_info(impl_->registry.current_context());
+    arch = device.arch;
+    smem = device.max_smem_per_block;
+    sm_count = device.sm_count;
+  }
+  return plan_kvcache(q, args, out, lse, options, nullptr, 0, true, arch, smem, sm_count, &impl_->tuning)
+      .attention.workspace_bytes;
 }
 
 std::string Runtime::spec_for(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -173,6 +235,26 @@ void forward(const TensorView& q, const TensorView& k, const TensorView& v, cons
 void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                     const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options, Stream stream) {
   global_runtime().forward_varlen(q, k, v, out, lse, varlen, options, stream);
+}
+
+void merge_states(const TensorView& states, const TensorView& lse, const TensorView& out, const TensorView* out_lse,
+                  Stream stream) {
+  global_runtime().merge_states(states, lse, out, out_lse, stream);
+}
+
+void merge_state(const TensorView& a, const TensorView& lse_a, const TensorView& b, const TensorView& lse_b,
+                 const TensorView& out, const TensorView* out_lse, Stream stream) {
+  global_runtime().merge_state(a, lse_a, b, lse_b, out, out_lse, stream);
+}
+
+void forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out, const TensorView* lse,
+                     const ForwardOptions& options, void* workspace, size_t workspace_bytes, Stream stream) {
+  global_runtime().forward_kvcache(q, args, out, lse, options, workspace, workspace_bytes, stream);
+}
+
+size_t kvcache_workspace_bytes(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
+                               const TensorView* lse, const ForwardOptions& options) {
+  return global_runtime().kvcache_workspace_bytes(q, args, out, lse, options);
 }
 
 std::string version() { return JITATTN_VERSION_STRING; }

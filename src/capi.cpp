@@ -116,6 +116,28 @@ struct CallViews {
   jitattn::ForwardOptions options;
 };
 
+// A C KV-cache call as C++ arguments (views stored here).
+struct KVCacheViews {
+  KVCacheViews(const jitattn_tensor* q, const jitattn_kvcache_args* c_args, const jitattn_tensor* out,
+               const jitattn_tensor* lse, const jitattn_fwd_options* options)
+      : call(q, c_args != nullptr ? c_args->k_cache : nullptr, c_args != nullptr ? c_args->v_cache : nullptr, out, lse,
+             options) {
+    if (c_args == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "args: is NULL");
+    args.k_cache = call.k;
+    args.v_cache = call.v;
+    args.cache_seqlens = view_of(c_args->cache_seqlens, "cache_seqlens");
+    args.block_table = CallViews::optional_view(c_args->block_table, "block_table", block_table);
+    args.cache_batch_idx = CallViews::optional_view(c_args->cache_batch_idx, "cache_batch_idx", cache_batch_idx);
+    args.k_new = CallViews::optional_view(c_args->k_new, "k_new", k_new);
+    args.v_new = CallViews::optional_view(c_args->v_new, "v_new", v_new);
+    args.num_splits = c_args->num_splits;
+    args.max_seqlen_k = c_args->max_seqlen_k;
+  }
+  CallViews call;
+  jitattn::TensorView block_table, cache_batch_idx, k_new, v_new;
+  jitattn::KVCacheArgs args;
+};
+
 }  // namespace
 
 extern "C" {
@@ -160,6 +182,52 @@ jitattn_status jitattn_fwd_varlen(const jitattn_tensor* q, const jitattn_tensor*
     varlen.max_seqlen_q = max_seqlen_q;
     varlen.max_seqlen_k = max_seqlen_k;
     jitattn::forward_varlen(views.q, views.k, views.v, views.out, views.lse_pointer(), varlen, views.options, stream);
+  });
+}
+
+jitattn_status jitattn_fwd_kvcache(const jitattn_tensor* q, const jitattn_kvcache_args* args, const jitattn_tensor* out,
+                                   const jitattn_tensor* lse, const jitattn_fwd_options* options, void* workspace,
+                                   size_t workspace_bytes, void* stream) {
+  return guarded([&] {
+    const KVCacheViews views(q, args, out, lse, options);
+    jitattn::forward_kvcache(views.call.q, views.args, views.call.out, views.call.lse_pointer(), views.call.options,
+                             workspace, workspace_bytes, stream);
+  });
+}
+
+jitattn_status jitattn_kvcache_workspace_bytes(const jitattn_tensor* q, const jitattn_kvcache_args* args,
+                                               const jitattn_tensor* out, const jitattn_tensor* lse,
+                                               const jitattn_fwd_options* options, size_t* bytes) {
+  return guarded([&] {
+    if (bytes == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "bytes: is NULL");
+    const KVCacheViews views(q, args, out, lse, options);
+    *bytes = jitattn::kvcache_workspace_bytes(views.call.q, views.args, views.call.out, views.call.lse_pointer(),
+                                              views.call.options);
+  });
+}
+
+jitattn_status jitattn_merge_states(const jitattn_tensor* states, const jitattn_tensor* lse, const jitattn_tensor* out,
+                                    const jitattn_tensor* out_lse, void* stream) {
+  return guarded([&] {
+    const jitattn::TensorView states_view = view_of(states, "states"), lse_view = view_of(lse, "lse");
+    const jitattn::TensorView out_view = view_of(out, "out");
+    jitattn::TensorView out_lse_view;
+    if (out_lse != nullptr) out_lse_view = view_of(out_lse, "out_lse");
+    jitattn::merge_states(states_view, lse_view, out_view, out_lse != nullptr ? &out_lse_view : nullptr, stream);
+  });
+}
+
+jitattn_status jitattn_merge_state(const jitattn_tensor* a, const jitattn_tensor* lse_a, const jitattn_tensor* b,
+                                   const jitattn_tensor* lse_b, const jitattn_tensor* out,
+                                   const jitattn_tensor* out_lse, void* stream) {
+  return guarded([&] {
+    const jitattn::TensorView a_view = view_of(a, "a"), lse_a_view = view_of(lse_a, "lse_a");
+    const jitattn::TensorView b_view = view_of(b, "b"), lse_b_view = view_of(lse_b, "lse_b");
+    const jitattn::TensorView out_view = view_of(out, "out");
+    jitattn::TensorView out_lse_view;
+    if (out_lse != nullptr) out_lse_view = view_of(out_lse, "out_lse");
+    jitattn::merge_state(a_view, lse_a_view, b_view, lse_b_view, out_view, out_lse != nullptr ? &out_lse_view : nullptr,
+                         stream);
   });
 }
 

@@ -114,9 +114,8 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
 }
 
 // RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
-// The key block and CTAs per SM assumed for decoding tiles (128 threads of
-// about 170 registers: three per SM).
-constexpr int kDecodeBlockKV = 64;
+// CTAs per SM assumed for decoding tiles (128 threads of 130-190 registers
+// and 48-80 KB of shared memory: two or three per SM).
 constexpr int kDecodeCtasPerSm = 3;
 constexpr int kMaxSplits = 128;
 
@@ -417,13 +416,16 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     plan.spec.kvcache = true;
     plan.spec.paged = problem.paged;
     // Decoding: the (packed) queries fit one 64-row tile of four warps; the
-    // key loop is memory-bound, so small CTAs (more per SM, more loads in
-    // flight) win. Measured on the H200 in docs/PERFORMANCE.md.
+    // key loop is memory-bound. Measured on the H200 (docs/PERFORMANCE.md).
     const int64_t rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
     if (options.tiles.block_q == 0 && options.tiles.block_kv == 0 && options.tiles.warps == 0 && rows <= 64) {
-      tiles = {64, kDecodeBlockKV, 4};
+      // 128-key blocks keep more bytes in flight; a paged cache keeps them
+      // only when a block fits in one page (smaller pages take the per-row
+      // copy, which costs more than the larger block gains).
+      const int block_kv = problem.paged && (int64_t{1} << problem.page_shift) < 128 ? 64 : 128;
+      tiles = {64, block_kv, 4};
       plan.spec.block_q = 64;
-      plan.spec.block_kv = kDecodeBlockKV;
+      plan.spec.block_kv = block_kv;
       plan.spec.warps = 4;
     }
   }
@@ -716,6 +718,81 @@ ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, c
     for (int i = 0; i < 3; ++i) problem.lse_strides[i] = lse->strides[i];
   }
   return plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
+}
+
+KVCachePlan plan_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out, const TensorView* lse,
+                         const ForwardOptions& options, void* workspace, size_t workspace_bytes, bool sizing_only,
+                         const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
+  KVCachePlan plan;
+  plan.attention = plan_forward_kvcache(q, args, out, lse, options, workspace, workspace_bytes, sizing_only, arch,
+                                        max_smem_bytes, sm_count, tuning);
+  const FwdParams& fwd = plan.attention.params;
+  const KernelSpec& spec = plan.attention.spec;
+  if (args.k_new != nullptr && args.k_new->shape[1] > 0 && q.shape[0] > 0) {
+    AppendPlan& append = plan.append;
+    append.spec = KernelSpec::append(q.dtype, spec.rope, spec.rotary_dim, spec.rope_tables, spec.paged);
+    AppendParams& p = append.params;
+    p.k_new = args.k_new->data;
+    p.v_new = args.v_new->data;
+    p.k_cache = args.k_cache.data;
+    p.v_cache = args.v_cache.data;
+    for (int i = 0; i < 3; ++i) {
+      p.k_new_strides[i] = args.k_new->strides[i];
+      p.v_new_strides[i] = args.v_new->strides[i];
+      p.k_cache_strides[i] = args.k_cache.strides[i];
+      p.v_cache_strides[i] = args.v_cache.strides[i];
+    }
+    p.cache_seqlens = fwd.seqused_k;
+    p.kv_batch_index = fwd.kv_batch_index;
+    p.block_table = fwd.block_table;
+    p.block_table_stride = fwd.block_table_stride;
+    p.page_shift = fwd.page_shift;
+    p.batch = fwd.batch;
+    p.seqlen_new = static_cast<int>(args.k_new->shape[1]);
+    p.heads_kv = fwd.heads_kv;
+    p.head_dim = fwd.head_dim;
+    std::copy(std::begin(fwd.rope_inv_freq), std::end(fwd.rope_inv_freq), p.rope_inv_freq);
+    p.rope_cos = fwd.rope_cos;
+    p.rope_sin = fwd.rope_sin;
+    p.rope_table_stride = fwd.rope_table_stride;
+    p.rope_table_rows = fwd.rope_table_rows;
+    const int64_t rows = static_cast<int64_t>(p.batch) * p.seqlen_new * p.heads_kv;
+    if ((rows + 3) / 4 > INT_MAX) reject("k_new: batch × seqlen_new × heads_kv is too large");
+    append.grid = static_cast<unsigned>((rows + 3) / 4);  // four rows (warps) per CTA
+  }
+  if (spec.split && !sizing_only) {
+    CombineProblem combine;
+    combine.state_dtype = DType::f32;
+    combine.out_dtype = q.dtype;
+    combine.states = fwd.partial_o;
+    combine.lse = fwd.partial_lse;
+    combine.out = out.data;
+    combine.out_lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
+    const int64_t batch = q.shape[0], seqlen = q.shape[1], heads = q.shape[2], head_dim = q.shape[3];
+    combine.num_states = plan.attention.num_splits;
+    combine.batch = batch;
+    combine.seqlen = seqlen;
+    combine.heads = heads;
+    combine.head_dim = head_dim;
+    const int64_t states_strides[4] = {batch * seqlen * heads * head_dim, seqlen * heads * head_dim, heads * head_dim,
+                                       head_dim};
+    const int64_t lse_strides[4] = {batch * seqlen * heads, seqlen * heads, heads, 1};
+    std::copy(states_strides, states_strides + 4, combine.states_strides);
+    std::copy(lse_strides, lse_strides + 4, combine.lse_strides);
+    combine.out_strides[0] = out.strides[0];
+    combine.out_strides[1] = out.strides[1];
+    combine.out_strides[2] = out.strides[2];
+    if (lse != nullptr) {
+      // lse is [batch, heads_q, seqlen_q]: (batch, row, head) strides.
+      combine.out_lse_strides[0] = lse->strides[0];
+      combine.out_lse_strides[1] = lse->strides[2];
+      combine.out_lse_strides[2] = lse->strides[1];
+    }
+    combine.states_name = "workspace";
+    combine.lse_name = "workspace";
+    plan.combine = plan_combine(combine);
+  }
+  return plan;
 }
 
 }  // namespace jitattn::detail

@@ -7,7 +7,9 @@
 
 #include <jitattn/jitattn.hpp>
 
+#include "append_params.h"
 #include "fwd_params.h"
+#include "merge.hpp"
 #include "spec.hpp"
 
 namespace jitattn::detail {
@@ -58,10 +60,29 @@ ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const 
                                 const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
                                 const Arch& arch, int max_smem_bytes, const TuningTable* tuning = nullptr);
 
-// forward_kvcache: attention of q over a KV cache (contiguous or paged); the
-// appending of new keys is planned separately (it runs first). sm_count
-// drives the split heuristic. With workspace == nullptr and sizing_only the
-// plan only sizes the workspace.
+// Writing k_new/v_new into the cache (append family); grid 0 = nothing to append.
+struct AppendPlan {
+  KernelSpec spec;
+  AppendParams params{};
+  unsigned grid = 0;
+};
+
+// A forward_kvcache call: up to three launches, in order.
+struct KVCachePlan {
+  AppendPlan append;
+  ForwardPlan attention;
+  CombinePlan combine;  // grid 0 unless attention.spec.split
+};
+
+// forward_kvcache: append (when k_new is given), attention over the cache
+// (contiguous or paged; split-KV when the heuristic or args.num_splits asks),
+// combine of the splits. sm_count drives the split heuristic. With
+// sizing_only the workspace is not checked (kvcache_workspace_bytes).
+KVCachePlan plan_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out, const TensorView* lse,
+                         const ForwardOptions& options, void* workspace, size_t workspace_bytes, bool sizing_only,
+                         const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning = nullptr);
+
+// The attention launch of plan_kvcache alone.
 ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
                                  const TensorView* lse, const ForwardOptions& options, void* workspace,
                                  size_t workspace_bytes, bool sizing_only, const Arch& arch, int max_smem_bytes,

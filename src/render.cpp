@@ -27,7 +27,13 @@ std::string TemplateSet::read(const std::string& name) const {
   return text.str();
 }
 
-const char* entry_name(const KernelSpec&) { return "jitattn_fwd"; }
+const char* entry_name(const KernelSpec& spec) {
+  switch (spec.family) {
+    case Family::combine: return "jitattn_combine";
+    case Family::append: return "jitattn_append";
+    default: return "jitattn_fwd";
+  }
+}
 
 namespace {
 
@@ -68,10 +74,50 @@ void expand_includes(const std::string& name, const std::string& text, const Tem
   }
 }
 
+// The element type a combine kernel names for a dtype.
+const char* combine_element(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return "jitattn::f16";
+    case DType::bf16: return "jitattn::bf16";
+    default: return "float";
+  }
+}
+
+const char* rope_constant(RopeKind rope) {
+  return rope == RopeKind::half ? "kRopeHalf" : rope == RopeKind::interleaved ? "kRopeInterleaved" : "kRopeNone";
+}
+
+// templates/entry_append.cu filled for an append spec.
+std::string render_append(const KernelSpec& spec, const TemplateSet& templates) {
+  const std::string entry = fmt::format(
+      fmt::runtime(templates.read("entry_append.cu")), fmt::arg("spec", spec.text()),
+      fmt::arg("element", spec.dtype == DType::bf16 ? "bf16" : "f16"), fmt::arg("rope", rope_constant(spec.rope)),
+      fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_tables ? "true" : "false"),
+      fmt::arg("paged", spec.paged ? "true" : "false"), fmt::arg("entry_name", entry_name(spec)));
+  std::set<std::string> seen;
+  std::string source;
+  expand_includes("entry_append.cu", entry, templates, seen, source);
+  return source;
+}
+
+// templates/entry_combine.cu filled for a combine spec.
+std::string render_combine(const KernelSpec& spec, const TemplateSet& templates) {
+  const std::string entry = fmt::format(
+      fmt::runtime(templates.read("entry_combine.cu")), fmt::arg("spec", spec.text()),
+      fmt::arg("state", combine_element(spec.dtype)), fmt::arg("out", combine_element(spec.out_dtype)),
+      fmt::arg("entry_name", entry_name(spec)));
+  std::set<std::string> seen;
+  std::string source;
+  expand_includes("entry_combine.cu", entry, templates, seen, source);
+  return source;
+}
+
 }  // namespace
 
 std::string render(const KernelSpec& spec, const TemplateSet& templates) {
   spec.validate();
+  if (spec.family == Family::combine) return render_combine(spec, templates);
+  if (spec.family == Family::append) return render_append(spec, templates);
   const std::string entry_template = templates.read("entry_fwd.cu");
   const std::string entry = fmt::format(
       fmt::runtime(entry_template), fmt::arg("spec", spec.text()),

@@ -1,5 +1,6 @@
 // render: KernelSpec → complete CUDA source. Deterministic: the same spec and
-// templates always give byte-identical text. The entry template is filled with
+// templates always give byte-identical text. The family's entry template
+// (entry_fwd.cu, entry_combine.cu) is filled with
 // the spec's constants, then every #include "..." of a template is expanded in
 // place (once each, with #line markers), so the result is the exact text NVRTC
 // compiles and the cache key covers every template the kernel uses.

@@ -6,6 +6,8 @@
 #include <charconv>
 #include <vector>
 
+#include "combine_params.h"
+
 namespace jitattn::detail {
 namespace {
 
@@ -33,7 +35,127 @@ bool parse_field(std::string_view field, std::string_view prefix, int& value) {
   throw Error(ErrorCode::invalid_argument, fmt::format("spec '{}': {}", text, why), std::string(text));
 }
 
+// --- the combine family: combine.<state dtype>.<out dtype> -----------------
+
+bool combine_dtype(DType dtype) { return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16; }
+
+std::string combine_text(const KernelSpec& spec);
+
+KernelSpec parse_combine(std::string_view text) {
+  auto fields = split_fields(text, '.');
+  if (fields.size() != 3) bad_spec(text, "expected combine.<state dtype>.<out dtype>, e.g. combine.f32.bf16");
+  auto dtype_of = [&](std::string_view field, const char* role) {
+    if (field == "f32") return DType::f32;
+    if (field == "f16") return DType::f16;
+    if (field == "bf16") return DType::bf16;
+    bad_spec(text, fmt::format("{} dtype '{}' is not f32, f16 or bf16", role, field));
+  };
+  KernelSpec spec = KernelSpec::combine(dtype_of(fields[1], "state"), dtype_of(fields[2], "out"));
+  spec.validate();
+  return spec;
+}
+
+void validate_combine(const KernelSpec& spec) {
+  if (!combine_dtype(spec.dtype) || !combine_dtype(spec.out_dtype)) {
+    const std::string name = combine_text(spec);
+    throw Error(ErrorCode::unsupported, fmt::format("spec '{}': state and out dtypes must be f32, f16 or bf16", name), name);
+  }
+}
+
+std::string combine_text(const KernelSpec& spec) {
+  return fmt::format("combine.{}.{}", dtype_name(spec.dtype), dtype_name(spec.out_dtype));
+}
+
+uint64_t combine_packed(const KernelSpec& spec) {
+  // The family in the top four bits: fwd keys (family 0) stay far below
+  // bit 60 whatever fields they gain, so no fwd key equals a combine key.
+  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.dtype) << 4 |
+         static_cast<uint64_t>(spec.out_dtype);
+}
+
+// --- the append family: append.<dtype>[.rope_*][.rope_tables][.paged] -------
+
+std::string append_text(const KernelSpec& spec) {
+  std::string out = fmt::format("append.{}", dtype_name(spec.dtype));
+  if (spec.rope != RopeKind::none) {
+    out += fmt::format(".rope_{}_r{}", spec.rope == RopeKind::half ? "half" : "interleaved", spec.rotary_dim);
+  }
+  if (spec.rope_tables) out += ".rope_tables";
+  if (spec.paged) out += ".paged";
+  return out;
+}
+
+void validate_append(const KernelSpec& spec) {
+  const std::string name = append_text(spec);
+  auto fail = [&](const std::string& why) { throw Error(ErrorCode::unsupported, fmt::format("spec '{}': {}", name, why), name); };
+  if (spec.dtype != DType::f16 && spec.dtype != DType::bf16) fail("dtype must be f16 or bf16");
+  if (spec.rope == RopeKind::none && (spec.rotary_dim != 0 || spec.rope_tables)) fail("rotary_dim and rope_tables need a rope style");
+  if (spec.rope != RopeKind::none && (spec.rotary_dim < 16 || spec.rotary_dim > 256 || spec.rotary_dim % 16 != 0)) {
+    fail(fmt::format("rotary_dim={} must be a multiple of 16 between 16 and 256", spec.rotary_dim));
+  }
+}
+
+KernelSpec parse_append(std::string_view text) {
+  auto fields = split_fields(text, '.');
+  if (fields.size() < 2) bad_spec(text, "expected append.<dtype>[.rope_half_rN][.rope_tables][.paged]");
+  KernelSpec spec;
+  spec.family = Family::append;
+  if (fields[1] == "f16") {
+    spec.dtype = DType::f16;
+  } else if (fields[1] == "bf16") {
+    spec.dtype = DType::bf16;
+  } else {
+    bad_spec(text, fmt::format("dtype '{}' is not f16 or bf16", fields[1]));
+  }
+  for (size_t i = 2; i < fields.size(); ++i) {
+    const bool half = parse_field(fields[i], "rope_half_r", spec.rotary_dim);
+    if ((half || parse_field(fields[i], "rope_interleaved_r", spec.rotary_dim)) && spec.rope == RopeKind::none) {
+      spec.rope = half ? RopeKind::half : RopeKind::interleaved;
+    } else if (fields[i] == "rope_tables" && !spec.rope_tables) {
+      spec.rope_tables = true;
+    } else if (fields[i] == "paged" && !spec.paged) {
+      spec.paged = true;
+    } else {
+      bad_spec(text, fmt::format("unknown or repeated field '{}' (known: rope_half_rN, rope_interleaved_rN, "
+                                 "rope_tables, paged)", fields[i]));
+    }
+  }
+  validate_append(spec);
+  return spec;
+}
+
+uint64_t append_packed(const KernelSpec& spec) {
+  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.dtype) << 12 |
+         static_cast<uint64_t>(spec.rope) << 10 | static_cast<uint64_t>(spec.rotary_dim / 16) << 2 |
+         static_cast<uint64_t>(spec.rope_tables) << 1 | static_cast<uint64_t>(spec.paged);
+}
+
 }  // namespace
+
+KernelSpec KernelSpec::append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool paged) {
+  KernelSpec spec;
+  spec.family = Family::append;
+  spec.dtype = dtype;
+  spec.rope = rope;
+  spec.rotary_dim = rope == RopeKind::none ? 0 : rotary_dim;
+  spec.rope_tables = rope != RopeKind::none && rope_tables;
+  spec.paged = paged;
+  return spec;
+}
+
+KernelSpec KernelSpec::combine(DType state_dtype, DType out_dtype) {
+  KernelSpec spec;
+  spec.family = Family::combine;
+  spec.dtype = state_dtype;
+  spec.out_dtype = out_dtype;
+  return spec;
+}
+
+int KernelSpec::threads() const {
+  if (family == Family::combine) return kCombineThreads;
+  if (family == Family::append) return 128;  // AppendConfig::kThreads
+  return warps * 32;
+}
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
@@ -48,6 +170,8 @@ const char* dtype_name(DType dtype) {
 size_t dtype_size(DType dtype) { return dtype == DType::f32 || dtype == DType::i32 ? 4 : 2; }
 
 std::string KernelSpec::text() const {
+  if (family == Family::combine) return combine_text(*this);
+  if (family == Family::append) return append_text(*this);
   std::string out = fmt::format("fwd.{}.d{}.br{}.bc{}.w{}", dtype_name(dtype), head_dim, block_q,
                                 block_kv, warps);
   if (causal) out += ".causal";
@@ -68,12 +192,14 @@ std::string KernelSpec::text() const {
 }
 
 KernelSpec KernelSpec::parse(std::string_view text) {
+  if (text.substr(0, text.find('.')) == "combine") return parse_combine(text);
+  if (text.substr(0, text.find('.')) == "append") return parse_append(text);
   auto fields = split_fields(text, '.');
   if (fields.size() < 6) {
     bad_spec(text, "expected family.dtype.dN.brN.bcN.wN[.causal], e.g. fwd.bf16.d128.br128.bc64.w4");
   }
   KernelSpec spec;
-  if (fields[0] != "fwd") bad_spec(text, fmt::format("unknown family '{}' (known: fwd)", fields[0]));
+  if (fields[0] != "fwd") bad_spec(text, fmt::format("unknown family '{}' (known: fwd, combine, append)", fields[0]));
   if (fields[1] == "f16" || fields[1] == "fp16") {
     spec.dtype = DType::f16;
   } else if (fields[1] == "bf16") {
@@ -116,6 +242,8 @@ KernelSpec KernelSpec::parse(std::string_view text) {
 }
 
 void KernelSpec::validate() const {
+  if (family == Family::combine) return validate_combine(*this);
+  if (family == Family::append) return validate_append(*this);
   const std::string name = text();
   auto fail = [&](ErrorCode code, const std::string& why) {
     throw Error(code, fmt::format("spec '{}': {}", name, why), name);
@@ -166,6 +294,8 @@ uint64_t KernelSpec::hash() const {
 }
 
 size_t KernelSpec::smem_bytes() const {
+  if (family == Family::combine) return 0;  // static shared memory only (combine.cuh)
+  if (family == Family::append) return 0;
   // Q tile plus one K tile and one V tile, 16-bit elements, rows rounded up
   // to whole 64-element swizzle groups (FwdConfig::kRowElems).
   const int row_elems = (head_dim + 63) / 64 * 64;
@@ -173,6 +303,8 @@ size_t KernelSpec::smem_bytes() const {
 }
 
 uint64_t KernelSpec::packed() const {
+  if (family == Family::combine) return combine_packed(*this);
+  if (family == Family::append) return append_packed(*this);
   uint64_t key = static_cast<uint64_t>(family);
   key = key << 4 | static_cast<uint64_t>(dtype);
   key = key << 10 | static_cast<uint64_t>(head_dim);

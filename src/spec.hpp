@@ -12,7 +12,13 @@
 
 namespace jitattn::detail {
 
-enum class Family : uint8_t { fwd = 0 };
+// fwd: attention forward (prefill). combine: merges attention states (split-KV
+// partials, merge_states); its spec is combine.<state dtype>.<out dtype> and
+// uses only `dtype` (the states') and `out_dtype`.
+// append: writes new keys (rotated with RoPE) and values into a KV cache; its
+// spec is append.<dtype>[.rope_half_rN|.rope_interleaved_rN][.rope_tables][.paged]
+// and uses dtype, rope, rotary_dim, rope_tables and paged.
+enum class Family : uint8_t { fwd = 0, combine = 1, append = 2 };
 
 // RoPE pairing (templates/rope.cuh): rotate-half (GPT-NeoX, Llama) pairs
 // channel p with p + rotary_dim / 2; interleaved (GPT-J) pairs 2p with 2p + 1.
@@ -38,10 +44,16 @@ struct KernelSpec {
   bool kvcache = false;  // keys from a KV cache: per-sequence lengths, keys already rotated
   bool paged = false;    // the KV cache is paged (block table)
   bool split = false;    // split-KV: writes fp32 partial results for the combine kernel
+  DType out_dtype = DType::f32;    // combine: the output's dtype (fwd writes `dtype`)
+
+  // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
+  static KernelSpec combine(DType state_dtype, DType out_dtype);
+  // An append spec (RoPE and paging as in the attention call it serves).
+  static KernelSpec append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool paged);
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
-  // rope_tables, packgqa, kvcache, paged, split, padded, varlen).
+  // rope_tables, packgqa, kvcache, paged, split, padded, varlen), "combine.f32.bf16".
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.
   static KernelSpec parse(std::string_view text);
@@ -50,13 +62,14 @@ struct KernelSpec {
   // XXH3-64 of text(): stable across runs, hosts and builds.
   uint64_t hash() const;
 
-  int threads() const { return warps * 32; }
+  int threads() const;
   // fp32 accumulators per thread (output + scores): what decides whether a
   // configuration fits in 255 registers.
   int accumulator_registers() const;
   size_t smem_bytes() const;
 
   // Packs every field into one word: the hot-path lookup key (no strings).
+  // Fields a family does not use are left out, so they never split its keys.
   uint64_t packed() const;
   bool operator==(const KernelSpec& other) const { return packed() == other.packed(); }
   bool operator!=(const KernelSpec& other) const { return !(*this == other); }

@@ -401,14 +401,15 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
 template <class Cfg>
 __device__ __forceinline__ void load_kv_tile(unsigned tile, const unsigned short* rows, long long row_stride,
                                              long long page_stride, const int* pages, int page_shift, int key0,
-                                             int seqlen_k, int chunks_valid) {
+                                             int seqlen_k, int chunks_valid, int page = -1) {
   if constexpr (!Cfg::kPaged) {
     load_tile<Cfg, Cfg::kBlockKV>(tile, rows, row_stride, key0, seqlen_k, chunks_valid);
   } else {
     if ((Cfg::kBlockKV >> page_shift) <= 1) {
       // Pages at least a tile long (power-of-two sizes, so tiles never
-      // straddle pages): one lookup, then the strided copy.
-      const int page = pages[key0 >> page_shift];
+      // straddle pages): one lookup (done ahead by the caller when it can),
+      // then the strided copy.
+      if (page < 0) page = pages[key0 >> page_shift];
       const unsigned short* first = rows + page * page_stride + (key0 & ((1 << page_shift) - 1)) * row_stride;
       load_tile<Cfg, Cfg::kBlockKV>(tile, first, row_stride, 0, seqlen_k - key0, chunks_valid);
     } else {
@@ -416,7 +417,9 @@ __device__ __forceinline__ void load_kv_tile(unsigned tile, const unsigned short
       // no table entry (those may be unset).
       constexpr int kChunks = Cfg::kBlockKV * Cfg::kChunksPerRow;
       const int in_page = (1 << page_shift) - 1;
-#pragma unroll
+      // Not unrolled: this path must not raise the register count of the
+      // kernel's main path (pages of a tile or more).
+#pragma unroll 1
       for (int i = 0; i < (kChunks + Cfg::kThreads - 1) / Cfg::kThreads; ++i) {
         const int index = i * Cfg::kThreads + threadIdx.x;
         if (kChunks % Cfg::kThreads == 0 || index < kChunks) {
@@ -657,14 +660,24 @@ __device__ void fwd_prefill(const FwdParams& p) {
     row_sum[m][0] = row_sum[m][1] = 0.f;
   }
 
+  // Paged caches with pages of at least a tile: the page of the next block
+  // is read one step ahead, so its latency does not delay that block's copy.
+  const bool page_per_tile = Cfg::kPaged && (Cfg::kBlockKV >> p.page_shift) <= 1;
+  int page_current = -1;
+  if (Cfg::kPaged && page_per_tile && end_block > first_block) {
+    page_current = pages[((end_block - 1) * Cfg::kBlockKV) >> p.page_shift];
+  }
   for (int block = end_block - 1; block >= first_block; --block) {
     const int key0 = block * Cfg::kBlockKV;
+    int page_next = -1;
+    if (Cfg::kPaged && page_per_tile && block > first_block) page_next = pages[(key0 - Cfg::kBlockKV) >> p.page_shift];
     // This barrier has two jobs: K (and, first time, Q) has landed for every
     // thread, and every warp has finished reading V of the previous block, so
     // V may be overwritten.
     cp_async_wait<0>();
     __syncthreads();
-    load_kv_tile<Cfg>(v_tile, v, p.v_row_stride, p.v_batch_stride, pages, p.page_shift, key0, seqlen_k, chunks_valid);
+    load_kv_tile<Cfg>(v_tile, v, p.v_row_stride, p.v_batch_stride, pages, p.page_shift, key0, seqlen_k, chunks_valid,
+                      page_current);
     cp_async_commit();
     if constexpr (Cfg::kRotateKeys) {
       // Rotating K here costs 25-40% of a block's time (docs/PERFORMANCE.md):
@@ -695,7 +708,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
       __syncthreads();
       if (block > first_block) {
         load_kv_tile<Cfg>(k_tile, k, p.k_row_stride, p.k_batch_stride, pages, p.page_shift, key0 - Cfg::kBlockKV,
-                          seqlen_k, chunks_valid);
+                          seqlen_k, chunks_valid, page_next);
       }
       cp_async_commit();
     };
@@ -709,6 +722,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
     unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
     pack_probabilities<Cfg>(probabilities, s);
     gemm_pv<Cfg>(o, probabilities, opaque(v_tile), lane);
+    page_current = page_next;
   }
 
   // With no key block at all the Q copy (issued by every warp, to every row)

@@ -121,6 +121,69 @@ TEST_CASE("varlen calls are validated through the C API") {
   CHECK(std::string(jitattn_last_error()).find("max_seqlen_q=101") != std::string::npos);
 }
 
+TEST_CASE("merges are validated through the C API, naming the argument") {
+  configure_once();
+  jitattn_tensor states{};
+  states.data = fake(0x10000);
+  states.dtype = JITATTN_F32;
+  states.ndim = 4;
+  const int64_t shape[4] = {3, 5, 2, 64}, strides[4] = {5 * 2 * 64, 2 * 64, 64, 1};
+  for (int i = 0; i < 4; ++i) {
+    states.shape[i] = shape[i];
+    states.strides[i] = strides[i];
+  }
+  jitattn_tensor lse{};
+  lse.data = fake(0x20000);
+  lse.dtype = JITATTN_F32;
+  lse.ndim = 3;
+  const int64_t lse_shape[3] = {3, 5, 2}, lse_strides[3] = {10, 2, 1};
+  for (int i = 0; i < 3; ++i) {
+    lse.shape[i] = lse_shape[i];
+    lse.strides[i] = lse_strides[i];
+  }
+  jitattn_tensor out{};
+  out.data = fake(0x30000);
+  out.dtype = JITATTN_BF16;
+  out.ndim = 3;
+  for (int i = 0; i < 3; ++i) {
+    out.shape[i] = shape[i + 1];
+    out.strides[i] = strides[i + 1];
+  }
+  CHECK(jitattn_merge_states(nullptr, &lse, &out, nullptr, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()) == "states: is NULL");
+  out.strides[2] = 2;
+  CHECK(jitattn_merge_states(&states, &lse, &out, nullptr, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("out: head_dim stride is 2") != std::string::npos);
+  out.strides[2] = 1;
+  lse.dtype = JITATTN_F16;
+  CHECK(jitattn_merge_states(&states, &lse, &out, nullptr, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("lse: dtype f16 must be f32") != std::string::npos);
+  lse.dtype = JITATTN_F32;
+
+  // merge_state: a and b are [rows, heads, head_dim]; lse_a / lse_b [rows, heads].
+  jitattn_tensor a = out, b = out;
+  a.data = fake(0x40000);
+  b.data = fake(0x50000);
+  b.shape[2] = 32;
+  jitattn_tensor lse_a{};
+  lse_a.data = fake(0x60000);
+  lse_a.dtype = JITATTN_F32;
+  lse_a.ndim = 2;
+  lse_a.shape[0] = 5, lse_a.shape[1] = 2;
+  lse_a.strides[0] = 2, lse_a.strides[1] = 1;
+  CHECK(jitattn_merge_state(&a, &lse_a, &b, &lse_a, &out, nullptr, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("b: shape [5, 2, 32] must equal a's shape [5, 2, 64]") != std::string::npos);
+  CHECK(jitattn_merge_state(&a, &lse_a, &a, nullptr, &out, nullptr, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()) == "lse_b: is NULL");
+  if (!jitattn::detail::driver().available) {
+    CHECK(jitattn_merge_state(&a, &lse_a, &a, &lse_a, &out, &lse_a, nullptr) == JITATTN_ERROR_CUDA);
+    CHECK(std::string(jitattn_last_error()).find("no usable GPU") != std::string::npos);
+  }
+  CHECK(jitattn_warm("combine.f32.bf16", "sm_80") == JITATTN_OK);
+  CHECK(jitattn_warm("combine.f64.bf16", "sm_80") == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("state dtype 'f64'") != std::string::npos);
+}
+
 TEST_CASE("configure after first use is refused") {
   configure_once();
   CHECK(jitattn_warm("fwd.bf16.d64.br128.bc64.w4", "sm_80") == JITATTN_OK);

@@ -1,7 +1,8 @@
 """The C API from Python's ctypes, as a PyTorch user would load it.
 
 Usage: test_ctypes.py PATH/TO/libjitattn.so
-Needs no GPU: checks loading, configuration, warming and error reporting.
+Needs no GPU: checks loading, configuration, warming and error reporting
+(forward and merge entry points).
 """
 import ctypes
 import os
@@ -23,7 +24,11 @@ def main():
     lib.jitattn_last_error.restype = ctypes.c_char_p
     failures = []
 
+    checks = 0
+
     def check(condition, what):
+        nonlocal checks
+        checks += 1
         print(("ok   " if condition else "FAIL ") + what)
         if not condition:
             failures.append(what)
@@ -40,7 +45,20 @@ def main():
                                  ctypes.byref(options), None)
         message = lib.jitattn_last_error().decode()
         check(status == 1 and "heads_kv=6 must divide heads_q=32" in message, f"bad call rejected: {message}")
-    print(f"{4 - len(failures)} passed, {len(failures)} failed")
+
+        status = lib.jitattn_warm(b"combine.f32.bf16", b"sm_80")
+        check(status == 0, f"warm compiles a combine kernel (status {status}: {lib.jitattn_last_error().decode()})")
+        states = Tensor(0x4000, 2, 4, (ctypes.c_int64 * 4)(3, 16, 8, 128), (ctypes.c_int64 * 4)(16 * 8 * 128, 8 * 128, 128, 1))
+        lse = Tensor(0x5000, 1, 3, (ctypes.c_int64 * 4)(3, 16, 8, 0), (ctypes.c_int64 * 4)(16 * 8, 8, 1, 0))  # bf16: must be f32
+        merged = Tensor(0x6000, 1, 3, (ctypes.c_int64 * 4)(16, 8, 128, 0), (ctypes.c_int64 * 4)(8 * 128, 128, 1, 0))
+        status = lib.jitattn_merge_states(ctypes.byref(states), ctypes.byref(lse), ctypes.byref(merged), None, None)
+        message = lib.jitattn_last_error().decode()
+        check(status == 1 and "lse: dtype bf16 must be f32" in message, f"bad merge_states rejected: {message}")
+        status = lib.jitattn_merge_state(ctypes.byref(merged), None, ctypes.byref(merged), None, ctypes.byref(merged),
+                                         None, None)
+        message = lib.jitattn_last_error().decode()
+        check(status == 1 and message == "lse_a: is NULL", f"bad merge_state rejected: {message}")
+    print(f"{checks - len(failures)} passed, {len(failures)} failed")
     return 1 if failures else 0
 
 

@@ -334,7 +334,17 @@ void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t 
         shape.heads_q = c.heads_q;
         shape.head_dim = c.head_dim;
         const Verdict verdict = judge(shape, run.out, run.lse, r.exact, r.rounded);
-        CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}", describe(c, run.spec, seed), verdict.summary()));
+        std::string lse_detail;  // the first LSE mismatches, to point at the rows
+        for (size_t i = 0, shown = 0; i < run.lse.size() && shown < 4; ++i) {
+          const double want = r.exact.lse[i], got = run.lse[i];
+          const bool ok = std::isinf(want) ? (std::isinf(got) && got < 0)
+                                           : std::fabs(got - want) <= 1e-3 * std::max(1.0, std::fabs(want));
+          if (ok) continue;
+          const size_t b = i / (c.heads_q * c.seqlen_q), h = i / c.seqlen_q % c.heads_q, row = i % c.seqlen_q;
+          lse_detail += fmt::format(" [b={} h={} i={} cache_seqlen={}: lse {} want {}]", b, h, row, in.cache_seqlens[b], got, want);
+          ++shown;
+        }
+        CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}{}", describe(c, run.spec, seed), verdict.summary(), lse_detail));
         const std::string cache = check_cache(c, in);
         CHECK_MESSAGE(cache.empty(), fmt::format("{}: {}", describe(c, run.spec, seed), cache));
       });

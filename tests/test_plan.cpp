@@ -139,6 +139,77 @@ TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tabl
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("options.rope.cos: 299 positions"), Error);
 }
 
+TEST_CASE("split-KV heuristic: none when the tiles fill the GPU, else the smallest efficient count") {
+  CHECK(num_splits_heuristic(132 * 3, 132, 3, 512, 128) == 1);  // a full wave already
+  CHECK(num_splits_heuristic(400, 132, 3, 512, 128) == 1);
+  // 8 tiles (batch 1 × 8 KV heads) on 396 slots and 512 key blocks: the
+  // eligible counts (those that change the blocks per split) peak at 47
+  // (11 blocks each, 376 CTAs, 95% of a wave); 40 (13 blocks, 81%) is the
+  // smallest within 85% of that.
+  CHECK(num_splits_heuristic(8, 132, 3, 512, 128) == 40);
+  // Never more splits than key blocks.
+  CHECK(num_splits_heuristic(8, 132, 3, 5, 128) <= 5);
+  CHECK(num_splits_heuristic(1, 132, 1, 1, 128) == 1);
+}
+
+TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans append and combine") {
+  TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 32, 128});
+  TensorView out = TensorView::contiguous(address(0x20000), DType::bf16, {2, 1, 32, 128});
+  KVCacheArgs args;
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {2, 8192, 8, 128});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {2, 8192, 8, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {2});
+  ForwardOptions options;
+  const Arch arch = Arch::parse("sm_90a");
+  KVCachePlan plan = plan_kvcache(q, args, out, nullptr, options, nullptr, 0, true, arch, 227 * 1024, 132);
+  const KernelSpec& spec = plan.attention.spec;
+  CHECK(spec.text().find(".packgqa.kvcache.split") != std::string::npos);
+  CHECK(plan.attention.num_splits > 1);
+  CHECK(plan.attention.grid == plan.attention.num_splits * 8 * 2);  // splits × KV heads × batch, one tile each
+  const size_t partials = static_cast<size_t>(plan.attention.num_splits) * 2 * 1 * 32;
+  CHECK(plan.attention.workspace_bytes == (partials * 128 * 4 + 255) / 256 * 256 + partials * 4);
+  CHECK(plan.append.grid == 0);
+  // With the workspace the combine is planned too; without, the call is refused.
+  std::vector<char> storage(plan.attention.workspace_bytes + 256);
+  void* workspace = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(storage.data()) + 255) / 256 * 256);
+  plan = plan_kvcache(q, args, out, nullptr, options, workspace, plan.attention.workspace_bytes, false, arch, 227 * 1024, 132);
+  CHECK(plan.combine.grid > 0);
+  CHECK(plan.combine.spec.text() == "combine.f32.bf16");
+  CHECK(plan.attention.params.partial_o == workspace);
+  CHECK_THROWS_WITH_AS(plan_kvcache(q, args, out, nullptr, options, workspace, 100, false, arch, 227 * 1024, 132),
+                       doctest::Contains("workspace: 100 bytes given"), Error);
+  // One split asked for: no workspace, no combine.
+  args.num_splits = 1;
+  plan = plan_kvcache(q, args, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
+  CHECK_FALSE(plan.attention.spec.split);
+  CHECK(plan.attention.workspace_bytes == 0);
+  CHECK(plan.combine.grid == 0);
+  // New keys with RoPE: an append launch whose spec carries the rotation; q rotates at cache_seqlens.
+  TensorView k_new = TensorView::contiguous(address(0x60000), DType::bf16, {2, 1, 8, 128});
+  args.k_new = &k_new;
+  args.v_new = &k_new;
+  options.rope.style = RopeStyle::rotate_half;
+  options.rope.rotary_dim = 64;
+  plan = plan_kvcache(q, args, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
+  CHECK(plan.append.spec.text() == "append.bf16.rope_half_r64");
+  CHECK(plan.append.grid == (2 * 1 * 8 + 3) / 4);
+  CHECK(plan.attention.params.seqlen_k_added == 1);
+  CHECK(plan.attention.params.rope_q_offsets == args.cache_seqlens.data);
+  // Paged: page sizes must be powers of two; pages below 128 rows take 64-key blocks.
+  TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 128});
+  args.block_table = &table;
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {256, 64, 8, 128});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {256, 64, 8, 128});
+  plan = plan_kvcache(q, args, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
+  CHECK(plan.attention.spec.paged);
+  CHECK(plan.attention.spec.block_kv == 64);
+  CHECK(plan.attention.params.page_shift == 6);
+  CHECK(plan.append.spec.text() == "append.bf16.rope_half_r64.paged");
+  args.k_cache.shape[1] = args.v_cache.shape[1] = 48;
+  CHECK_THROWS_WITH_AS(plan_kvcache(q, args, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132),
+                       doctest::Contains("page_size=48"), Error);
+}
+
 TEST_CASE("empty problems plan to an empty grid") {
   Call call;
   call.q.shape[1] = call.out.shape[1] = call.lse.shape[2] = 0;

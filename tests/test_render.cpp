@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "render.hpp"
 
@@ -31,6 +32,32 @@ TEST_CASE("rendered source is self-contained and carries the spec's constants") 
   // No toolkit header is needed to compile it.
   CHECK(source.find("cuda_fp16") == std::string::npos);
   CHECK(source.find("cuda_bf16") == std::string::npos);
+}
+
+TEST_CASE("a combine spec renders entry_combine.cu over combine.cuh, deterministically") {
+  const TemplateSet templates;
+  const KernelSpec spec = KernelSpec::parse("combine.f32.bf16");
+  const std::string source = render(spec, templates);
+  CHECK(source == render(spec, templates));
+  CHECK(std::string(entry_name(spec)) == "jitattn_combine");
+  CHECK(std::string(entry_name(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4"))) == "jitattn_fwd");
+  CHECK(source.find("// jitattn kernel for spec combine.f32.bf16") != std::string::npos);
+  CHECK(source.find("jitattn_combine(const __grid_constant__ jitattn::CombineParams params)") != std::string::npos);
+  CHECK(source.find("combine_states</*State=*/float, /*Out=*/jitattn::bf16>") != std::string::npos);
+  CHECK(source.find("struct CombineParams") != std::string::npos);
+  CHECK(source.find("#line 1 \"combine.cuh\"") != std::string::npos);
+  CHECK(source.find("FwdParams") == std::string::npos);  // nothing of the forward family
+  CHECK(source.find("#include") == std::string::npos);
+  CHECK(source.find("cuda_fp16") == std::string::npos);
+  CHECK(source.find("cuda_bf16") == std::string::npos);
+  CHECK(render(KernelSpec::parse("combine.f16.f16"), templates).find("combine_states</*State=*/jitattn::f16, /*Out=*/jitattn::f16>") !=
+        std::string::npos);
+  std::set<std::string> sources;
+  for (const char* text : {"combine.f32.f32", "combine.f32.f16", "combine.f32.bf16", "combine.f16.f32", "combine.f16.f16",
+                           "combine.f16.bf16", "combine.bf16.f32", "combine.bf16.f16", "combine.bf16.bf16"}) {
+    sources.insert(render(KernelSpec::parse(text), templates));
+  }
+  CHECK(sources.size() == 9);
 }
 
 TEST_CASE("different specs render different source") {

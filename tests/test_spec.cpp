@@ -1,6 +1,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "spec.hpp"
 
@@ -74,6 +76,31 @@ TEST_CASE("RoPE and packed-GQA fields round-trip, pack distinctly and are valida
                        doctest::Contains("more than one rope field"), Error);
 }
 
+TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip and pack distinctly") {
+  const char* texts[] = {"fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache",
+                         "fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache.split",
+                         "fwd.bf16.d128.br64.bc64.w4.causal.rope_half_r64.packgqa.kvcache.paged.split",
+                         "append.bf16",
+                         "append.f16.rope_interleaved_r64.rope_tables.paged",
+                         "append.bf16.rope_half_r128",
+                         "combine.f32.bf16"};
+  std::vector<uint64_t> keys;
+  for (const char* text : texts) {
+    const KernelSpec spec = KernelSpec::parse(text);
+    CHECK(spec.text() == text);
+    keys.push_back(spec.packed());
+  }
+  std::sort(keys.begin(), keys.end());
+  CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.paged"), doctest::Contains("paged needs kvcache"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.split.varlen"),
+                       doctest::Contains("varlen does not combine with kvcache or split"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("append.f32"), doctest::Contains("dtype 'f32' is not f16 or bf16"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("append.bf16.paged.paged"), doctest::Contains("unknown or repeated field 'paged'"),
+                       Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("append.bf16.rope_half_r24"), doctest::Contains("rotary_dim=24"), Error);
+}
+
 TEST_CASE("spec hash is stable across runs and builds") {
   // Pinned value: XXH3-64 of the canonical text (checked with the Python xxhash package). A change here invalidates
   // every tuned table and cache listing keyed by spec hash, so it must be deliberate.
@@ -108,6 +135,55 @@ TEST_CASE("bad spec text is rejected naming the field") {
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w8"), doctest::Contains("8 query rows per warp"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.causal.causal"), doctest::Contains("repeated flag"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128"), doctest::Contains("expected family.dtype"), Error);
+}
+
+TEST_CASE("combine specs: text is combine.<state>.<out>, round-trips, and packs apart from every other spec") {
+  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
+  std::vector<uint64_t> keys;
+  for (DType state : dtypes)
+    for (DType out : dtypes) {
+      const KernelSpec spec = KernelSpec::combine(state, out);
+      CHECK(spec.family == Family::combine);
+      CHECK(spec.text() == std::string("combine.") + dtype_name(state) + "." + dtype_name(out));
+      const KernelSpec parsed = KernelSpec::parse(spec.text());
+      CHECK(parsed == spec);
+      CHECK(parsed.text() == spec.text());
+      CHECK(parsed.hash() == spec.hash());
+      CHECK(spec.threads() == 128);
+      CHECK(spec.smem_bytes() == 0);
+      keys.push_back(spec.packed());
+    }
+  CHECK(KernelSpec::combine(DType::f32, DType::bf16).text() == "combine.f32.bf16");
+  // Fields the combine family does not use do not split its keys.
+  KernelSpec noisy = KernelSpec::combine(DType::f32, DType::f16);
+  noisy.head_dim = 64;
+  noisy.causal = true;
+  CHECK(noisy == KernelSpec::combine(DType::f32, DType::f16));
+  CHECK(noisy.text() == "combine.f32.f16");
+  // ... and no combine key equals a forward key.
+  for (DType dtype : {DType::f16, DType::bf16})
+    for (int flags = 0; flags < 32; ++flags) {
+      keys.push_back(KernelSpec{Family::fwd, dtype, 128, 128, 64, 4, (flags & 1) != 0, false, (flags & 2) != 0,
+                                (flags & 4) != 0, (flags & 8) != 0, (flags & 16) != 0}
+                         .packed());
+    }
+  // The largest fwd key (every field at its widest) stays below the combine keys' family bits.
+  KernelSpec widest{Family::fwd, DType::bf16, 256, 128, 128, 8, true, true, true, true, true, true};
+  CHECK(widest.packed() < (uint64_t{1} << 60));
+  CHECK(KernelSpec::combine(DType::f32, DType::f32).packed() >= (uint64_t{1} << 60));
+  std::sort(keys.begin(), keys.end());
+  CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
+  CHECK(KernelSpec::combine(DType::bf16, DType::f32).hash() != KernelSpec::combine(DType::f32, DType::bf16).hash());
+}
+
+TEST_CASE("bad combine spec text is rejected naming the field") {
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f64.bf16"), doctest::Contains("state dtype 'f64' is not f32, f16 or bf16"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.i32"), doctest::Contains("out dtype 'i32'"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32"), doctest::Contains("expected combine.<state dtype>.<out dtype>"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.d128"), doctest::Contains("expected combine.<state dtype>.<out dtype>"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combine"), doctest::Contains("expected combine."), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combiner.f32.bf16.d1.br1.bc1"), doctest::Contains("unknown family 'combiner' (known: fwd, combine, append)"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::combine(DType::i32, DType::f32).validate(), doctest::Contains("combine.i32.f32"), Error);
 }
 
 TEST_CASE("arch text round-trips and device mapping picks sm_90a on Hopper") {

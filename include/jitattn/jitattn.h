@@ -87,7 +87,48 @@ JITATTN_C_API jitattn_status jitattn_fwd_varlen(const jitattn_tensor* q, const j
                                                 int32_t max_seqlen_k, const jitattn_fwd_options* options,
                                                 void* stream);
 
-/* Compile or load one kernel into the cache, e.g. ("fwd.bf16.d128.br128.bc64.w8", "sm_90a"). */
+/* Merge attention states (see merge_states in jitattn.hpp): states [N, rows, H, D] f32/f16/bf16,
+ * lse f32 [N, rows, H] (natural log, -INFINITY = empty state), out [rows, H, D] f32/f16/bf16,
+ * out_lse (nullable) f32 [rows, H]. out = sum_s exp(lse_s - out_lse) * states_s; 0 when every lse_s is -inf. */
+/* KV-cache attention (KVCacheArgs and Runtime::forward_kvcache in jitattn.hpp).
+ * k_cache/v_cache [batch_cache, max_seqlen, Hkv, D] or paged [pages, page_size, Hkv, D];
+ * cache_seqlens i32 [batch]; block_table (paged) i32 [batch, max_pages], cache_batch_idx
+ * i32 [batch] and k_new/v_new [batch, seqlen_new, Hkv, D] may be NULL. */
+typedef struct jitattn_kvcache_args {
+  const struct jitattn_tensor* k_cache;
+  const struct jitattn_tensor* v_cache;
+  const struct jitattn_tensor* cache_seqlens;
+  const struct jitattn_tensor* block_table;
+  const struct jitattn_tensor* cache_batch_idx;
+  const struct jitattn_tensor* k_new;
+  const struct jitattn_tensor* v_new;
+  int32_t num_splits;   /* 0: chosen by the library; 1: no split; n: forced (<= 128) */
+  int32_t max_seqlen_k; /* longest cache_seqlens + seqlen_new if known; 0: the capacity */
+} jitattn_kvcache_args;
+
+/* q [B, Sq, Hq, D], out like q, lse (nullable) [B, Hq, Sq] f32. workspace: device memory
+ * of at least jitattn_kvcache_workspace_bytes() (may be NULL when that is 0). */
+JITATTN_C_API jitattn_status jitattn_fwd_kvcache(const jitattn_tensor* q, const jitattn_kvcache_args* args,
+                                                 const jitattn_tensor* out, const jitattn_tensor* lse,
+                                                 const jitattn_fwd_options* options, void* workspace,
+                                                 size_t workspace_bytes, void* stream);
+JITATTN_C_API jitattn_status jitattn_kvcache_workspace_bytes(const jitattn_tensor* q, const jitattn_kvcache_args* args,
+                                                             const jitattn_tensor* out, const jitattn_tensor* lse,
+                                                             const jitattn_fwd_options* options, size_t* bytes);
+
+JITATTN_C_API jitattn_status jitattn_merge_states(const jitattn_tensor* states, const jitattn_tensor* lse,
+                                                  const jitattn_tensor* out, const jitattn_tensor* out_lse,
+                                                  void* stream);
+
+/* Two states in separate tensors: a, b [rows, H, D] (one dtype), lse_a, lse_b f32 [rows, H];
+ * out and out_lse as jitattn_merge_states. */
+JITATTN_C_API jitattn_status jitattn_merge_state(const jitattn_tensor* a, const jitattn_tensor* lse_a,
+                                                 const jitattn_tensor* b, const jitattn_tensor* lse_b,
+                                                 const jitattn_tensor* out, const jitattn_tensor* out_lse,
+                                                 void* stream);
+
+/* Compile or load one kernel into the cache, e.g. ("fwd.bf16.d128.br128.bc64.w8", "sm_90a")
+ * or ("combine.f32.bf16", "sm_90a"). */
 JITATTN_C_API jitattn_status jitattn_warm(const char* spec, const char* arch);
 
 /* Configure the process-wide runtime before its first use. NULL keeps the

@@ -230,8 +230,30 @@ class JITATTN_API Runtime {
   size_t kvcache_workspace_bytes(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
                                  const TensorView* lse = nullptr, const ForwardOptions& options = {});
 
+  // Merges attention states computed over disjoint key sets (split-KV
+  // partials, a shared prefix and per-request suffixes, attention split
+  // across GPUs). State s is an output O_s normalized by its own softmax sum
+  // with its natural-log LSE_s (-inf: the state saw no key). Per (row, head):
+  //   out_lse = log Σ_s exp(LSE_s),   out = Σ_s exp(LSE_s - out_lse) · O_s,
+  // and exactly out = 0, out_lse = -inf when every LSE_s is -inf (a state with
+  // LSE -inf is not read, so its O_s may hold anything).
+  //   states:  [num_states, rows, heads, head_dim]  f32, f16 or bf16; 1..1024 states
+  //   lse:     [num_states, rows, heads]            f32
+  //   out:     [rows, heads, head_dim]              f32, f16 or bf16
+  //   out_lse: optional [rows, heads]               f32
+  // head_dim a multiple of 8 up to 512; any strides with a contiguous head_dim
+  // (16-byte aligned vectors: states/out strides multiples of 16 bytes).
+  void merge_states(const TensorView& states, const TensorView& lse, const TensorView& out,
+                    const TensorView* out_lse = nullptr, Stream stream = nullptr);
+
+  // merge_states of two states in separate tensors: a, b [rows, heads,
+  // head_dim] (one dtype, each its own strides), lse_a, lse_b f32 [rows, heads].
+  void merge_state(const TensorView& a, const TensorView& lse_a, const TensorView& b, const TensorView& lse_b,
+                   const TensorView& out, const TensorView* out_lse = nullptr, Stream stream = nullptr);
+
   // Compile (or find in the disk cache) one kernel, e.g.
-  // warm("fwd.bf16.d128.br128.bc64.w8.causal", "sm_90a"). Needs no GPU.
+  // warm("fwd.bf16.d128.br128.bc64.w8.causal", "sm_90a") or
+  // warm("combine.f32.bf16", "sm_90a"). Needs no GPU.
   WarmResult warm(const std::string& spec_text, const std::string& arch);
 
   // The kernel spec text a forward call with these arguments would use.
@@ -260,6 +282,19 @@ JITATTN_API void forward(const TensorView& q, const TensorView& k, const TensorV
 JITATTN_API void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& out, const TensorView* lse, const VarlenArgs& varlen,
                                 const ForwardOptions& options = {}, Stream stream = nullptr);
+
+JITATTN_API void merge_states(const TensorView& states, const TensorView& lse, const TensorView& out,
+                              const TensorView* out_lse = nullptr, Stream stream = nullptr);
+
+JITATTN_API void merge_state(const TensorView& a, const TensorView& lse_a, const TensorView& b,
+                             const TensorView& lse_b, const TensorView& out, const TensorView* out_lse = nullptr,
+                             Stream stream = nullptr);
+
+JITATTN_API void forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
+                                 const TensorView* lse, const ForwardOptions& options, void* workspace,
+                                 size_t workspace_bytes, Stream stream = nullptr);
+JITATTN_API size_t kvcache_workspace_bytes(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
+                                           const TensorView* lse = nullptr, const ForwardOptions& options = {});
 
 JITATTN_API std::string version();
 

@@ -1,0 +1,159 @@
+"""Decoding: jitattn's forward_kvcache beside PyTorch's SDPA backends (cuDNN, FlashAttention-2).
+
+Issue grid: bf16, 32 query heads, 8 KV heads, head_dim 128, one query token;
+batch 1, 16, 64 x KV length 1k, 4k, 16k, 32k. Reported: bytes of K and V read
+per second (batch x KV length x 8 heads x 128 x 2 bytes x 2 tensors / time).
+jitattn runs on a contiguous cache and on a paged one (page 64, pages
+shuffled); PyTorch on the same contiguous K/V in [B, H, S, D] form. The outputs
+are checked against the FA2 backend before timing. CUDA events, warm-up,
+median; several KV buffers rotate when they would fit in L2.
+
+  python3 bench/bench_decode.py --lib build/libjitattn.so [--json FILE] [--tiles 64x64x4]
+"""
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from jitattn_ctypes import BF16, I32, KVCacheArgs, default_options, load, tensor  # noqa: E402
+
+
+def median_ms(fn, iters=50, warmup=5):
+    for _ in range(warmup):
+        fn(0)
+    times = []
+    for i in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def view(t, dtype=BF16):
+    return tensor(t.data_ptr(), dtype, list(t.shape), list(t.stride()))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lib", default="build/libjitattn.so")
+    parser.add_argument("--json")
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--kv-lengths", default="1024,4096,16384,32768")
+    parser.add_argument("--tiles", default="", help="force jitattn tiles, e.g. 64x128x4")
+    parser.add_argument("--splits", type=int, default=0)
+    args = parser.parse_args()
+    lib = load(args.lib)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    heads_q, heads_kv, head_dim, page = 32, 8, 128, 64
+    print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}")
+    print(f"{'batch':>5} {'KV':>6} | {'jitattn':>8} {'paged64':>8} {'cuDNN':>8} {'FA2':>8} TB/s | {'vs cuDNN':>8} "
+          f"{'paged/contig':>12}")
+    rows = []
+    for batch in [int(x) for x in args.batches.split(",")]:
+        for kv in [int(x) for x in args.kv_lengths.split(",")]:
+            kv_bytes = batch * kv * heads_kv * head_dim * 2 * 2
+            copies = max(1, min(4, (200 << 20) // kv_bytes))  # rotate buffers that fit in L2 (60 MB)
+            gen = torch.Generator(device="cuda").manual_seed(batch * kv)
+            q = torch.randn(batch, 1, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+            caches = [(torch.randn(batch, kv, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen),
+                       torch.randn(batch, kv, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen))
+                      for _ in range(copies)]
+            seqlens = torch.full((batch,), kv, device="cuda", dtype=torch.int32)
+            out = torch.empty_like(q)
+            options = default_options(lib)
+            if args.tiles:
+                options.block_q, options.block_kv, options.warps = (int(x) for x in args.tiles.split("x"))
+            tq, tout, tseq = view(q), view(out), view(seqlens, I32)
+
+            # Paged copies: the same rows in shuffled pages.
+            pages_per_seq = kv // page
+            paged = []
+            for k_cache, v_cache in caches:
+                order = torch.randperm(batch * pages_per_seq, device="cuda", generator=gen).to(torch.int32)
+                table = order.view(batch, pages_per_seq).contiguous()
+                k_pages = torch.empty(batch * pages_per_seq, page, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
+                v_pages = torch.empty_like(k_pages)
+                k_pages[order.long()] = k_cache.reshape(batch * pages_per_seq, page, heads_kv, head_dim)
+                v_pages[order.long()] = v_cache.reshape(batch * pages_per_seq, page, heads_kv, head_dim)
+                paged.append((k_pages, v_pages, table))
+
+            def make_call(k_cache, v_cache, table=None):
+                tk, tv = view(k_cache), view(v_cache)
+                ttable = view(table, I32) if table is not None else None
+                kv_args = KVCacheArgs(ctypes.addressof(tk), ctypes.addressof(tv), ctypes.addressof(tseq),
+                                      ctypes.addressof(ttable) if ttable is not None else None, None, None, None,
+                                      args.splits, kv)
+                size = ctypes.c_size_t(0)
+                status = lib.jitattn_kvcache_workspace_bytes(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout),
+                                                             None, ctypes.byref(options), ctypes.byref(size))
+                if status != 0:
+                    raise RuntimeError(lib.jitattn_last_error().decode())
+                workspace = torch.empty(max(size.value, 256), device="cuda", dtype=torch.uint8)
+                keep = (tk, tv, ttable, kv_args, workspace)
+
+                def run():
+                    status = lib.jitattn_fwd_kvcache(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), None,
+                                                     ctypes.byref(options), ctypes.c_void_p(workspace.data_ptr()),
+                                                     ctypes.c_size_t(size.value), stream)
+                    if status != 0:
+                        raise RuntimeError(lib.jitattn_last_error().decode())
+                run.keep = keep
+                return run
+
+            contiguous_calls = [make_call(k, v) for k, v in caches]
+            paged_calls = [make_call(k, v, t) for k, v, t in paged]
+            torch_kv = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in caches]
+            qt = q.transpose(1, 2)
+
+            def torch_backend(backend):
+                def run(i):
+                    k, v = torch_kv[i % copies]
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(qt, k, v, enable_gqa=True)
+                return run
+
+            reference = torch_backend(SDPBackend.FLASH_ATTENTION)(0).transpose(1, 2)
+            for label, call in (("contiguous", contiguous_calls[0]), ("paged", paged_calls[0])):
+                out.fill_(float("nan"))
+                call()
+                diff = (out.float() - reference.float()).abs().max().item()
+                if not diff <= 2e-2:
+                    print(f"MISMATCH batch={batch} kv={kv} {label}: max |jitattn - FA2| = {diff}")
+                    return 1
+            r = {"batch": batch, "kv": kv, "kv_bytes": kv_bytes}
+            r["jitattn_ms"] = median_ms(lambda i: contiguous_calls[i % copies]())
+            r["paged_ms"] = median_ms(lambda i: paged_calls[i % copies]())
+            for label, backend in (("cudnn_ms", SDPBackend.CUDNN_ATTENTION), ("fa2_ms", SDPBackend.FLASH_ATTENTION)):
+                try:
+                    r[label] = median_ms(torch_backend(backend))
+                except RuntimeError as error:
+                    r[label] = None
+                    print(f"  {label} unavailable: {str(error).splitlines()[0]}")
+            tbps = lambda ms: kv_bytes / (ms * 1e-3) / 1e12 if ms else None
+            fmt = lambda x: f"{x:8.2f}" if x else "       -"
+            for key in ("jitattn", "paged", "cudnn", "fa2"):
+                r[key + "_tbps"] = tbps(r[key + "_ms"])
+            rows.append(r)
+            print(f"{batch:>5} {kv:>6} | {fmt(r['jitattn_tbps'])} {fmt(r['paged_tbps'])} {fmt(r['cudnn_tbps'])} "
+                  f"{fmt(r['fa2_tbps'])}      | {r['cudnn_ms'] / r['jitattn_ms'] if r['cudnn_ms'] else 0:7.2f}x "
+                  f"{r['paged_ms'] / r['jitattn_ms']:11.3f}x", flush=True)
+            del caches, paged, contiguous_calls, paged_calls, torch_kv
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+// jitattn kernel for spec {spec}
+// Rendered from templates/entry_combine.cu: this file only fixes the dtypes;
+// the kernel is templates/combine.cuh.
+#include "combine.cuh"
+
+extern "C" __global__ void __launch_bounds__(jitattn::kCombineThreads)
+{entry_name}(const __grid_constant__ jitattn::CombineParams params) {{
+  jitattn::combine_states</*State=*/{state}, /*Out=*/{out}>(params);
+}}
