@@ -42,8 +42,13 @@ bool combine_dtype(DType dtype) { return dtype == DType::f32 || dtype == DType::
 std::string combine_text(const KernelSpec& spec);
 
 KernelSpec parse_combine(std::string_view text) {
-  auto fields = split(text, '.');
-  if (fields.size() != 3) bad_spec(text, "expected combine.<state dtype>.<out dtype>, e.g. combine.f32.bf16");
+  const size_t first = text.find('.');
+  const size_t second = first == std::string_view::npos ? first : text.find('.', first + 1);
+  if (second == std::string_view::npos || text.find('.', second + 1) != std::string_view::npos) {
+    bad_spec(text, "expected combine.<state dtype>.<out dtype>, e.g. combine.f32.bf16");
+  }
+  const std::string_view fields[3] = {text.substr(0, first), text.substr(first + 1, second - first - 1),
+                                      text.substr(second + 1)};
   auto dtype_of = [&](std::string_view field, const char* role) {
     if (field == "f32") return DType::f32;
     if (field == "f16") return DType::f16;
