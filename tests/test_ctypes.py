@@ -11,7 +11,7 @@ import tempfile
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import Options, Tensor  # noqa: E402
+from jitattn_ctypes import BF16, F32, Options, Tensor, tensor  # noqa: E402
 
 
 def bshd(address, b, s, h, d):
@@ -48,9 +48,9 @@ def main():
 
         status = lib.jitattn_warm(b"combine.f32.bf16", b"sm_80")
         check(status == 0, f"warm compiles a combine kernel (status {status}: {lib.jitattn_last_error().decode()})")
-        states = Tensor(0x4000, 2, 4, (ctypes.c_int64 * 4)(3, 16, 8, 128), (ctypes.c_int64 * 4)(16 * 8 * 128, 8 * 128, 128, 1))
-        lse = Tensor(0x5000, 1, 3, (ctypes.c_int64 * 4)(3, 16, 8, 0), (ctypes.c_int64 * 4)(16 * 8, 8, 1, 0))  # bf16: must be f32
-        merged = Tensor(0x6000, 1, 3, (ctypes.c_int64 * 4)(16, 8, 128, 0), (ctypes.c_int64 * 4)(8 * 128, 128, 1, 0))
+        states = tensor(0x4000, F32, [3, 16, 8, 128])
+        lse = tensor(0x5000, BF16, [3, 16, 8])  # must be f32
+        merged = tensor(0x6000, BF16, [16, 8, 128])
         status = lib.jitattn_merge_states(ctypes.byref(states), ctypes.byref(lse), ctypes.byref(merged), None, None)
         message = lib.jitattn_last_error().decode()
         check(status == 1 and "lse: dtype bf16 must be f32" in message, f"bad merge_states rejected: {message}")

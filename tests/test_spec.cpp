@@ -168,7 +168,10 @@ TEST_CASE("combine specs: text is combine.<state>.<out>, round-trips, and packs 
                          .packed());
     }
   // The largest fwd key (every field at its widest) stays below the combine keys' family bits.
-  KernelSpec widest{Family::fwd, DType::bf16, 256, 128, 128, 8, true, true, true, true, true, true};
+  KernelSpec widest{Family::fwd, DType::bf16, 256, 128, 128, 8, true, true, true, true, true, true, true};
+  widest.rope = RopeKind::interleaved;
+  widest.rotary_dim = 256;
+  widest.rope_tables = true;
   CHECK(widest.packed() < (uint64_t{1} << 60));
   CHECK(KernelSpec::combine(DType::f32, DType::f32).packed() >= (uint64_t{1} << 60));
   std::sort(keys.begin(), keys.end());
