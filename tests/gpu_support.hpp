@@ -103,7 +103,7 @@ double max_deviation(const std::vector<double>& reference, const std::vector<dou
 // rounding (1e-3 · max(1, |lse|)) or, where the inputs themselves are
 // rounded in the kernel (RoPE rotates q and k in 16 bits, so a row with one
 // key has an LSE off by that rounding), within 2 × the 16-bit reference's
-// LSE error + 1e-4; every output finite, and rows that see no
+// largest LSE error + 1e-4; every output finite, and rows that see no
 // key (exact lse = -inf) exactly 0 with lse -inf.
 struct Verdict {
   size_t non_finite = 0;         // outputs NaN/inf (unwritten or overflowed)

@@ -114,7 +114,7 @@ TEST_CASE("feature combinations compile at every head dim: all 32 at 128, a spre
   CHECK(errors.empty());
 }
 
-TEST_CASE("RoPE styles, rotary dims, tables and packed GQA compile, alone and with the other features (sm_90a)") {
+TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels compile (sm_90a)") {
   const Arch arch = Arch::parse("sm_90a");
   std::vector<KernelSpec> specs;
   int variant = 0;
@@ -142,6 +142,26 @@ TEST_CASE("RoPE styles, rotary dims, tables and packed GQA compile, alone and wi
     specs.push_back({Family::fwd, DType::bf16, head_dim, t.block_q, t.block_kv, t.warps});
     specs.back().pack_gqa = true;
   }
+  // Decoding: KV cache, paged, split, with and without RoPE on q; and the
+  // append kernels that write new keys.
+  for (int variant = 0; variant < 8; ++variant) {
+    KernelSpec spec{Family::fwd, variant % 2 ? DType::f16 : DType::bf16, variant % 3 == 0 ? 64 : 128, 64,
+                    variant % 2 ? 64 : 128, 4};
+    spec.kvcache = true;
+    spec.pack_gqa = variant % 4 != 3;
+    spec.paged = (variant & 1) != 0;
+    spec.split = (variant & 2) != 0;
+    spec.causal = (variant & 4) != 0;
+    if (variant >= 4) {
+      spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
+      spec.rotary_dim = spec.head_dim;
+      spec.rope_tables = variant == 7;
+    }
+    specs.push_back(spec);
+  }
+  specs.push_back(KernelSpec::append(DType::bf16, RopeKind::none, 0, false, false));
+  specs.push_back(KernelSpec::append(DType::f16, RopeKind::half, 64, false, true));
+  specs.push_back(KernelSpec::append(DType::bf16, RopeKind::interleaved, 128, true, false));
   const auto errors = compile_all(specs, arch);
   for (const auto& e : errors) FAIL_CHECK(e);
   CHECK(errors.empty());
