@@ -48,13 +48,6 @@ long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads) {
   return per_batch_head ? slopes.strides[0] : 0;
 }
 
-const char* dim_name(int ndim, int axis) {
-  static const char* bshd[] = {"batch", "seqlen", "heads", "head_dim"};
-  static const char* bhs[] = {"batch", "heads", "seqlen_q"};
-  return ndim == 3 ? bhs[axis] : bshd[axis];
-}
-
-
 // A 16-bit tensor of rows that cp.async reads in 16-byte chunks: dense
 // [batch, seqlen, heads, head_dim] (4-D) or packed varlen [total, heads,
 // head_dim] (3-D).
