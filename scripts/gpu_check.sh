@@ -36,6 +36,12 @@ if [[ $what == bench || $what == all ]]; then
   echo "== jitattn beside PyTorch SDPA"
   PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --lib "$build/libjitattn.so" --dtype both \
       --json "$out/compare_torch.json" 2>&1 | tee "$out/compare_torch.log" || status=1
+  echo "== fused RoPE beside the same attention without it, and beside PyTorch RoPE + FA2"
+  PYTHONUNBUFFERED=1 python3 bench/bench_rope.py --lib "$build/libjitattn.so" --json "$out/rope.json" 2>&1 \
+      | tee "$out/rope.log" || status=1
+  echo "== decoding (forward_kvcache) beside PyTorch's cuDNN and FA2 backends"
+  PYTHONUNBUFFERED=1 python3 bench/bench_decode.py --lib "$build/libjitattn.so" --json "$out/decode.json" 2>&1 \
+      | tee "$out/decode.log" || status=1
   if [[ -n ${SWEEP:-} ]]; then
     echo "== tile sweep"
     "$build/bench/jitattn_bench_prefill" --dtype ${BENCH_DTYPE:-bf16} --tiles all --iters 10 \
