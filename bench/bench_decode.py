@@ -14,7 +14,6 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -23,20 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from jitattn_ctypes import BF16, I32, KVCacheArgs, default_options, load, tensor  # noqa: E402
-
-
-def median_ms(fn, iters=50, warmup=5):
-    for _ in range(warmup):
-        fn(0)
-    times = []
-    for i in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(i)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from jitattn_timing import median_ms  # noqa: E402
 
 
 def view(t, dtype=BF16):
@@ -131,11 +117,11 @@ def main():
                     print(f"MISMATCH batch={batch} kv={kv} {label}: max |jitattn - FA2| = {diff}")
                     return 1
             r = {"batch": batch, "kv": kv, "kv_bytes": kv_bytes}
-            r["jitattn_ms"] = median_ms(lambda i: contiguous_calls[i % copies]())
-            r["paged_ms"] = median_ms(lambda i: paged_calls[i % copies]())
+            r["jitattn_ms"] = median_ms(lambda i: contiguous_calls[i % copies](), 50, 5, with_index=True)
+            r["paged_ms"] = median_ms(lambda i: paged_calls[i % copies](), 50, 5, with_index=True)
             for label, backend in (("cudnn_ms", SDPBackend.CUDNN_ATTENTION), ("fa2_ms", SDPBackend.FLASH_ATTENTION)):
                 try:
-                    r[label] = median_ms(torch_backend(backend))
+                    r[label] = median_ms(torch_backend(backend), 50, 5, with_index=True)
                 except RuntimeError as error:
                     r[label] = None
                     print(f"  {label} unavailable: {str(error).splitlines()[0]}")

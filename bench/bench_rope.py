@@ -12,7 +12,6 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -21,20 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from jitattn_ctypes import BF16, F32, default_options, load, tensor  # noqa: E402
-
-
-def median_ms(fn, iters=30, warmup=5):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from jitattn_timing import median_ms  # noqa: E402
 
 
 def bshd(t):
@@ -118,9 +104,9 @@ def main():
                         print(f"MISMATCH d={head_dim} N={n} batch={batch}: max |fused - torch rope+FA2| = {diff}")
                         return 1
                 r = {"head_dim": head_dim, "batch": batch, "heads": heads, "seqlen": n, "causal": True,
-                     "plain_ms": median_ms(call(plain)), "rope_ms": median_ms(call(fused)),
-                     "rope_tables_ms": median_ms(call(tabled)), "torch_rope_fa2_ms": median_ms(torch_rope_fa2),
-                     "fa2_ms": median_ms(torch_fa2)}
+                     "plain_ms": median_ms(call(plain), 30, 5), "rope_ms": median_ms(call(fused), 30, 5),
+                     "rope_tables_ms": median_ms(call(tabled), 30, 5), "torch_rope_fa2_ms": median_ms(torch_rope_fa2, 30, 5),
+                     "fa2_ms": median_ms(torch_fa2, 30, 5)}
                 rows.append(r)
                 print(f"{head_dim:>4} {batch:>5} {n:>6} | {r['plain_ms']:9.4f} {r['rope_ms']:9.4f} "
                       f"{r['rope_tables_ms']:9.4f} | {r['rope_ms'] / r['plain_ms']:9.3f}x "

@@ -11,7 +11,6 @@ import argparse
 import ctypes
 import os
 import json
-import statistics
 import sys
 
 import torch
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from jitattn_ctypes import Options, Tensor  # noqa: E402
+from jitattn_timing import median_ms  # noqa: E402
 
 
 DTYPES = {"bf16": (torch.bfloat16, 1), "f16": (torch.float16, 0)}
@@ -31,20 +31,6 @@ def as_bshd(t, code):
     b, h, s, d = t.shape
     sb, sh, ss, sd = t.stride()
     return Tensor(t.data_ptr(), code, 4, (ctypes.c_int64 * 4)(b, s, h, d), (ctypes.c_int64 * 4)(sb, ss, sh, sd))
-
-
-def median_ms(fn, iters=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main():

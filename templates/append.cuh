@@ -21,19 +21,6 @@ struct AppendConfig {
   static constexpr int kThreads = 128;  // four rows per CTA
 };
 
-// cos and sin of pair `pair` at `position` (rope.cuh's rope_angle over AppendParams).
-template <bool TABLES>
-__device__ __forceinline__ void append_angle(const AppendParams& p, int position, int pair, float& sine,
-                                             float& cosine) {
-  if constexpr (TABLES) {
-    const long long row = min(max(position, 0), p.rope_table_rows - 1);
-    cosine = __ldg(p.rope_cos + row * p.rope_table_stride + pair);
-    sine = __ldg(p.rope_sin + row * p.rope_table_stride + pair);
-  } else {
-    sincos_reduced(static_cast<float>(position) * p.rope_inv_freq[pair], sine, cosine);
-  }
-}
-
 template <class Cfg>
 __device__ void append_kv(const AppendParams& p) {
   using Element = typename Cfg::Element;
@@ -91,8 +78,8 @@ __device__ void append_kv(const AppendParams& p) {
         float m0, m1, o0, o1, s0, c0, s1, c1;
         unpack2<Element>(mine[w], m0, m1);
         unpack2<Element>(other[w], o0, o1);
-        append_angle<Cfg::kRopeTables>(p, position, pair0 + 2 * w, s0, c0);
-        append_angle<Cfg::kRopeTables>(p, position, pair0 + 2 * w + 1, s1, c1);
+        rope_angle<Cfg::kRopeTables>(p, position, pair0 + 2 * w, s0, c0);
+        rope_angle<Cfg::kRopeTables>(p, position, pair0 + 2 * w + 1, s1, c1);
         // First half: x·cos − y·sin; second half: y·cos + x·sin.
         mine[w] = first_half ? pack2<Element>(m0 * c0 - o0 * s0, m1 * c1 - o1 * s1)
                              : pack2<Element>(m0 * c0 + o0 * s0, m1 * c1 + o1 * s1);
@@ -105,7 +92,7 @@ __device__ void append_kv(const AppendParams& p) {
       for (int w = 0; w < 4; ++w) {
         float x, y, s, c;
         unpack2<Element>(words[w], x, y);
-        append_angle<Cfg::kRopeTables>(p, position, lane * 4 + w, s, c);
+        rope_angle<Cfg::kRopeTables>(p, position, lane * 4 + w, s, c);
         words[w] = pack2<Element>(x * c - y * s, y * c + x * s);
       }
     }

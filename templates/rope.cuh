@@ -19,9 +19,10 @@ enum RopeStyle : int {
   kRopeInterleaved = 2,  // pairs (2p, 2p + 1)
 };
 
-// cos and sin of pair `pair` at `position`.
-template <bool TABLES>
-__device__ __forceinline__ void rope_angle(const FwdParams& p, int position, int pair, float& sine, float& cosine) {
+// cos and sin of pair `pair` at `position`. Params: FwdParams or
+// AppendParams (both carry rope_inv_freq and the table fields).
+template <bool TABLES, class Params>
+__device__ __forceinline__ void rope_angle(const Params& p, int position, int pair, float& sine, float& cosine) {
   if constexpr (TABLES) {
     // Positions outside the tables are a caller error the kernel cannot
     // report; clamping keeps the reads inside the tables.

@@ -3,7 +3,10 @@
 // fp32) that is itself checked against the float64 CPU reference.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <algorithm>
+#include <optional>
 #include <thread>
 #include <cstdint>
 #include <string>
@@ -136,6 +139,23 @@ struct References {
 // (row, head) pairs that see no key, by the exact reference's lse; rows the
 // reference leaves NaN (varlen padding) do not count.
 size_t count_empty_rows(const ReferenceOutput& exact);
+
+// The start every case check shares: a reference that failed, or a kernel
+// run that threw, is reported with the case's description (describe() is
+// called only then) and leaves nothing to judge.
+template <typename Describe, typename Run>
+auto run_case(const References& references, Describe&& describe, Run&& run) -> std::optional<decltype(run())> {
+  if (!references.error.empty()) {
+    FAIL_CHECK(std::string(describe() + ": reference: " + references.error));
+    return std::nullopt;
+  }
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    FAIL_CHECK(std::string(describe() + ": " + e.what()));
+    return std::nullopt;
+  }
+}
 
 // Checks cases in groups of up to 16: fresh inputs for each
 // (make_inputs(case)), both references (references(case, inputs); CPU ones on

@@ -332,6 +332,19 @@ ReferenceOutput attention_varlen_16bit(const VarlenShape& s, const std::vector<f
                           });
 }
 
+AttentionShape AttentionShape::dense(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
+                                     bool causal) {
+  AttentionShape s;
+  s.batch = batch;
+  s.seqlen_q = seqlen_q;
+  s.seqlen_k = seqlen_k;
+  s.heads_q = heads_q;
+  s.heads_kv = heads_kv;
+  s.head_dim = head_dim;
+  s.causal = causal;
+  return s;
+}
+
 std::vector<double> RopeReference::inverse_frequencies(int head_dim) const {
   const int dim = rotary_dim == 0 ? head_dim : rotary_dim;
   std::vector<double> frequencies;

@@ -47,6 +47,10 @@ struct AttentionShape {
   // batch and head, index b·heads_q + h). With batch == 1 both are the same.
   std::vector<float> alibi_slopes;
 
+  // The plain problem of these sizes (every feature off but causal).
+  static AttentionShape dense(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
+                              bool causal = false);
+
   float effective_scale() const;
   int effective_window_right() const { return causal ? 0 : window_right; }
   // Keys row i sees: [first, second); empty (first == second) when none.

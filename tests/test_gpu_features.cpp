@@ -202,17 +202,9 @@ std::vector<size_t> check_cases(const std::vector<Case>& cases, std::mt19937_64&
         return r;
       },
       [&](const Case& c, const Inputs& in, const References& r) {
-        if (!r.error.empty()) {
-          FAIL_CHECK(fmt::format("{}: reference: {}", describe(c, "", seed), r.error));
-          return;
-        }
-        KernelRun run;
-        try {
-          run = run_kernel(c, in);
-        } catch (const std::exception& e) {
-          FAIL_CHECK(fmt::format("{}: {}", describe(c, spec_of(c), seed), e.what()));
-          return;
-        }
+        const auto ran = run_case(r, [&] { return describe(c, spec_of(c), seed); }, [&] { return run_kernel(c, in); });
+        if (!ran) return;
+        const auto& run = *ran;
         const Verdict verdict = judge(c.shape, run.out, run.lse, r.exact, r.rounded);
         CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}", describe(c, run.spec, seed), verdict.summary()));
       });
@@ -230,18 +222,6 @@ std::vector<float> random_slopes(size_t count, std::mt19937_64& rng) {
 int random_bound(std::mt19937_64& rng, int max) {
   if (std::uniform_int_distribution<int>(0, 3)(rng) == 0) return -1;
   return std::uniform_int_distribution<int>(0, max)(rng);
-}
-
-AttentionShape make_shape(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim, bool causal) {
-  AttentionShape s;
-  s.batch = batch;
-  s.seqlen_q = seqlen_q;
-  s.seqlen_k = seqlen_k;
-  s.heads_q = heads_q;
-  s.heads_kv = heads_kv;
-  s.head_dim = head_dim;
-  s.causal = causal;
-  return s;
 }
 
 size_t lse_mismatches(const std::vector<double>& want, const std::vector<double>& got, double tolerance) {
@@ -268,13 +248,13 @@ TEST_CASE("the GPU reference kernel agrees with the CPU references with windows,
     Case windowed;  // a two-sided window; head_dim 40
     windowed.dtype = dtype;
     windowed.layout = Strides::padded;
-    windowed.shape = make_shape(2, 300, 451, 4, 2, 40, false);
+    windowed.shape = AttentionShape::dense(2, 300, 451, 4, 2, 40, false);
     windowed.shape.window_left = 30;
     windowed.shape.window_right = 7;
     cases.push_back(windowed);
 
     Case everything = windowed;  // causal + left, softcap, per-batch ALiBi
-    everything.shape = make_shape(2, 300, 451, 4, 2, 128, true);
+    everything.shape = AttentionShape::dense(2, 300, 451, 4, 2, 128, true);
     everything.shape.window_left = 50;
     everything.shape.softcap = 20.f;
     everything.shape.alibi_slopes = random_slopes(2 * 4, rng);
@@ -284,7 +264,7 @@ TEST_CASE("the GPU reference kernel agrees with the CPU references with windows,
     Case sparse;  // seqlen_q > seqlen_k and a narrow window: rows 0..149 see nothing; per-head ALiBi
     sparse.dtype = dtype;
     sparse.layout = Strides::heads_major;
-    sparse.shape = make_shape(2, 451, 300, 4, 4, 64, false);
+    sparse.shape = AttentionShape::dense(2, 451, 300, 4, 4, 64, false);
     sparse.shape.window_left = 3;
     sparse.shape.window_right = 1;
     sparse.shape.alibi_slopes = random_slopes(4, rng);
@@ -292,7 +272,7 @@ TEST_CASE("the GPU reference kernel agrees with the CPU references with windows,
 
     Case capped;  // a small softcap on large logits, no window
     capped.dtype = dtype;
-    capped.shape = make_shape(1, 200, 333, 2, 1, 96, false);
+    capped.shape = AttentionShape::dense(1, 200, 333, 2, 1, 96, false);
     capped.shape.softcap = 5.f;
     capped.gain = 3.f;
     cases.push_back(capped);
@@ -339,7 +319,7 @@ TEST_CASE("features: every head dim (multiples of 8 up to 256), causal and not, 
           c.dtype = dtype;
           c.layout = static_cast<Strides>(index / 3 % 3);
           const int batch = seqlen_q * seqlen_k > 100000 ? 1 : 2;  // keeps the CPU references quick
-          c.shape = make_shape(batch, seqlen_q, seqlen_k, 6, kv_heads[index % 3], head_dim, causal);
+          c.shape = AttentionShape::dense(batch, seqlen_q, seqlen_k, 6, kv_heads[index % 3], head_dim, causal);
           cases.push_back(c);
           ++index;
         }
@@ -381,7 +361,7 @@ TEST_CASE("features: sliding windows, one- and two-sided, with causal, tiny and 
         c.layout = static_cast<Strides>(index / 3 % 3);
         c.gpu_reference = sl.gpu_reference;
         const int head_dims[] = {64, 128, 96};
-        c.shape = make_shape(sl.q == 512 ? 1 : 2, sl.q, sl.k, 4, index % 2 == 0 ? 2 : 4, head_dims[index % 3], causal);
+        c.shape = AttentionShape::dense(sl.q == 512 ? 1 : 2, sl.q, sl.k, 4, index % 2 == 0 ? 2 : 4, head_dims[index % 3], causal);
         c.shape.window_left = window.first;
         c.shape.window_right = window.second;
         cases.push_back(c);
@@ -414,7 +394,7 @@ TEST_CASE("features: softcap 50, and softcap 5 on large logits, causal and not")
           c.dtype = dtype;
           c.layout = static_cast<Strides>(index % 3);
           c.gain = cap.gain;
-          c.shape = make_shape(seqlen_q == 512 ? 1 : 2, seqlen_q, seqlen_k, 4, 2, index % 2 == 0 ? 64 : 128, causal);
+          c.shape = AttentionShape::dense(seqlen_q == 512 ? 1 : 2, seqlen_q, seqlen_k, 4, 2, index % 2 == 0 ? 64 : 128, causal);
           c.shape.softcap = cap.softcap;
           cases.push_back(c);
           ++index;
@@ -452,7 +432,7 @@ TEST_CASE("features: ALiBi slopes per head and per batch x head, causal and not,
           Case c;
           c.dtype = dtype;
           c.layout = static_cast<Strides>(index / 3 % 3);
-          c.shape = make_shape(2, seqlen_q, seqlen_k, 6, 2, index % 2 == 0 ? 64 : 128, causal);
+          c.shape = AttentionShape::dense(2, seqlen_q, seqlen_k, 6, 2, index % 2 == 0 ? 64 : 128, causal);
           if (windowed) {
             c.shape.window_left = causal ? 40 : 50;
             c.shape.window_right = causal ? -1 : 20;
@@ -469,7 +449,7 @@ TEST_CASE("features: ALiBi slopes per head and per batch x head, causal and not,
     all.dtype = dtype;
     all.layout = Strides::padded;
     all.gpu_reference = true;
-    all.shape = make_shape(2, 1024, 1023, 8, 2, 128, true);
+    all.shape = AttentionShape::dense(2, 1024, 1023, 8, 2, 128, true);
     all.shape.window_left = 64;
     all.shape.softcap = 30.f;
     all.slopes_per_batch = true;
@@ -508,7 +488,7 @@ TEST_CASE("features: a rejected call writes nothing") {
   // Valid tensors, invalid options.
   Case c;
   c.dtype = dtype;
-  c.shape = make_shape(2, 64, 80, 6, 2, 64, false);
+  c.shape = AttentionShape::dense(2, 64, 80, 6, 2, 64, false);
   const Inputs in = make_inputs(c, rng);
   const int64_t q_shape[4] = {2, 64, 6, 64};
   int64_t strides[4];

@@ -175,13 +175,7 @@ References make_references(const Case& c, const Inputs& in) {
     const std::vector<float> keys_new = appended_keys(c, in, exact);
     for (int b = 0; b < c.batch; ++b) {
       const int seqlen_k = in.cache_seqlens[b] + in.seqlen_new;
-      AttentionShape shape;
-      shape.seqlen_q = c.seqlen_q;
-      shape.seqlen_k = seqlen_k;
-      shape.heads_q = c.heads_q;
-      shape.heads_kv = c.heads_kv;
-      shape.head_dim = c.head_dim;
-      shape.causal = c.causal;
+      AttentionShape shape = AttentionShape::dense(1, c.seqlen_q, seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.causal);
       shape.window_left = c.window_left;
       std::vector<float> q(in.q.begin() + b * c.seqlen_q * q_row, in.q.begin() + (b + 1) * c.seqlen_q * q_row);
       if (c.rope != RopeStyle::none) {
@@ -317,22 +311,11 @@ void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t 
   check_in_groups(
       cases, [&](const Case& c) { return make_inputs(c, rng); }, make_references,
       [&](const Case& c, const Inputs& in, const References& r) {
-        if (!r.error.empty()) {
-          FAIL_CHECK(fmt::format("{}: reference: {}", describe(c, "", seed), r.error));
-          return;
-        }
-        Run run;
-        try {
-          run = run_kernel(c, in);
-        } catch (const std::exception& e) {
-          FAIL_CHECK(fmt::format("{}: {}", describe(c, "", seed), e.what()));
-          return;
-        }
-        AttentionShape shape;
-        shape.batch = c.batch;
-        shape.seqlen_q = c.seqlen_q;
-        shape.heads_q = c.heads_q;
-        shape.head_dim = c.head_dim;
+        const auto ran = run_case(r, [&] { return describe(c, "", seed); }, [&] { return run_kernel(c, in); });
+        if (!ran) return;
+        const auto& run = *ran;
+        const AttentionShape shape = AttentionShape::dense(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv,
+                                                           c.head_dim);
         const Verdict verdict = judge(shape, run.out, run.lse, r.exact, r.rounded);
         std::string lse_detail;  // the first LSE mismatches, to point at the rows
         for (size_t i = 0, shown = 0; i < run.lse.size() && shown < 4; ++i) {

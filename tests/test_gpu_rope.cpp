@@ -209,33 +209,13 @@ void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t 
   check_in_groups(
       cases, [&](const Case& c) { return make_inputs(c, rng); }, make_references,
       [&](const Case& c, const Inputs& in, const References& r) {
-        if (!r.error.empty()) {
-          FAIL_CHECK(fmt::format("{}: reference: {}", describe(c, "", seed), r.error));
-          return;
-        }
-        KernelRun run;
-        try {
-          run = run_kernel(c, in);
-        } catch (const std::exception& e) {
-          FAIL_CHECK(fmt::format("{}: {}", describe(c, "", seed), e.what()));
-          return;
-        }
+        const auto ran = run_case(r, [&] { return describe(c, "", seed); }, [&] { return run_kernel(c, in); });
+        if (!ran) return;
+        const auto& run = *ran;
         const Verdict verdict = judge(c.shape, run.out, run.lse, r.exact, r.rounded);
         CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}", describe(c, run.spec, seed), verdict.summary()));
         if (extra) extra(c, run);
       });
-}
-
-AttentionShape make_shape(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim, bool causal) {
-  AttentionShape s;
-  s.batch = batch;
-  s.seqlen_q = seqlen_q;
-  s.seqlen_k = seqlen_k;
-  s.heads_q = heads_q;
-  s.heads_kv = heads_kv;
-  s.head_dim = head_dim;
-  s.causal = causal;
-  return s;
 }
 
 // FlashAttention's test rule: rotary_dim = floor(fraction · head_dim / 16) · 16.
@@ -262,7 +242,7 @@ TEST_CASE("rope: both styles, rotary fractions 0.5 and 1, theta / linear / Llama
             const int head_dim = head_dims[index % 6];
             Case c;
             c.dtype = dtype;
-            c.shape = make_shape(seqlen_q >= 1024 ? 1 : 2, seqlen_q, seqlen_k, 6, index % 3 == 0 ? 6 : 2, head_dim,
+            c.shape = AttentionShape::dense(seqlen_q >= 1024 ? 1 : 2, seqlen_q, seqlen_k, 6, index % 3 == 0 ? 6 : 2, head_dim,
                                  index % 2 == 0);
             if (index % 7 == 3) c.shape.window_left = 50;
             c.rotation.style = style;
@@ -312,7 +292,7 @@ TEST_CASE("pack_gqa: GQA/MQA tiles shared by a KV head's query heads, with masks
           Case c;
           c.dtype = dtype;
           c.rope = false;
-          c.shape = make_shape(2, seqlen_q, seqlen_k, heads_kv == 1 ? 7 : 6, heads_kv, head_dim, mask == 1);
+          c.shape = AttentionShape::dense(2, seqlen_q, seqlen_k, heads_kv == 1 ? 7 : 6, heads_kv, head_dim, mask == 1);
           if (mask == 2) {
             c.shape.window_left = 20;
             c.shape.window_right = 5;
@@ -339,7 +319,7 @@ TEST_CASE("rope and pack_gqa: bad options are rejected before launch, naming the
   std::mt19937_64 rng(seed);
   INFO("seed=", seed);
   Case c;
-  c.shape = make_shape(2, 64, 80, 6, 2, 80, false);
+  c.shape = AttentionShape::dense(2, 64, 80, 6, 2, 80, false);
   const Inputs in = make_inputs(c, rng);
   const int64_t q_shape[4] = {2, 64, 6, 80};
   int64_t strides[4];

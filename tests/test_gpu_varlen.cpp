@@ -310,17 +310,9 @@ std::vector<size_t> check_cases(const std::vector<Case>& cases, std::mt19937_64&
         return r;
       },
       [&](const Case& c, const Inputs& in, const References& r) {
-        if (!r.error.empty()) {
-          FAIL_CHECK(fmt::format("{}: reference: {}", describe(c, "", seed), r.error));
-          return;
-        }
-        KernelRun run;
-        try {
-          run = run_kernel(c, in);
-        } catch (const std::exception& e) {
-          FAIL_CHECK(fmt::format("{}: {}", describe(c, spec_of(c), seed), e.what()));
-          return;
-        }
+        const auto ran = run_case(r, [&] { return describe(c, spec_of(c), seed); }, [&] { return run_kernel(c, in); });
+        if (!ran) return;
+        const auto& run = *ran;
         const Verdict verdict = judge_varlen(c.shape, run.out, run.lse, r.exact, r.rounded);
         CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}", describe(c, run.spec, seed), verdict.summary()));
         CHECK_MESSAGE(run.out_written_outside + run.lse_written_outside == 0,
