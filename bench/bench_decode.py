@@ -8,7 +8,7 @@ shuffled); PyTorch on the same contiguous K/V in [B, H, S, D] form. The outputs
 are checked against the FA2 backend before timing. CUDA events, warm-up,
 median; several KV buffers rotate when they would fit in L2.
 
-  python3 bench/bench_decode.py --lib build/libjitattn.so [--json FILE] [--tiles 64x64x4]
+  python3 bench/bench_decode.py --lib build/libjitattn.so [--json FILE] [--tiles 16x16x4x4]
 """
 import argparse
 import ctypes
@@ -35,7 +35,9 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--kv-lengths", default="1024,4096,16384,32768")
-    parser.add_argument("--tiles", default="", help="force jitattn tiles, e.g. 64x128x4")
+    parser.add_argument("--tiles", default="",
+                        help="force jitattn tiles: BQxBKVxWARPS (prefill kernel, e.g. 64x128x4) or "
+                             "BQxBKVxWARPSxSTAGES (decode kernel, e.g. 16x16x4x4; BQ 0 = planner's)")
     parser.add_argument("--splits", type=int, default=0)
     args = parser.parse_args()
     lib = load(args.lib)
@@ -58,7 +60,8 @@ def main():
             out = torch.empty_like(q)
             options = default_options(lib)
             if args.tiles:
-                options.block_q, options.block_kv, options.warps = (int(x) for x in args.tiles.split("x"))
+                fields = [int(x) for x in args.tiles.split("x")] + [0]
+                options.block_q, options.block_kv, options.warps, options.stages = fields[:4]
             tq, tout, tseq = view(q), view(out), view(seqlens, I32)
 
             # Paged copies: the same rows in shuffled pages.

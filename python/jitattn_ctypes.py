@@ -22,7 +22,8 @@ class Options(ctypes.Structure):
                 ("rope_llama3_low_freq_factor", ctypes.c_float), ("rope_llama3_high_freq_factor", ctypes.c_float),
                 ("rope_llama3_original_max_position", ctypes.c_int32), ("rope_cos", ctypes.c_void_p),
                 ("rope_sin", ctypes.c_void_p), ("rope_q_offsets", ctypes.c_void_p),
-                ("rope_k_offsets", ctypes.c_void_p), ("pack_gqa", ctypes.c_int32)]
+                ("rope_k_offsets", ctypes.c_void_p), ("pack_gqa", ctypes.c_int32),
+                ("stages", ctypes.c_int32)]
 
 
 def tensor(address, dtype, shape, strides=None):

@@ -102,15 +102,31 @@ struct Runtime::Impl {
     const LoadedKernel* append = plan.append.grid ? &registry.get(plan.append.spec, context, device, cu_stream) : nullptr;
     const LoadedKernel& attention = registry.get(plan.attention.spec, context, device, cu_stream);
     const LoadedKernel* combine = plan.combine.grid ? &registry.get(plan.combine.spec, context, device, cu_stream) : nullptr;
-    auto launch = [&](const LoadedKernel& kernel, unsigned grid, void* params) {
+    // dependent: launched as a programmatic dependent of the previous
+    // kernel on the stream (Hopper and newer), so its launch overlaps that
+    // kernel's run; the kernel waits for its primary before reading
+    // (griddepcontrol.wait). Stream capture records it as a programmatic edge.
+    auto launch = [&](const LoadedKernel& kernel, unsigned grid, void* params, bool dependent) {
       void* arguments[] = {params};
-      check_cuda(driver().cuLaunchKernel(kernel.function, grid, 1, 1, kernel.threads, 1, 1, kernel.smem_bytes, cu_stream,
-                                         arguments, nullptr),
-                 "cuLaunchKernel");
+      CUlaunchConfig config{};
+      config.gridDimX = grid;
+      config.gridDimY = config.gridDimZ = 1;
+      config.blockDimX = kernel.threads;
+      config.blockDimY = config.blockDimZ = 1;
+      config.sharedMemBytes = kernel.smem_bytes;
+      config.hStream = cu_stream;
+      CUlaunchAttribute attribute{};
+      attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attribute.value.programmaticStreamSerializationAllowed = 1;
+      if (dependent && device.arch.major >= 9) {
+        config.attrs = &attribute;
+        config.numAttrs = 1;
+      }
+      check_cuda(driver().cuLaunchKernelEx(&config, kernel.function, arguments, nullptr), "cuLaunchKernelEx");
     };
-    if (append != nullptr) launch(*append, plan.append.grid, &plan.append.params);
-    launch(attention, plan.attention.grid, &plan.attention.params);
-    if (combine != nullptr) launch(*combine, plan.combine.grid, &plan.combine.params);
+    if (append != nullptr) launch(*append, plan.append.grid, &plan.append.params, false);
+    launch(attention, plan.attention.grid, &plan.attention.params, false);
+    if (combine != nullptr) launch(*combine, plan.combine.grid, &plan.combine.params, true);
   }
 
   Config config;

@@ -112,6 +112,47 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
 constexpr int kDecodeCtasPerSm = 3;
 constexpr int kMaxSplits = 128;
 
+// The decode kernel (templates/fwd_decode.cuh): chunks of 32 keys per warp
+// (16 for pages of 16 rows), four warps, and each warp's pipeline as deep as
+// kDecodePipelineBytes allows (2-8 stages). Chunks never straddle pages, so
+// paged caches need pages of at least a chunk. Measured on the H200
+// (docs/PERFORMANCE.md): per-chunk instructions, not bytes in flight, bound
+// a warp, so larger chunks beat deeper pipelines. When the tiles alone fill
+// every SM twice, two CTAs per SM (16-key chunks, a 96 KB pipeline) overlap
+// one CTA's start (Q and first chunks in flight) with another's stream.
+constexpr int kDecodeChunkKeys = 32;
+constexpr int kDecodeMinChunkKeys = 16;
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodePipelineBytes = 128 * 1024;
+constexpr int kDecodeShareSmChunkKeys = 16;
+constexpr int kDecodeShareSmPipelineBytes = 96 * 1024;
+
+// Fills the decode fields of `spec` (rows: packed query rows of the call;
+// page_shift: log2 of the page size, -1 when not paged; tiles: CTAs before
+// any split), from `forced` where the caller set them.
+void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t rows, int page_shift, int max_smem_bytes,
+                         int64_t tiles, int sm_count) {
+  spec.family = Family::decode;
+  spec.pack_gqa = true;
+  spec.block_q = forced.block_q != 0 ? forced.block_q : rows <= 16 ? 16 : 32;
+  const int smallest_chunk = forced.block_kv != 0 ? forced.block_kv : kDecodeMinChunkKeys;
+  if (page_shift >= 0 && (1 << page_shift) < smallest_chunk) {
+    reject(fmt::format("options.tiles: decode chunks of bc={} keys need pages of at least that many rows; "
+                       "page_size is {}", smallest_chunk, 1 << page_shift));
+  }
+  const bool share_sm = tiles >= 2 * static_cast<int64_t>(sm_count);
+  const int chunk_keys = share_sm ? kDecodeShareSmChunkKeys : kDecodeChunkKeys;
+  spec.block_kv = forced.block_kv != 0 ? forced.block_kv
+                 : page_shift >= 0    ? std::min(chunk_keys, 1 << page_shift)
+                                      : chunk_keys;
+  spec.warps = forced.warps != 0 ? forced.warps : kDecodeWarps;
+  const int row_bytes = (spec.head_dim + 63) / 64 * 64 * static_cast<int>(dtype_size(spec.dtype));
+  const int stage_bytes = spec.warps * 2 * spec.block_kv * row_bytes;
+  const int budget = std::min(share_sm ? kDecodeShareSmPipelineBytes : kDecodePipelineBytes,
+                              max_smem_bytes - spec.block_q * row_bytes);
+  spec.stages = forced.stages != 0 ? forced.stages : std::clamp(budget / stage_bytes, 2, 8);
+}
+
 int check_rope_scalars(const RopeOptions& rope, int64_t head_dim) {
   const int rotary_dim = rope.rotary_dim == 0 ? static_cast<int>(head_dim) : rope.rotary_dim;
   if (rope.style != RopeStyle::rotate_half && rope.style != RopeStyle::interleaved) {
@@ -377,6 +418,13 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   std::optional<TileConfig> tuned;
   if (tuning != nullptr) tuned = tuning->lookup({arch, problem.dtype, kernel_dim, masked_like_causal, bucket});
   TileConfig tiles = tuned ? *tuned : default_tiles(problem.dtype, kernel_dim, masked_like_causal, arch, bucket);
+  if (options.tiles.stages != 0) {
+    if (!problem.kvcache) reject("options.tiles.stages: applies to forward_kvcache only (the decode kernel)");
+    if (options.tiles.stages < 0) reject(fmt::format("options.tiles.stages={} must be >= 0", options.tiles.stages));
+    if (options.pack_gqa == false) {
+      reject("options.pack_gqa=false: the decode kernel (options.tiles.stages > 0) always packs a KV head's query heads");
+    }
+  }
   if (options.tiles.block_q != 0) tiles.block_q = options.tiles.block_q;
   if (options.tiles.block_kv != 0) tiles.block_kv = options.tiles.block_kv;
   if (options.tiles.warps != 0) tiles.warps = options.tiles.warps;
@@ -408,10 +456,19 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   if (problem.kvcache) {
     plan.spec.kvcache = true;
     plan.spec.paged = problem.paged;
-    // Decoding: the (packed) queries fit one 64-row tile of four warps; the
-    // key loop is memory-bound. Measured on the H200 (docs/PERFORMANCE.md).
     const int64_t rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
-    if (options.tiles.block_q == 0 && options.tiles.block_kv == 0 && options.tiles.warps == 0 && rows <= 64) {
+    const bool tiles_forced = options.tiles.block_q != 0 || options.tiles.block_kv != 0 || options.tiles.warps != 0;
+    if (options.tiles.stages != 0 || (!tiles_forced && options.pack_gqa.value_or(true) &&
+                                      seqlen_q * group <= (kernel_dim > 128 ? 16 : 32) &&
+                                      (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys))) {
+      const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
+      choose_decode_tiles(plan.spec, options.tiles, seqlen_q * group, problem.paged ? problem.page_shift : -1,
+                          max_smem_bytes, decode_tiles, problem.sm_count);
+      tiles = {plan.spec.block_q, plan.spec.block_kv, plan.spec.warps, plan.spec.stages};
+    } else if (!tiles_forced && rows <= 64) {
+      // Longer packed tiles (speculative decoding, chunked prefill): one
+      // 64-row tile of four warps; the key loop is memory-bound. Measured on
+      // the H200 (docs/PERFORMANCE.md).
       // 128-key blocks keep more bytes in flight; a paged cache keeps them
       // only when a block fits in one page (smaller pages take the per-row
       // copy, which costs more than the larger block gains).
@@ -426,7 +483,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at
   // head_dim 256: smaller key blocks first, then smaller query blocks.
   const bool forced = options.tiles.block_q != 0 || options.tiles.block_kv != 0 || options.tiles.warps != 0;
-  while (!forced && plan.spec.smem_bytes() > static_cast<size_t>(max_smem_bytes) &&
+  while (!forced && plan.spec.family == Family::fwd && plan.spec.smem_bytes() > static_cast<size_t>(max_smem_bytes) &&
          (plan.spec.block_kv > 32 || plan.spec.block_q > 64)) {
     if (plan.spec.block_kv > 32) {
       plan.spec.block_kv /= 2;
@@ -524,7 +581,10 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     p.block_table_stride = problem.block_table_stride;
     p.page_shift = problem.page_shift;
     // Split-KV when the tiles alone leave the GPU underused.
-    const int64_t kv_blocks = std::max<int64_t>(1, (seqlen_k + plan.spec.block_kv - 1) / plan.spec.block_kv);
+    // Splits are counted in key blocks: one CTA step (every warp one chunk)
+    // for the decode kernel.
+    const int64_t step = plan.spec.family == Family::decode ? plan.spec.block_kv * plan.spec.warps : plan.spec.block_kv;
+    const int64_t kv_blocks = std::max<int64_t>(1, (seqlen_k + step - 1) / step);
     int splits = problem.num_splits;
     if (splits == 0) {
       const size_t smem_per_sm = 228 * 1024;

@@ -31,6 +31,7 @@ const char* entry_name(const KernelSpec& spec) {
   switch (spec.family) {
     case Family::combine: return "jitattn_combine";
     case Family::append: return "jitattn_append";
+    case Family::decode: return "jitattn_decode";
     default: return "jitattn_fwd";
   }
 }
@@ -118,9 +119,10 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
   spec.validate();
   if (spec.family == Family::combine) return render_combine(spec, templates);
   if (spec.family == Family::append) return render_append(spec, templates);
-  const std::string entry_template = templates.read("entry_fwd.cu");
+  const bool decode = spec.family == Family::decode;
+  const char* entry_file = decode ? "entry_decode.cu" : "entry_fwd.cu";
   const std::string entry = fmt::format(
-      fmt::runtime(entry_template), fmt::arg("spec", spec.text()),
+      fmt::runtime(templates.read(entry_file)), fmt::arg("spec", spec.text()),
       fmt::arg("element", spec.dtype == DType::bf16 ? "bf16" : "f16"),
       fmt::arg("head_dim", spec.head_dim), fmt::arg("block_q", spec.block_q),
       fmt::arg("block_kv", spec.block_kv), fmt::arg("warps", spec.warps),
@@ -133,11 +135,11 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
                                                             : "kRopeNone"),
       fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_tables ? "true" : "false"),
       fmt::arg("kvcache", spec.kvcache ? "true" : "false"), fmt::arg("paged", spec.paged ? "true" : "false"),
-      fmt::arg("split", spec.split ? "true" : "false"),
+      fmt::arg("split", spec.split ? "true" : "false"), fmt::arg("stages", spec.stages),
       fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;
-  expand_includes("entry_fwd.cu", entry, templates, seen, source);
+  expand_includes(entry_file, entry, templates, seen, source);
   return source;
 }
 

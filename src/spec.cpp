@@ -172,8 +172,10 @@ size_t dtype_size(DType dtype) { return dtype == DType::f32 || dtype == DType::i
 std::string KernelSpec::text() const {
   if (family == Family::combine) return combine_text(*this);
   if (family == Family::append) return append_text(*this);
-  std::string out = fmt::format("fwd.{}.d{}.br{}.bc{}.w{}", dtype_name(dtype), head_dim, block_q,
-                                block_kv, warps);
+  const bool decode = family == Family::decode;
+  std::string out = fmt::format("{}.{}.d{}.br{}.bc{}.w{}", decode ? "decode" : "fwd", dtype_name(dtype), head_dim,
+                                block_q, block_kv, warps);
+  if (decode) out += fmt::format(".s{}", stages);
   if (causal) out += ".causal";
   if (local) out += ".local";
   if (softcap) out += ".softcap";
@@ -182,8 +184,8 @@ std::string KernelSpec::text() const {
     out += fmt::format(".rope_{}_r{}", rope == RopeKind::half ? "half" : "interleaved", rotary_dim);
   }
   if (rope_tables) out += ".rope_tables";
-  if (pack_gqa) out += ".packgqa";
-  if (kvcache) out += ".kvcache";
+  if (pack_gqa && !decode) out += ".packgqa";
+  if (kvcache && !decode) out += ".kvcache";
   if (paged) out += ".paged";
   if (split) out += ".split";
   if (padded) out += ".padded";
@@ -199,7 +201,12 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     bad_spec(text, "expected family.dtype.dN.brN.bcN.wN[.causal], e.g. fwd.bf16.d128.br128.bc64.w4");
   }
   KernelSpec spec;
-  if (fields[0] != "fwd") bad_spec(text, fmt::format("unknown family '{}' (known: fwd, combine, append)", fields[0]));
+  if (fields[0] == "decode") {
+    spec.family = Family::decode;
+  } else if (fields[0] != "fwd") {
+    bad_spec(text, fmt::format("unknown family '{}' (known: fwd, decode, combine, append)", fields[0]));
+  }
+  const bool decode = spec.family == Family::decode;
   if (fields[1] == "f16" || fields[1] == "fp16") {
     spec.dtype = DType::f16;
   } else if (fields[1] == "bf16") {
@@ -211,7 +218,15 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   if (!parse_field(fields[3], "br", spec.block_q)) bad_spec(text, "fourth field must be brN (query block)");
   if (!parse_field(fields[4], "bc", spec.block_kv)) bad_spec(text, "fifth field must be bcN (key block)");
   if (!parse_field(fields[5], "w", spec.warps)) bad_spec(text, "sixth field must be wN (warps)");
-  for (size_t i = 6; i < fields.size(); ++i) {
+  size_t first_flag = 6;
+  if (decode) {
+    if (fields.size() < 7 || !parse_field(fields[6], "s", spec.stages)) {
+      bad_spec(text, "a decode spec's seventh field must be sN (pipeline stages)");
+    }
+    spec.pack_gqa = spec.kvcache = true;
+    first_flag = 7;
+  }
+  for (size_t i = first_flag; i < fields.size(); ++i) {
     const bool half = parse_field(fields[i], "rope_half_r", spec.rotary_dim);
     if (half || parse_field(fields[i], "rope_interleaved_r", spec.rotary_dim)) {
       if (spec.rope != RopeKind::none) bad_spec(text, "more than one rope field");
@@ -230,6 +245,10 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "paged"   ? &spec.paged
                  : fields[i] == "split"   ? &spec.split
                                           : nullptr;
+    if (decode && (flag == &spec.varlen || flag == &spec.pack_gqa || flag == &spec.kvcache)) {
+      bad_spec(text, fmt::format("flag '{}' does not apply to a decode spec (packgqa and kvcache are implied, "
+                                 "varlen is unsupported)", fields[i]));
+    }
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: causal, local, softcap, alibi, rope_half_rN, "
                                  "rope_interleaved_rN, rope_tables, packgqa, kvcache, paged, split, padded, varlen)",
@@ -259,6 +278,8 @@ void KernelSpec::validate() const {
     fail(ErrorCode::unsupported,
          fmt::format("rotary_dim={} must be a multiple of 16 between 16 and head_dim={}", rotary_dim, head_dim));
   }
+  if (family == Family::decode) return validate_decode(fail);
+  if (stages != 0) fail(ErrorCode::invalid_argument, "stages apply to decode specs only");
   if (block_q != 64 && block_q != 128) fail(ErrorCode::unsupported, fmt::format("br={} is not one of 64, 128", block_q));
   if (block_kv != 32 && block_kv != 64 && block_kv != 128) {
     fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128", block_kv));
@@ -283,8 +304,33 @@ void KernelSpec::validate() const {
   }
 }
 
+template <class Fail>
+void KernelSpec::validate_decode(const Fail& fail) const {
+  if (!pack_gqa || !kvcache) fail(ErrorCode::invalid_argument, "a decode spec packs GQA heads and reads a KV cache");
+  if (varlen) fail(ErrorCode::unsupported, "decode does not combine with varlen");
+  if (block_q != 16 && block_q != 32) fail(ErrorCode::unsupported, fmt::format("br={} is not one of 16, 32", block_q));
+  if (block_kv != 16 && block_kv != 32 && block_kv != 64) {
+    fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 16, 32, 64", block_kv));
+  }
+  if (warps != 1 && warps != 2 && warps != 4 && warps != 8) {
+    fail(ErrorCode::unsupported, fmt::format("w={} is not one of 1, 2, 4, 8", warps));
+  }
+  if (stages < 2 || stages > 8) fail(ErrorCode::unsupported, fmt::format("s={} is not between 2 and 8", stages));
+  // The warps' states are merged in the pipeline's shared memory
+  // (DecodeConfig): stages × keys per chunk must cover the rows.
+  if (stages * block_kv < block_q) {
+    fail(ErrorCode::unsupported, fmt::format("s={} × bc={} must be at least br={} (the merge reuses the pipeline)",
+                                             stages, block_kv, block_q));
+  }
+  if (accumulator_registers() > 192) {
+    fail(ErrorCode::unsupported, fmt::format("br={} bc={} at head_dim {} needs {} fp32 accumulators per thread; at "
+                                             "most 192 fit", block_q, block_kv, head_dim, accumulator_registers()));
+  }
+}
+
 int KernelSpec::accumulator_registers() const {
-  const int rows_per_warp_tiles = block_q / warps / 16;
+  // A decode warp holds every row of the tile.
+  const int rows_per_warp_tiles = family == Family::decode ? block_q / 16 : block_q / warps / 16;
   return rows_per_warp_tiles * (head_dim / 8 + block_kv / 8) * 4;
 }
 
@@ -299,6 +345,10 @@ size_t KernelSpec::smem_bytes() const {
   // Q tile plus one K tile and one V tile, 16-bit elements, rows rounded up
   // to whole 64-element swizzle groups (FwdConfig::kRowElems).
   const int row_elems = (head_dim + 63) / 64 * 64;
+  if (family == Family::decode) {
+    // The Q tile and each warp's stages of a K and a V chunk (DecodeConfig).
+    return static_cast<size_t>(block_q + warps * stages * 2 * block_kv) * row_elems * dtype_size(dtype);
+  }
   return static_cast<size_t>(block_q + 2 * block_kv) * row_elems * dtype_size(dtype);
 }
 
@@ -307,10 +357,13 @@ uint64_t KernelSpec::packed() const {
   if (family == Family::append) return append_packed(*this);
   uint64_t key = static_cast<uint64_t>(family);
   key = key << 4 | static_cast<uint64_t>(dtype);
-  key = key << 10 | static_cast<uint64_t>(head_dim);
-  key = key << 10 | static_cast<uint64_t>(block_q);
-  key = key << 10 | static_cast<uint64_t>(block_kv);
-  key = key << 6 | static_cast<uint64_t>(warps);
+  // fwd and decode keys stay below bit 60, where combine and append put
+  // their family.
+  key = key << 9 | static_cast<uint64_t>(head_dim);
+  key = key << 8 | static_cast<uint64_t>(block_q);
+  key = key << 8 | static_cast<uint64_t>(block_kv);
+  key = key << 4 | static_cast<uint64_t>(warps);
+  key = key << 4 | static_cast<uint64_t>(stages);
   key = key << 1 | static_cast<uint64_t>(causal);
   key = key << 1 | static_cast<uint64_t>(local);
   key = key << 1 | static_cast<uint64_t>(softcap);

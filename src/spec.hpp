@@ -18,7 +18,12 @@ namespace jitattn::detail {
 // append: writes new keys (rotated with RoPE) and values into a KV cache; its
 // spec is append.<dtype>[.rope_half_rN|.rope_interleaved_rN][.rope_tables][.paged]
 // and uses dtype, rope, rotary_dim, rope_tables and paged.
-enum class Family : uint8_t { fwd = 0, combine = 1, append = 2 };
+// decode: flash decoding for KV-cache calls with few (packed) query rows
+// (templates/fwd_decode.cuh): block_q is the rows of its tile (16 or 32),
+// block_kv the keys of one warp's chunk, `stages` each warp's pipeline depth;
+// its text is decode.<dtype>.dN.brN.bcN.wN.sN[flags], and pack_gqa and
+// kvcache are implied (always set, never printed).
+enum class Family : uint8_t { fwd = 0, combine = 1, append = 2, decode = 3 };
 
 // RoPE pairing (templates/rope.cuh): rotate-half (GPT-NeoX, Llama) pairs
 // channel p with p + rotary_dim / 2; interleaved (GPT-J) pairs 2p with 2p + 1.
@@ -45,6 +50,7 @@ struct KernelSpec {
   bool paged = false;    // the KV cache is paged (block table)
   bool split = false;    // split-KV: writes fp32 partial results for the combine kernel
   DType out_dtype = DType::f32;    // combine: the output's dtype (fwd writes `dtype`)
+  int stages = 0;        // decode: cp.async stages per warp
 
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
   static KernelSpec combine(DType state_dtype, DType out_dtype);
@@ -73,6 +79,10 @@ struct KernelSpec {
   uint64_t packed() const;
   bool operator==(const KernelSpec& other) const { return packed() == other.packed(); }
   bool operator!=(const KernelSpec& other) const { return !(*this == other); }
+
+ private:
+  template <class Fail>
+  void validate_decode(const Fail& fail) const;
 };
 
 const char* dtype_name(DType dtype);

@@ -150,17 +150,15 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
   }
 }
 
-// S = Q Kᵀ for this warp's rows: Q [rows][HEAD_DIM] and K [BLOCK_KV][HEAD_DIM]
-// both in shared memory. K's rows are the MMA's columns, so its non-transposed
-// 8×8 blocks are exactly the column-major B fragments.
-template <class Cfg>
-__device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], unsigned q_tile,
-                                        unsigned k_tile, int warp_row0, int lane) {
+// S = Q Kᵀ for this warp's rows, with K [BLOCK_KV][HEAD_DIM] in shared memory
+// and Q's A fragments from `q_fragment(m, ks, a)` (16-row tile m, k-step ks).
+// K's rows are the MMA's columns, so its non-transposed 8×8 blocks are
+// exactly the column-major B fragments.
+template <class Cfg, typename QFragment>
+__device__ __forceinline__ void gemm_qk_with(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], unsigned k_tile, int lane,
+                                             QFragment&& q_fragment) {
   constexpr int kRowBytes = Cfg::kRowBytes;
-  // ldmatrix lanes: Q matrices are (rows 0-7 | 8-15) × (k 0-7 | 8-15); K matrices
-  // are (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
-  const unsigned q_row = q_tile + (warp_row0 + (lane & 15)) * kRowBytes;
-  const unsigned q_low = ((lane >> 4) ^ (lane & 7)) << 4;
+  // K matrices are (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
   const unsigned k_row = k_tile + ((lane & 7) + (lane >> 4) * 8) * kRowBytes;
   const unsigned k_low = (((lane >> 3) & 1) ^ (lane & 7)) << 4;
 #pragma unroll
@@ -175,9 +173,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kScoreTile
   for (int ks = 0; ks < Cfg::kHeadDim / 16; ++ks) {
     unsigned a[Cfg::kMTiles][4];
 #pragma unroll
-    for (int m = 0; m < Cfg::kMTiles; ++m) {
-      ldmatrix_x4(a[m], fragment_address<Cfg>(q_row + m * 16 * kRowBytes, q_low, ks));
-    }
+    for (int m = 0; m < Cfg::kMTiles; ++m) q_fragment(m, ks, a[m]);
 #pragma unroll
     for (int pair = 0; pair < Cfg::kScoreTiles / 2; ++pair) {
       unsigned b[4];
@@ -189,6 +185,26 @@ __device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kScoreTile
       }
     }
   }
+}
+
+// Q's A fragment for rows warp_row0 + 16m .. +15, k-step ks, from the
+// swizzled Q tile. ldmatrix lanes: the matrices are (rows 0-7 | 8-15) ×
+// (k 0-7 | 8-15).
+template <class Cfg>
+struct QTileFragments {
+  unsigned q_row, q_low;
+  __device__ __forceinline__ QTileFragments(unsigned q_tile, int warp_row0, int lane)
+      : q_row(q_tile + (warp_row0 + (lane & 15)) * Cfg::kRowBytes), q_low(((lane >> 4) ^ (lane & 7)) << 4) {}
+  __device__ __forceinline__ void operator()(int m, int ks, unsigned (&a)[4]) const {
+    ldmatrix_x4(a, fragment_address<Cfg>(q_row + m * 16 * Cfg::kRowBytes, q_low, ks));
+  }
+};
+
+// S = Q Kᵀ with Q read from its shared-memory tile.
+template <class Cfg>
+__device__ __forceinline__ void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], unsigned q_tile,
+                                        unsigned k_tile, int warp_row0, int lane) {
+  gemm_qk_with<Cfg>(s, k_tile, lane, QTileFragments<Cfg>(q_tile, warp_row0, lane));
 }
 
 // P (fp32 probabilities in score-accumulator layout) → 16-bit A fragments.
@@ -307,11 +323,17 @@ __device__ __forceinline__ void apply_mask(float (&s)[Cfg::kMTiles][Cfg::kScoreT
 // and sums, rescales the output accumulators, and turns s into probabilities
 // exp2(s·scale_log2 − max·scale_log2). Sums stay per-lane partial until the
 // epilogue, since every rescale factor is uniform across a row's four lanes.
-template <class Cfg>
+//
+// SKIP_UNIT_RESCALE (decoding, where the running maxima settle after a few
+// blocks): when no row of the warp raised its maximum, every correction is
+// exactly 1 and the warp skips rescaling O.
+template <class Cfg, bool SKIP_UNIT_RESCALE = false>
 __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4],
                                                float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
                                                float (&row_max)[Cfg::kMTiles][2],
                                                float (&row_sum)[Cfg::kMTiles][2], float scale_log2) {
+  float corrections[Cfg::kMTiles][2];
+  bool rescale = false;
 #pragma unroll
   for (int m = 0; m < Cfg::kMTiles; ++m) {
 #pragma unroll
@@ -326,12 +348,16 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kSc
       // instead keeps exp2 at 0 rather than NaN (-inf - -inf).
       const float max_scaled = block_max == -kInfinity ? 0.f : block_max * scale_log2;
       const float correction = fast_exp2(row_max[m][half] * scale_log2 - max_scaled);
+      rescale = rescale || block_max != row_max[m][half];
+      corrections[m][half] = correction;
       row_max[m][half] = block_max;
       row_sum[m][half] *= correction;
+      if constexpr (!SKIP_UNIT_RESCALE) {
 #pragma unroll
-      for (int n = 0; n < Cfg::kOutTiles; ++n) {
-        o[m][n][2 * half] *= correction;
-        o[m][n][2 * half + 1] *= correction;
+        for (int n = 0; n < Cfg::kOutTiles; ++n) {
+          o[m][n][2 * half] *= correction;
+          o[m][n][2 * half + 1] *= correction;
+        }
       }
       float sum = 0.f;
 #pragma unroll
@@ -343,6 +369,19 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kSc
         }
       }
       row_sum[m][half] += sum;
+    }
+  }
+  if constexpr (SKIP_UNIT_RESCALE) {
+    // An unchanged maximum gives a correction of exactly exp2(0) = 1.
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int m = 0; m < Cfg::kMTiles; ++m) {
+#pragma unroll
+        for (int n = 0; n < Cfg::kOutTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[m][n][e] *= corrections[m][e >> 1];
+        }
+      }
     }
   }
 }
@@ -476,15 +515,15 @@ __device__ __forceinline__ void store_partial(float (&o)[Cfg::kMTiles][Cfg::kOut
 
 // Copies the Q tile of a packed-GQA CTA: row r is query (q0 + r) / group of
 // head (q0 + r) % group, so rows do not sit at one stride and each chunk
-// computes its own address.
-template <class Cfg>
+// computes its own address. THREADS threads share the copy.
+template <class Cfg, int THREADS = Cfg::kThreads>
 __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned short* q, long long row_stride,
                                               long long head_stride, int q0, int rows, int group, int chunks_valid) {
   constexpr int kChunks = Cfg::kBlockQ * Cfg::kChunksPerRow;
 #pragma unroll
-  for (int i = 0; i < (kChunks + Cfg::kThreads - 1) / Cfg::kThreads; ++i) {
-    const int index = i * Cfg::kThreads + threadIdx.x;
-    if (kChunks % Cfg::kThreads == 0 || index < kChunks) {
+  for (int i = 0; i < (kChunks + THREADS - 1) / THREADS; ++i) {
+    const int index = i * THREADS + threadIdx.x;
+    if (kChunks % THREADS == 0 || index < kChunks) {
       const int row = index / Cfg::kChunksPerRow;
       const int chunk = index % Cfg::kChunksPerRow;
       const bool valid = q0 + row < rows && chunk < chunks_valid;
@@ -620,6 +659,9 @@ __device__ void fwd_prefill(const FwdParams& p) {
     end_block = max(first_block, min(end_block, (split + 1) * p.blocks_per_split));
   }
 
+  // Split-KV: the combine grid may be scheduled now, so its launch overlaps
+  // this grid (it waits for this grid's completion before reading).
+  if constexpr (Cfg::kSplit) allow_dependent_launch();
   if constexpr (Cfg::kPackGqa) {
     load_packed_q<Cfg>(q_tile, q, p.q_row_stride, p.q_head_stride, q0, rows, group, chunks_valid);
   } else {

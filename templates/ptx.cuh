@@ -42,6 +42,23 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// Programmatic dependent launch (sm_90 and newer; no-ops before, and when
+// the grids were launched without the programmatic-serialization attribute).
+// A primary grid's CTAs allow the next grid on the stream to be scheduled;
+// that grid waits, before reading anything the primary writes, until the
+// primary has completed and its writes are visible.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_primary_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Four 8×8 16-bit matrices from shared memory; lanes 8i..8i+7 give the row
 // addresses of matrix i, and register i receives matrix i's fragment.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_address) {

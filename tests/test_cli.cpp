@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -221,12 +222,13 @@ TEST_CASE("warm --preset with an unknown name fails listing the known presets") 
 TEST_CASE("presets expand to every tile configuration the planner picks for a class") {
   const Arch hopper = Arch::parse("sm_90a");
   const std::vector<KernelSpec> specs = jitattn::cli::preset_specs("default", hopper);
-  std::set<std::string> texts;
+  std::set<std::string> texts, all_texts;  // prefill specs; every spec
   for (const KernelSpec& spec : specs) {
-    texts.insert(spec.text());
+    if (spec.family == jitattn::detail::Family::fwd) texts.insert(spec.text());
+    all_texts.insert(spec.text());
     CHECK(KernelSpec::parse(spec.text()) == spec);
   }
-  CHECK(texts.size() == specs.size());  // no spec twice
+  CHECK(all_texts.size() == specs.size());  // no spec twice
   // Exactly the planner's choices over every seqlen bucket of the 8 classes:
   // warming the preset leaves nothing for a first call to compile.
   std::set<std::string> planned;
@@ -245,15 +247,59 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   CHECK(texts == planned);
   CHECK(specs.size() >= 8);
 
-  // A model preset warms only its own class (in every tiling the planner may pick for it).
+  // A model preset warms only its own class (in every tiling the planner may
+  // pick for it), and a decoder's forward_kvcache kernels.
   const std::vector<KernelSpec> llama = jitattn::cli::preset_specs("llama3-8b", hopper);
   REQUIRE_FALSE(llama.empty());
+  size_t llama_prefill = 0;
   for (const KernelSpec& spec : llama) {
-    CHECK(spec.dtype == jitattn::DType::bf16);
-    CHECK(spec.head_dim == 128);
-    CHECK(spec.causal);
+    if (spec.family == jitattn::detail::Family::fwd) {
+      ++llama_prefill;
+      CHECK(spec.dtype == jitattn::DType::bf16);
+      CHECK(spec.head_dim == 128);
+      CHECK(spec.causal);
+    }
   }
-  CHECK(llama.size() == jitattn::detail::default_tile_set(jitattn::DType::bf16, 128, true, hopper).size());
+  CHECK(llama_prefill == jitattn::detail::default_tile_set(jitattn::DType::bf16, 128, true, hopper).size());
+  // Decoding calls of Llama 3 8B's shape (32 q / 8 kv heads) find every kernel
+  // they plan warmed: one sequence and 64, contiguous and paged (16 and 256
+  // rows), with and without new keys, the heuristic's split or none.
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  for (int64_t batch : {1, 64}) {
+    for (int page : {0, 16, 256}) {
+      for (bool append : {false, true}) {
+        for (int splits : {0, 1}) {
+          using jitattn::TensorView;
+          const TensorView q = TensorView::contiguous(address(0x10000), jitattn::DType::bf16, {batch, 1, 32, 128});
+          const TensorView k_new = TensorView::contiguous(address(0x20000), jitattn::DType::bf16, {batch, 1, 8, 128});
+          const TensorView table =
+              TensorView::contiguous(address(0x30000), jitattn::DType::i32, {batch, 32768 / std::max(page, 1)});
+          jitattn::KVCacheArgs args;
+          args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), jitattn::DType::bf16, {batch, 32768, 8, 128})
+                                   : TensorView::contiguous(address(0x40000), jitattn::DType::bf16,
+                                                            {batch * 32768 / page, page, 8, 128});
+          args.v_cache = args.k_cache;
+          args.cache_seqlens = TensorView::contiguous(address(0x50000), jitattn::DType::i32, {batch});
+          args.block_table = page == 0 ? nullptr : &table;
+          if (append) args.k_new = args.v_new = &k_new;
+          args.num_splits = splits;
+          jitattn::ForwardOptions options;
+          options.causal = true;
+          const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, true, hopper,
+                                                           227 * 1024, 132);
+          const std::string context = fmt::format("batch={} page={} append={} splits={}", batch, page, append, splits);
+          auto warmed = [&](const KernelSpec& spec) {
+            return std::find(llama.begin(), llama.end(), spec) != llama.end();
+          };
+          CHECK_MESSAGE(warmed(plan.attention.spec), std::string(context + ": " + plan.attention.spec.text()));
+          if (append) CHECK_MESSAGE(warmed(plan.append.spec), std::string(context + ": " + plan.append.spec.text()));
+          if (plan.attention.spec.split) {
+            CHECK_MESSAGE(warmed(KernelSpec::combine(jitattn::DType::f32, jitattn::DType::bf16)), context);
+          }
+        }
+      }
+    }
+  }
   const std::vector<KernelSpec> bert = jitattn::cli::preset_specs("bert-base", hopper);
   REQUIRE_FALSE(bert.empty());
   for (const KernelSpec& spec : bert) {
@@ -273,7 +319,7 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   tuning.set({{hopper, jitattn::DType::f16, 64, false, 1024}, {128, 32, 8}, 1.0, 0.5});
   const std::vector<KernelSpec> tuned = jitattn::cli::preset_specs("llama3-8b", hopper, &tuning);
   CHECK(tuned.size() == llama.size() + 1);
-  CHECK(tuned.back().text() == "fwd.bf16.d128.br64.bc32.w4.causal");
+  CHECK(std::find(tuned.begin(), tuned.end(), KernelSpec::parse("fwd.bf16.d128.br64.bc32.w4.causal")) != tuned.end());
 }
 
 TEST_CASE("clear removes every entry and list --json is then empty") {

@@ -159,6 +159,30 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
     }
     specs.push_back(spec);
   }
+  // The decode kernel: every head dim, both row tiles, chunk sizes, warp
+  // counts and depths, with the features spread over the variants.
+  variant = 0;
+  for (int head_dim : {32, 64, 96, 128, 192, 256})
+    for (int block_q : {16, 32}) {
+      if (head_dim > 128 && block_q == 32) continue;
+      KernelSpec spec = KernelSpec::parse(fmt::format("decode.{}.d{}.br{}.bc{}.w{}.s{}", variant % 2 ? "f16" : "bf16",
+                                                      head_dim, block_q, variant % 3 == 2 ? 32 : 16,
+                                                      1 << (variant % 4), 2 + variant % 3));
+      spec.causal = variant % 3 == 0;
+      spec.local = variant % 3 == 1;
+      spec.softcap = variant % 4 == 1;
+      spec.alibi = variant % 5 == 2;
+      spec.paged = variant % 2 == 0;
+      spec.split = variant % 4 < 2;
+      spec.padded = head_dim == 96;
+      if (variant % 3 != 1) {
+        spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
+        spec.rotary_dim = variant % 4 == 0 ? head_dim / 2 / 16 * 16 : head_dim;
+        spec.rope_tables = variant % 5 == 0;
+      }
+      ++variant;
+      specs.push_back(spec);
+    }
   specs.push_back(KernelSpec::append(DType::bf16, RopeKind::none, 0, false, false));
   specs.push_back(KernelSpec::append(DType::f16, RopeKind::half, 64, false, true));
   specs.push_back(KernelSpec::append(DType::bf16, RopeKind::interleaved, 128, true, false));

@@ -38,16 +38,18 @@ struct Case {
   int page_size = 0;  // 0: contiguous cache
   bool batch_index = false;
   int num_splits = 0;
+  TileConfig tiles{};  // forced kernel tiles (stages > 0: the decode kernel); zeros: the planner's
   bool gpu_reference = false;  // check_in_groups' field; the references here are CPU ones
 };
 
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} append={} rope={} "
-      "fraction={} tables={} page_size={} cache_batch_idx={} num_splits={} seed={}",
+      "fraction={} tables={} page_size={} cache_batch_idx={} num_splits={} tiles={}x{}x{}x{} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
       c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.append, static_cast<int>(c.rope),
-      c.rotary_fraction, c.tables, c.page_size, c.batch_index, c.num_splits, seed);
+      c.rotary_fraction, c.tables, c.page_size, c.batch_index, c.num_splits, c.tiles.block_q, c.tiles.block_kv,
+      c.tiles.warps, c.tiles.stages, seed);
 }
 
 int rotary_dim_of(const Case& c) { return static_cast<int>(c.rotary_fraction * c.head_dim) / 16 * 16; }
@@ -236,6 +238,7 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
     v.args.v_new = &v.v_new;
   }
   v.args.num_splits = c.num_splits;
+  v.options.tiles = c.tiles;
   v.args.max_seqlen_k = c.seqlen_k;
   v.options.causal = c.causal;
   v.options.window_left = c.window_left;
@@ -282,7 +285,10 @@ std::string check_cache(const Case& c, const Inputs& in) {
   return {};
 }
 
-Run run_kernel(const Case& c, const Inputs& in) {
+// through_graph: a warm call on a stream of its own, then the same call
+// captured into a CUDA graph and replayed twice on re-poisoned outputs (an
+// append writes the same rows to the same places every time).
+Run run_kernel(const Case& c, const Inputs& in, bool through_graph = false) {
   const int64_t q_shape[4] = {c.batch, c.seqlen_q, c.heads_q, c.head_dim};
   int64_t strides[4];
   contiguous_strides(q_shape, strides);
@@ -299,19 +305,46 @@ Run run_kernel(const Case& c, const Inputs& in) {
   workspace.fill_bytes(0xff);
   Run run;
   run.spec = fmt::format("workspace={}", workspace_bytes);
-  runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
-                          nullptr);
+  if (!through_graph) {
+    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
+                            nullptr);
+  } else {
+    const auto& drv = detail::driver();
+    CUstream stream = nullptr;
+    REQUIRE(drv.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
+                            stream);
+    REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    CUgraph graph = nullptr;
+    REQUIRE(drv.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
+                            stream);
+    REQUIRE(drv.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
+    CUgraphExec exec = nullptr;
+    REQUIRE(drv.cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS);
+    for (int replay = 0; replay < 2; ++replay) {
+      out.buffer.fill_bytes(0xff);
+      lse.fill_bytes(0xff);
+      workspace.fill_bytes(0xff);
+      REQUIRE(drv.cuGraphLaunch(exec, stream) == CUDA_SUCCESS);
+      REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    }
+    drv.cuGraphExecDestroy(exec);
+    drv.cuGraphDestroy(graph);
+    drv.cuStreamDestroy(stream);
+  }
   run.out = out.read();
   run.lse.resize(lse_count);
   lse.download(run.lse.data(), lse_count * 4);
   return run;
 }
 
-void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t seed) {
+void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t seed, bool through_graph = false) {
   check_in_groups(
       cases, [&](const Case& c) { return make_inputs(c, rng); }, make_references,
       [&](const Case& c, const Inputs& in, const References& r) {
-        const auto ran = run_case(r, [&] { return describe(c, "", seed); }, [&] { return run_kernel(c, in); });
+        const auto ran = run_case(r, [&] { return describe(c, "", seed); },
+                                  [&] { return run_kernel(c, in, through_graph); });
         if (!ran) return;
         const auto& run = *ran;
         const AttentionShape shape = AttentionShape::dense(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv,
@@ -372,7 +405,45 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
       }
     }
   }
+  // The same shapes through the kernel the planner does not pick for them:
+  // the prefill kernel for short packed tiles, and decode tiles of every
+  // chunk size, warp count and depth (several query tiles where the packed
+  // rows exceed one) for the rest and for short tiles alike.
+  const TileConfig decode_tiles[] = {{0, 16, 4, 4}, {0, 32, 2, 3}, {32, 64, 2, 2}, {16, 16, 1, 8}, {0, 16, 8, 2}};
+  for (size_t i = 0; i < cases.size(); i += 3) {
+    Case c = cases[i];
+    const bool planner_decodes = c.seqlen_q * (c.heads_q / c.heads_kv) <= 32;
+    if (planner_decodes && i % 2 == 0) {
+      c.tiles = {64, 128, 4, 0};
+      if (c.page_size != 0 && c.page_size < 128) c.tiles.block_kv = 64;
+    } else {
+      c.tiles = decode_tiles[(i / 3) % 5];
+      if (c.head_dim > 128 && c.tiles.block_q == 32) c.tiles.block_q = 16;
+      if (c.page_size != 0) c.tiles.block_kv = std::min(c.tiles.block_kv, c.page_size);
+    }
+    cases.push_back(c);
+  }
   check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache: warm calls are graph-capturable (append, RoPE, splits and combine; both kernels)") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  for (int page_size : {0, 64}) {
+    for (int seqlen_q : {1, 48}) {  // the decode kernel; the prefill kernel
+      Case c;
+      c.batch = 2;
+      c.seqlen_q = seqlen_q;
+      c.seqlen_k = 3000;
+      c.append = true;
+      c.rope = RopeStyle::rotate_half;
+      c.page_size = page_size;
+      c.num_splits = 0;  // the heuristic splits this small grid, so the combine kernel runs too
+      cases.push_back(c);
+    }
+  }
+  check_cases(cases, rng, seed, true);
 }
 
 TEST_CASE("kvcache: bad arguments are rejected before launch, naming the argument") {

@@ -163,9 +163,26 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
   const Arch arch = Arch::parse("sm_90a");
   KVCachePlan plan = plan_kvcache(q, args, out, nullptr, options, nullptr, 0, true, arch, 227 * 1024, 132);
   const KernelSpec& spec = plan.attention.spec;
-  CHECK(spec.text().find(".packgqa.kvcache.split") != std::string::npos);
+  // One token of 4 query heads per KV head: the decode kernel, 16-row tile,
+  // 32-key chunks, four warps, two 64 KB stages of K and V.
+  CHECK(spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.split");
+  CHECK(spec.pack_gqa);
+  CHECK(spec.kvcache);
   CHECK(plan.attention.num_splits > 1);
   CHECK(plan.attention.grid == plan.attention.num_splits * 8 * 2);  // splits × KV heads × batch, one tile each
+  // Splits count CTA steps of 4 warps × 32 keys.
+  CHECK(plan.attention.params.blocks_per_split * plan.attention.num_splits >= 8192 / 128);
+  CHECK((plan.attention.params.blocks_per_split - 1) * plan.attention.num_splits < 8192 / 128);
+  {
+    // 64 sequences × 8 KV heads fill every SM twice: two CTAs per SM, 16-key
+    // chunks, three 32 KB stages; no split.
+    TensorView q64 = TensorView::contiguous(address(0x10000), DType::bf16, {64, 1, 32, 128});
+    KVCacheArgs args64 = args;
+    args64.k_cache = args64.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {64, 1024, 8, 128});
+    args64.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {64});
+    const KVCachePlan wide = plan_kvcache(q64, args64, q64, nullptr, options, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK(wide.attention.spec.text() == "decode.bf16.d128.br16.bc16.w4.s3");
+  }
   const size_t partials = static_cast<size_t>(plan.attention.num_splits) * 2 * 1 * 32;
   CHECK(plan.attention.workspace_bytes == (partials * 128 * 4 + 255) / 256 * 256 + partials * 4);
   CHECK(plan.append.grid == 0);
@@ -195,16 +212,48 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
   CHECK(plan.append.grid == (2 * 1 * 8 + 3) / 4);
   CHECK(plan.attention.params.seqlen_k_added == 1);
   CHECK(plan.attention.params.rope_q_offsets == args.cache_seqlens.data);
-  // Paged: page sizes must be powers of two; pages below 128 rows take 64-key blocks.
+  // Paged: page sizes must be powers of two. Pages of at least a 16-key
+  // chunk take the decode kernel; smaller ones the prefill kernel's per-row
+  // copy (64-key blocks).
   TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 128});
   args.block_table = &table;
   args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {256, 64, 8, 128});
   args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {256, 64, 8, 128});
   plan = plan_kvcache(q, args, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
   CHECK(plan.attention.spec.paged);
-  CHECK(plan.attention.spec.block_kv == 64);
+  CHECK(plan.attention.spec.family == Family::decode);
+  CHECK(plan.attention.spec.block_kv == 32);
   CHECK(plan.attention.params.page_shift == 6);
   CHECK(plan.append.spec.text() == "append.bf16.rope_half_r64.paged");
+  {
+    KVCacheArgs small = args;
+    TensorView k8 = TensorView::contiguous(address(0x30000), DType::bf16, {2048, 8, 8, 128});
+    TensorView table8 = TensorView::contiguous(address(0x70000), DType::i32, {2, 1024});
+    small.k_cache = small.v_cache = k8;
+    small.block_table = &table8;
+    plan = plan_kvcache(q, small, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
+    CHECK(plan.attention.spec.family == Family::fwd);
+    CHECK(plan.attention.spec.block_kv == 64);
+    ForwardOptions forced = options;
+    forced.tiles.stages = 2;
+    CHECK_THROWS_WITH_AS(plan_kvcache(q, small, out, nullptr, forced, nullptr, 0, false, arch, 227 * 1024, 132),
+                         doctest::Contains("decode chunks of bc=16 keys need pages of at least that many rows"), Error);
+  }
+  // Forced tiles: without stages the prefill kernel; with them the decode
+  // kernel as given.
+  {
+    ForwardOptions forced = options;
+    forced.tiles = {64, 64, 4, 0};
+    plan = plan_kvcache(q, args, out, nullptr, forced, nullptr, 0, false, arch, 227 * 1024, 132);
+    CHECK(plan.attention.spec.text().rfind("fwd.bf16.d128.br64.bc64.w4.rope_half_r64.packgqa.kvcache.paged", 0) == 0);
+    forced.tiles = {32, 32, 2, 3};
+    plan = plan_kvcache(q, args, out, nullptr, forced, nullptr, 0, false, arch, 227 * 1024, 132);
+    CHECK(plan.attention.spec.text().rfind("decode.bf16.d128.br32.bc32.w2.s3.rope_half_r64.paged", 0) == 0);
+    CHECK(plan.attention.params.num_q_blocks == 1);
+    forced.pack_gqa = false;
+    CHECK_THROWS_WITH_AS(plan_kvcache(q, args, out, nullptr, forced, nullptr, 0, false, arch, 227 * 1024, 132),
+                         doctest::Contains("options.pack_gqa=false: the decode kernel"), Error);
+  }
   args.k_cache.shape[1] = args.v_cache.shape[1] = 48;
   CHECK_THROWS_WITH_AS(plan_kvcache(q, args, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132),
                        doctest::Contains("page_size=48"), Error);

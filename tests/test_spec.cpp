@@ -80,6 +80,11 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
   const char* texts[] = {"fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache",
                          "fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache.split",
                          "fwd.bf16.d128.br64.bc64.w4.causal.rope_half_r64.packgqa.kvcache.paged.split",
+                         "decode.bf16.d128.br16.bc16.w4.s4",
+                         "decode.bf16.d128.br16.bc16.w4.s3",
+                         "decode.bf16.d128.br16.bc32.w4.s4",
+                         "decode.f16.d64.br32.bc16.w2.s8.causal.softcap.alibi.rope_interleaved_r64.rope_tables.paged.split",
+                         "decode.bf16.d256.br16.bc16.w8.s2.local.padded",
                          "append.bf16",
                          "append.f16.rope_interleaved_r64.rope_tables.paged",
                          "append.bf16.rope_half_r128",
@@ -95,6 +100,27 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.paged"), doctest::Contains("paged needs kvcache"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.split.varlen"),
                        doctest::Contains("varlen does not combine with kvcache or split"), Error);
+  const KernelSpec decode = KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4");
+  CHECK(decode.family == Family::decode);
+  CHECK(decode.pack_gqa);
+  CHECK(decode.kvcache);
+  CHECK(decode.smem_bytes() == (16 + 4 * 4 * 2 * 16) * 128 * 2);
+  CHECK(decode.threads() == 128);
+  CHECK(decode.packed() != KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache").packed());
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4"), doctest::Contains("seventh field must be sN"),
+                       Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.kvcache"),
+                       doctest::Contains("flag 'kvcache' does not apply to a decode spec"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.varlen"),
+                       doctest::Contains("flag 'varlen' does not apply"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br64.bc16.w4.s4"), doctest::Contains("br=64 is not one of 16, 32"),
+                       Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc128.w4.s4"), doctest::Contains("bc=128"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w3.s4"), doctest::Contains("w=3"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s9"), doctest::Contains("s=9"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br32.bc16.w4.s1"), doctest::Contains("s=1"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d256.br32.bc16.w4.s2"), doctest::Contains("272 fp32 accumulators"),
+                       Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("append.f32"), doctest::Contains("dtype 'f32' is not f16 or bf16"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("append.bf16.paged.paged"), doctest::Contains("unknown or repeated field 'paged'"),
                        Error);
@@ -185,7 +211,7 @@ TEST_CASE("bad combine spec text is rejected naming the field") {
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32"), doctest::Contains("expected combine.<state dtype>.<out dtype>"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.d128"), doctest::Contains("expected combine.<state dtype>.<out dtype>"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine"), doctest::Contains("expected combine."), Error);
-  CHECK_THROWS_WITH_AS(KernelSpec::parse("combiner.f32.bf16.d1.br1.bc1"), doctest::Contains("unknown family 'combiner' (known: fwd, combine, append)"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combiner.f32.bf16.d1.br1.bc1"), doctest::Contains("unknown family 'combiner' (known: fwd, decode, combine, append)"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::combine(DType::i32, DType::f32).validate(), doctest::Contains("combine.i32.f32"), Error);
 }
 

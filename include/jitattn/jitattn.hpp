@@ -67,6 +67,11 @@ struct TileConfig {
   int block_q = 0;   // B_r: query rows per CTA
   int block_kv = 0;  // B_c: keys per main-loop step
   int warps = 0;
+  // forward_kvcache only: > 0 selects the decode kernel (each warp streams
+  // its own chunks of block_kv keys through this many cp.async stages;
+  // block_q is then the rows of its tile, 16 or 32). 0: the planner picks
+  // the decode kernel for calls of at most 32 packed query rows.
+  int stages = 0;
 };
 
 enum class RopeStyle : int {

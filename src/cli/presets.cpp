@@ -14,10 +14,48 @@ std::vector<AttentionShape> all_generated_shapes() {
   std::vector<AttentionShape> shapes;
   for (DType dtype : {DType::bf16, DType::f16}) {
     for (int head_dim : {64, 128}) {
-      for (bool causal : {true, false}) shapes.push_back({dtype, head_dim, causal});
+      for (bool causal : {true, false}) shapes.push_back({dtype, head_dim, causal, false, false, causal});
     }
   }
   return shapes;
+}
+
+// The kernels forward_kvcache plans for one-token decoding of `shape` (up to
+// 16 query heads per KV head): for one sequence (one CTA per SM) and for many
+// (two per SM), a contiguous cache and pages of 16 and 64 rows, one split and
+// several, with new keys appended; and the combine kernel.
+void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
+  // Opt-in shared memory per block: Hopper 227 KB, A100 163 KB, other sm_8x 99 KB.
+  const int max_smem = arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
+  const int heads_kv = 8, heads_q = 32, capacity = 4096;
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  for (int64_t batch : {1, 64}) {
+    for (int page : {0, 16, 64}) {
+      for (int splits : {1, 3}) {
+        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, 1, heads_q, shape.head_dim});
+        const TensorView k_new = TensorView::contiguous(address(0x20000), shape.dtype, {batch, 1, heads_kv, shape.head_dim});
+        const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
+        KVCacheArgs args;
+        args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), shape.dtype, {batch, capacity, heads_kv, shape.head_dim})
+                                 : TensorView::contiguous(address(0x40000), shape.dtype,
+                                                          {batch * capacity / page, page, heads_kv, shape.head_dim});
+        args.v_cache = args.k_cache;
+        args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+        args.block_table = page == 0 ? nullptr : &table;
+        args.k_new = args.v_new = &k_new;
+        args.num_splits = splits;
+        ForwardOptions options;
+        options.causal = shape.causal;
+        if (shape.local) options.window_left = capacity / 2;
+        if (shape.softcap) options.softcap = 50.f;
+        const detail::KVCachePlan plan =
+            detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem, 132);
+        specs.push_back(plan.attention.spec);
+        specs.push_back(plan.append.spec);
+      }
+    }
+  }
+  specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
 }
 
 std::string known_names() {
@@ -33,15 +71,15 @@ const std::vector<Preset>& presets() {
   // are usually served in f16, and BERT's encoder attends both ways.
   static const std::vector<Preset> all = {
       {"default", "bf16 and f16, head_dim 64 and 128, causal and not", all_generated_shapes()},
-      {"llama3-8b", "Llama 3 8B: bf16, head_dim 128, causal (32 q / 8 kv heads)", {{DType::bf16, 128, true}}},
-      {"llama3-70b", "Llama 3 70B: bf16, head_dim 128, causal (64 q / 8 kv heads)", {{DType::bf16, 128, true}}},
-      {"mistral-7b", "Mistral 7B: bf16, head_dim 128, causal (32 q / 8 kv heads)", {{DType::bf16, 128, true}}},
-      {"qwen2.5-7b", "Qwen2.5 7B: bf16, head_dim 128, causal (28 q / 4 kv heads)", {{DType::bf16, 128, true}}},
-      {"gpt2", "GPT-2: f16, head_dim 64, causal (12 heads)", {{DType::f16, 64, true}}},
+      {"llama3-8b", "Llama 3 8B: bf16, head_dim 128, causal (32 q / 8 kv heads)", {{DType::bf16, 128, true, false, false, true}}},
+      {"llama3-70b", "Llama 3 70B: bf16, head_dim 128, causal (64 q / 8 kv heads)", {{DType::bf16, 128, true, false, false, true}}},
+      {"mistral-7b", "Mistral 7B: bf16, head_dim 128, causal (32 q / 8 kv heads)", {{DType::bf16, 128, true, false, false, true}}},
+      {"qwen2.5-7b", "Qwen2.5 7B: bf16, head_dim 128, causal (28 q / 4 kv heads)", {{DType::bf16, 128, true, false, false, true}}},
+      {"gpt2", "GPT-2: f16, head_dim 64, causal (12 heads)", {{DType::f16, 64, true, false, false, true}}},
       {"bert-base", "BERT base: f16, head_dim 64, bidirectional (12 heads)", {{DType::f16, 64, false}}},
-      {"phi3-mini", "Phi-3 mini: bf16, head_dim 96, causal (32 heads)", {{DType::bf16, 96, true}}},
+      {"phi3-mini", "Phi-3 mini: bf16, head_dim 96, causal (32 heads)", {{DType::bf16, 96, true, false, false, true}}},
       {"gemma2-9b", "Gemma 2 9B: bf16, head_dim 256, softcap 50, global causal and 4096-token local layers",
-       {{DType::bf16, 256, true, false, true}, {DType::bf16, 256, false, true, true}}},
+       {{DType::bf16, 256, true, false, true, true}, {DType::bf16, 256, false, true, true, true}}},
   };
   return all;
 }
@@ -79,8 +117,14 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
         spec.validate();
         specs.push_back(spec);
       }
+      if (shape.decoder) add_kvcache_specs(shape, arch, specs);
     }
-    return specs;
+    // Shapes share append and combine kernels: each spec once, in first-seen order.
+    std::vector<detail::KernelSpec> unique;
+    for (const detail::KernelSpec& spec : specs) {
+      if (std::find(unique.begin(), unique.end(), spec) == unique.end()) unique.push_back(spec);
+    }
+    return unique;
   }
   throw Error(ErrorCode::invalid_argument, fmt::format("unknown preset '{}' (known: {})", name, known_names()));
 }

@@ -22,6 +22,11 @@ struct AttentionShape {
   bool causal = true;
   bool local = false;    // sliding-window layers (a causal window is local)
   bool softcap = false;  // logit softcap
+  // Decoder layers also decode from a KV cache: the preset warms the kernels
+  // forward_kvcache takes for one token (append, decode with and without
+  // splits, contiguous and paged caches, combine). RoPE fused into the call
+  // depends on the model's rotary settings and is not warmed.
+  bool decoder = false;
 };
 
 struct Preset {
@@ -36,7 +41,8 @@ const std::vector<Preset>& presets();
 // The specs preset `name` needs on `arch`: each shape with every tile
 // configuration default_tiles() picks for it over the seqlen buckets
 // (default_tile_set), plus the tiles `tuning` (if given) chose for the shape
-// on that arch, since the planner prefers those.
+// on that arch, since the planner prefers those; decoder shapes add their
+// forward_kvcache kernels.
 // Throws Error(invalid_argument) for an unknown name; the message lists the known ones.
 std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch,
                                              const detail::TuningTable* tuning = nullptr);

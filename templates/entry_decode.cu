@@ -1,0 +1,15 @@
+// jitattn kernel for spec {spec}
+// Rendered from templates/entry_decode.cu: this file only fixes the constants;
+// the kernel is templates/fwd_decode.cuh.
+#include "fwd_decode.cuh"
+
+using Config = jitattn::DecodeConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /*ROWS=*/{block_q},
+                                     /*KEYS=*/{block_kv}, /*WARPS=*/{warps}, /*STAGES=*/{stages},
+                                     /*MASK=*/jitattn::{mask}, /*SOFTCAP=*/{softcap}, /*ALIBI=*/{alibi},
+                                     /*PADDED=*/{padded}, /*ROPE=*/jitattn::{rope}, /*ROTARY_DIM=*/{rotary_dim},
+                                     /*ROPE_TABLES=*/{rope_tables}, /*PAGED=*/{paged}, /*SPLIT=*/{split}>;
+
+extern "C" __global__ void __launch_bounds__(Config::kCtaThreads)
+{entry_name}(const __grid_constant__ jitattn::FwdParams params) {{
+  jitattn::fwd_decode<Config>(params);
+}}
