@@ -100,31 +100,15 @@ __device__ void fwd_decode(const FwdParams& p) {
   const unsigned short* v = static_cast<const unsigned short*>(p.v) + v_start + kv_head * p.v_head_stride;
 
   float slopes[Warp::kMTiles][2];
-  if constexpr (Cfg::kAlibi) {
-#pragma unroll
-    for (int m = 0; m < Warp::kMTiles; ++m) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = q0 + m * 16 + (lane >> 2) + half * 8;
-        slopes[m][half] = p.alibi_slopes[batch * p.alibi_batch_stride + head + row % group];
-      }
-    }
-  }
+  if constexpr (Cfg::kAlibi) load_row_slopes<Warp>(slopes, p, batch, head, q0, group, lane);
 
   // The keys this tile may see (bottom-right diagonal), cut to this split's
   // steps, in whole chunks.
   const int diagonal_offset = seqlen_k - p.seqlen_q;
   const int first_query = q0 / group;
   const int last_query = (min(q0 + Cfg::kBlockQ, rows) - 1) / group;
-  long long kv_begin = 0;
-  long long kv_end = seqlen_k;
-  if constexpr (Cfg::kCausal) kv_end = min(kv_end, static_cast<long long>(last_query) + 1 + diagonal_offset);
-  if constexpr (Cfg::kLocal) {
-    kv_end = min(kv_end, static_cast<long long>(last_query) + 1 + diagonal_offset + p.window_right);
-    kv_begin = max(kv_begin, static_cast<long long>(first_query) + diagonal_offset - p.window_left);
-  }
-  int chunk_begin = static_cast<int>(kv_begin / Cfg::kBlockKV);
-  int chunk_end = kv_end > kv_begin ? static_cast<int>((kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV) : chunk_begin;
+  int chunk_begin, chunk_end;
+  visible_blocks<Warp>(p, seqlen_k, diagonal_offset, first_query, last_query, chunk_begin, chunk_end);
   if constexpr (Cfg::kSplit) {
     const int chunks_per_split = p.blocks_per_split * Cfg::kStreams;
     chunk_begin = max(chunk_begin, split * chunks_per_split);
@@ -183,16 +167,7 @@ __device__ void fwd_decode(const FwdParams& p) {
   float o[Warp::kMTiles][Warp::kOutTiles][4];
   float row_max[Warp::kMTiles][2];
   float row_sum[Warp::kMTiles][2];
-#pragma unroll
-  for (int m = 0; m < Warp::kMTiles; ++m) {
-#pragma unroll
-    for (int n = 0; n < Warp::kOutTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[m][n][e] = 0.f;
-    }
-    row_max[m][0] = row_max[m][1] = -kInfinity;
-    row_sum[m][0] = row_sum[m][1] = 0.f;
-  }
+  clear_accumulators<Warp>(o, row_max, row_sum);
 
   // One 16-row tile: Q's fragments stay in registers (32 at head_dim 128)
   // instead of being re-read from shared memory for every chunk.
@@ -227,13 +202,7 @@ __device__ void fwd_decode(const FwdParams& p) {
       gemm_qk_with<Warp>(s, stage, lane, q_tile_fragments);
     }
     if constexpr (Cfg::kRewriteScores) rewrite_scores<Warp>(s, p, slopes, q0, key0, diagonal_offset, lane);
-    bool needs_mask = key0 + Cfg::kBlockKV > seqlen_k;
-    if constexpr (Cfg::kCausal) needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > first_query + diagonal_offset;
-    if constexpr (Cfg::kLocal) {
-      needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > first_query + diagonal_offset + p.window_right ||
-                   key0 < last_query + diagonal_offset - p.window_left;
-    }
-    if (needs_mask) apply_mask<Warp>(s, p, seqlen_k, q0, key0, diagonal_offset, lane);
+    if (block_needs_mask<Warp>(p, key0, seqlen_k, first_query, last_query, diagonal_offset)) apply_mask<Warp>(s, p, seqlen_k, q0, key0, diagonal_offset, lane);
     online_softmax<Warp, /*SKIP_UNIT_RESCALE=*/true>(s, o, row_max, row_sum, p.scale_log2);
     unsigned probabilities[Warp::kMTiles][Cfg::kBlockKV / 16][4];
     pack_probabilities<Warp>(probabilities, s);

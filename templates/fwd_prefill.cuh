@@ -348,17 +348,18 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kSc
       // instead keeps exp2 at 0 rather than NaN (-inf - -inf).
       const float max_scaled = block_max == -kInfinity ? 0.f : block_max * scale_log2;
       const float correction = fast_exp2(row_max[m][half] * scale_log2 - max_scaled);
-      rescale = rescale || block_max != row_max[m][half];
-      corrections[m][half] = correction;
-      row_max[m][half] = block_max;
       row_sum[m][half] *= correction;
-      if constexpr (!SKIP_UNIT_RESCALE) {
+      if constexpr (SKIP_UNIT_RESCALE) {
+        rescale = rescale || block_max != row_max[m][half];
+        corrections[m][half] = correction;
+      } else {
 #pragma unroll
         for (int n = 0; n < Cfg::kOutTiles; ++n) {
           o[m][n][2 * half] *= correction;
           o[m][n][2 * half + 1] *= correction;
         }
       }
+      row_max[m][half] = block_max;
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < Cfg::kScoreTiles; ++n) {
@@ -558,6 +559,71 @@ __device__ __forceinline__ void rotate_k_tile(unsigned char* tile, const FwdPara
   }
 }
 
+// ALiBi slopes of this thread's rows, tile rows first_row + 16m + lane/4
+// (+8): packed rows differ in head.
+template <class Cfg>
+__device__ __forceinline__ void load_row_slopes(float (&slopes)[Cfg::kMTiles][2], const FwdParams& p, int batch,
+                                                int head, int first_row, int group, int lane) {
+#pragma unroll
+  for (int m = 0; m < Cfg::kMTiles; ++m) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = first_row + m * 16 + (lane >> 2) + half * 8;
+      const int row_head = Cfg::kPackGqa ? head + row % group : head;
+      slopes[m][half] = p.alibi_slopes[batch * p.alibi_batch_stride + row_head];
+    }
+  }
+}
+
+// Key blocks [first_block, end_block) of BLOCK_KV keys that queries
+// first_query..last_query may see: query i sees keys around i +
+// diagonal_offset (bottom-right alignment), bounded by causal or the window.
+template <class Cfg>
+__device__ __forceinline__ void visible_blocks(const FwdParams& p, int seqlen_k, int diagonal_offset, int first_query,
+                                               int last_query, int& first_block, int& end_block) {
+  long long kv_begin = 0;
+  long long kv_end = seqlen_k;
+  if constexpr (Cfg::kCausal) kv_end = min(kv_end, static_cast<long long>(last_query) + 1 + diagonal_offset);
+  if constexpr (Cfg::kLocal) {
+    kv_end = min(kv_end, static_cast<long long>(last_query) + 1 + diagonal_offset + p.window_right);
+    kv_begin = max(kv_begin, static_cast<long long>(first_query) + diagonal_offset - p.window_left);
+  }
+  first_block = static_cast<int>(kv_begin / Cfg::kBlockKV);
+  end_block = kv_end > kv_begin ? static_cast<int>((kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV) : first_block;
+}
+
+// Whether the key block at key0 crosses a boundary for some row of the
+// tile (the sequence's end, the causal diagonal, a window edge): only such
+// blocks pay for masking.
+template <class Cfg>
+__device__ __forceinline__ bool block_needs_mask(const FwdParams& p, int key0, int seqlen_k, int first_query,
+                                                 int last_query, int diagonal_offset) {
+  bool needs_mask = key0 + Cfg::kBlockKV > seqlen_k;
+  if constexpr (Cfg::kCausal) needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > first_query + diagonal_offset;
+  if constexpr (Cfg::kLocal) {
+    needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > first_query + diagonal_offset + p.window_right ||
+                 key0 < last_query + diagonal_offset - p.window_left;
+  }
+  return needs_mask;
+}
+
+// Zero output accumulators, maxima -inf, sums 0.
+template <class Cfg>
+__device__ __forceinline__ void clear_accumulators(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
+                                                   float (&row_max)[Cfg::kMTiles][2],
+                                                   float (&row_sum)[Cfg::kMTiles][2]) {
+#pragma unroll
+  for (int m = 0; m < Cfg::kMTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < Cfg::kOutTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[m][n][e] = 0.f;
+    }
+    row_max[m][0] = row_max[m][1] = -kInfinity;
+    row_sum[m][0] = row_sum[m][1] = 0.f;
+  }
+}
+
 template <class Cfg>
 __device__ void fwd_prefill(const FwdParams& p) {
   // 1 KB alignment: the address XOR steps (at most bit 8) must not carry into
@@ -625,19 +691,8 @@ __device__ void fwd_prefill(const FwdParams& p) {
   const unsigned short* v = static_cast<const unsigned short*>(p.v) + v_start + kv_head * p.v_head_stride;
   unsigned short* out = static_cast<unsigned short*>(p.o) + o_start + head * p.o_head_stride;
   float* lse = p.lse == nullptr ? nullptr : p.lse + lse_start + head * p.lse_head_stride;
-  // ALiBi slopes of this thread's rows (packed rows differ in head).
   float slopes[Cfg::kMTiles][2];
-  if constexpr (Cfg::kAlibi) {
-#pragma unroll
-    for (int m = 0; m < Cfg::kMTiles; ++m) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = q0 + warp_row0 + m * 16 + (lane >> 2) + half * 8;
-        const int row_head = Cfg::kPackGqa ? head + row % group : head;
-        slopes[m][half] = p.alibi_slopes[batch * p.alibi_batch_stride + row_head];
-      }
-    }
-  }
+  if constexpr (Cfg::kAlibi) load_row_slopes<Cfg>(slopes, p, batch, head, q0 + warp_row0, group, lane);
 
   // Query i sees keys around i + diagonal_offset (bottom-right alignment);
   // this block's first and last queries bound the keys worth loading.
@@ -645,15 +700,8 @@ __device__ void fwd_prefill(const FwdParams& p) {
   const int first_query = query_position<Cfg>(q0, group);
   const int last_query = Cfg::kPackGqa ? query_position<Cfg>(min(q0 + Cfg::kBlockQ, rows) - 1, group)
                                        : q0 + Cfg::kBlockQ - 1;
-  long long kv_begin = 0;
-  long long kv_end = seqlen_k;
-  if constexpr (Cfg::kCausal) kv_end = min(kv_end, static_cast<long long>(last_query) + 1 + diagonal_offset);
-  if constexpr (Cfg::kLocal) {
-    kv_end = min(kv_end, static_cast<long long>(last_query) + 1 + diagonal_offset + p.window_right);
-    kv_begin = max(kv_begin, static_cast<long long>(first_query) + diagonal_offset - p.window_left);
-  }
-  int first_block = static_cast<int>(kv_begin / Cfg::kBlockKV);
-  int end_block = kv_end > kv_begin ? static_cast<int>((kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV) : first_block;
+  int first_block, end_block;
+  visible_blocks<Cfg>(p, seqlen_k, diagonal_offset, first_query, last_query, first_block, end_block);
   if constexpr (Cfg::kSplit) {
     first_block = max(first_block, split * p.blocks_per_split);
     end_block = max(first_block, min(end_block, (split + 1) * p.blocks_per_split));
@@ -691,16 +739,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
   float o[Cfg::kMTiles][Cfg::kOutTiles][4];
   float row_max[Cfg::kMTiles][2];
   float row_sum[Cfg::kMTiles][2];
-#pragma unroll
-  for (int m = 0; m < Cfg::kMTiles; ++m) {
-#pragma unroll
-    for (int n = 0; n < Cfg::kOutTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[m][n][e] = 0.f;
-    }
-    row_max[m][0] = row_max[m][1] = -kInfinity;
-    row_sum[m][0] = row_sum[m][1] = 0.f;
-  }
+  clear_accumulators<Cfg>(o, row_max, row_sum);
 
   // Paged caches with pages of at least a tile: the page of the next block
   // is read one step ahead, so its latency does not delay that block's copy.
@@ -734,14 +773,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
     if constexpr (Cfg::kRewriteScores) {
       rewrite_scores<Cfg>(s, p, slopes, q0 + warp_row0, key0, diagonal_offset, lane);
     }
-    // Only blocks that cross a boundary pay for masking.
-    bool needs_mask = key0 + Cfg::kBlockKV > seqlen_k;
-    if constexpr (Cfg::kCausal) needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > first_query + diagonal_offset;
-    if constexpr (Cfg::kLocal) {
-      needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > first_query + diagonal_offset + p.window_right ||
-                   key0 < last_query + diagonal_offset - p.window_left;
-    }
-    if (needs_mask) apply_mask<Cfg>(s, p, seqlen_k, q0 + warp_row0, key0, diagonal_offset, lane);
+    if (block_needs_mask<Cfg>(p, key0, seqlen_k, first_query, last_query, diagonal_offset)) apply_mask<Cfg>(s, p, seqlen_k, q0 + warp_row0, key0, diagonal_offset, lane);
 
     // V has landed, and every warp is done with K, so the next K block may
     // stream in while P V (and, with kEarlyNextK, the softmax) runs.
