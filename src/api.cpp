@@ -1,5 +1,5 @@
 // api: the C++ entry points. A forward call is plan → registry lookup →
-// cuLaunchKernel on the caller's stream; nothing is allocated and nothing
+// cuLaunchKernelEx on the caller's stream; nothing is allocated and nothing
 // synchronizes, so calls can be captured into CUDA graphs once warm.
 #include <fmt/format.h>
 
@@ -50,6 +50,7 @@ Config Config::from_env() {
   }
   if (const char* dir = std::getenv("JITATTN_TEMPLATE_DIR")) config.template_dir = dir;
   if (const char* level = std::getenv("JITATTN_LOG")) config.log_level = parse_log_level(level);
+  if (const char* pdl = std::getenv("JITATTN_PROGRAMMATIC_LAUNCH")) config.programmatic_launch = std::string(pdl) != "0";
   return config;
 }
 
@@ -78,10 +79,31 @@ struct Runtime::Impl {
     if (planned.grid == 0) return;  // empty batch or no query rows: nothing to write
     auto cu_stream = static_cast<CUstream>(stream);
     const LoadedKernel& kernel = registry.get(planned.spec, context, device, cu_stream);
-    void* arguments[] = {&planned.params};
-    check_cuda(driver().cuLaunchKernel(kernel.function, planned.grid, 1, 1, kernel.threads, 1, 1, kernel.smem_bytes,
-                                       cu_stream, arguments, nullptr),
-               "cuLaunchKernel");
+    launch(kernel, planned.grid, &planned.params, device, cu_stream);
+  }
+
+  // Every launch: one CTA per grid index, kernel.threads wide. On sm_90 and
+  // newer it is a programmatic dependent of the previous work on the stream
+  // (unless the config turns that off): every kernel begins by waiting for
+  // that work (ptx.cuh's begin_dependent_grid), so only the launch itself
+  // overlaps it. Stream capture records a programmatic edge.
+  void launch(const LoadedKernel& kernel, unsigned grid, void* params, const DeviceInfo& device, CUstream stream) {
+    void* arguments[] = {params};
+    CUlaunchConfig launch_config{};
+    launch_config.gridDimX = grid;
+    launch_config.gridDimY = launch_config.gridDimZ = 1;
+    launch_config.blockDimX = kernel.threads;
+    launch_config.blockDimY = launch_config.blockDimZ = 1;
+    launch_config.sharedMemBytes = kernel.smem_bytes;
+    launch_config.hStream = stream;
+    CUlaunchAttribute attribute{};
+    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    if (config.programmatic_launch && device.arch.major >= 9) {
+      launch_config.attrs = &attribute;
+      launch_config.numAttrs = 1;
+    }
+    check_cuda(driver().cuLaunchKernelEx(&launch_config, kernel.function, arguments, nullptr), "cuLaunchKernelEx");
   }
 
   // forward_kvcache: append, attention, combine. Every kernel is loaded
@@ -102,31 +124,9 @@ struct Runtime::Impl {
     const LoadedKernel* append = plan.append.grid ? &registry.get(plan.append.spec, context, device, cu_stream) : nullptr;
     const LoadedKernel& attention = registry.get(plan.attention.spec, context, device, cu_stream);
     const LoadedKernel* combine = plan.combine.grid ? &registry.get(plan.combine.spec, context, device, cu_stream) : nullptr;
-    // dependent: launched as a programmatic dependent of the previous
-    // kernel on the stream (Hopper and newer), so its launch overlaps that
-    // kernel's run; the kernel waits for its primary before reading
-    // (griddepcontrol.wait). Stream capture records it as a programmatic edge.
-    auto launch = [&](const LoadedKernel& kernel, unsigned grid, void* params, bool dependent) {
-      void* arguments[] = {params};
-      CUlaunchConfig config{};
-      config.gridDimX = grid;
-      config.gridDimY = config.gridDimZ = 1;
-      config.blockDimX = kernel.threads;
-      config.blockDimY = config.blockDimZ = 1;
-      config.sharedMemBytes = kernel.smem_bytes;
-      config.hStream = cu_stream;
-      CUlaunchAttribute attribute{};
-      attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attribute.value.programmaticStreamSerializationAllowed = 1;
-      if (dependent && device.arch.major >= 9) {
-        config.attrs = &attribute;
-        config.numAttrs = 1;
-      }
-      check_cuda(driver().cuLaunchKernelEx(&config, kernel.function, arguments, nullptr), "cuLaunchKernelEx");
-    };
-    if (append != nullptr) launch(*append, plan.append.grid, &plan.append.params, false);
-    launch(attention, plan.attention.grid, &plan.attention.params, false);
-    if (combine != nullptr) launch(*combine, plan.combine.grid, &plan.combine.params, true);
+    if (append != nullptr) launch(*append, plan.append.grid, &plan.append.params, device, cu_stream);
+    launch(attention, plan.attention.grid, &plan.attention.params, device, cu_stream);
+    if (combine != nullptr) launch(*combine, plan.combine.grid, &plan.combine.params, device, cu_stream);
   }
 
   Config config;

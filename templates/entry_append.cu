@@ -8,5 +8,6 @@ using Config = jitattn::AppendConfig<jitattn::{element}, /*ROPE=*/jitattn::{rope
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads)
 {entry_name}(const __grid_constant__ jitattn::AppendParams params) {{
+  jitattn::begin_dependent_grid();  // ptx.cuh: programmatic launch
   jitattn::append_kv<Config>(params);
 }}

@@ -6,8 +6,7 @@
 extern "C" __global__ void __launch_bounds__(jitattn::kCombineThreads)
 {entry_name}(const __grid_constant__ jitattn::CombineParams params) {{
   // Split-KV: this grid may be scheduled while the attention grid that
-  // writes the partials still runs (api.cpp launches it as a programmatic
-  // dependent); it reads nothing before that grid is done.
-  jitattn::wait_for_primary_grid();
+  // writes the partials still runs; it reads nothing before that grid is done.
+  jitattn::begin_dependent_grid();  // ptx.cuh: programmatic launch
   jitattn::combine_states</*State=*/{state}, /*Out=*/{out}>(params);
 }}

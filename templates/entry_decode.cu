@@ -11,5 +11,6 @@ using Config = jitattn::DecodeConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}
 
 extern "C" __global__ void __launch_bounds__(Config::kCtaThreads)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{
+  jitattn::begin_dependent_grid();  // ptx.cuh: programmatic launch
   jitattn::fwd_decode<Config>(params);
 }}

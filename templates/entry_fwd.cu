@@ -12,5 +12,6 @@ using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{
+  jitattn::begin_dependent_grid();  // ptx.cuh: programmatic launch
   jitattn::fwd_prefill<Config>(params);
 }}

@@ -118,9 +118,6 @@ __device__ void fwd_decode(const FwdParams& p) {
   const int first_chunk = chunk_begin + warp;
   const int count = first_chunk < chunk_end ? (chunk_end - first_chunk + Cfg::kStreams - 1) / Cfg::kStreams : 0;
 
-  // Split-KV: the combine grid may be scheduled now, so its launch overlaps
-  // this grid (it waits for this grid's completion before reading).
-  if constexpr (Cfg::kSplit) allow_dependent_launch();
   load_packed_q<Warp, Cfg::kCtaThreads>(q_tile, q, p.q_row_stride, p.q_head_stride, q0, rows, group, chunks_valid);
   cp_async_commit();
 

@@ -707,9 +707,6 @@ __device__ void fwd_prefill(const FwdParams& p) {
     end_block = max(first_block, min(end_block, (split + 1) * p.blocks_per_split));
   }
 
-  // Split-KV: the combine grid may be scheduled now, so its launch overlaps
-  // this grid (it waits for this grid's completion before reading).
-  if constexpr (Cfg::kSplit) allow_dependent_launch();
   if constexpr (Cfg::kPackGqa) {
     load_packed_q<Cfg>(q_tile, q, p.q_row_stride, p.q_head_stride, q0, rows, group, chunks_valid);
   } else {

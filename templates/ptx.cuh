@@ -59,6 +59,18 @@ __device__ __forceinline__ void wait_for_primary_grid() {
 #endif
 }
 
+// The first statement of every jitattn kernel. The runtime launches each
+// grid as a programmatic dependent of the previous work on the stream (sm_90
+// and newer, Runtime::Config::programmatic_launch), so a grid's CTAs may be
+// resident before that work has finished: they wait here, before touching
+// global memory, which keeps stream order for every read and write. Then
+// they let the next grid be scheduled, so its launch overlaps this grid's
+// run (it becomes resident only as this grid's last CTAs leave room).
+__device__ __forceinline__ void begin_dependent_grid() {
+  wait_for_primary_grid();
+  allow_dependent_launch();
+}
+
 // Four 8×8 16-bit matrices from shared memory; lanes 8i..8i+7 give the row
 // addresses of matrix i, and register i receives matrix i's fragment.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_address) {

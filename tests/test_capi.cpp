@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -42,6 +43,22 @@ void configure_once() {
 }  // namespace
 
 TEST_SUITE("capi") {
+
+TEST_CASE("Config::from_env: programmatic launches are on unless JITATTN_PROGRAMMATIC_LAUNCH=0") {
+  const char* saved = std::getenv("JITATTN_PROGRAMMATIC_LAUNCH");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  ::unsetenv("JITATTN_PROGRAMMATIC_LAUNCH");
+  CHECK(jitattn::Config::from_env().programmatic_launch);
+  ::setenv("JITATTN_PROGRAMMATIC_LAUNCH", "0", 1);
+  CHECK_FALSE(jitattn::Config::from_env().programmatic_launch);
+  ::setenv("JITATTN_PROGRAMMATIC_LAUNCH", "1", 1);
+  CHECK(jitattn::Config::from_env().programmatic_launch);
+  if (saved != nullptr) {
+    ::setenv("JITATTN_PROGRAMMATIC_LAUNCH", saved_value.c_str(), 1);
+  } else {
+    ::unsetenv("JITATTN_PROGRAMMATIC_LAUNCH");
+  }
+}
 
 TEST_CASE("options_init gives the documented defaults") {
   jitattn_fwd_options options;

@@ -419,4 +419,89 @@ TEST_CASE("calls are graph-capturable once warm; compiling during capture is a c
   std::filesystem::remove_all(empty_cache);
 }
 
+TEST_CASE("back-to-back calls on one stream read what the previous call wrote (programmatic launches keep order)") {
+  // On sm_90+ every kernel is launched as a programmatic dependent of the
+  // previous one and waits for it before touching memory. Each call here
+  // reads the previous call's output (and, for the KV cache, the row the
+  // previous call appended) with no synchronization between them; outputs
+  // start as NaN, so a read that ran ahead would show.
+  const auto& d = detail::driver();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  CUstream stream = nullptr;
+  REQUIRE(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  const DType dtype = DType::bf16;
+  auto tensor = [&](int batch, int rows, int heads, int head_dim, bool random) {
+    const int64_t shape[4] = {batch, rows, heads, head_dim};
+    int64_t strides[4];
+    contiguous_strides(shape, strides);
+    if (!random) return std::make_unique<DeviceTensor>(dtype, shape, strides);
+    return std::make_unique<DeviceTensor>(random_values(static_cast<size_t>(batch) * rows * heads * head_dim, dtype, rng),
+                                          dtype, shape, strides);
+  };
+  auto check = [&](const AttentionShape& shape, const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
+                   const DeviceTensor& out, const char* what) {
+    const ReferenceOutput exact = gpu_reference(shape, q, k, v, true);
+    const double error = max_abs_error(exact.out, out.read());
+    CHECK_MESSAGE(error < 2e-2, fmt::format("{}: max error {} (seed {})", what, error, seed));
+  };
+
+  SUBCASE("prefill: three chained calls, each long enough to overlap the next launch") {
+    const AttentionShape shape = AttentionShape::dense(2, 2048, 2048, 8, 8, 128, true);
+    const auto q = tensor(2, 2048, 8, 128, true), k = tensor(2, 2048, 8, 128, true), v = tensor(2, 2048, 8, 128, true);
+    const auto out1 = tensor(2, 2048, 8, 128, false), out2 = tensor(2, 2048, 8, 128, false),
+               out3 = tensor(2, 2048, 8, 128, false);
+    ForwardOptions options;
+    options.causal = true;
+    for (int round = 0; round < 2; ++round) {  // the first round compiles; the second runs warm, back to back
+      for (DeviceTensor* out : {out1.get(), out2.get(), out3.get()}) out->buffer.fill_bytes(0xff);
+      test_runtime().forward(q->view(), k->view(), v->view(), out1->view(), nullptr, options, stream);
+      test_runtime().forward(out1->view(), k->view(), v->view(), out2->view(), nullptr, options, stream);
+      test_runtime().forward(out2->view(), k->view(), v->view(), out3->view(), nullptr, options, stream);
+      REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    }
+    check(shape, *q, *k, *v, *out1, "call 1");
+    check(shape, *out1, *k, *v, *out2, "call 2 (q = call 1's output)");
+    check(shape, *out2, *k, *v, *out3, "call 3 (q = call 2's output)");
+  }
+
+  SUBCASE("kvcache: append + split + combine, then a call reading its output and the appended row") {
+    const int batch = 4, cached = 4095, capacity = cached + 1;
+    const AttentionShape shape = AttentionShape::dense(batch, 1, capacity, 32, 8, 128, true);
+    const auto q = tensor(batch, 1, 32, 128, true), k_new = tensor(batch, 1, 8, 128, true),
+               v_new = tensor(batch, 1, 8, 128, true);
+    const auto k_cache = tensor(batch, capacity, 8, 128, true), v_cache = tensor(batch, capacity, 8, 128, true);
+    const auto out1 = tensor(batch, 1, 32, 128, false), out2 = tensor(batch, 1, 32, 128, false);
+    std::vector<int32_t> before(batch, cached), after(batch, capacity);
+    DeviceBuffer seqlens_before(batch * 4), seqlens_after(batch * 4);
+    seqlens_before.upload(before.data(), batch * 4);
+    seqlens_after.upload(after.data(), batch * 4);
+    const TensorView k_new_view = k_new->view(), v_new_view = v_new->view();
+    KVCacheArgs append_args{k_cache->view(), v_cache->view(),
+                            TensorView::contiguous(seqlens_before.get(), DType::i32, {batch})};
+    append_args.k_new = &k_new_view;
+    append_args.v_new = &v_new_view;
+    append_args.num_splits = 3;
+    KVCacheArgs read_args{k_cache->view(), v_cache->view(),
+                          TensorView::contiguous(seqlens_after.get(), DType::i32, {batch})};
+    ForwardOptions options;
+    options.causal = true;
+    const size_t bytes = std::max(test_runtime().kvcache_workspace_bytes(q->view(), append_args, out1->view(), nullptr, options),
+                                  test_runtime().kvcache_workspace_bytes(out1->view(), read_args, out2->view(), nullptr, options));
+    DeviceBuffer workspace(std::max<size_t>(bytes, 256));
+    for (int round = 0; round < 2; ++round) {
+      out1->buffer.fill_bytes(0xff);
+      out2->buffer.fill_bytes(0xff);
+      test_runtime().forward_kvcache(q->view(), append_args, out1->view(), nullptr, options, workspace.get(),
+                                     workspace.bytes(), stream);
+      test_runtime().forward_kvcache(out1->view(), read_args, out2->view(), nullptr, options, workspace.get(),
+                                     workspace.bytes(), stream);
+      REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    }
+    check(shape, *q, *k_cache, *v_cache, *out1, "kvcache call 1 (appends, splits in 3)");
+    check(shape, *out1, *k_cache, *v_cache, *out2, "kvcache call 2 (q = call 1's output, reads the appended row)");
+  }
+  d.cuStreamDestroy(stream);
+}
+
 }  // TEST_SUITE

@@ -278,6 +278,31 @@ TEST_CASE("rope: both styles, rotary fractions 0.5 and 1, theta / linear / Llama
   });
 }
 
+TEST_CASE("rope: 8192 keys at offsets up to 3000, both styles, partial rotation") {
+  // K's angles are stepped along runs of rows with the angle-sum identities
+  // (rope.cuh); positions past 10k check them where fp32 angles are coarse.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  int index = 0;
+  for (RopeStyle style : {RopeStyle::rotate_half, RopeStyle::interleaved}) {
+    for (int head_dim : {64, 128}) {
+      for (bool causal : {true, false}) {
+        Case c;
+        c.dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
+        c.shape = AttentionShape::dense(1, causal ? 300 : 77, 8192, 2, 1, head_dim, causal);
+        c.rotation.style = style;
+        c.rotation.rotary_dim = index % 4 == 3 ? head_dim / 2 : head_dim;
+        c.angles = Angles::theta;
+        c.offsets = index % 2 == 0 ? Offsets::keys : Offsets::both;
+        cases.push_back(c);
+        ++index;
+      }
+    }
+  }
+  check_cases(cases, rng, seed);
+}
+
 TEST_CASE("pack_gqa: GQA/MQA tiles shared by a KV head's query heads, with masks, softcap and ALiBi") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);

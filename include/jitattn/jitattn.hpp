@@ -139,9 +139,16 @@ struct JITATTN_API Config {
   std::string cache_dir;     // "" = no disk cache
   std::string template_dir;  // "" = the templates embedded in the library
   LogLevel log_level = LogLevel::warn;
+  // On sm_90 and newer, launch every kernel as a programmatic dependent of
+  // the previous work on the stream: its launch overlaps that work's end, and
+  // the kernel waits for that work to finish before it touches memory, so
+  // stream order is kept. Off: plain stream-ordered launches (for tools that
+  // do not handle programmatic dependencies).
+  bool programmatic_launch = true;
 
   // JITATTN_CACHE_DIR (else $XDG_CACHE_HOME/jitattn, else ~/.cache/jitattn),
-  // JITATTN_TEMPLATE_DIR, JITATTN_LOG (off|error|warn|info|debug).
+  // JITATTN_TEMPLATE_DIR, JITATTN_LOG (off|error|warn|info|debug),
+  // JITATTN_PROGRAMMATIC_LAUNCH (0 = off).
   static Config from_env();
 };
 
