@@ -12,6 +12,8 @@ using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{
-  jitattn::begin_dependent_grid();  // ptx.cuh: programmatic launch
+  // ptx.cuh: programmatic launch. The next grid is let in at the end of the
+  // main loop (fwd_prefill), not here.
+  jitattn::wait_for_primary_grid();
   jitattn::fwd_prefill<Config>(params);
 }}

@@ -59,13 +59,15 @@ __device__ __forceinline__ void wait_for_primary_grid() {
 #endif
 }
 
-// The first statement of every jitattn kernel. The runtime launches each
-// grid as a programmatic dependent of the previous work on the stream (sm_90
-// and newer, Runtime::Config::programmatic_launch), so a grid's CTAs may be
-// resident before that work has finished: they wait here, before touching
-// global memory, which keeps stream order for every read and write. Then
-// they let the next grid be scheduled, so its launch overlaps this grid's
-// run (it becomes resident only as this grid's last CTAs leave room).
+// The first statement of the decode, append and combine kernels (the
+// prefill kernel waits first too, and lets the next grid in later). The
+// runtime launches each grid as a programmatic dependent of the previous work
+// on the stream (sm_90 and newer, Runtime::Config::programmatic_launch), so a
+// grid's CTAs may be resident before that work has finished: they wait here,
+// before touching global memory, which keeps stream order for every read and
+// write. Then they let the next grid be scheduled, so its launch overlaps
+// this grid's run (it becomes resident only as this grid's last CTAs leave
+// room).
 __device__ __forceinline__ void begin_dependent_grid() {
   wait_for_primary_grid();
   allow_dependent_launch();
