@@ -85,7 +85,7 @@ struct Runtime::Impl {
   // Every launch: one CTA per grid index, kernel.threads wide. On sm_90 and
   // newer it is a programmatic dependent of the previous work on the stream
   // (unless the config turns that off): every kernel begins by waiting for
-  // that work (ptx.cuh's begin_dependent_grid), so only the launch itself
+  // that work (griddepcontrol.wait, ptx.cuh), so only the launch itself
   // overlaps it. Stream capture records a programmatic edge.
   void launch(const LoadedKernel& kernel, unsigned grid, void* params, const DeviceInfo& device, CUstream stream) {
     void* arguments[] = {params};
