@@ -543,17 +543,19 @@ __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams
       position_of);
 }
 
-// Applies RoPE to a K tile whose row r is at position0 + r: stepped angles
-// where the units split evenly over the threads, else one angle per row.
-template <class Cfg>
-__device__ __forceinline__ void rotate_k_tile(unsigned char* tile, const FwdParams& p, int position0) {
+// Applies RoPE to the first ROWS rows of a swizzled tile whose row r is at
+// position0 + r (a K tile; a Q tile whose rows are consecutive queries):
+// stepped angles where the units split evenly over the threads, else one
+// angle per row.
+template <class Cfg, int ROWS>
+__device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, const FwdParams& p, int position0) {
   constexpr int kUnitsPerRow = Cfg::kRope == kRopeHalf ? Cfg::kRotaryDim / 16 : Cfg::kRotaryDim / 8;
   constexpr bool kEven = Cfg::kThreads % kUnitsPerRow == 0 &&
-                         (Cfg::kThreads / kUnitsPerRow >= Cfg::kBlockKV || Cfg::kBlockKV % (Cfg::kThreads / kUnitsPerRow) == 0);
+                         (Cfg::kThreads / kUnitsPerRow >= ROWS || ROWS % (Cfg::kThreads / kUnitsPerRow) == 0);
   if constexpr (Cfg::kRopeTables || !kEven) {
-    rotate_tile<Cfg, Cfg::kBlockKV>(tile, p, [&](int row) { return position0 + row; });
+    rotate_tile<Cfg, ROWS>(tile, p, [&](int row) { return position0 + row; });
   } else {
-    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kThreads>(
+    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, Cfg::kThreads>(
         p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg>(row, chunk)); },
         position0);
   }
@@ -728,9 +730,14 @@ __device__ void fwd_prefill(const FwdParams& p) {
     // also orders these writes before the first Q·Kᵀ).
     cp_async_wait<0>();
     __syncthreads();
-    rotate_tile<Cfg, Cfg::kBlockQ>(shared_bytes, p, [&](int row) {
-      return query_position0 + query_position<Cfg>(q0 + row, group);
-    });
+    if constexpr (Cfg::kPackGqa) {
+      // Packed rows cycle through the group's heads: positions repeat.
+      rotate_tile<Cfg, Cfg::kBlockQ>(shared_bytes, p, [&](int row) {
+        return query_position0 + query_position<Cfg>(q0 + row, group);
+      });
+    } else {
+      rotate_consecutive_tile<Cfg, Cfg::kBlockQ>(shared_bytes, p, query_position0 + q0);
+    }
   }
 
   float o[Cfg::kMTiles][Cfg::kOutTiles][4];
@@ -761,7 +768,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
       // Rotating K here costs 25-40% of a block's time (docs/PERFORMANCE.md):
       // each CTA rotates every K block it reads. Double-buffering K to overlap
       // the rotation with P V measured no faster (and spilled at head_dim 128).
-      rotate_k_tile<Cfg>(shared_bytes + Cfg::kSmemQ * 2, p, key_position0 + key0);
+      rotate_consecutive_tile<Cfg, Cfg::kBlockKV>(shared_bytes + Cfg::kSmemQ * 2, p, key_position0 + key0);
       __syncthreads();
     }
 

@@ -90,12 +90,13 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
   }
 }
 
-// The same rotation for rows at consecutive positions (a K tile: row r at
-// position0 + r) with angles from frequencies, cheaper: each thread owns a
-// run of consecutive rows of one unit, evaluates sin and cos once at the run's
-// first row, and steps the angle by one position per row with the angle-sum
-// identities (fp32; a few steps add ~1e-7 of rounding). That is two sincos
-// per pair and run instead of one per pair and row.
+// The same rotation for rows at consecutive positions (a K tile, or a Q tile
+// of one head: row r at position0 + r) with angles from frequencies, cheaper:
+// each thread owns a run of consecutive rows of one unit, evaluates sin and
+// cos once at the run's first row, and steps the angle by one position per
+// row with the angle-sum identities (fp32; runs are 4-16 rows, and each step
+// adds ~1e-7 of rounding). That is two sincos per pair and run instead of one
+// per pair and row.
 template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, typename ChunkAt>
 __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, ChunkAt&& chunk_at, int position0) {
   constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / 16 : ROTARY_DIM / 8;
