@@ -106,7 +106,6 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
   check_lse_alignment(lse, batch * heads * seqlen_q);
 }
 
-// RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
 // CTAs per SM assumed for decoding tiles (128 threads of 130-190 registers
 // and 48-80 KB of shared memory: two or three per SM).
 constexpr int kDecodeCtasPerSm = 3;
@@ -153,6 +152,7 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
   spec.stages = forced.stages != 0 ? forced.stages : std::clamp(budget / stage_bytes, 2, 8);
 }
 
+// RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
 int check_rope_scalars(const RopeOptions& rope, int64_t head_dim) {
   const int rotary_dim = rope.rotary_dim == 0 ? static_cast<int>(head_dim) : rope.rotary_dim;
   if (rope.style != RopeStyle::rotate_half && rope.style != RopeStyle::interleaved) {
