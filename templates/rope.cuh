@@ -94,7 +94,7 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
 // of one head: row r at position0 + r) with angles from frequencies, cheaper:
 // each thread owns a run of consecutive rows of one unit, evaluates sin and
 // cos once at the run's first row, and steps the angle by one position per
-// row with the angle-sum identities (fp32; runs are 4-16 rows, and each step
+// row with the angle-sum identities (fp32; runs are at most 16 rows, and each step
 // adds ~1e-7 of rounding). That is two sincos per pair and run instead of one
 // per pair and row.
 template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, typename ChunkAt>
