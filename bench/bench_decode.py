@@ -21,12 +21,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, I32, KVCacheArgs, default_options, load, tensor  # noqa: E402
+from jitattn_ctypes import BF16, I32, KVCacheArgs, default_options, load, tensor_of  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
-
-
-def view(t, dtype=BF16):
-    return tensor(t.data_ptr(), dtype, list(t.shape), list(t.stride()))
 
 
 def main():
@@ -65,7 +61,7 @@ def main():
             if args.tiles:
                 fields = [int(x) for x in args.tiles.split("x")] + [0]
                 options.block_q, options.block_kv, options.warps, options.stages = fields[:4]
-            tq, tout, tseq = view(q), view(out), view(seqlens, I32)
+            tq, tout, tseq = tensor_of(q, BF16), tensor_of(out, BF16), tensor_of(seqlens, I32)
 
             # Paged copies: the same rows in shuffled pages.
             pages_per_seq = kv // page
@@ -80,8 +76,8 @@ def main():
                 paged.append((k_pages, v_pages, table))
 
             def make_call(k_cache, v_cache, table=None):
-                tk, tv = view(k_cache), view(v_cache)
-                ttable = view(table, I32) if table is not None else None
+                tk, tv = tensor_of(k_cache, BF16), tensor_of(v_cache, BF16)
+                ttable = tensor_of(table, I32) if table is not None else None
                 kv_args = KVCacheArgs(ctypes.addressof(tk), ctypes.addressof(tv), ctypes.addressof(tseq),
                                       ctypes.addressof(ttable) if ttable is not None else None, None, None, None,
                                       args.splits, kv)

@@ -19,12 +19,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, F32, default_options, load, tensor  # noqa: E402
+from jitattn_ctypes import BF16, F32, default_options, load, tensor_of  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
-
-
-def bshd(t):
-    return tensor(t.data_ptr(), BF16, list(t.shape), list(t.stride()))
 
 
 def main():
@@ -58,9 +54,9 @@ def main():
                 inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, device="cuda", dtype=torch.float32) / head_dim))
                 angles = torch.outer(positions, inv_freq)
                 cos_table, sin_table = angles.cos().contiguous(), angles.sin().contiguous()
-                tq, tk, tv, to = bshd(q), bshd(k), bshd(v), bshd(out)
-                tcos = tensor(cos_table.data_ptr(), F32, list(cos_table.shape))
-                tsin = tensor(sin_table.data_ptr(), F32, list(sin_table.shape))
+                tq, tk, tv, to = (tensor_of(t, BF16) for t in (q, k, v, out))
+                tcos = tensor_of(cos_table, F32)
+                tsin = tensor_of(sin_table, F32)
 
                 def options(rope, tables=False):
                     o = default_options(lib)

@@ -11,10 +11,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, I32, KVCacheArgs, default_options, load, tensor
-
-def view(t, dtype=BF16):
-    return tensor(t.data_ptr(), dtype, list(t.shape), list(t.stride()))
+from jitattn_ctypes import BF16, I32, KVCacheArgs, default_options, load, tensor_of
 
 lib = load(sys.argv[1] if len(sys.argv) > 1 else "build/libjitattn.so")
 tiles = os.environ.get("TILES", "")
@@ -28,7 +25,8 @@ for batch, kv in [(1, 1024), (1, 32768), (16, 1024), (16, 32768), (64, 1024), (6
     options = default_options(lib)
     if tiles:
         options.block_q, options.block_kv, options.warps, options.stages = (int(x) for x in tiles.split("x"))
-    tq, tk, tv, tout, tseq = view(q), view(k), view(v), view(out), view(seqlens, I32)
+    tq, tk, tv, tout = (tensor_of(t, BF16) for t in (q, k, v, out))
+    tseq = tensor_of(seqlens, I32)
     args = KVCacheArgs(ctypes.addressof(tk), ctypes.addressof(tv), ctypes.addressof(tseq), None, None, None, None, 0, kv)
     size = ctypes.c_size_t(0)
     assert lib.jitattn_kvcache_workspace_bytes(ctypes.byref(tq), ctypes.byref(args), ctypes.byref(tout), None,

@@ -8,14 +8,14 @@ Arguments: library, head_dim, batch, seqlen. TILES=BQxBKVxWARPS forces the RoPE 
 import ctypes, os, sys
 import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, default_options, load, tensor
+from jitattn_ctypes import BF16, default_options, load, tensor_of
 
 lib = load(sys.argv[1])
 head_dim, batch, n = (int(x) for x in sys.argv[2:5])
 stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 q, k, v = (torch.randn(batch, n, 16, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 out = torch.empty_like(q)
-views = [tensor(t.data_ptr(), BF16, list(t.shape), list(t.stride())) for t in (q, k, v, out)]
+views = [tensor_of(t, BF16) for t in (q, k, v, out)]
 
 
 def options(rope):

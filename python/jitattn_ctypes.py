@@ -38,6 +38,11 @@ def tensor(address, dtype, shape, strides=None):
     return Tensor(address, dtype, len(shape), (ctypes.c_int64 * 4)(*padded), (ctypes.c_int64 * 4)(*padded_strides))
 
 
+def tensor_of(t, dtype):
+    """A jitattn_tensor viewing a strided array object (a torch tensor: data_ptr(), shape, stride())."""
+    return tensor(t.data_ptr(), dtype, list(t.shape), list(t.stride()))
+
+
 def load(path):
     lib = ctypes.CDLL(path)
     lib.jitattn_version.restype = ctypes.c_char_p
