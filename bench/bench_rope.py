@@ -28,7 +28,8 @@ def main():
     parser.add_argument("--lib", default="build/libjitattn.so")
     parser.add_argument("--json")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192")
-    parser.add_argument("--rope-tiles", default="", help="force tiles of the RoPE runs, e.g. 64x64x4")
+    parser.add_argument("--rope-tiles", default="", help="force tiles of the RoPE runs, e.g. 64x64x4, or 256x64x8x3 (producer layout, 3 stages)")
+    parser.add_argument("--plain-tiles", default="", help="force tiles of the runs without RoPE (same format)")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--grids", default="issue,full", help="issue (batch 2), full (16384 / N tokens), or both")
     parser.add_argument("--quick", action="store_true", help="time plain and fused RoPE only (no tables, no PyTorch)")
@@ -62,8 +63,11 @@ def main():
                     o = default_options(lib)
                     o.causal = 1
                     o.rope_style = 1 if rope else 0
-                    if rope and args.rope_tiles:
-                        o.block_q, o.block_kv, o.warps = (int(x) for x in args.rope_tiles.split("x"))
+                    forced = args.rope_tiles if rope else args.plain_tiles
+                    if forced:
+                        fields = [int(x) for x in forced.split("x")]
+                        o.block_q, o.block_kv, o.warps = fields[:3]
+                        o.stages = fields[3] if len(fields) > 3 else 0
                     if tables:
                         o.rope_cos = ctypes.addressof(tcos)
                         o.rope_sin = ctypes.addressof(tsin)

@@ -419,20 +419,21 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   if (tuning != nullptr) tuned = tuning->lookup({arch, problem.dtype, kernel_dim, masked_like_causal, bucket});
   TileConfig tiles = tuned ? *tuned : default_tiles(problem.dtype, kernel_dim, masked_like_causal, arch, bucket);
   if (options.tiles.stages != 0) {
-    if (!problem.kvcache) reject("options.tiles.stages: applies to forward_kvcache only (the decode kernel)");
     if (options.tiles.stages < 0) reject(fmt::format("options.tiles.stages={} must be >= 0", options.tiles.stages));
-    if (options.pack_gqa == false) {
+    if (problem.kvcache && options.pack_gqa == false) {
       reject("options.pack_gqa=false: the decode kernel (options.tiles.stages > 0) always packs a KV head's query heads");
     }
   }
   if (options.tiles.block_q != 0) tiles.block_q = options.tiles.block_q;
   if (options.tiles.block_kv != 0) tiles.block_kv = options.tiles.block_kv;
   if (options.tiles.warps != 0) tiles.warps = options.tiles.warps;
+  if (!problem.kvcache && options.tiles.stages != 0) tiles.stages = options.tiles.stages;
   plan.spec.dtype = problem.dtype;
   plan.spec.head_dim = kernel_dim;
   plan.spec.block_q = tiles.block_q;
   plan.spec.block_kv = tiles.block_kv;
   plan.spec.warps = tiles.warps;
+  if (!problem.kvcache) plan.spec.stages = tiles.stages;
   plan.spec.causal = causal;
   plan.spec.local = local;
   plan.spec.softcap = options.softcap > 0.f;
@@ -478,6 +479,25 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
       plan.spec.block_kv = block_kv;
       plan.spec.warps = 4;
     }
+  }
+  // RoPE at head_dim 64 on sm_90a: the producer layout (a warpgroup copies
+  // and rotates K while 8 MMA warps compute 256-row tiles) takes K's rotation
+  // off the MMA warps: 1.15-1.19× the attention without RoPE instead of
+  // 1.26-1.46× (docs/PERFORMANCE.md). Its tiles are twice as tall, so it
+  // needs a grid of about one CTA per SM to pay; at head_dim 128 its MMA
+  // warps spill and it measured no faster.
+  const bool tiles_forced = options.tiles.block_q != 0 || options.tiles.block_kv != 0 || options.tiles.warps != 0 ||
+                            options.tiles.stages != 0;
+  constexpr int64_t kProducerMinCtas = 128;
+  if (!tiles_forced && !tuned && has_rope && !problem.kvcache && !varlen && kernel_dim == 64 && arch.major == 9 &&
+      arch.arch_specific &&
+      batch * (plan.spec.pack_gqa ? heads_kv * ((seqlen_q * group + 255) / 256) : heads_q * ((seqlen_q + 255) / 256)) >=
+          kProducerMinCtas) {
+    tiles = {256, 64, 8, 3};
+    plan.spec.block_q = 256;
+    plan.spec.block_kv = 64;
+    plan.spec.warps = 8;
+    plan.spec.stages = 3;
   }
   plan.spec.validate();
   // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at

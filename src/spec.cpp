@@ -154,7 +154,8 @@ KernelSpec KernelSpec::combine(DType state_dtype, DType out_dtype) {
 int KernelSpec::threads() const {
   if (family == Family::combine) return kCombineThreads;
   if (family == Family::append) return 128;  // AppendConfig::kThreads
-  return warps * 32;
+  // fwd with stages: the MMA warps plus a producer warpgroup (FwdConfig).
+  return warps * 32 + (family == Family::fwd && stages > 0 ? 128 : 0);
 }
 
 const char* dtype_name(DType dtype) {
@@ -175,7 +176,7 @@ std::string KernelSpec::text() const {
   const bool decode = family == Family::decode;
   std::string out = fmt::format("{}.{}.d{}.br{}.bc{}.w{}", decode ? "decode" : "fwd", dtype_name(dtype), head_dim,
                                 block_q, block_kv, warps);
-  if (decode) out += fmt::format(".s{}", stages);
+  if (stages > 0) out += fmt::format(".s{}", stages);
   if (causal) out += ".causal";
   if (local) out += ".local";
   if (softcap) out += ".softcap";
@@ -225,6 +226,8 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     }
     spec.pack_gqa = spec.kvcache = true;
     first_flag = 7;
+  } else if (fields.size() > 6 && parse_field(fields[6], "s", spec.stages)) {
+    first_flag = 7;  // a fwd spec with a producer warpgroup and its ring's stages
   }
   for (size_t i = first_flag; i < fields.size(); ++i) {
     const bool half = parse_field(fields[i], "rope_half_r", spec.rotary_dim);
@@ -279,8 +282,19 @@ void KernelSpec::validate() const {
          fmt::format("rotary_dim={} must be a multiple of 16 between 16 and head_dim={}", rotary_dim, head_dim));
   }
   if (family == Family::decode) return validate_decode(fail);
-  if (stages != 0) fail(ErrorCode::invalid_argument, "stages apply to decode specs only");
-  if (block_q != 64 && block_q != 128) fail(ErrorCode::unsupported, fmt::format("br={} is not one of 64, 128", block_q));
+  if (stages != 0) {
+    // The producer layout (templates/fwd_prefill.cuh, FwdConfig::kProducer):
+    // two warpgroups of MMA warps, a producer warpgroup, registers moved to
+    // the MMA warps (sm_90a), and dense keys only.
+    if (stages < 2 || stages > 4) fail(ErrorCode::unsupported, fmt::format("s={} is not between 2 and 4", stages));
+    if (warps != 8) fail(ErrorCode::unsupported, fmt::format("s={} (a producer warpgroup) needs w=8, not w={}", stages, warps));
+    if (kvcache || split || varlen) {
+      fail(ErrorCode::unsupported, "s (a producer warpgroup) does not combine with kvcache, split or varlen");
+    }
+  }
+  if (block_q != 64 && block_q != 128 && !(stages > 0 && block_q == 256)) {
+    fail(ErrorCode::unsupported, fmt::format("br={} is not one of 64, 128 (or 256 with a producer, sN)", block_q));
+  }
   if (block_kv != 32 && block_kv != 64 && block_kv != 128) {
     fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128", block_kv));
   }
@@ -349,6 +363,11 @@ size_t KernelSpec::smem_bytes() const {
     // The Q tile and each warp's stages of a K and a V chunk (DecodeConfig).
     return static_cast<size_t>(block_q + warps * stages * 2 * block_kv) * row_elems * dtype_size(dtype);
   }
+  if (stages > 0) {
+    // The Q tile, the producer's ring of K and V stages, and its mbarriers
+    // (three per stage and one for Q; FwdConfig::kSmemBytes).
+    return static_cast<size_t>(block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype) + (3 * stages + 1) * 8;
+  }
   return static_cast<size_t>(block_q + 2 * block_kv) * row_elems * dtype_size(dtype);
 }
 
@@ -360,7 +379,7 @@ uint64_t KernelSpec::packed() const {
   // fwd and decode keys stay below bit 60, where combine and append put
   // their family.
   key = key << 9 | static_cast<uint64_t>(head_dim);
-  key = key << 8 | static_cast<uint64_t>(block_q);
+  key = key << 8 | static_cast<uint64_t>(block_q / 16);  // multiples of 16 up to 256
   key = key << 8 | static_cast<uint64_t>(block_kv);
   key = key << 4 | static_cast<uint64_t>(warps);
   key = key << 4 | static_cast<uint64_t>(stages);

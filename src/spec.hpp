@@ -50,7 +50,11 @@ struct KernelSpec {
   bool paged = false;    // the KV cache is paged (block table)
   bool split = false;    // split-KV: writes fp32 partial results for the combine kernel
   DType out_dtype = DType::f32;    // combine: the output's dtype (fwd writes `dtype`)
-  int stages = 0;        // decode: cp.async stages per warp
+  // decode: cp.async stages per warp. fwd: 0, or the stages of the K/V
+  // ring a producer warpgroup fills (and rotates, for RoPE) for 8 MMA warps
+  // (text .sN after wN; sm_90a moves the producer's registers to the MMA
+  // warps).
+  int stages = 0;
 
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
   static KernelSpec combine(DType state_dtype, DType out_dtype);

@@ -8,9 +8,10 @@ using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /
                                   /*SOFTCAP=*/{softcap}, /*ALIBI=*/{alibi}, /*PADDED=*/{padded},
                                   /*VARLEN=*/{varlen}, /*PACK_GQA=*/{pack_gqa}, /*ROPE=*/jitattn::{rope},
                                   /*ROTARY_DIM=*/{rotary_dim}, /*ROPE_TABLES=*/{rope_tables},
-                                  /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged}, /*SPLIT=*/{split}>;
+                                  /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged}, /*SPLIT=*/{split},
+                                  /*STAGES=*/{stages}>;
 
-extern "C" __global__ void __launch_bounds__(Config::kThreads)
+extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{
   // ptx.cuh: programmatic launch. The next grid is let in at the end of the
   // main loop (fwd_prefill), not here.

@@ -22,14 +22,30 @@ enum MaskKind : int {
 
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE,
-          bool PAGED, bool SPLIT>
+          bool PAGED, bool SPLIT, int STAGES = 0>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kBlockQ = BLOCK_Q;
   static constexpr int kBlockKV = BLOCK_KV;
-  static constexpr int kWarps = WARPS;
-  static constexpr int kThreads = WARPS * 32;
+  static constexpr int kWarps = WARPS;  // MMA warps: each owns kRowsPerWarp query rows
+  // STAGES > 0: a producer warpgroup (warps 0-3) copies the tiles, and
+  // rotates them for RoPE, into a ring of STAGES K/V stages, while the MMA
+  // warps only compute (fwd_prefill_specialized). The rotation then runs
+  // beside the tensor-core work instead of between its tiles.
+  static constexpr int kStages = STAGES;
+  static constexpr bool kProducer = STAGES > 0;
+  static constexpr int kProducerThreads = kProducer ? 128 : 0;
+  static constexpr int kThreads = WARPS * 32 + kProducerThreads;
+  // The threads that copy (and rotate) tiles: the producer, or everyone.
+  static constexpr int kLoadThreads = kProducer ? kProducerThreads : kThreads;
+  // Registers per thread after the hand-over (sm_90a): the launch gives each
+  // of the 384 threads 168, and producer + 2 · MMA = 3 · 168. Measured on the
+  // H200 (docs/PERFORMANCE.md): the producer's rotation runs 6-8% faster
+  // overall with 56 than with 40 at head_dim 64, while at 128 the MMA warps'
+  // accumulators need the 232.
+  static constexpr int kProducerRegisters = HEAD_DIM <= 64 ? 56 : 40;
+  static constexpr int kMmaRegisters = (3 * 168 - kProducerRegisters) / 2;
   static constexpr bool kCausal = MASK == kMaskCausal;
   static constexpr bool kLocal = MASK == kMaskLocal;
   static constexpr bool kSoftcap = SOFTCAP;
@@ -71,7 +87,10 @@ struct FwdConfig {
   static constexpr int kSmemQ = BLOCK_Q * kRowElems;  // elements
   static constexpr int kSmemK = BLOCK_KV * kRowElems;
   static constexpr int kSmemV = BLOCK_KV * kRowElems;
-  static constexpr int kSmemBytes = (kSmemQ + kSmemK + kSmemV) * 2;
+  // The producer's ring: kStages K and V stages, then its mbarriers.
+  static constexpr int kRingStages = kProducer ? kStages : 1;
+  static constexpr int kBarrierOffset = (kSmemQ + kRingStages * (kSmemK + kSmemV)) * 2;
+  static constexpr int kSmemBytes = kBarrierOffset + (kProducer ? (3 * kStages + 1) * 8 : 0);
 
   // Whether the next K block is requested before this block's softmax (more
   // time to hide its latency, longer register live ranges) or after it.
@@ -116,8 +135,8 @@ __device__ __forceinline__ unsigned fragment_address(unsigned row_base, unsigned
 template <class Cfg, int ROWS>
 __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* global, long long row_stride,
                                           int row0, int rows_valid, int chunks_valid) {
-  constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunksPerRow;
-  if constexpr (Cfg::kThreads % Cfg::kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0) {
+  constexpr int kRowsPerPass = Cfg::kLoadThreads / Cfg::kChunksPerRow;
+  if constexpr (Cfg::kLoadThreads % Cfg::kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0) {
     // Each thread copies one fixed chunk column in whole 8-row steps: one
     // pointer walked by a fixed step and one row count compared against
     // constants (a 64-bit address per pass would cost registers the main
@@ -137,9 +156,9 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
   } else {
     constexpr int kChunks = ROWS * Cfg::kChunksPerRow;
 #pragma unroll
-    for (int i = 0; i < (kChunks + Cfg::kThreads - 1) / Cfg::kThreads; ++i) {
-      const int index = i * Cfg::kThreads + threadIdx.x;
-      if (kChunks % Cfg::kThreads == 0 || index < kChunks) {
+    for (int i = 0; i < (kChunks + Cfg::kLoadThreads - 1) / Cfg::kLoadThreads; ++i) {
+      const int index = i * Cfg::kLoadThreads + threadIdx.x;
+      if (kChunks % Cfg::kLoadThreads == 0 || index < kChunks) {
         const int row = index / Cfg::kChunksPerRow;
         const int chunk = index % Cfg::kChunksPerRow;
         const bool valid = row0 + row < rows_valid && chunk < chunks_valid;
@@ -460,9 +479,9 @@ __device__ __forceinline__ void load_kv_tile(unsigned tile, const unsigned short
       // Not unrolled: this path must not raise the register count of the
       // kernel's main path (pages of a tile or more).
 #pragma unroll 1
-      for (int i = 0; i < (kChunks + Cfg::kThreads - 1) / Cfg::kThreads; ++i) {
-        const int index = i * Cfg::kThreads + threadIdx.x;
-        if (kChunks % Cfg::kThreads == 0 || index < kChunks) {
+      for (int i = 0; i < (kChunks + Cfg::kLoadThreads - 1) / Cfg::kLoadThreads; ++i) {
+        const int index = i * Cfg::kLoadThreads + threadIdx.x;
+        if (kChunks % Cfg::kLoadThreads == 0 || index < kChunks) {
           const int row = index / Cfg::kChunksPerRow;
           const int chunk = index % Cfg::kChunksPerRow;
           const int key = key0 + row;
@@ -517,7 +536,7 @@ __device__ __forceinline__ void store_partial(float (&o)[Cfg::kMTiles][Cfg::kOut
 // Copies the Q tile of a packed-GQA CTA: row r is query (q0 + r) / group of
 // head (q0 + r) % group, so rows do not sit at one stride and each chunk
 // computes its own address. THREADS threads share the copy.
-template <class Cfg, int THREADS = Cfg::kThreads>
+template <class Cfg, int THREADS = Cfg::kLoadThreads>
 __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned short* q, long long row_stride,
                                               long long head_stride, int q0, int rows, int group, int chunks_valid) {
   constexpr int kChunks = Cfg::kBlockQ * Cfg::kChunksPerRow;
@@ -538,7 +557,7 @@ __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned shor
 // is the row's position.
 template <class Cfg, int ROWS, typename PositionOf>
 __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams& p, PositionOf&& position_of) {
-  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, Cfg::kThreads>(
+  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, Cfg::kLoadThreads>(
       p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg>(row, chunk)); },
       position_of);
 }
@@ -549,14 +568,23 @@ __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams
 // angle per row.
 template <class Cfg, int ROWS>
 __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, const FwdParams& p, int position0) {
-  constexpr int kUnitsPerRow = Cfg::kRope == kRopeHalf ? Cfg::kRotaryDim / 16 : Cfg::kRotaryDim / 8;
-  constexpr bool kEven = Cfg::kThreads % kUnitsPerRow == 0 &&
-                         (Cfg::kThreads / kUnitsPerRow >= ROWS || ROWS % (Cfg::kThreads / kUnitsPerRow) == 0);
+  // The producer warpgroup has 40-56 registers a thread: 4-byte pieces (two
+  // pairs' angles live) instead of 16-byte chunks (eight).
+  constexpr int kWords = Cfg::kProducer ? 1 : 4;
+  constexpr int kUnitsPerRow = Cfg::kRope == kRopeHalf ? Cfg::kRotaryDim / (4 * kWords) : Cfg::kRotaryDim / (2 * kWords);
+  constexpr bool kEven = Cfg::kLoadThreads % kUnitsPerRow == 0 &&
+                         (Cfg::kLoadThreads / kUnitsPerRow >= ROWS || ROWS % (Cfg::kLoadThreads / kUnitsPerRow) == 0);
   if constexpr (Cfg::kRopeTables || !kEven) {
     rotate_tile<Cfg, ROWS>(tile, p, [&](int row) { return position0 + row; });
   } else {
-    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, Cfg::kThreads>(
-        p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg>(row, chunk)); },
+    using Piece = typename RowPiece<kWords>::type;
+    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, Cfg::kLoadThreads, kWords>(
+        p,
+        [&](int row, int unit) {
+          // Units of 8 bytes are halves of the swizzled 16-byte chunks.
+          constexpr int kPerChunk = 4 / kWords;
+          return reinterpret_cast<Piece*>(tile + swizzled_bytes<Cfg>(row, unit / kPerChunk)) + unit % kPerChunk;
+        },
         position0);
   }
 }
@@ -623,6 +651,198 @@ __device__ __forceinline__ void clear_accumulators(float (&o)[Cfg::kMTiles][Cfg:
     }
     row_max[m][0] = row_max[m][1] = -kInfinity;
     row_sum[m][0] = row_sum[m][1] = 0.f;
+  }
+}
+
+// RoPE positions of a sequence's first key and first query: keys from their
+// offset, queries from theirs or aligned to the keys' end (the causal
+// diagonal).
+__device__ __forceinline__ void rope_positions(const FwdParams& p, int batch, int diagonal_offset, int& key_position0,
+                                               int& query_position0) {
+  key_position0 = p.rope_k_offsets != nullptr ? p.rope_k_offsets[batch] : 0;
+  query_position0 = p.rope_q_offsets != nullptr ? p.rope_q_offsets[batch] : key_position0 + diagonal_offset;
+}
+
+// Rotates this CTA's Q tile in shared memory (all copy threads take part).
+template <class Cfg>
+__device__ __forceinline__ void rotate_q_tile(unsigned char* q_tile, const FwdParams& p, int query_position0, int q0,
+                                              int group) {
+  if constexpr (Cfg::kPackGqa) {
+    // Packed rows cycle through the group's heads: positions repeat.
+    rotate_tile<Cfg, Cfg::kBlockQ>(q_tile, p, [&](int row) { return query_position0 + query_position<Cfg>(q0 + row, group); });
+  } else {
+    rotate_consecutive_tile<Cfg, Cfg::kBlockQ>(q_tile, p, query_position0 + q0);
+  }
+}
+
+// What one CTA works on, as fwd_prefill locates it: its sequence's rows,
+// lengths and the key blocks [first_block, end_block) its queries may see.
+struct TileJob {
+  const unsigned short* q;
+  const unsigned short* k;
+  const unsigned short* v;
+  unsigned short* out;
+  float* lse;
+  int batch, head, q0, seqlen_q, seqlen_k, rows, group, chunks_valid;
+  int diagonal_offset, first_block, end_block;
+};
+
+// The producer layout (Cfg::kProducer): warps 0-3 copy Q and each K/V block
+// into a ring of kStages stages and rotate Q and K for RoPE; the MMA warps
+// wait for a stage, compute, and hand it back. Hand-offs are mbarriers in
+// shared memory after the ring: per stage "K ready" (the producer's 128
+// threads arrive after rotating), "V landed" (arrivals from cp.async
+// completion) and "free" (every MMA thread arrives when done reading), then
+// "Q ready". Block i of the CTA's sequence (the key blocks from the last
+// down) uses stage i % kStages in phase (i / kStages) & 1.
+template <class Cfg>
+struct Ring {
+  static constexpr int kStageKBytes = Cfg::kSmemK * 2;
+  static constexpr int kStageVBytes = Cfg::kSmemV * 2;
+  unsigned base;  // shared-window address of the Q tile (start of shared memory)
+  __device__ __forceinline__ unsigned k_stage(int s) const { return base + Cfg::kSmemQ * 2 + s * kStageKBytes; }
+  __device__ __forceinline__ unsigned v_stage(int s) const {
+    return base + Cfg::kSmemQ * 2 + Cfg::kStages * kStageKBytes + s * kStageVBytes;
+  }
+  __device__ __forceinline__ unsigned k_ready(int s) const { return base + Cfg::kBarrierOffset + s * 8; }
+  __device__ __forceinline__ unsigned v_landed(int s) const { return k_ready(Cfg::kStages + s); }
+  __device__ __forceinline__ unsigned stage_free(int s) const { return k_ready(2 * Cfg::kStages + s); }
+  __device__ __forceinline__ unsigned q_ready() const { return k_ready(3 * Cfg::kStages); }
+};
+
+template <class Cfg>
+__device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob& job, const Ring<Cfg>& ring,
+                                              unsigned char* shared_bytes) {
+  constexpr int kStages = Cfg::kStages;
+  const int blocks = job.end_block - job.first_block;
+  // Block i's K and V copies (two commit groups), once the MMA warps have
+  // handed its stage back.
+  auto issue = [&](int i) {
+    const int s = i % kStages;
+    const int key0 = (job.end_block - 1 - i) * Cfg::kBlockKV;
+    if (i >= kStages) mbarrier_wait(ring.stage_free(s), (i / kStages - 1) & 1);
+    load_kv_tile<Cfg>(ring.k_stage(s), job.k, p.k_row_stride, p.k_batch_stride, nullptr, 0, key0, job.seqlen_k,
+                      job.chunks_valid);
+    cp_async_commit();
+    load_kv_tile<Cfg>(ring.v_stage(s), job.v, p.v_row_stride, p.v_batch_stride, nullptr, 0, key0, job.seqlen_k,
+                      job.chunks_valid);
+    cp_async_mbarrier_arrive(ring.v_landed(s));
+    cp_async_commit();
+  };
+  if constexpr (Cfg::kPackGqa) {
+    load_packed_q<Cfg>(ring.base, job.q, p.q_row_stride, p.q_head_stride, job.q0, job.rows, job.group,
+                       job.chunks_valid);
+  } else {
+    load_tile<Cfg, Cfg::kBlockQ>(ring.base, job.q, p.q_row_stride, job.q0, job.seqlen_q, job.chunks_valid);
+  }
+  cp_async_commit();
+  // Up to kStages - 1 blocks ahead of the one being rotated.
+  for (int i = 0; i < kStages - 1 && i < blocks; ++i) issue(i);
+  int key_position0 = 0, query_position0 = 0;
+  if constexpr (Cfg::kRope != kRopeNone) {
+    rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
+  }
+  // Q (and the first blocks) landed, for every producer thread.
+  cp_async_wait<0>();
+  named_barrier_sync<1, Cfg::kProducerThreads>();
+  if constexpr (Cfg::kRope != kRopeNone) {
+    rotate_q_tile<Cfg>(shared_bytes, p, query_position0, job.q0, job.group);
+  }
+  mbarrier_arrive(ring.q_ready());
+  for (int i = 0; i < blocks; ++i) {
+    const int s = i % kStages;
+    // K of block i has landed once at most its own V and the groups of the
+    // blocks issued ahead are pending.
+    if (i + kStages - 2 < blocks) {
+      cp_async_wait<2 * kStages - 3>();
+    } else {
+      cp_async_wait<0>();
+    }
+    if constexpr (Cfg::kRotateKeys) {
+      // Rotation units span chunks that other producer threads copied.
+      named_barrier_sync<1, Cfg::kProducerThreads>();
+      rotate_consecutive_tile<Cfg, Cfg::kBlockKV>(shared_bytes + (ring.k_stage(s) - ring.base), p,
+                                                  key_position0 + (job.end_block - 1 - i) * Cfg::kBlockKV);
+    }
+    mbarrier_arrive(ring.k_ready(s));
+    if (i + kStages - 1 < blocks) issue(i + kStages - 1);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob& job, const Ring<Cfg>& ring,
+                                              unsigned char* shared_bytes) {
+  constexpr int kStages = Cfg::kStages;
+  const int lane = threadIdx.x & 31;
+  const int warp_row0 = ((threadIdx.x - Cfg::kProducerThreads) >> 5) * Cfg::kRowsPerWarp;
+  float slopes[Cfg::kMTiles][2];
+  if constexpr (Cfg::kAlibi) load_row_slopes<Cfg>(slopes, p, job.batch, job.head, job.q0 + warp_row0, job.group, lane);
+  // This warp's rows see fewer key blocks than the whole tile: it skips the
+  // others (still waiting for each stage, so that its hand-backs stay in
+  // step with the ring's phases).
+  const int first_query = query_position<Cfg>(job.q0 + warp_row0, job.group);
+  const int last_query = Cfg::kPackGqa
+                             ? query_position<Cfg>(max(min(job.q0 + warp_row0 + Cfg::kRowsPerWarp, job.rows) - 1,
+                                                       job.q0 + warp_row0), job.group)
+                             : job.q0 + warp_row0 + Cfg::kRowsPerWarp - 1;
+  int warp_first_block, warp_end_block;
+  visible_blocks<Cfg>(p, job.seqlen_k, job.diagonal_offset, first_query, last_query, warp_first_block, warp_end_block);
+
+  float o[Cfg::kMTiles][Cfg::kOutTiles][4];
+  float row_max[Cfg::kMTiles][2];
+  float row_sum[Cfg::kMTiles][2];
+  clear_accumulators<Cfg>(o, row_max, row_sum);
+  mbarrier_wait(ring.q_ready(), 0);
+  const int blocks = job.end_block - job.first_block;
+  for (int i = 0; i < blocks; ++i) {
+    const int s = i % kStages;
+    const unsigned parity = (i / kStages) & 1;
+    const int block = job.end_block - 1 - i;
+    const int key0 = block * Cfg::kBlockKV;
+    mbarrier_wait(ring.k_ready(s), parity);
+    if (block >= warp_first_block && block < warp_end_block) {
+      float s_acc[Cfg::kMTiles][Cfg::kScoreTiles][4];
+      gemm_qk<Cfg>(s_acc, opaque(ring.base), opaque(ring.k_stage(s)), warp_row0, lane);
+      if constexpr (Cfg::kRewriteScores) {
+        rewrite_scores<Cfg>(s_acc, p, slopes, job.q0 + warp_row0, key0, job.diagonal_offset, lane);
+      }
+      if (block_needs_mask<Cfg>(p, key0, job.seqlen_k, first_query, last_query, job.diagonal_offset)) {
+        apply_mask<Cfg>(s_acc, p, job.seqlen_k, job.q0 + warp_row0, key0, job.diagonal_offset, lane);
+      }
+      online_softmax<Cfg>(s_acc, o, row_max, row_sum, p.scale_log2);
+      unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
+      pack_probabilities<Cfg>(probabilities, s_acc);
+      mbarrier_wait(ring.v_landed(s), parity);
+      gemm_pv<Cfg>(o, probabilities, opaque(ring.v_stage(s)), lane);
+    }
+    mbarrier_arrive(ring.stage_free(s));
+  }
+  allow_dependent_launch();
+  // Each warp stages its output in its own Q rows, which only it reads.
+  store_output<Cfg>(o, row_max, row_sum, shared_bytes, job.out, p.o_row_stride, p.o_head_stride, job.lse,
+                    p.lse_row_stride, p.lse_head_stride, job.q0, warp_row0, job.rows, job.group, job.chunks_valid,
+                    p.lse_scale, lane);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, const TileJob& job,
+                                                        unsigned char* shared_bytes) {
+  const Ring<Cfg> ring{smem_u32(shared_bytes)};
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      mbarrier_init(ring.k_ready(s), Cfg::kProducerThreads);
+      mbarrier_init(ring.v_landed(s), Cfg::kProducerThreads);
+      mbarrier_init(ring.stage_free(s), Cfg::kWarps * 32);
+    }
+    mbarrier_init(ring.q_ready(), Cfg::kProducerThreads);
+  }
+  __syncthreads();
+  if (threadIdx.x < Cfg::kProducerThreads) {
+    warpgroup_registers_release<Cfg::kProducerRegisters>();
+    produce_tiles<Cfg>(p, job, ring, shared_bytes);
+  } else {
+    warpgroup_registers_claim<Cfg::kMmaRegisters>();
+    consume_tiles<Cfg>(p, job, ring, shared_bytes);
   }
 }
 
@@ -693,9 +913,6 @@ __device__ void fwd_prefill(const FwdParams& p) {
   const unsigned short* v = static_cast<const unsigned short*>(p.v) + v_start + kv_head * p.v_head_stride;
   unsigned short* out = static_cast<unsigned short*>(p.o) + o_start + head * p.o_head_stride;
   float* lse = p.lse == nullptr ? nullptr : p.lse + lse_start + head * p.lse_head_stride;
-  float slopes[Cfg::kMTiles][2];
-  if constexpr (Cfg::kAlibi) load_row_slopes<Cfg>(slopes, p, batch, head, q0 + warp_row0, group, lane);
-
   // Query i sees keys around i + diagonal_offset (bottom-right alignment);
   // this block's first and last queries bound the keys worth loading.
   const int diagonal_offset = seqlen_k - seqlen_q;
@@ -708,6 +925,14 @@ __device__ void fwd_prefill(const FwdParams& p) {
     first_block = max(first_block, split * p.blocks_per_split);
     end_block = max(first_block, min(end_block, (split + 1) * p.blocks_per_split));
   }
+  if constexpr (Cfg::kProducer) {
+    const TileJob job{q, k, v, out, lse, batch, head, q0, seqlen_q, seqlen_k, rows, group, chunks_valid,
+                      diagonal_offset, first_block, end_block};
+    fwd_prefill_specialized<Cfg>(p, job, shared_bytes);
+    return;
+  }
+  float slopes[Cfg::kMTiles][2];
+  if constexpr (Cfg::kAlibi) load_row_slopes<Cfg>(slopes, p, batch, head, q0 + warp_row0, group, lane);
 
   if constexpr (Cfg::kPackGqa) {
     load_packed_q<Cfg>(q_tile, q, p.q_row_stride, p.q_head_stride, q0, rows, group, chunks_valid);
@@ -720,24 +945,14 @@ __device__ void fwd_prefill(const FwdParams& p) {
   }
   cp_async_commit();
 
-  // RoPE positions: keys from their sequence's offset, queries from theirs
-  // or aligned to the keys' end (the causal diagonal).
   int key_position0 = 0, query_position0 = 0;
   if constexpr (Cfg::kRope != kRopeNone) {
-    key_position0 = p.rope_k_offsets != nullptr ? p.rope_k_offsets[batch] : 0;
-    query_position0 = p.rope_q_offsets != nullptr ? p.rope_q_offsets[batch] : key_position0 + diagonal_offset;
+    rope_positions(p, batch, diagonal_offset, key_position0, query_position0);
     // Q must land before it is rotated (K with it; the loop's barrier then
     // also orders these writes before the first Q·Kᵀ).
     cp_async_wait<0>();
     __syncthreads();
-    if constexpr (Cfg::kPackGqa) {
-      // Packed rows cycle through the group's heads: positions repeat.
-      rotate_tile<Cfg, Cfg::kBlockQ>(shared_bytes, p, [&](int row) {
-        return query_position0 + query_position<Cfg>(q0 + row, group);
-      });
-    } else {
-      rotate_consecutive_tile<Cfg, Cfg::kBlockQ>(shared_bytes, p, query_position0 + q0);
-    }
+    rotate_q_tile<Cfg>(shared_bytes, p, query_position0, q0, group);
   }
 
   float o[Cfg::kMTiles][Cfg::kOutTiles][4];

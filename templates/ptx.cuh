@@ -73,6 +73,65 @@ __device__ __forceinline__ void begin_dependent_grid() {
   allow_dependent_launch();
 }
 
+// Shared-memory mbarriers (sm_80 and newer; the producer-warpgroup prefill
+// kernel hands tiles between warps with them). A barrier completes a phase
+// when its expected count of arrivals has arrived; waiters name the phase by
+// its parity. Arrivals release and completed waits acquire (CTA scope), so
+// shared-memory writes before an arrival are visible after the wait.
+__device__ __forceinline__ void mbarrier_init(unsigned barrier, unsigned count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(unsigned barrier) {
+  asm volatile("{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [%0]; }\n" ::"r"(barrier) : "memory");
+}
+
+// Arrives once every cp.async this thread issued so far has landed (the
+// barrier's count includes this arrival: noinc).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(unsigned barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(barrier) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{ .reg .pred done;\n"
+      "wait_%=: mbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=; }\n" ::"r"(barrier), "r"(parity)
+      : "memory");
+#else
+  asm volatile(
+      "{ .reg .pred done;\n"
+      "wait_%=: mbarrier.test_wait.parity.shared.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=; }\n" ::"r"(barrier), "r"(parity)
+      : "memory");
+#endif
+}
+
+// A barrier among `kThreads` threads (whole warps) under hardware barrier
+// `kId`; 0 is __syncthreads'.
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
+// Moves registers between the warpgroups of a CTA (sm_90a): a warpgroup that
+// needs few gives some back, one that needs many takes them. Elsewhere a
+// no-op: every warp keeps the launch's per-thread count.
+template <int kRegisters>
+__device__ __forceinline__ void warpgroup_registers_release() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+
+template <int kRegisters>
+__device__ __forceinline__ void warpgroup_registers_claim() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+
 // Four 8×8 16-bit matrices from shared memory; lanes 8i..8i+7 give the row
 // addresses of matrix i, and register i receives matrix i's fragment.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_address) {

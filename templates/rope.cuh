@@ -90,17 +90,38 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
   }
 }
 
+// A piece of a row: WORDS 32-bit words (2 · WORDS 16-bit values).
+template <int WORDS>
+struct RowPiece;
+template <>
+struct RowPiece<4> {
+  using type = uint4;
+};
+template <>
+struct RowPiece<2> {
+  using type = uint2;
+};
+template <>
+struct RowPiece<1> {
+  using type = unsigned;
+};
+
 // The same rotation for rows at consecutive positions (a K tile, or a Q tile
 // of one head: row r at position0 + r) with angles from frequencies, cheaper:
 // each thread owns a run of consecutive rows of one unit, evaluates sin and
 // cos once at the run's first row, and steps the angle by one position per
-// row with the angle-sum identities (fp32; runs are at most 16 rows, and each step
-// adds ~1e-7 of rounding). That is two sincos per pair and run instead of one
-// per pair and row.
-template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, typename ChunkAt>
-__device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, ChunkAt&& chunk_at, int position0) {
-  constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / 16 : ROTARY_DIM / 8;
-  constexpr int kPairs = STYLE == kRopeHalf ? 8 : 4;  // pairs per unit
+// row with the angle-sum identities (fp32; runs are at most 32 rows, and each
+// step adds ~1e-7 of rounding). That is two sincos per pair and run instead
+// of one per pair and row. A unit is a piece of WORDS words (and, for
+// rotate-half, its partner piece): 16-byte pieces halve the loop overhead,
+// 8-byte ones halve the angle registers (for the producer warpgroup, which
+// runs with few). `piece_at(row, unit)` is the piece's address.
+template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, typename PieceAt>
+__device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, PieceAt&& piece_at, int position0) {
+  using Piece = typename RowPiece<WORDS>::type;
+  constexpr int kPieceElems = 2 * WORDS;
+  constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / 2 / kPieceElems : ROTARY_DIM / kPieceElems;
+  constexpr int kPairs = STYLE == kRopeHalf ? kPieceElems : WORDS;  // pairs per unit
   constexpr int kRunners = THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;  // runs per pass
   constexpr int kRun = ROWS / kRunners;  // rows per run
   static_assert(THREADS % kUnitsPerRow == 0 && ROWS % kRunners == 0, "whole runs");
@@ -118,13 +139,13 @@ __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, Chun
 #pragma unroll
   for (int r = 0; r < kRun; ++r) {
     if constexpr (STYLE == kRopeHalf) {
-      uint4* first = chunk_at(row0 + r, unit);
-      uint4* second = chunk_at(row0 + r, unit + ROTARY_DIM / 16);
-      uint4 a = *first, b = *second;
+      Piece* first = piece_at(row0 + r, unit);
+      Piece* second = piece_at(row0 + r, unit + kUnitsPerRow);
+      Piece a = *first, b = *second;
       unsigned* av = reinterpret_cast<unsigned*>(&a);
       unsigned* bv = reinterpret_cast<unsigned*>(&b);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
+      for (int w = 0; w < WORDS; ++w) {
         float x0, x1, y0, y1;
         unpack2<Element>(av[w], x0, x1);
         unpack2<Element>(bv[w], y0, y1);
@@ -135,16 +156,16 @@ __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, Chun
       *first = a;
       *second = b;
     } else {
-      uint4* chunk = chunk_at(row0 + r, unit);
-      uint4 a = *chunk;
+      Piece* piece = piece_at(row0 + r, unit);
+      Piece a = *piece;
       unsigned* av = reinterpret_cast<unsigned*>(&a);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
+      for (int w = 0; w < WORDS; ++w) {
         float x, y;
         unpack2<Element>(av[w], x, y);
         av[w] = pack2<Element>(x * cosine[w] - y * sine[w], y * cosine[w] + x * sine[w]);
       }
-      *chunk = a;
+      *piece = a;
     }
     if (r + 1 < kRun) {
 #pragma unroll

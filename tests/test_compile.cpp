@@ -99,6 +99,38 @@ TEST_CASE("every valid tile configuration of the prefill family compiles (sm_90a
   CHECK(errors.empty());
 }
 
+TEST_CASE("producer-layout specs (sN) compile with their features (sm_90a and sm_80)") {
+  std::vector<KernelSpec> specs;
+  int variant = 0;
+  for (int head_dim : {32, 64, 96, 128})
+    for (int stages : {2, 3, 4})
+      for (int block_q : {128, 256}) {
+        KernelSpec spec{Family::fwd, variant % 2 ? DType::f16 : DType::bf16, head_dim, block_q, 64, 8};
+        spec.stages = stages;
+        spec.causal = variant % 3 == 0;
+        spec.local = variant % 3 == 1;
+        spec.softcap = variant % 4 == 1;
+        spec.alibi = variant % 5 == 2;
+        spec.pack_gqa = variant % 6 == 5;
+        if (variant % 4 != 3) {
+          spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
+          spec.rotary_dim = variant % 3 == 2 ? head_dim / 32 * 16 : head_dim;
+          spec.rope_tables = variant % 7 == 6;
+        }
+        ++variant;
+        if (spec.rotary_dim == 0 && spec.rope != RopeKind::none) continue;  // head_dim 32 at half rotation
+        if (spec.smem_bytes() <= 227 * 1024) specs.push_back(spec);
+      }
+  REQUIRE(specs.size() >= 20);
+  for (const char* arch_text : {"sm_90a", "sm_80"}) {
+    const auto errors = compile_all(arch_text == std::string("sm_80") ? std::vector<KernelSpec>(specs.begin(), specs.begin() + 4)
+                                                                      : specs,
+                                    Arch::parse(arch_text));
+    for (const auto& e : errors) FAIL_CHECK(e);
+    CHECK(errors.empty());
+  }
+}
+
 TEST_CASE("feature combinations compile at every head dim: all 32 at 128, a spread elsewhere (sm_80, default tiles)") {
   const Arch arch = Arch::parse("sm_80");
   std::vector<KernelSpec> specs;

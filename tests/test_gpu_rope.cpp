@@ -33,6 +33,7 @@ struct Case {
   Offsets offsets = Offsets::none;
   std::optional<bool> pack_gqa;
   bool heads_major = false;  // q/k/v as [batch, heads, seqlen, head_dim] storage
+  TileConfig tiles;          // forced tiles (zeros: the planner's)
   bool gpu_reference = false;  // unused: RoPE references are CPU ones (check_in_groups wants the field)
 };
 
@@ -123,6 +124,7 @@ void fill_options(const Case& c, const Inputs& in, CallViews& views) {
   o.window_right = s.window_right;
   o.softcap = s.softcap;
   o.pack_gqa = c.pack_gqa;
+  o.tiles = c.tiles;
   if (in.slopes) {
     views.slopes = TensorView::contiguous(in.slopes->get(), DType::f32, {s.heads_q});
     o.alibi_slopes = &views.slopes;
@@ -275,6 +277,41 @@ TEST_CASE("rope: both styles, rotary fractions 0.5 and 1, theta / linear / Llama
     const std::string style = c.rotation.style == RopeStyle::rotate_half ? "rope_half" : "rope_interleaved";
     CHECK_MESSAGE(run.spec.find(fmt::format(".{}_r{}", style, c.rotation.rotary_dim)) != std::string::npos, run.spec);
     CHECK((run.spec.find(".rope_tables") != std::string::npos) == (c.angles == Angles::tables));
+  });
+}
+
+TEST_CASE("producer layout (sN): RoPE and plain, both styles, masks, softcap, ALiBi, GQA packing, head dims 32-128") {
+  // The producer warpgroup copies (and rotates) every K/V block; the MMA
+  // warps skip the blocks their own rows cannot see. Long causal and windowed
+  // cases make the warps of one tile see different block ranges, short ones
+  // end mid-tile, and 2-4 stages wrap the ring at different points.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const std::pair<int, int> seqlens[] = {{113, 203}, {1024, 1024}, {300, 1500}, {1, 239}, {700, 600}, {256, 512}};
+  const int head_dims[] = {64, 128, 32, 96, 64, 128};
+  std::vector<Case> cases;
+  for (int index = 0; index < 24; ++index) {
+    const auto& [seqlen_q, seqlen_k] = seqlens[index % 6];
+    const int head_dim = head_dims[(index / 6 + index) % 6];
+    Case c;
+    c.dtype = index % 3 == 0 ? DType::f16 : DType::bf16;
+    c.shape = AttentionShape::dense(seqlen_q >= 1024 ? 1 : 2, seqlen_q, seqlen_k, 6, index % 3 == 0 ? 6 : 2, head_dim,
+                                    index % 4 != 3);
+    if (index % 8 == 3) c.shape.window_left = 100, c.shape.window_right = 30;
+    if (index % 5 == 2) c.shape.softcap = 50.f;
+    if (index % 7 == 2) c.shape.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
+    c.rope = index % 6 != 5;
+    c.rotation.style = index % 2 == 0 ? RopeStyle::rotate_half : RopeStyle::interleaved;
+    c.rotation.rotary_dim = rotary_dim_for(index % 4 == 1 ? 0.5 : 1.0, head_dim);
+    c.angles = index % 7 == 4 ? Angles::tables : Angles::theta;
+    c.offsets = index % 3 == 1 ? Offsets::both : Offsets::none;
+    if (index % 5 == 4) c.pack_gqa = true;
+    c.heads_major = index % 4 == 2;
+    c.tiles = {index % 4 == 0 ? 128 : 256, 64, 8, 2 + index % 3};
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    CHECK_MESSAGE(run.spec.find(fmt::format(".w8.s{}", c.tiles.stages)) != std::string::npos, run.spec);
   });
 }
 

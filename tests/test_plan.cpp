@@ -102,6 +102,37 @@ TEST_CASE("GQA: short query sequences pack a KV head's query heads into one tile
   CHECK_FALSE(long_call.plan().spec.pack_gqa);
 }
 
+TEST_CASE("RoPE at head_dim 64 on sm_90a takes the producer layout when its grid fills the GPU") {
+  Call call;
+  const auto resize = [&](int64_t batch, int64_t seqlen, int64_t head_dim) {
+    call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
+    call.k = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, 16, head_dim});
+    call.v = TensorView::contiguous(address(0x30000), DType::bf16, {batch, seqlen, 16, head_dim});
+    call.out = TensorView::contiguous(address(0x40000), DType::bf16, {batch, seqlen, 16, head_dim});
+    call.lse = TensorView::contiguous(address(0x50000), DType::f32, {batch, 16, seqlen});
+  };
+  call.options.causal = true;
+  call.options.rope.style = RopeStyle::rotate_half;
+  resize(8, 2048, 64);  // 8 · 16 · 2048 / 256 = 1024 CTAs
+  ForwardPlan plan = call.plan();
+  CHECK(plan.spec.text() == "fwd.bf16.d64.br256.bc64.w8.s3.causal.rope_half_r64");
+  CHECK(plan.params.num_q_blocks == 2048 / 256);
+  // Too few 256-row tiles to fill the GPU: the 4-warp tiles.
+  resize(2, 512, 64);
+  CHECK(call.plan().spec.stages == 0);
+  // Head dim 128, or no RoPE: the 4-warp tiles.
+  resize(8, 2048, 128);
+  CHECK(call.plan().spec.stages == 0);
+  resize(8, 2048, 64);
+  call.options.rope.style = RopeStyle::none;
+  CHECK(call.plan().spec.stages == 0);
+  // Forced: any fwd call may ask for it, and bad forced stages are refused.
+  call.options.tiles = {256, 64, 8, 2};
+  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br256.bc64.w8.s2.causal");
+  call.options.tiles = {256, 64, 4, 2};
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("needs w=8"), Error);
+}
+
 TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tables become parameters") {
   Call call;
   call.options.rope.style = RopeStyle::rotate_half;

@@ -127,6 +127,31 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
   CHECK_THROWS_WITH_AS(KernelSpec::parse("append.bf16.rope_half_r24"), doctest::Contains("rotary_dim=24"), Error);
 }
 
+TEST_CASE("producer-layout fwd specs (sN): text, threads, shared memory, packing and rules") {
+  const KernelSpec spec = KernelSpec::parse("fwd.bf16.d64.br256.bc64.w8.s3.causal.rope_half_r64");
+  CHECK(spec.stages == 3);
+  CHECK(spec.block_q == 256);
+  CHECK(spec.text() == "fwd.bf16.d64.br256.bc64.w8.s3.causal.rope_half_r64");
+  CHECK(spec.threads() == 8 * 32 + 128);  // MMA warps plus the producer warpgroup
+  // Q, three stages of K and V, and 3 · 3 + 1 mbarriers.
+  CHECK(spec.smem_bytes() == (256 + 3 * 2 * 64) * 64 * 2 + 10 * 8);
+  KernelSpec two = spec;
+  two.stages = 2;
+  CHECK(two.packed() != spec.packed());
+  KernelSpec plain = spec;
+  plain.stages = 0;
+  plain.block_q = 128;
+  plain.warps = 4;
+  CHECK(plain.threads() == 128);
+  CHECK(plain.smem_bytes() == (128 + 2 * 64) * 64 * 2);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br256.bc64.w4.s3"), doctest::Contains("needs w=8"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br256.bc64.w8.s5"), doctest::Contains("between 2 and 4"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br256.bc64.w8"), doctest::Contains("br=256"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br256.bc64.w8.s3.varlen"), doctest::Contains("varlen"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w8.s2.packgqa.kvcache"),
+                       doctest::Contains("kvcache"), Error);
+}
+
 TEST_CASE("spec hash is stable across runs and builds") {
   // Pinned value: XXH3-64 of the canonical text (checked with the Python xxhash package). A change here invalidates
   // every tuned table and cache listing keyed by spec hash, so it must be deliberate.

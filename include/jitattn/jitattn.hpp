@@ -67,10 +67,14 @@ struct TileConfig {
   int block_q = 0;   // B_r: query rows per CTA
   int block_kv = 0;  // B_c: keys per main-loop step
   int warps = 0;
-  // forward_kvcache only: > 0 selects the decode kernel (each warp streams
-  // its own chunks of block_kv keys through this many cp.async stages;
-  // block_q is then the rows of its tile, 16 or 32). 0: the planner picks
-  // the decode kernel for calls of at most 32 packed query rows.
+  // forward_kvcache: > 0 selects the decode kernel (each warp streams its
+  // own chunks of block_kv keys through this many cp.async stages; block_q
+  // is then the rows of its tile, 16 or 32). 0: the planner picks the decode
+  // kernel for calls of at most 32 packed query rows.
+  // forward and forward_varlen: > 0 (2-4, with warps = 8) selects the
+  // producer layout: a fourth warpgroup copies K/V tiles (and rotates them
+  // for RoPE) into this many shared-memory stages while the 8 MMA warps
+  // compute. 0: the planner picks (the producer layout for RoPE on sm_90).
   int stages = 0;
 };
 
