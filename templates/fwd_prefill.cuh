@@ -982,7 +982,8 @@ __device__ void fwd_prefill(const FwdParams& p) {
     if constexpr (Cfg::kRotateKeys) {
       // Rotating K here costs 25-40% of a block's time (docs/PERFORMANCE.md):
       // each CTA rotates every K block it reads. Double-buffering K to overlap
-      // the rotation with P V measured no faster (and spilled at head_dim 128).
+      // the rotation with P V measured no faster (and spilled at head_dim 128);
+      // the producer layout (Cfg::kProducer) rotates beside the MMA warps.
       rotate_consecutive_tile<Cfg, Cfg::kBlockKV>(shared_bytes + Cfg::kSmemQ * 2, p, key_position0 + key0);
       __syncthreads();
     }
