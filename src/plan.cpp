@@ -424,6 +424,9 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
       reject("options.pack_gqa=false: the decode kernel (options.tiles.stages > 0) always packs a KV head's query heads");
     }
   }
+  // Tiles the caller fixed (block sizes or warps); the planner then leaves
+  // them, and the defaults below, alone.
+  const bool tiles_forced = options.tiles.block_q != 0 || options.tiles.block_kv != 0 || options.tiles.warps != 0;
   if (options.tiles.block_q != 0) tiles.block_q = options.tiles.block_q;
   if (options.tiles.block_kv != 0) tiles.block_kv = options.tiles.block_kv;
   if (options.tiles.warps != 0) tiles.warps = options.tiles.warps;
@@ -458,7 +461,6 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     plan.spec.kvcache = true;
     plan.spec.paged = problem.paged;
     const int64_t rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
-    const bool tiles_forced = options.tiles.block_q != 0 || options.tiles.block_kv != 0 || options.tiles.warps != 0;
     if (options.tiles.stages != 0 || (!tiles_forced && options.pack_gqa.value_or(true) &&
                                       seqlen_q * group <= (kernel_dim > 128 ? 16 : 32) &&
                                       (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys))) {
@@ -486,10 +488,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // 1.26-1.46× (docs/PERFORMANCE.md). Its tiles are twice as tall, so it
   // needs a grid of about one CTA per SM to pay; at head_dim 128 its MMA
   // warps spill and it measured no faster.
-  const bool tiles_forced = options.tiles.block_q != 0 || options.tiles.block_kv != 0 || options.tiles.warps != 0 ||
-                            options.tiles.stages != 0;
   constexpr int64_t kProducerMinCtas = 128;
-  if (!tiles_forced && !tuned && has_rope && !problem.kvcache && !varlen && kernel_dim == 64 && arch.major == 9 &&
+  if (!tiles_forced && options.tiles.stages == 0 && !tuned && has_rope && !problem.kvcache && !varlen && kernel_dim == 64 && arch.major == 9 &&
       arch.arch_specific &&
       batch * (plan.spec.pack_gqa ? heads_kv * ((seqlen_q * group + 255) / 256) : heads_q * ((seqlen_q + 255) / 256)) >=
           kProducerMinCtas) {
@@ -502,8 +502,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   plan.spec.validate();
   // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at
   // head_dim 256: smaller key blocks first, then smaller query blocks.
-  const bool forced = options.tiles.block_q != 0 || options.tiles.block_kv != 0 || options.tiles.warps != 0;
-  while (!forced && plan.spec.family == Family::fwd && plan.spec.smem_bytes() > static_cast<size_t>(max_smem_bytes) &&
+  while (!tiles_forced && plan.spec.family == Family::fwd && plan.spec.smem_bytes() > static_cast<size_t>(max_smem_bytes) &&
          (plan.spec.block_kv > 32 || plan.spec.block_q > 64)) {
     if (plan.spec.block_kv > 32) {
       plan.spec.block_kv /= 2;
