@@ -578,7 +578,8 @@ __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, con
     rotate_tile<Cfg, ROWS>(tile, p, [&](int row) { return position0 + row; });
   } else {
     using Piece = typename RowPiece<kWords>::type;
-    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, Cfg::kLoadThreads, kWords>(
+    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, Cfg::kLoadThreads, kWords,
+                            /*SPREAD_RUNS=*/Cfg::kProducer>(
         p,
         [&](int row, int unit) {
           // Units of 8 bytes are halves of the swizzled 16-byte chunks.

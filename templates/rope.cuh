@@ -108,15 +108,29 @@ struct RowPiece<1> {
 
 // The same rotation for rows at consecutive positions (a K tile, or a Q tile
 // of one head: row r at position0 + r) with angles from frequencies, cheaper:
-// each thread owns a run of consecutive rows of one unit, evaluates sin and
-// cos once at the run's first row, and steps the angle by one position per
-// row with the angle-sum identities (fp32; runs are at most 32 rows, and each
-// step adds ~1e-7 of rounding). That is two sincos per pair and run instead
-// of one per pair and row. A unit is a piece of WORDS words (and, for
-// rotate-half, its partner piece): 16-byte pieces halve the loop overhead,
-// 8-byte ones halve the angle registers (for the producer warpgroup, which
-// runs with few). `piece_at(row, unit)` is the piece's address.
-template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, typename PieceAt>
+// each thread owns a run of rows of one unit, evaluates sin and cos once at
+// the run's first row, and steps the angle from row to row with the
+// angle-sum identities (fp32; runs are at most 32 rows, and each step adds
+// ~1e-7 of rounding). That is two sincos per pair and run instead of one per
+// pair and row. A unit is a piece of WORDS words (and, for rotate-half, its
+// partner piece): 16-byte pieces halve the loop overhead, 4- and 8-byte ones
+// cut the angle registers (for the producer warpgroup, which runs with few).
+// `piece_at(row, unit)` is the piece's address.
+//
+// SPREAD_RUNS (the producer warpgroup, whose four warps rotate every K tile
+// while sharing issue slots with eight MMA warps) changes two things:
+//   - run j takes rows base(j), base(j) + R, base(j) + 2R, ... (R runs in a
+//     pass, angle step R positions), base(j) bit-reversing j's low three
+//     bits: the runs of one warp touch rows 4 (or 2) apart modulo 8, so
+//     their swizzled chunks fall in different bank columns;
+//   - a thread loads four rows' pieces before rotating and storing them (the
+//     compiler cannot move a load above an earlier store to a piece that
+//     might alias it; eight rows spill at the producer's 56 registers).
+// Measured on the H200 at head_dim 64 (docs/PERFORMANCE.md): both together
+// make RoPE prefill 0.7-1.3% faster; the batched loads alone 0.5%, and the
+// spread rows alone 2-3% slower.
+template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, bool SPREAD_RUNS = false,
+          typename PieceAt>
 __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, PieceAt&& piece_at, int position0) {
   using Piece = typename RowPiece<WORDS>::type;
   constexpr int kPieceElems = 2 * WORDS;
@@ -124,55 +138,65 @@ __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, Piec
   constexpr int kPairs = STYLE == kRopeHalf ? kPieceElems : WORDS;  // pairs per unit
   constexpr int kRunners = THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;  // runs per pass
   constexpr int kRun = ROWS / kRunners;  // rows per run
+  constexpr int kPieces = STYLE == kRopeHalf ? 2 : 1;  // pieces a unit covers in one row
   static_assert(THREADS % kUnitsPerRow == 0 && ROWS % kRunners == 0, "whole runs");
   const int unit = threadIdx.x % kUnitsPerRow;
   const int run = threadIdx.x / kUnitsPerRow;
   if (run >= kRunners) return;
-  const int row0 = run * kRun;
+  // Run rows: row0 + r · kRowStep.
+  constexpr bool kSpread = SPREAD_RUNS && kRunners % 8 == 0;
+  constexpr int kRowStep = kSpread ? kRunners : 1;
+  const int row0 = kSpread ? (run & ~7) | (run & 1) << 2 | (run & 2) | (run & 4) >> 2 : run * kRun;
   float cosine[kPairs], sine[kPairs], step_cosine[kPairs], step_sine[kPairs];
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
     const float frequency = p.rope_inv_freq[unit * kPairs + i];
     sincos_reduced(static_cast<float>(position0 + row0) * frequency, sine[i], cosine[i]);
-    sincos_reduced(frequency, step_sine[i], step_cosine[i]);
+    sincos_reduced(static_cast<float>(kRowStep) * frequency, step_sine[i], step_cosine[i]);
   }
+  // SPREAD_RUNS loads kBatch rows before rotating any of them.
+  constexpr int kBatch = SPREAD_RUNS ? (kRun < 4 ? kRun : 4) : 1;
+  static_assert(kRun % kBatch == 0, "whole batches");
+  auto at = [&](int r, int piece) { return piece_at(row0 + r * kRowStep, unit + piece * kUnitsPerRow); };
 #pragma unroll
-  for (int r = 0; r < kRun; ++r) {
-    if constexpr (STYLE == kRopeHalf) {
-      Piece* first = piece_at(row0 + r, unit);
-      Piece* second = piece_at(row0 + r, unit + kUnitsPerRow);
-      Piece a = *first, b = *second;
-      unsigned* av = reinterpret_cast<unsigned*>(&a);
-      unsigned* bv = reinterpret_cast<unsigned*>(&b);
+  for (int r0 = 0; r0 < kRun; r0 += kBatch) {
+    Piece held[kBatch][kPieces];
 #pragma unroll
-      for (int w = 0; w < WORDS; ++w) {
-        float x0, x1, y0, y1;
-        unpack2<Element>(av[w], x0, x1);
-        unpack2<Element>(bv[w], y0, y1);
-        const float c0 = cosine[2 * w], s0 = sine[2 * w], c1 = cosine[2 * w + 1], s1 = sine[2 * w + 1];
-        av[w] = pack2<Element>(x0 * c0 - y0 * s0, x1 * c1 - y1 * s1);
-        bv[w] = pack2<Element>(y0 * c0 + x0 * s0, y1 * c1 + x1 * s1);
-      }
-      *first = a;
-      *second = b;
-    } else {
-      Piece* piece = piece_at(row0 + r, unit);
-      Piece a = *piece;
-      unsigned* av = reinterpret_cast<unsigned*>(&a);
+    for (int r = 0; r < kBatch; ++r) {
 #pragma unroll
-      for (int w = 0; w < WORDS; ++w) {
-        float x, y;
-        unpack2<Element>(av[w], x, y);
-        av[w] = pack2<Element>(x * cosine[w] - y * sine[w], y * cosine[w] + x * sine[w]);
-      }
-      *piece = a;
+      for (int piece = 0; piece < kPieces; ++piece) held[r][piece] = *at(r0 + r, piece);
     }
-    if (r + 1 < kRun) {
 #pragma unroll
-      for (int i = 0; i < kPairs; ++i) {
-        const float c = cosine[i] * step_cosine[i] - sine[i] * step_sine[i];
-        sine[i] = sine[i] * step_cosine[i] + cosine[i] * step_sine[i];
-        cosine[i] = c;
+    for (int r = 0; r < kBatch; ++r) {
+      unsigned* av = reinterpret_cast<unsigned*>(&held[r][0]);
+      if constexpr (STYLE == kRopeHalf) {
+        unsigned* bv = reinterpret_cast<unsigned*>(&held[r][kPieces - 1]);
+#pragma unroll
+        for (int w = 0; w < WORDS; ++w) {
+          float x0, x1, y0, y1;
+          unpack2<Element>(av[w], x0, x1);
+          unpack2<Element>(bv[w], y0, y1);
+          const float c0 = cosine[2 * w], s0 = sine[2 * w], c1 = cosine[2 * w + 1], s1 = sine[2 * w + 1];
+          av[w] = pack2<Element>(x0 * c0 - y0 * s0, x1 * c1 - y1 * s1);
+          bv[w] = pack2<Element>(y0 * c0 + x0 * s0, y1 * c1 + x1 * s1);
+        }
+      } else {
+#pragma unroll
+        for (int w = 0; w < WORDS; ++w) {
+          float x, y;
+          unpack2<Element>(av[w], x, y);
+          av[w] = pack2<Element>(x * cosine[w] - y * sine[w], y * cosine[w] + x * sine[w]);
+        }
+      }
+#pragma unroll
+      for (int piece = 0; piece < kPieces; ++piece) *at(r0 + r, piece) = held[r][piece];
+      if (r0 + r + 1 < kRun) {
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+          const float c = cosine[i] * step_cosine[i] - sine[i] * step_sine[i];
+          sine[i] = sine[i] * step_cosine[i] + cosine[i] * step_sine[i];
+          cosine[i] = c;
+        }
       }
     }
   }
