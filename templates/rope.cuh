@@ -143,7 +143,9 @@ __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, Piec
   const int unit = threadIdx.x % kUnitsPerRow;
   const int run = threadIdx.x / kUnitsPerRow;
   if (run >= kRunners) return;
-  // Run rows: row0 + r · kRowStep.
+  // Run rows: row0 + r · kRowStep. Spread runs need whole groups of eight
+  // runs (row0 keeps j's high bits and reverses its low three); with fewer,
+  // SPREAD_RUNS keeps consecutive rows and only batches the loads.
   constexpr bool kSpread = SPREAD_RUNS && kRunners % 8 == 0;
   constexpr int kRowStep = kSpread ? kRunners : 1;
   const int row0 = kSpread ? (run & ~7) | (run & 1) << 2 | (run & 2) | (run & 4) >> 2 : run * kRun;
