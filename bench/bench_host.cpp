@@ -13,6 +13,8 @@
 
 #include <jitattn/jitattn.hpp>
 
+#include <cstdlib>
+
 #include "compile.hpp"
 #include "driver.hpp"
 #include "kernels.hpp"
@@ -47,16 +49,33 @@ int bench_compile(const std::string& arch_text, const std::vector<std::string>& 
       for (int head_dim : {64, 128})
         for (bool causal : {false, true})
           for (const TileConfig& t : default_tile_set(dtype, head_dim, causal, arch)) {
-            specs.push_back({Family::fwd, dtype, head_dim, t.block_q, t.block_kv, t.warps, causal});
+            KernelSpec spec{Family::fwd, dtype, head_dim};
+            spec.causal = causal;
+            apply_tiles(spec, t);
+            specs.push_back(spec);
           }
   }
+  // JITATTN_TEMPLATE_DIR, as for the runtime: compare template variants.
+  const char* template_dir = std::getenv("JITATTN_TEMPLATE_DIR");
+  const TemplateSet templates(template_dir != nullptr ? template_dir : "");
   fmt::print("{:<40} {:>8} {:>10} {:>10} {:>12}\n", "spec", "seconds", "cubin KiB", "registers", "spill bytes");
   for (const KernelSpec& spec : specs) {
     const auto start = Clock::now();
-    const CompileOutput out = compile_cubin(render(spec, TemplateSet()), spec.text() + ".cu", arch, spec.text());
+    const CompileOutput out = compile_cubin(render(spec, templates), spec.text() + ".cu", arch, spec.text());
     fmt::print("{:<40} {:>8.2f} {:>10.1f} {:>10} {:>12}\n", spec.text(), ms_since(start) / 1000,
                out.cubin.size() / 1024.0, report_value(out.log, "Used ", " registers"),
                report_value(out.log, "frame, ", " bytes spill stores"));
+    // ptxas' warnings, e.g. wgmma instructions it had to serialize (the
+    // whole log with JITATTN_BENCH_LOG set).
+    size_t line_start = 0;
+    while (line_start < out.log.size()) {
+      const size_t line_end = std::min(out.log.find('\n', line_start), out.log.size());
+      const std::string line = out.log.substr(line_start, line_end - line_start);
+      if (line.find("arning") != std::string::npos || std::getenv("JITATTN_BENCH_LOG") != nullptr) {
+        fmt::print("  {}\n", line);
+      }
+      line_start = line_end + 1;
+    }
   }
   return 0;
 }

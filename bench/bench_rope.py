@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, F32, default_options, load, tensor_of  # noqa: E402
+from jitattn_ctypes import BF16, F32, default_options, force_tiles, load, tensor_of  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
 
@@ -28,7 +28,8 @@ def main():
     parser.add_argument("--lib", default="build/libjitattn.so")
     parser.add_argument("--json")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192")
-    parser.add_argument("--rope-tiles", default="", help="force tiles of the RoPE runs, e.g. 64x64x4, or 256x64x8x3 (producer layout, 3 stages)")
+    parser.add_argument("--rope-tiles", default="", help="force tiles of the RoPE runs, e.g. 64x64x4, 256x64x8x3 (producer layout, 3 stages), "
+                        "128x128x8x2w (producer layout with wgmma warpgroups)")
     parser.add_argument("--plain-tiles", default="", help="force tiles of the runs without RoPE (same format)")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--grids", default="issue,full", help="issue (batch 2), full (16384 / N tokens), or both")
@@ -64,10 +65,7 @@ def main():
                     o.causal = 1
                     o.rope_style = 1 if rope else 0
                     forced = args.rope_tiles if rope else args.plain_tiles
-                    if forced:
-                        fields = [int(x) for x in forced.split("x")]
-                        o.block_q, o.block_kv, o.warps = fields[:3]
-                        o.stages = fields[3] if len(fields) > 3 else 0
+                    force_tiles(o, forced)
                     if tables:
                         o.rope_cos = ctypes.addressof(tcos)
                         o.rope_sin = ctypes.addressof(tsin)

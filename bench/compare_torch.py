@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import Options, Tensor  # noqa: E402
+from jitattn_ctypes import Options, Tensor, force_tiles  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
 
@@ -40,6 +40,9 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--tiles", default="", help="force jitattn's tiles (jitattn_ctypes.force_tiles), e.g. 128x128x8x2w")
+    parser.add_argument("--causal", default="no,yes", help="no, yes, or both (the default)")
+    parser.add_argument("--no-mem-efficient", action="store_true", help="skip PyTorch's memory-efficient backend")
     args = parser.parse_args()
 
     lib = ctypes.CDLL(args.lib)
@@ -52,7 +55,7 @@ def main():
     for name in (["bf16", "f16"] if args.dtype == "both" else [args.dtype]):
         torch_dtype, code = DTYPES[name]
         for head_dim in [int(x) for x in args.head_dims.split(",")]:
-            for causal in (False, True):
+            for causal in [c == "yes" for c in args.causal.split(",")]:
                 for n in [int(x) for x in args.seqlens.split(",")]:
                     batch, heads = 16384 // n, max(1, 2048 // head_dim)
                     gen = torch.Generator(device="cuda").manual_seed(n * head_dim + causal)
@@ -63,6 +66,7 @@ def main():
                     options = Options()
                     lib.jitattn_fwd_options_init(ctypes.byref(options))
                     options.causal = int(causal)
+                    force_tiles(options, args.tiles)
                     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
                     def run_jitattn():
@@ -90,7 +94,11 @@ def main():
                               "heads": heads, "max_diff_vs_fa2": max_diff}
                     for label, fn in (("jitattn", run_jitattn), ("fa2", torch_backend(SDPBackend.FLASH_ATTENTION)),
                                       ("cudnn", torch_backend(SDPBackend.CUDNN_ATTENTION)),
-                                      ("mem_efficient", torch_backend(SDPBackend.EFFICIENT_ATTENTION))):
+                                      ("mem_efficient", None if args.no_mem_efficient
+                                       else torch_backend(SDPBackend.EFFICIENT_ATTENTION))):
+                        if fn is None:
+                            result[label] = None
+                            continue
                         try:
                             result[label] = flops / median_ms(fn) * 1e-9
                         except RuntimeError as error:  # a backend that refuses the shape

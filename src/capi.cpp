@@ -80,7 +80,8 @@ struct CallViews {
       alibi = view_of(c_options->alibi_slopes, "alibi_slopes");
       options.alibi_slopes = &alibi;
     }
-    options.tiles = {c_options->block_q, c_options->block_kv, c_options->warps, c_options->stages};
+    options.tiles = {c_options->block_q, c_options->block_kv, c_options->warps, c_options->stages,
+                     c_options->wgmma != 0};
     jitattn::RopeOptions& rope = options.rope;
     rope.style = static_cast<jitattn::RopeStyle>(c_options->rope_style);
     rope.rotary_dim = c_options->rotary_dim;

@@ -281,6 +281,23 @@ TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int
   }
 }
 
+std::optional<TileConfig> wgmma_tiles(int head_dim, bool causal, const Arch& arch) {
+  if (head_dim > 128 || arch.major != 9 || arch.minor != 0 || !arch.arch_specific) return std::nullopt;
+  // Four stages at head_dim ≤ 64 without a mask, three with one; two at
+  // 96-128 (two 64 KB stages of 128 keys). Measured on the H200
+  // (docs/PERFORMANCE.md).
+  const int stages = head_dim > 64 ? 2 : causal ? 3 : 4;
+  return TileConfig{128, 128, 8, stages, true};
+}
+
+void apply_tiles(KernelSpec& spec, const TileConfig& tiles) {
+  spec.block_q = tiles.block_q;
+  spec.block_kv = tiles.block_kv;
+  spec.warps = tiles.warps;
+  spec.stages = tiles.stages;
+  spec.wgmma = tiles.wgmma;
+}
+
 std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch) {
   std::vector<TileConfig> set;
   for (int bucket = 512; bucket <= 16384; bucket *= 2) {
@@ -290,6 +307,7 @@ std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal,
     });
     if (!seen) set.push_back(t);
   }
+  if (const auto wgmma = wgmma_tiles(head_dim, causal, arch)) set.push_back(*wgmma);
   return set;
 }
 
@@ -437,6 +455,13 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   plan.spec.block_kv = tiles.block_kv;
   plan.spec.warps = tiles.warps;
   if (!problem.kvcache) plan.spec.stages = tiles.stages;
+  if (options.tiles.wgmma) {
+    if (problem.kvcache || options.tiles.stages == 0) {
+      reject("options.tiles.wgmma needs options.tiles.stages > 0 (the producer layout), and no KV cache");
+    }
+    if (arch.major != 9 || !arch.arch_specific) reject(fmt::format("options.tiles.wgmma needs sm_90a, not {}", arch.text()));
+    plan.spec.wgmma = true;
+  }
   plan.spec.causal = causal;
   plan.spec.local = local;
   plan.spec.softcap = options.softcap > 0.f;
@@ -482,22 +507,21 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
       plan.spec.warps = 4;
     }
   }
-  // RoPE at head_dim 64 on sm_90a: the producer layout (a warpgroup copies
-  // and rotates K while 8 MMA warps compute 256-row tiles) takes K's rotation
-  // off the MMA warps: 1.15-1.19× the attention without RoPE instead of
-  // 1.26-1.46× (docs/PERFORMANCE.md). Its tiles are twice as tall, so it
-  // needs a grid of about one CTA per SM to pay; at head_dim 128 its MMA
-  // warps spill and it measured no faster.
-  constexpr int64_t kProducerMinCtas = 128;
-  if (!tiles_forced && options.tiles.stages == 0 && !tuned && has_rope && !problem.kvcache && !varlen && kernel_dim == 64 && arch.major == 9 &&
-      arch.arch_specific &&
-      batch * (plan.spec.pack_gqa ? heads_kv * ((seqlen_q * group + 255) / 256) : heads_q * ((seqlen_q + 255) / 256)) >=
-          kProducerMinCtas) {
-    tiles = {256, 64, 8, 3};
-    plan.spec.block_q = 256;
-    plan.spec.block_kv = 64;
-    plan.spec.warps = 8;
-    plan.spec.stages = 3;
+  // sm_90a: the wgmma family (FwdConfig::kWgmma, wgmma_tiles): a producer
+  // warpgroup copies (and, for RoPE, rotates) K/V into a ring of stages
+  // while two warpgroups of MMA warps compute 64 query rows each with wgmma.
+  // Measured on the H200 (docs/PERFORMANCE.md) it beats the mma.sync kernels
+  // at head dims 64 and 128, with and without RoPE, once its 128-row tiles
+  // fill the GPU; smaller grids keep the mma.sync tiles (64-row ones for
+  // short causal calls). The tuner's table (mma.sync tiles only) does not
+  // override it.
+  constexpr int64_t kWgmmaMinCtas = 128;
+  const int64_t wgmma_ctas =
+      batch * (plan.spec.pack_gqa ? heads_kv * ((seqlen_q * group + 127) / 128) : heads_q * ((seqlen_q + 127) / 128));
+  const std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, masked_like_causal, arch);
+  if (!tiles_forced && options.tiles.stages == 0 && !problem.kvcache && !varlen && wgmma && wgmma_ctas >= kWgmmaMinCtas) {
+    tiles = *wgmma;
+    apply_tiles(plan.spec, tiles);
   }
   plan.spec.validate();
   // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at

@@ -3,6 +3,7 @@
 // arithmetic: no GPU, no I/O, so it is cheap on the hot path and testable on CPU.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include <jitattn/jitattn.hpp>
@@ -30,9 +31,15 @@ class TuningTable;
 // The built-in tile configuration for a shape class (from tuning on the H200),
 // used when neither the caller nor a tuning table chooses.
 TileConfig default_tiles(DType dtype, int head_dim, bool causal, const Arch& arch, int seqlen_bucket);
-// Every distinct default_tiles() choice over the seqlen buckets: what warming
-// a (dtype, head_dim, causal) class must compile so no call compiles later.
+// The wgmma family's tiles for a class on `arch` (sm_90a, head dims up to
+// 128), which the planner takes once they fill the GPU; none elsewhere.
+std::optional<TileConfig> wgmma_tiles(int head_dim, bool causal, const Arch& arch);
+// Every distinct default_tiles() choice over the seqlen buckets, and the
+// wgmma tiles where they apply: what warming a (dtype, head_dim, causal) class
+// must compile so no call compiles later.
 std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch);
+// A spec's tile fields (block_q, block_kv, warps, stages, wgmma) from tiles.
+void apply_tiles(KernelSpec& spec, const TileConfig& tiles);
 
 // Split-KV: how many splits a call with `tiles` CTAs and `kv_blocks` key
 // blocks each should use on `sm_count` SMs holding `ctas_per_sm` CTAs each.

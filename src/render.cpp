@@ -136,6 +136,7 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_tables ? "true" : "false"),
       fmt::arg("kvcache", spec.kvcache ? "true" : "false"), fmt::arg("paged", spec.paged ? "true" : "false"),
       fmt::arg("split", spec.split ? "true" : "false"), fmt::arg("stages", spec.stages),
+      fmt::arg("wgmma", spec.wgmma ? "true" : "false"),
       fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;

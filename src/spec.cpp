@@ -177,6 +177,7 @@ std::string KernelSpec::text() const {
   std::string out = fmt::format("{}.{}.d{}.br{}.bc{}.w{}", decode ? "decode" : "fwd", dtype_name(dtype), head_dim,
                                 block_q, block_kv, warps);
   if (stages > 0) out += fmt::format(".s{}", stages);
+  if (wgmma) out += ".wgmma";
   if (causal) out += ".causal";
   if (local) out += ".local";
   if (softcap) out += ".softcap";
@@ -236,7 +237,8 @@ KernelSpec KernelSpec::parse(std::string_view text) {
       spec.rope = half ? RopeKind::half : RopeKind::interleaved;
       continue;
     }
-    bool* flag = fields[i] == "causal"    ? &spec.causal
+    bool* flag = fields[i] == "wgmma"     ? &spec.wgmma
+                 : fields[i] == "causal"  ? &spec.causal
                  : fields[i] == "local"   ? &spec.local
                  : fields[i] == "softcap" ? &spec.softcap
                  : fields[i] == "alibi"   ? &spec.alibi
@@ -248,12 +250,12 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "paged"   ? &spec.paged
                  : fields[i] == "split"   ? &spec.split
                                           : nullptr;
-    if (decode && (flag == &spec.varlen || flag == &spec.pack_gqa || flag == &spec.kvcache)) {
+    if (decode && (flag == &spec.varlen || flag == &spec.pack_gqa || flag == &spec.kvcache || flag == &spec.wgmma)) {
       bad_spec(text, fmt::format("flag '{}' does not apply to a decode spec (packgqa and kvcache are implied, "
                                  "varlen is unsupported)", fields[i]));
     }
     if (flag == nullptr || *flag) {
-      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: causal, local, softcap, alibi, rope_half_rN, "
+      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, causal, local, softcap, alibi, rope_half_rN, "
                                  "rope_interleaved_rN, rope_tables, packgqa, kvcache, paged, split, padded, varlen)",
                                  fields[i]));
     }
@@ -291,6 +293,16 @@ void KernelSpec::validate() const {
     if (kvcache || split || varlen) {
       fail(ErrorCode::unsupported, "s (a producer warpgroup) does not combine with kvcache, split or varlen");
     }
+  }
+  if (wgmma) {
+    // FwdConfig::kWgmma: one 64-row wgmma tile per warpgroup of MMA warps,
+    // with N = bc for S and N = head_dim for O (wgmma.cuh: N up to 128).
+    if (stages == 0) fail(ErrorCode::unsupported, "wgmma needs the producer layout (sN)");
+    if (block_q != 16 * warps) {
+      fail(ErrorCode::unsupported, fmt::format("wgmma needs br = 16 × w (64 rows per warpgroup), not br={} w={}",
+                                               block_q, warps));
+    }
+    if (head_dim > 128) fail(ErrorCode::unsupported, fmt::format("wgmma supports head_dim up to 128, not {}", head_dim));
   }
   if (block_q != 64 && block_q != 128 && !(stages > 0 && block_q == 256)) {
     fail(ErrorCode::unsupported, fmt::format("br={} is not one of 64, 128 (or 256 with a producer, sN)", block_q));
@@ -383,6 +395,7 @@ uint64_t KernelSpec::packed() const {
   key = key << 8 | static_cast<uint64_t>(block_kv);
   key = key << 4 | static_cast<uint64_t>(warps);
   key = key << 4 | static_cast<uint64_t>(stages);
+  key = key << 1 | static_cast<uint64_t>(wgmma);
   key = key << 1 | static_cast<uint64_t>(causal);
   key = key << 1 | static_cast<uint64_t>(local);
   key = key << 1 | static_cast<uint64_t>(softcap);

@@ -9,7 +9,7 @@ using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /
                                   /*VARLEN=*/{varlen}, /*PACK_GQA=*/{pack_gqa}, /*ROPE=*/jitattn::{rope},
                                   /*ROTARY_DIM=*/{rotary_dim}, /*ROPE_TABLES=*/{rope_tables},
                                   /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged}, /*SPLIT=*/{split},
-                                  /*STAGES=*/{stages}>;
+                                  /*STAGES=*/{stages}, /*WGMMA=*/{wgmma}>;
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads, 1)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{

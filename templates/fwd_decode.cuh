@@ -200,7 +200,7 @@ __device__ void fwd_decode(const FwdParams& p) {
     }
     if constexpr (Cfg::kRewriteScores) rewrite_scores<Warp>(s, p, slopes, q0, key0, diagonal_offset, lane);
     if (block_needs_mask<Warp>(p, key0, seqlen_k, first_query, last_query, diagonal_offset)) apply_mask<Warp>(s, p, seqlen_k, q0, key0, diagonal_offset, lane);
-    online_softmax<Warp, /*SKIP_UNIT_RESCALE=*/true>(s, o, row_max, row_sum, p.scale_log2);
+    online_softmax<Warp, kRescaleChanged>(s, o, row_max, row_sum, p.scale_log2);
     unsigned probabilities[Warp::kMTiles][Cfg::kBlockKV / 16][4];
     pack_probabilities<Warp>(probabilities, s);
     gemm_pv<Warp>(o, probabilities, stage + Cfg::kChunkBytes, lane);

@@ -10,6 +10,7 @@
 #include "fwd_params.h"
 #include "ptx.cuh"
 #include "rope.cuh"
+#include "wgmma.cuh"
 
 namespace jitattn {
 
@@ -22,7 +23,7 @@ enum MaskKind : int {
 
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE,
-          bool PAGED, bool SPLIT, int STAGES = 0>
+          bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
@@ -44,7 +45,18 @@ struct FwdConfig {
   // H200 (docs/PERFORMANCE.md): the producer's rotation runs 6-8% faster
   // overall with 56 than with 40 at head_dim 64, while at 128 the MMA warps'
   // accumulators need the 232.
-  static constexpr int kProducerRegisters = HEAD_DIM <= 64 ? 56 : 40;
+  // With wgmma the MMA warps need fewer (no fragments of Q, K or V: 208 hold
+  // S, O and P without spills at every head dim up to 128), and the
+  // producer takes 88: at 40-56 its RoPE and packed-GQA copies spilled
+  // 84-128 bytes (ptxas, NVRTC 13.0).
+  static constexpr int kProducerRegisters = WGMMA ? 88 : HEAD_DIM <= 64 ? 56 : 40;
+  // WGMMA (sm_90a, with the producer): each warpgroup of MMA warps computes
+  // its 64 rows with wgmma (wgmma.cuh) instead of mma.sync, reading Q, K and
+  // V straight from shared memory in wgmma's panel layout (swizzled_bytes). The
+  // tensor cores then run asynchronously beside the softmax, and the MMA
+  // warps issue a few instructions per 64×N×16 product instead of one per
+  // 16×8×16 with its ldmatrix loads.
+  static constexpr bool kWgmma = WGMMA;
   static constexpr int kMmaRegisters = (3 * 168 - kProducerRegisters) / 2;
   static constexpr bool kCausal = MASK == kMaskCausal;
   static constexpr bool kLocal = MASK == kMaskLocal;
@@ -83,6 +95,8 @@ struct FwdConfig {
   // dims such as 32 and 96 leave a few unused chunks per row.
   static constexpr int kRowElems = (HEAD_DIM + 63) / 64 * 64;
   static constexpr int kRowBytes = kRowElems * 2;
+  // Bytes from one row of a tile to the next (wgmma: within a panel).
+  static constexpr int kRowStride = WGMMA ? 128 : kRowBytes;
 
   static constexpr int kSmemQ = BLOCK_Q * kRowElems;  // elements
   static constexpr int kSmemK = BLOCK_KV * kRowElems;
@@ -99,6 +113,10 @@ struct FwdConfig {
   static constexpr bool kEarlyNextK = HEAD_DIM <= 64;
 
   static_assert(kRowsPerWarp % 16 == 0, "each warp owns whole 16-row MMA tiles");
+  static_assert(!WGMMA || (STAGES > 0 && kRowsPerWarp == 16), "wgmma: a producer, and 64 rows per warpgroup");
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!WGMMA, "wgmma needs sm_90a");
+#endif
   static_assert(BLOCK_KV % 16 == 0 && HEAD_DIM % 16 == 0, "MMA k-steps are 16 wide");
 };
 
@@ -106,10 +124,18 @@ struct FwdConfig {
 // the 16-byte chunks of each 128-byte group XOR-swizzled by (row % 8).
 // ldmatrix reads the same chunk column of 8 consecutive rows, and cp.async
 // writes 8 consecutive chunks of one row; the swizzle puts both patterns on 8
-// distinct bank groups.
-template <class Cfg>
+// distinct bank groups. With wgmma (Cfg::kWgmma) a tile of ROWS rows is
+// instead laid out in wgmma's panels (wgmma.cuh): 64-column panels of ROWS
+// 128-byte rows with the same swizzle, so every 8-row group of a panel is one
+// 1 KB wgmma swizzle atom; for head dims up to 64 the two layouts coincide.
+template <class Cfg, int ROWS = 0>
 __device__ __forceinline__ int swizzled_bytes(int row, int chunk) {
-  return row * Cfg::kRowBytes + ((chunk & ~7) << 4) + (((chunk & 7) ^ (row & 7)) << 4);
+  if constexpr (Cfg::kWgmma) {
+    static_assert(ROWS > 0, "the panel layout needs the tile's rows");
+    return (chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+  } else {
+    return row * Cfg::kRowBytes + ((chunk & ~7) << 4) + (((chunk & 7) ^ (row & 7)) << 4);
+  }
 }
 
 // Every ldmatrix access starts at a row ≡ lane (mod 8) and walks in whole
@@ -135,22 +161,33 @@ __device__ __forceinline__ unsigned fragment_address(unsigned row_base, unsigned
 template <class Cfg, int ROWS>
 __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* global, long long row_stride,
                                           int row0, int rows_valid, int chunks_valid) {
-  constexpr int kRowsPerPass = Cfg::kLoadThreads / Cfg::kChunksPerRow;
-  if constexpr (Cfg::kLoadThreads % Cfg::kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0) {
+  // With wgmma, rows that do not split evenly over the threads (head dim 96:
+  // 12 chunks a row) are still copied in whole 8-row passes by the threads
+  // that fit (96 of the producer's 128): the per-chunk path below spilled
+  // 100-370 bytes in the producer's 88 registers.
+  constexpr int kRowsPerPass =
+      Cfg::kWgmma ? Cfg::kLoadThreads / Cfg::kChunksPerRow / 8 * 8 : Cfg::kLoadThreads / Cfg::kChunksPerRow;
+  constexpr int kActiveThreads = kRowsPerPass * Cfg::kChunksPerRow;
+  if constexpr ((Cfg::kLoadThreads % Cfg::kChunksPerRow == 0 || Cfg::kWgmma) && kRowsPerPass > 0 &&
+                kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0) {
     // Each thread copies one fixed chunk column in whole 8-row steps: one
     // pointer walked by a fixed step and one row count compared against
     // constants (a 64-bit address per pass would cost registers the main
     // loop needs).
+    if (kActiveThreads < Cfg::kLoadThreads && threadIdx.x >= kActiveThreads) return;
     const int row = threadIdx.x / Cfg::kChunksPerRow;
     const int chunk = threadIdx.x % Cfg::kChunksPerRow;
-    const unsigned destination = tile + swizzled_bytes<Cfg>(row, chunk);
+    // One instantiation for every tile height of the mma.sync layout: one
+    // per height (the same code once inlined) made ptxas spill 36 more bytes
+    // in the head_dim 128 kernels (NVRTC 13.0).
+    const unsigned destination = tile + swizzled_bytes<Cfg, Cfg::kWgmma ? ROWS : 0>(row, chunk);
     const unsigned short* source = global + (row0 + row) * row_stride + chunk * 8;
     const long long step = kRowsPerPass * row_stride;
     const int rows_left = chunk < chunks_valid ? rows_valid - row0 - row : 0;
 #pragma unroll
     for (int pass = 0; pass < ROWS / kRowsPerPass; ++pass) {
       const bool valid = pass * kRowsPerPass < rows_left;
-      cp_async_16(destination + pass * kRowsPerPass * Cfg::kRowBytes, valid ? source : global, valid);
+      cp_async_16(destination + pass * kRowsPerPass * Cfg::kRowStride, valid ? source : global, valid);
       source += step;
     }
   } else {
@@ -162,7 +199,7 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
         const int row = index / Cfg::kChunksPerRow;
         const int chunk = index % Cfg::kChunksPerRow;
         const bool valid = row0 + row < rows_valid && chunk < chunks_valid;
-        cp_async_16(tile + swizzled_bytes<Cfg>(row, chunk), valid ? global + (row0 + row) * row_stride + chunk * 8 : global,
+        cp_async_16(tile + swizzled_bytes<Cfg, ROWS>(row, chunk), valid ? global + (row0 + row) * row_stride + chunk * 8 : global,
                     valid);
       }
     }
@@ -338,19 +375,44 @@ __device__ __forceinline__ void apply_mask(float (&s)[Cfg::kMTiles][Cfg::kScoreT
   });
 }
 
+// O *= the per-row corrections of an online softmax step.
+template <class Cfg>
+__device__ __forceinline__ void rescale_output(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
+                                               const float (&corrections)[Cfg::kMTiles][2]) {
+#pragma unroll
+  for (int m = 0; m < Cfg::kMTiles; ++m) {
+#pragma unroll
+    for (int n = 0; n < Cfg::kOutTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[m][n][e] *= corrections[m][e >> 1];
+    }
+  }
+}
+
 // Online softmax step: folds this block's scores into the running row maxima
 // and sums, rescales the output accumulators, and turns s into probabilities
 // exp2(s·scale_log2 − max·scale_log2). Sums stay per-lane partial until the
 // epilogue, since every rescale factor is uniform across a row's four lanes.
 //
-// SKIP_UNIT_RESCALE (decoding, where the running maxima settle after a few
-// blocks): when no row of the warp raised its maximum, every correction is
-// exactly 1 and the warp skips rescaling O.
-template <class Cfg, bool SKIP_UNIT_RESCALE = false>
+// When O is rescaled:
+enum RescaleMode : int {
+  kRescaleNow = 0,
+  // Decoding, where the running maxima settle after a few blocks: when no row
+  // of the warp raised its maximum, every correction is exactly 1 and the
+  // warp skips rescaling O.
+  kRescaleChanged = 1,
+  // wgmma, where the previous block's P V may still be accumulating into O:
+  // the corrections go to `later`, for rescale_output once it has finished.
+  kRescaleLater = 2,
+};
+
+template <class Cfg, RescaleMode MODE = kRescaleNow>
 __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4],
                                                float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
                                                float (&row_max)[Cfg::kMTiles][2],
-                                               float (&row_sum)[Cfg::kMTiles][2], float scale_log2) {
+                                               float (&row_sum)[Cfg::kMTiles][2], float scale_log2,
+                                               float (*later)[2] = nullptr) {
+  constexpr bool SKIP_UNIT_RESCALE = MODE == kRescaleChanged;
   float corrections[Cfg::kMTiles][2];
   bool rescale = false;
 #pragma unroll
@@ -371,6 +433,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kSc
       if constexpr (SKIP_UNIT_RESCALE) {
         rescale = rescale || block_max != row_max[m][half];
         corrections[m][half] = correction;
+      } else if constexpr (MODE == kRescaleLater) {
+        later[m][half] = correction;
       } else {
 #pragma unroll
         for (int n = 0; n < Cfg::kOutTiles; ++n) {
@@ -393,16 +457,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kSc
   }
   if constexpr (SKIP_UNIT_RESCALE) {
     // An unchanged maximum gives a correction of exactly exp2(0) = 1.
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int m = 0; m < Cfg::kMTiles; ++m) {
-#pragma unroll
-        for (int n = 0; n < Cfg::kOutTiles; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[m][n][e] *= corrections[m][e >> 1];
-        }
-      }
-    }
+    if (__any_sync(0xffffffffu, rescale)) rescale_output<Cfg>(o, corrections);
   }
 }
 
@@ -428,7 +483,7 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
       const int row = warp_row0 + m * 16 + (lane >> 2) + half * 8;
 #pragma unroll
       for (int n = 0; n < Cfg::kOutTiles; ++n) {
-        *reinterpret_cast<unsigned*>(staging + swizzled_bytes<Cfg>(row, n) + (lane & 3) * 4) =
+        *reinterpret_cast<unsigned*>(staging + swizzled_bytes<Cfg, Cfg::kBlockQ>(row, n) + (lane & 3) * 4) =
             pack2<Element>(o[m][n][2 * half] * inverse, o[m][n][2 * half + 1] * inverse);
       }
       if (lse != nullptr && (lane & 3) == 0 && q0 + row < rows) {
@@ -447,7 +502,7 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
     const int row = warp_row0 + chunk / Cfg::kChunksPerRow;
     const int column_chunk = chunk % Cfg::kChunksPerRow;
     if (q0 + row < rows && column_chunk < chunks_valid) {
-      const uint4 value = *reinterpret_cast<const uint4*>(staging + swizzled_bytes<Cfg>(row, column_chunk));
+      const uint4 value = *reinterpret_cast<const uint4*>(staging + swizzled_bytes<Cfg, Cfg::kBlockQ>(row, column_chunk));
       *reinterpret_cast<uint4*>(out + row_offset<Cfg>(q0 + row, group, out_row_stride, out_head_stride) +
                                 column_chunk * 8) = value;
     }
@@ -488,7 +543,7 @@ __device__ __forceinline__ void load_kv_tile(unsigned tile, const unsigned short
           const bool valid = key < seqlen_k && chunk < chunks_valid;
           const unsigned short* source = rows;
           if (valid) source = rows + pages[key >> page_shift] * page_stride + (key & in_page) * row_stride + chunk * 8;
-          cp_async_16(tile + swizzled_bytes<Cfg>(row, chunk), source, valid);
+          cp_async_16(tile + swizzled_bytes<Cfg, Cfg::kBlockKV>(row, chunk), source, valid);
         }
       }
     }
@@ -548,7 +603,7 @@ __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned shor
       const int chunk = index % Cfg::kChunksPerRow;
       const bool valid = q0 + row < rows && chunk < chunks_valid;
       const unsigned short* source = valid ? q + row_offset<Cfg>(q0 + row, group, row_stride, head_stride) + chunk * 8 : q;
-      cp_async_16(tile + swizzled_bytes<Cfg>(row, chunk), source, valid);
+      cp_async_16(tile + swizzled_bytes<Cfg, Cfg::kBlockQ>(row, chunk), source, valid);
     }
   }
 }
@@ -558,7 +613,7 @@ __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned shor
 template <class Cfg, int ROWS, typename PositionOf>
 __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams& p, PositionOf&& position_of) {
   rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, Cfg::kLoadThreads>(
-      p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg>(row, chunk)); },
+      p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg, ROWS>(row, chunk)); },
       position_of);
 }
 
@@ -584,7 +639,7 @@ __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, con
         [&](int row, int unit) {
           // Units of 8 bytes are halves of the swizzled 16-byte chunks.
           constexpr int kPerChunk = 4 / kWords;
-          return reinterpret_cast<Piece*>(tile + swizzled_bytes<Cfg>(row, unit / kPerChunk)) + unit % kPerChunk;
+          return reinterpret_cast<Piece*>(tile + swizzled_bytes<Cfg, ROWS>(row, unit / kPerChunk)) + unit % kPerChunk;
         },
         position0);
   }
@@ -749,6 +804,9 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   if constexpr (Cfg::kRope != kRopeNone) {
     rotate_q_tile<Cfg>(shared_bytes, p, query_position0, job.q0, job.group);
   }
+  // wgmma reads tiles through the async proxy: this thread's copies and
+  // rotated stores must be ordered before those reads.
+  if constexpr (Cfg::kWgmma) fence_async_shared();
   mbarrier_arrive(ring.q_ready());
   for (int i = 0; i < blocks; ++i) {
     const int s = i % kStages;
@@ -765,6 +823,7 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       rotate_consecutive_tile<Cfg, Cfg::kBlockKV>(shared_bytes + (ring.k_stage(s) - ring.base), p,
                                                   key_position0 + (job.end_block - 1 - i) * Cfg::kBlockKV);
     }
+    if constexpr (Cfg::kWgmma) fence_async_shared();
     mbarrier_arrive(ring.k_ready(s));
     if (i + kStages - 1 < blocks) issue(i + kStages - 1);
   }
@@ -825,6 +884,143 @@ __device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob&
                     p.lse_scale, lane);
 }
 
+// The wgmma consumer (Cfg::kWgmma): each warpgroup of MMA warps owns 64
+// rows of the tile, warp w of it rows 16w..16w+15, with accumulators in the
+// mma.sync C-fragment layout, so masking, the softmax and the epilogue are
+// the mma.sync kernel's. S = Q Kᵀ reads Q and K through descriptors; O += P V
+// takes P from registers and V through a descriptor of its N-major panels.
+// The ring's hand-offs are those of consume_tiles, but the block skipping is
+// per warpgroup: a wgmma is issued by all four of its warps together.
+template <class Cfg>
+__device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const TileJob& job, const Ring<Cfg>& ring,
+                                                    unsigned char* shared_bytes) {
+  using Element = typename Cfg::Element;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kGroupRows = 64;
+  const int lane = threadIdx.x & 31;
+  const int consumer = threadIdx.x - Cfg::kProducerThreads;
+  const int warp_row0 = (consumer >> 5) * Cfg::kRowsPerWarp;
+  const int group_row0 = (consumer >> 7) * kGroupRows;
+  float slopes[Cfg::kMTiles][2];
+  if constexpr (Cfg::kAlibi) load_row_slopes<Cfg>(slopes, p, job.batch, job.head, job.q0 + warp_row0, job.group, lane);
+  const int first_query = query_position<Cfg>(job.q0 + group_row0, job.group);
+  const int last_query = Cfg::kPackGqa
+                             ? query_position<Cfg>(max(min(job.q0 + group_row0 + kGroupRows, job.rows) - 1,
+                                                       job.q0 + group_row0), job.group)
+                             : job.q0 + group_row0 + kGroupRows - 1;
+  int group_first_block, group_end_block;
+  visible_blocks<Cfg>(p, job.seqlen_k, job.diagonal_offset, first_query, last_query, group_first_block,
+                      group_end_block);
+
+  float o[Cfg::kMTiles][Cfg::kOutTiles][4];
+  float row_max[Cfg::kMTiles][2];
+  float row_sum[Cfg::kMTiles][2];
+  clear_accumulators<Cfg>(o, row_max, row_sum);
+  // S = Q Kᵀ for the block in `stage` (async). Q's and K's k-step ks: panel
+  // ks / 4, 32-byte column ks % 4.
+  const unsigned q_rows = ring.base + group_row0 * 128;
+  auto issue_qk = [&](float (&s_acc)[Cfg::kMTiles][Cfg::kScoreTiles][4], int stage) {
+    // Copies that landed without a producer store (K without RoPE) reach
+    // the async proxy through this thread's fence.
+    fence_async_shared();
+    wgmma_fence();
+    auto q_at = [&](int ks) { return wgmma_descriptor(q_rows + (ks >> 2) * (Cfg::kBlockQ * 128) + (ks & 3) * 32, 16); };
+    auto k_at = [&](int ks) {
+      return wgmma_descriptor(ring.k_stage(stage) + (ks >> 2) * (Cfg::kBlockKV * 128) + (ks & 3) * 32, 16);
+    };
+    wgmma_ss<Element, Cfg::kBlockKV, false>(s_acc[0], q_at(0), k_at(0));
+#pragma unroll
+    for (int ks = 1; ks < Cfg::kHeadDim / 16; ++ks) wgmma_ss<Element, Cfg::kBlockKV, true>(s_acc[0], q_at(ks), k_at(ks));
+    wgmma_commit();
+  };
+  // O += P V for the block in `stage` (async).
+  auto issue_pv = [&](const unsigned (&probabilities)[Cfg::kMTiles][Cfg::kBlockKV / 16][4], int stage,
+                      unsigned parity) {
+    mbarrier_wait(ring.v_landed(stage), parity);
+    fence_async_shared();
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kBlockKV / 16; ++ks) {
+      // Keys 16ks..16ks+15: two 8-row groups of every panel; panels (64
+      // columns of V each) are kBlockKV rows apart.
+      wgmma_rs<Element, Cfg::kHeadDim>(o[0], probabilities[0][ks],
+                                       wgmma_descriptor(ring.v_stage(stage) + ks * 16 * 128, Cfg::kBlockKV * 128));
+    }
+    wgmma_commit();
+  };
+  // Masking and the softmax of one block's scores; the corrections for O
+  // are returned.
+  auto softmax = [&](float (&s_acc)[Cfg::kMTiles][Cfg::kScoreTiles][4], int key0,
+                     float (&corrections)[Cfg::kMTiles][2]) {
+    if constexpr (Cfg::kRewriteScores) {
+      rewrite_scores<Cfg>(s_acc, p, slopes, job.q0 + warp_row0, key0, job.diagonal_offset, lane);
+    }
+    if (block_needs_mask<Cfg>(p, key0, job.seqlen_k, first_query, last_query, job.diagonal_offset)) {
+      apply_mask<Cfg>(s_acc, p, job.seqlen_k, job.q0 + warp_row0, key0, job.diagonal_offset, lane);
+    }
+    online_softmax<Cfg, kRescaleLater>(s_acc, o, row_max, row_sum, p.scale_log2, corrections);
+  };
+  auto key_block = [&](int i) { return job.end_block - 1 - i; };
+  auto stage_of = [&](int i) { return i % kStages; };
+  auto parity_of = [&](int i) { return static_cast<unsigned>((i / kStages) & 1); };
+
+  mbarrier_wait(ring.q_ready(), 0);
+  const int blocks = job.end_block - job.first_block;
+  // The group sees a contiguous run of the ring's blocks; before and after
+  // it, stages are only handed back.
+  int i = 0;
+  for (; i < blocks && key_block(i) >= group_end_block; ++i) {
+    mbarrier_wait(ring.k_ready(stage_of(i)), parity_of(i));
+    mbarrier_arrive(ring.stage_free(stage_of(i)));
+  }
+  if (i < blocks && key_block(i) >= group_first_block) {
+    unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
+    {
+      float s_acc[Cfg::kMTiles][Cfg::kScoreTiles][4];
+      mbarrier_wait(ring.k_ready(stage_of(i)), parity_of(i));
+      issue_qk(s_acc, stage_of(i));
+      wgmma_wait<0>();
+      wgmma_hold(s_acc[0]);
+      float corrections[Cfg::kMTiles][2];
+      softmax(s_acc, key_block(i) * Cfg::kBlockKV, corrections);
+      pack_probabilities<Cfg>(probabilities, s_acc);
+    }
+    // One block behind: block i's S = Q Kᵀ is issued, then block i - 1's
+    // P V, and the softmax of block i runs while that P V still
+    // accumulates into O; O is rescaled once it has finished.
+    for (++i; i < blocks && key_block(i) >= group_first_block; ++i) {
+      float s_acc[Cfg::kMTiles][Cfg::kScoreTiles][4];
+      mbarrier_wait(ring.k_ready(stage_of(i)), parity_of(i));
+      issue_qk(s_acc, stage_of(i));
+      issue_pv(probabilities, stage_of(i - 1), parity_of(i - 1));
+      wgmma_wait<1>();
+      wgmma_hold(s_acc[0]);
+      float corrections[Cfg::kMTiles][2];
+      softmax(s_acc, key_block(i) * Cfg::kBlockKV, corrections);
+      wgmma_wait<0>();
+      wgmma_hold(o[0]);
+      mbarrier_arrive(ring.stage_free(stage_of(i - 1)));
+      rescale_output<Cfg>(o, corrections);
+      pack_probabilities<Cfg>(probabilities, s_acc);
+    }
+    issue_pv(probabilities, stage_of(i - 1), parity_of(i - 1));
+    wgmma_wait<0>();
+    wgmma_hold(o[0]);
+    mbarrier_arrive(ring.stage_free(stage_of(i - 1)));
+  }
+  for (; i < blocks; ++i) {
+    mbarrier_wait(ring.k_ready(stage_of(i)), parity_of(i));
+    mbarrier_arrive(ring.stage_free(stage_of(i)));
+  }
+  allow_dependent_launch();
+  // Each warp stages its output in its own Q rows; the warpgroup's wgmma
+  // reads of Q (all four warps' rows) have completed once all four are here.
+  named_barrier_sync(2 + (consumer >> 7), 128);
+  store_output<Cfg>(o, row_max, row_sum, shared_bytes, job.out, p.o_row_stride, p.o_head_stride, job.lse,
+                    p.lse_row_stride, p.lse_head_stride, job.q0, warp_row0, job.rows, job.group, job.chunks_valid,
+                    p.lse_scale, lane);
+}
+
 template <class Cfg>
 __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, const TileJob& job,
                                                         unsigned char* shared_bytes) {
@@ -843,7 +1039,11 @@ __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, cons
     produce_tiles<Cfg>(p, job, ring, shared_bytes);
   } else {
     warpgroup_registers_claim<Cfg::kMmaRegisters>();
-    consume_tiles<Cfg>(p, job, ring, shared_bytes);
+    if constexpr (Cfg::kWgmma) {
+      consume_tiles_wgmma<Cfg>(p, job, ring, shared_bytes);
+    } else {
+      consume_tiles<Cfg>(p, job, ring, shared_bytes);
+    }
   }
 }
 

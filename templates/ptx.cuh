@@ -115,6 +115,11 @@ __device__ __forceinline__ void named_barrier_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
+// The same with a barrier chosen at run time (one per warpgroup).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Moves registers between the warpgroups of a CTA (sm_90a): a warpgroup that
 // needs few gives some back, one that needs many takes them. Elsewhere a
 // no-op: every warp keeps the launch's per-thread count.

@@ -241,6 +241,13 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
                                     tiles.warps, causal}
                              .text());
         }
+        // And the wgmma tiles the planner takes once they fill the GPU.
+        if (const auto wgmma = jitattn::detail::wgmma_tiles(head_dim, causal, hopper)) {
+          KernelSpec spec{jitattn::detail::Family::fwd, dtype, head_dim};
+          spec.causal = causal;
+          jitattn::detail::apply_tiles(spec, *wgmma);
+          planned.insert(spec.text());
+        }
       }
     }
   }

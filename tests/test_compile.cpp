@@ -30,7 +30,10 @@ std::vector<KernelSpec> default_set(const Arch& arch) {
     for (int head_dim : {64, 128})
       for (bool causal : {false, true}) {
         for (const TileConfig& t : default_tile_set(dtype, head_dim, causal, arch)) {
-          specs.push_back({Family::fwd, dtype, head_dim, t.block_q, t.block_kv, t.warps, causal});
+          KernelSpec spec{Family::fwd, dtype, head_dim};
+          spec.causal = causal;
+          apply_tiles(spec, t);
+          specs.push_back(spec);
         }
       }
   return specs;
@@ -128,6 +131,63 @@ TEST_CASE("producer-layout specs (sN) compile with their features (sm_90a and sm
                                     Arch::parse(arch_text));
     for (const auto& e : errors) FAIL_CHECK(e);
     CHECK(errors.empty());
+  }
+}
+
+TEST_CASE("wgmma specs compile with their features for sm_90a, without serialized wgmma; other archs refuse them") {
+  std::vector<KernelSpec> specs;
+  int variant = 0;
+  for (int head_dim : {32, 64, 96, 128})
+    for (int block_kv : {64, 128})
+      for (int stages : {2, 3}) {
+        KernelSpec spec{Family::fwd, variant % 2 ? DType::f16 : DType::bf16, head_dim, 128, block_kv, 8};
+        spec.stages = stages;
+        spec.wgmma = true;
+        spec.causal = variant % 3 == 0;
+        spec.local = variant % 3 == 1;
+        spec.softcap = variant % 4 == 1;
+        spec.alibi = variant % 5 == 2;
+        spec.pack_gqa = variant % 6 == 5;
+        spec.padded = variant % 7 == 3;
+        if (variant % 4 != 3) {
+          spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
+          spec.rotary_dim = variant % 3 == 2 ? head_dim / 32 * 16 : head_dim;
+          spec.rope_tables = variant % 7 == 6;
+        }
+        ++variant;
+        if (spec.rotary_dim == 0 && spec.rope != RopeKind::none) continue;  // head_dim 32 at half rotation
+        if (spec.smem_bytes() <= 227 * 1024) specs.push_back(spec);
+      }
+  REQUIRE(specs.size() >= 14);
+  const Arch hopper = Arch::parse("sm_90a");
+  std::vector<std::string> failures(specs.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < specs.size();) {
+      try {
+        const CompileOutput out = compile_cubin(render(specs[i], TemplateSet()), specs[i].text() + ".cu", hopper, specs[i].text());
+        // ptxas reports wgmma it had to serialize (waits after each
+        // instruction) as "Potential Performance Loss".
+        if (out.log.find("Potential Performance Loss") != std::string::npos) failures[i] = specs[i].text() + ": " + out.log;
+        if (out.log.find("0 bytes spill stores") == std::string::npos) failures[i] = specs[i].text() + " spills: " + out.log;
+      } catch (const std::exception& e) {
+        failures[i] = e.what();
+      }
+    }
+  };
+  std::thread a(worker), b(worker);
+  a.join();
+  b.join();
+  for (const auto& f : failures) {
+    if (!f.empty()) FAIL_CHECK(f);
+  }
+  // The kernel refuses to compile for anything but sm_90a (its wgmma would
+  // be missing there), and says why.
+  try {
+    compile_cubin(render(specs.front(), TemplateSet()), "wgmma.cu", Arch::parse("sm_90"), specs.front().text());
+    FAIL("a wgmma spec compiled for sm_90");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("wgmma needs sm_90a") != std::string::npos);
   }
 }
 

@@ -315,6 +315,47 @@ TEST_CASE("producer layout (sN): RoPE and plain, both styles, masks, softcap, AL
   });
 }
 
+TEST_CASE("wgmma (sm_90a): RoPE and plain, both styles, masks, softcap, ALiBi, GQA packing, head dims 32-128") {
+  // The producer layout with wgmma warpgroups: Q, K and V in wgmma's panel
+  // layout (two panels at head dims 96 and 128), S = Q Kᵀ with N = bc, O with
+  // N = head_dim (80 runs padded to 96), block skipping per warpgroup.
+  if (current_arch() != "sm_90a") {
+    MESSAGE("skipped: wgmma needs sm_90a, this GPU is " << current_arch());
+    return;
+  }
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const std::pair<int, int> seqlens[] = {{113, 203}, {1024, 1024}, {300, 1500}, {1, 239}, {700, 600}, {256, 512}};
+  const int head_dims[] = {128, 64, 96, 32, 80, 128};
+  std::vector<Case> cases;
+  for (int index = 0; index < 30; ++index) {
+    const auto& [seqlen_q, seqlen_k] = seqlens[index % 6];
+    const int head_dim = head_dims[(index / 6 + index) % 6];
+    Case c;
+    c.dtype = index % 3 == 0 ? DType::f16 : DType::bf16;
+    c.shape = AttentionShape::dense(seqlen_q >= 1024 ? 1 : 2, seqlen_q, seqlen_k, 6, index % 3 == 0 ? 6 : 2, head_dim,
+                                    index % 4 != 3);
+    if (index % 8 == 3) c.shape.window_left = 100, c.shape.window_right = 30;
+    if (index % 5 == 2) c.shape.softcap = 50.f;
+    if (index % 7 == 2) c.shape.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
+    c.rope = index % 3 != 2;
+    c.rotation.style = index % 2 == 0 ? RopeStyle::rotate_half : RopeStyle::interleaved;
+    c.rotation.rotary_dim = rotary_dim_for(index % 4 == 1 ? 0.5 : 1.0, head_dim);
+    if (c.rotation.rotary_dim == 0) c.rope = false;
+    c.angles = index % 7 == 4 ? Angles::tables : Angles::theta;
+    c.offsets = index % 3 == 1 ? Offsets::both : Offsets::none;
+    if (index % 5 == 4) c.pack_gqa = true;
+    c.heads_major = index % 4 == 2;
+    const int block_kv = index % 3 == 0 ? 64 : 128;
+    const int stages = head_dim > 64 && block_kv == 128 ? 2 : 2 + index % 3;
+    c.tiles = {128, block_kv, 8, stages, true};
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    CHECK_MESSAGE(run.spec.find(fmt::format(".w8.s{}.wgmma", c.tiles.stages)) != std::string::npos, run.spec);
+  });
+}
+
 TEST_CASE("rope: 8192 keys at offsets up to 3000, both styles, partial rotation") {
   // K's angles are stepped along runs of rows with the angle-sum identities
   // (rope.cuh); positions past 10k check them where fp32 angles are coarse.

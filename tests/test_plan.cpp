@@ -19,8 +19,8 @@ struct Call {
   TensorView out = TensorView::contiguous(address(0x40000), DType::bf16, {2, 100, 8, 128});
   TensorView lse = TensorView::contiguous(address(0x50000), DType::f32, {2, 8, 100});
   ForwardOptions options;
-  ForwardPlan plan(bool with_lse = true, int smem = 227 * 1024) const {
-    return plan_forward(q, k, v, out, with_lse ? &lse : nullptr, options, Arch::parse("sm_90a"), smem);
+  ForwardPlan plan(bool with_lse = true, int smem = 227 * 1024, const char* arch = "sm_90a") const {
+    return plan_forward(q, k, v, out, with_lse ? &lse : nullptr, options, Arch::parse(arch), smem);
   }
 };
 
@@ -102,7 +102,7 @@ TEST_CASE("GQA: short query sequences pack a KV head's query heads into one tile
   CHECK_FALSE(long_call.plan().spec.pack_gqa);
 }
 
-TEST_CASE("RoPE at head_dim 64 on sm_90a takes the producer layout when its grid fills the GPU") {
+TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its 128-row tiles fill the GPU") {
   Call call;
   const auto resize = [&](int64_t batch, int64_t seqlen, int64_t head_dim) {
     call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
@@ -113,24 +113,42 @@ TEST_CASE("RoPE at head_dim 64 on sm_90a takes the producer layout when its grid
   };
   call.options.causal = true;
   call.options.rope.style = RopeStyle::rotate_half;
-  resize(8, 2048, 64);  // 8 · 16 · 2048 / 256 = 1024 CTAs
+  resize(8, 2048, 64);  // 8 · 16 · 2048 / 128 = 2048 CTAs
   ForwardPlan plan = call.plan();
-  CHECK(plan.spec.text() == "fwd.bf16.d64.br256.bc64.w8.s3.causal.rope_half_r64");
-  CHECK(plan.params.num_q_blocks == 2048 / 256);
-  // Too few 256-row tiles to fill the GPU: the 4-warp tiles.
-  resize(2, 512, 64);
-  CHECK(call.plan().spec.stages == 0);
-  // Head dim 128, or no RoPE: the 4-warp tiles.
-  resize(8, 2048, 128);
-  CHECK(call.plan().spec.stages == 0);
-  resize(8, 2048, 64);
+  CHECK(plan.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s3.wgmma.causal.rope_half_r64");
+  CHECK(plan.params.num_q_blocks == 2048 / 128);
+  CHECK(plan.spec.threads() == 8 * 32 + 128);
+  // Without a mask, four stages at head_dim 64; two at 128 and 96.
+  call.options.causal = false;
   call.options.rope.style = RopeStyle::none;
-  CHECK(call.plan().spec.stages == 0);
-  // Forced: any fwd call may ask for it, and bad forced stages are refused.
+  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma");
+  resize(8, 2048, 128);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma");
+  resize(8, 2048, 80);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d96.br128.bc128.w8.s2.wgmma.padded");
+  // Too few tiles (1 · 16 · 512 / 128 = 64 CTAs), head dims above 128,
+  // other architectures: the mma.sync kernels.
+  resize(1, 512, 128);
+  CHECK_FALSE(call.plan().spec.wgmma);
+  resize(8, 2048, 256);
+  CHECK_FALSE(call.plan().spec.wgmma);
+  resize(8, 2048, 128);
+  CHECK_FALSE(call.plan(true, 227 * 1024, "sm_90").spec.wgmma);
+  CHECK_FALSE(call.plan(true, 99 * 1024, "sm_86").spec.wgmma);
+  // Forced tiles: the producer layout with or without wgmma; bad forced
+  // combinations are refused, naming the option or the rule.
   call.options.tiles = {256, 64, 8, 2};
-  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br256.bc64.w8.s2.causal");
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br256.bc64.w8.s2");
   call.options.tiles = {256, 64, 4, 2};
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("needs w=8"), Error);
+  call.options.tiles = {128, 64, 8, 3, true};
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc64.w8.s3.wgmma");
+  CHECK_THROWS_WITH_AS(call.plan(true, 227 * 1024, "sm_90"), doctest::Contains("options.tiles.wgmma needs sm_90a"),
+                       Error);
+  call.options.tiles = {256, 64, 8, 2, true};
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("wgmma needs br = 16 × w"), Error);
+  call.options.tiles = {128, 64, 8, 0, true};
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("options.tiles.wgmma needs options.tiles.stages > 0"), Error);
 }
 
 TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tables become parameters") {

@@ -152,6 +152,30 @@ TEST_CASE("producer-layout fwd specs (sN): text, threads, shared memory, packing
                        doctest::Contains("kvcache"), Error);
 }
 
+TEST_CASE("wgmma fwd specs: text, packing and rules") {
+  const KernelSpec spec = KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128");
+  CHECK(spec.wgmma);
+  CHECK(spec.stages == 2);
+  CHECK(spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128");
+  CHECK(spec.threads() == 8 * 32 + 128);
+  // Q, two stages of K and V (the panel layout takes the same bytes), 7 mbarriers.
+  CHECK(spec.smem_bytes() == (128 + 2 * 2 * 128) * 128 * 2 + 7 * 8);
+  KernelSpec mma_sync = spec;
+  mma_sync.wgmma = false;
+  CHECK(mma_sync.packed() != spec.packed());
+  CHECK(mma_sync.text() == "fwd.bf16.d128.br128.bc128.w8.s2.causal.rope_half_r128");
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.wgmma"),
+                       doctest::Contains("wgmma needs the producer layout"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br256.bc64.w8.s2.wgmma"), doctest::Contains("br = 16 × w"),
+                       Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d256.br128.bc64.w8.s2.wgmma"),
+                       doctest::Contains("head_dim up to 128"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.wgmma"),
+                       doctest::Contains("repeated flag 'wgmma'"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s3.wgmma"),
+                       doctest::Contains("does not apply to a decode spec"), Error);
+}
+
 TEST_CASE("spec hash is stable across runs and builds") {
   // Pinned value: XXH3-64 of the canonical text (checked with the Python xxhash package). A change here invalidates
   // every tuned table and cache listing keyed by spec hash, so it must be deliberate.

@@ -76,6 +76,10 @@ struct TileConfig {
   // for RoPE) into this many shared-memory stages while the 8 MMA warps
   // compute. 0: the planner picks (the producer layout for RoPE on sm_90).
   int stages = 0;
+  // forward and forward_varlen with stages > 0, sm_90a: the MMA warps
+  // compute with wgmma, one warpgroup per 64 query rows (block_q = 16 ×
+  // warps). Only read when the tiles are forced.
+  bool wgmma = false;
 };
 
 enum class RopeStyle : int {

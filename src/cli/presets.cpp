@@ -110,9 +110,7 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
         spec.causal = shape.causal;
         spec.local = shape.local;
         spec.softcap = shape.softcap;
-        spec.block_q = tiles.block_q;
-        spec.block_kv = tiles.block_kv;
-        spec.warps = tiles.warps;
+        detail::apply_tiles(spec, tiles);
         // Surfaces a planner/generator mismatch here rather than as a compile error.
         spec.validate();
         specs.push_back(spec);
