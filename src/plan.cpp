@@ -511,15 +511,20 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // warpgroup copies (and, for RoPE, rotates) K/V into a ring of stages
   // while two warpgroups of MMA warps compute 64 query rows each with wgmma.
   // Measured on the H200 (docs/PERFORMANCE.md) it beats the mma.sync kernels
-  // at head dims 64 and 128, with and without RoPE, once its 128-row tiles
-  // fill the GPU; smaller grids keep the mma.sync tiles (64-row ones for
-  // short causal calls). The tuner's table (mma.sync tiles only) does not
-  // override it.
+  // by up to 1.5× once its 128-row tiles fill the GPU and each CTA walks
+  // enough keys: without RoPE at least 512 on average at head_dim 128 and
+  // 1024 at 64 (a causal CTA sees half the keys; windows are counted like
+  // causal); shorter calls keep the mma.sync tiles, which start faster. With
+  // RoPE it wins at every length (the mma.sync kernels rotate K on their MMA
+  // warps). The tuner's table (mma.sync tiles only) does not override it.
   constexpr int64_t kWgmmaMinCtas = 128;
   const int64_t wgmma_ctas =
       batch * (plan.spec.pack_gqa ? heads_kv * ((seqlen_q * group + 127) / 128) : heads_q * ((seqlen_q + 127) / 128));
+  const int64_t keys_per_cta = masked_like_causal ? seqlen_k / 2 : seqlen_k;
+  const bool wgmma_pays = has_rope || keys_per_cta >= (kernel_dim <= 64 ? 1024 : 512);
   const std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, masked_like_causal, arch);
-  if (!tiles_forced && options.tiles.stages == 0 && !problem.kvcache && !varlen && wgmma && wgmma_ctas >= kWgmmaMinCtas) {
+  if (!tiles_forced && options.tiles.stages == 0 && !problem.kvcache && !varlen && wgmma && wgmma_pays &&
+      wgmma_ctas >= kWgmmaMinCtas) {
     tiles = *wgmma;
     apply_tiles(plan.spec, tiles);
   }

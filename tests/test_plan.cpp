@@ -126,10 +126,23 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its 128-row
   CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma");
   resize(8, 2048, 80);
   CHECK(call.plan().spec.text() == "fwd.bf16.d96.br128.bc128.w8.s2.wgmma.padded");
-  // Too few tiles (1 · 16 · 512 / 128 = 64 CTAs), head dims above 128,
-  // other architectures: the mma.sync kernels.
+  // Too few tiles (1 · 16 · 512 / 128 = 64 CTAs), too few keys per CTA
+  // without RoPE, head dims above 128, other architectures: the mma.sync
+  // kernels.
   resize(1, 512, 128);
   CHECK_FALSE(call.plan().spec.wgmma);
+  resize(32, 512, 128);
+  CHECK(call.plan().spec.wgmma);  // 512 keys at head_dim 128
+  call.options.causal = true;     // 256 on average
+  CHECK_FALSE(call.plan().spec.wgmma);
+  call.options.rope.style = RopeStyle::rotate_half;
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128");
+  call.options.rope.style = RopeStyle::none;
+  call.options.causal = false;
+  resize(32, 512, 64);
+  CHECK_FALSE(call.plan().spec.wgmma);  // 512 keys at head_dim 64
+  resize(16, 1024, 64);
+  CHECK(call.plan().spec.wgmma);
   resize(8, 2048, 256);
   CHECK_FALSE(call.plan().spec.wgmma);
   resize(8, 2048, 128);
