@@ -281,12 +281,12 @@ TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int
   }
 }
 
-std::optional<TileConfig> wgmma_tiles(int head_dim, bool causal, const Arch& arch) {
+std::optional<TileConfig> wgmma_tiles(int head_dim, bool causal, bool rope, const Arch& arch) {
   if (head_dim > 128 || arch.major != 9 || arch.minor != 0 || !arch.arch_specific) return std::nullopt;
-  // Four stages at head_dim ≤ 64 without a mask, three with one; two at
-  // 96-128 (two 64 KB stages of 128 keys). Measured on the H200
-  // (docs/PERFORMANCE.md).
-  const int stages = head_dim > 64 ? 2 : causal ? 3 : 4;
+  // Four stages at head_dim ≤ 64, three with a mask and no RoPE (the
+  // producer then has little to do ahead); two at 96-128 (two 64 KB stages
+  // of 128 keys). Measured on the H200 (docs/PERFORMANCE.md).
+  const int stages = head_dim > 64 ? 2 : causal && !rope ? 3 : 4;
   return TileConfig{128, 128, 8, stages, true};
 }
 
@@ -307,7 +307,7 @@ std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal,
     });
     if (!seen) set.push_back(t);
   }
-  if (const auto wgmma = wgmma_tiles(head_dim, causal, arch)) set.push_back(*wgmma);
+  if (const auto wgmma = wgmma_tiles(head_dim, causal, /*rope=*/false, arch)) set.push_back(*wgmma);
   return set;
 }
 
@@ -515,16 +515,27 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // enough keys: without RoPE at least 512 on average at head_dim 128 and
   // 1024 at 64 (a causal CTA sees half the keys; windows are counted like
   // causal); shorter calls keep the mma.sync tiles, which start faster. With
-  // RoPE it wins at every length (the mma.sync kernels rotate K on their MMA
-  // warps). The tuner's table (mma.sync tiles only) does not override it.
-  constexpr int64_t kWgmmaMinCtas = 128;
-  const int64_t wgmma_ctas =
-      batch * (plan.spec.pack_gqa ? heads_kv * ((seqlen_q * group + 127) / 128) : heads_q * ((seqlen_q + 127) / 128));
+  // RoPE it wins at nearly every length (the mma.sync kernels rotate K on
+  // their MMA warps), except at head_dim 64 with fewer keys per CTA, where
+  // the mma.sync producer layout (256-row tiles, so each K block is rotated
+  // once per 256 query rows) measured 3-9% faster once its grid fills the
+  // GPU. The tuner's table (mma.sync tiles only) does not override either.
+  constexpr int64_t kMinCtas = 128;
+  auto ctas_of = [&](int64_t rows) {
+    return batch * (plan.spec.pack_gqa ? heads_kv * ((seqlen_q * group + rows - 1) / rows)
+                                       : heads_q * ((seqlen_q + rows - 1) / rows));
+  };
   const int64_t keys_per_cta = masked_like_causal ? seqlen_k / 2 : seqlen_k;
-  const bool wgmma_pays = has_rope || keys_per_cta >= (kernel_dim <= 64 ? 1024 : 512);
-  const std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, masked_like_causal, arch);
-  if (!tiles_forced && options.tiles.stages == 0 && !problem.kvcache && !varlen && wgmma && wgmma_pays &&
-      wgmma_ctas >= kWgmmaMinCtas) {
+  const bool long_keys = keys_per_cta >= (kernel_dim <= 64 ? 1024 : 512);
+  const bool hopper = arch.major == 9 && arch.minor == 0 && arch.arch_specific;
+  const bool choose = !tiles_forced && options.tiles.stages == 0 &&
+                      !problem.kvcache && !varlen && hopper;
+  const std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, masked_like_causal, has_rope, arch);
+  const bool rope_producer = has_rope && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
+  if (choose && rope_producer) {
+    tiles = {256, 64, 8, 3};
+    apply_tiles(plan.spec, tiles);
+  } else if (choose && wgmma && (has_rope || long_keys) && ctas_of(128) >= kMinCtas) {
     tiles = *wgmma;
     apply_tiles(plan.spec, tiles);
   }

@@ -113,14 +113,26 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its 128-row
   };
   call.options.causal = true;
   call.options.rope.style = RopeStyle::rotate_half;
-  resize(8, 2048, 64);  // 8 · 16 · 2048 / 128 = 2048 CTAs
+  resize(8, 4096, 64);  // 8 · 16 · 4096 / 128 = 4096 CTAs, 2048 keys per CTA on average
   ForwardPlan plan = call.plan();
-  CHECK(plan.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s3.wgmma.causal.rope_half_r64");
-  CHECK(plan.params.num_q_blocks == 2048 / 128);
+  CHECK(plan.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64");
+  CHECK(plan.params.num_q_blocks == 4096 / 128);
   CHECK(plan.spec.threads() == 8 * 32 + 128);
-  // Without a mask, four stages at head_dim 64; two at 128 and 96.
-  call.options.causal = false;
+  // RoPE at head_dim 64 with fewer keys: the mma.sync producer layout
+  // (256-row tiles) once it has 128 CTAs, else wgmma.
+  resize(16, 1024, 64);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br256.bc64.w8.s3.causal.rope_half_r64");
+  resize(2, 512, 64);  // 64 CTAs of 256 rows, 128 of 128
+  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64");
+  resize(1, 512, 64);  // 32 CTAs of 256 rows, 64 of 128: the 4-warp kernel
+  CHECK(call.plan().spec.stages == 0);
+  // Without RoPE: three stages with a mask at head_dim 64, four without;
+  // two at 128 and 96.
   call.options.rope.style = RopeStyle::none;
+  resize(8, 4096, 64);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s3.wgmma.causal");
+  call.options.causal = false;
+  resize(8, 2048, 64);
   CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma");
   resize(8, 2048, 128);
   CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma");
