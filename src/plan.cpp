@@ -528,8 +528,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const int64_t keys_per_cta = masked_like_causal ? seqlen_k / 2 : seqlen_k;
   const bool long_keys = keys_per_cta >= (kernel_dim <= 64 ? 1024 : 512);
   const bool hopper = arch.major == 9 && arch.minor == 0 && arch.arch_specific;
-  const bool choose = !tiles_forced && options.tiles.stages == 0 &&
-                      !problem.kvcache && !varlen && hopper;
+  const bool choose = !tiles_forced && options.tiles.stages == 0 && !problem.kvcache && hopper;
   const std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, masked_like_causal, has_rope, arch);
   const bool rope_producer = has_rope && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
   if (choose && rope_producer) {

@@ -290,9 +290,7 @@ void KernelSpec::validate() const {
     // the MMA warps (sm_90a), and dense keys only.
     if (stages < 2 || stages > 4) fail(ErrorCode::unsupported, fmt::format("s={} is not between 2 and 4", stages));
     if (warps != 8) fail(ErrorCode::unsupported, fmt::format("s={} (a producer warpgroup) needs w=8, not w={}", stages, warps));
-    if (kvcache || split || varlen) {
-      fail(ErrorCode::unsupported, "s (a producer warpgroup) does not combine with kvcache, split or varlen");
-    }
+    if (kvcache || split) fail(ErrorCode::unsupported, "s (a producer warpgroup) does not combine with kvcache or split");
   }
   if (wgmma) {
     // FwdConfig::kWgmma: one 64-row wgmma tile per warpgroup of MMA warps,

@@ -62,6 +62,7 @@ struct Case {
   int slack = 0;
   // Judge against the GPU reference kernel (large shapes) instead of the CPU one.
   bool gpu_reference = false;
+  TileConfig tiles;  // forced tiles (zeros: the planner's)
 };
 
 int max_seqlen_q_of(const Case& c) { return std::min(c.shape.total_q, std::max(1, c.shape.max_seqlen_q()) + c.slack); }
@@ -174,6 +175,7 @@ ForwardOptions options_for(const Case& c, const TensorView* slopes) {
   options.softcap = a.softcap;
   options.alibi_slopes = slopes;
   if (a.scale > 0.f) options.softmax_scale = a.scale;
+  options.tiles = c.tiles;
   return options;
 }
 
@@ -526,6 +528,46 @@ TEST_CASE("varlen: sliding windows, softcap, ALiBi per head and per sequence, se
       add_slopes(c, true, rng);
       add(c);
     }
+  }
+  warm_cases(cases);
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks, softcap, ALiBi, seqused_k, edges") {
+  // A CTA past its sequence's queries leaves before the warpgroups split;
+  // the producer reads each sequence's keys through cu_seqlens/seqused_k.
+  if (current_arch() != "sm_90a") {
+    MESSAGE("skipped: the wgmma family needs sm_90a, this GPU is " << current_arch());
+    return;
+  }
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  int index = 0;
+  for (DType dtype : kDTypes) {
+    for (int head_dim : {64, 128, 80}) {
+      for (bool causal : {false, true}) {
+        Case c;
+        c.dtype = dtype;
+        c.layout = index % 2 == 0 ? Layout::contiguous : Layout::padded;
+        c.shape = random_batch(make_common(6, index % 3 == 0 ? 6 : 2, head_dim, causal), rng);
+        if (index % 4 == 1) c.shape.common.window_left = 40;
+        if (index % 5 == 2) c.shape.common.softcap = 30.f;
+        if (index % 3 == 2) add_slopes(c, index % 2 == 0, rng);
+        if (index % 4 == 3) c.shape.seqused_k = random_seqused(c.shape, rng);
+        // Two 64 KB stages fill shared memory at head dims above 64.
+        c.tiles = index % 6 == 5 ? TileConfig{256, 64, 8, 3}
+                                 : TileConfig{128, head_dim > 64 ? 128 : 64, 8, head_dim > 64 ? 2 : 2 + index % 3, true};
+        cases.push_back(c);
+        ++index;
+      }
+    }
+    Case edges;  // no queries, no keys, one of each, rows that see nothing
+    edges.dtype = dtype;
+    edges.shape = VarlenShape::packed(make_common(6, 2, 128, true), {0, 0, 5, 1, 1, 300, 650, 700, 129},
+                                      {0, 17, 0, 1, 300, 1, 700, 120, 129}, 3, 2);
+    edges.tiles = {128, 128, 8, 2, true};
+    cases.push_back(edges);
   }
   warm_cases(cases);
   check_cases(cases, rng, seed);
