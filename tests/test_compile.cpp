@@ -4,6 +4,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include <unistd.h>
@@ -39,8 +40,12 @@ std::vector<KernelSpec> default_set(const Arch& arch) {
   return specs;
 }
 
+// What a compile's ptxas log must not say: a failure message, or "" when fine.
+using LogCheck = std::function<std::string(const std::string& log)>;
+
 // Compiles specs on two threads (NVRTC programs are independent); returns failures.
-std::vector<std::string> compile_all(const std::vector<KernelSpec>& specs, const Arch& arch) {
+std::vector<std::string> compile_all(const std::vector<KernelSpec>& specs, const Arch& arch,
+                                     const LogCheck& check_log = nullptr) {
   std::vector<std::string> failures(specs.size());
   std::atomic<size_t> next{0};
   auto worker = [&] {
@@ -49,6 +54,10 @@ std::vector<std::string> compile_all(const std::vector<KernelSpec>& specs, const
         const CompileOutput out = compile_cubin(render(specs[i], TemplateSet()), specs[i].text() + ".cu", arch, specs[i].text());
         if (!is_elf(out.cubin)) failures[i] = specs[i].text() + ": output is not an ELF cubin";
         if (out.log.find("spill stores") == std::string::npos) failures[i] = specs[i].text() + ": no ptxas report in the log";
+        if (check_log && failures[i].empty()) {
+          const std::string why = check_log(out.log);
+          if (!why.empty()) failures[i] = specs[i].text() + ": " + why + "\n" + out.log;
+        }
       } catch (const std::exception& e) {
         failures[i] = e.what();
       }
@@ -62,6 +71,23 @@ std::vector<std::string> compile_all(const std::vector<KernelSpec>& specs, const
     if (!f.empty()) errors.push_back(f);
   }
   return errors;
+}
+
+// Feature variant `variant` of a prefill spec: masks, score modifiers, GQA
+// packing and RoPE settings cycle at different periods. False when the
+// variant does not exist at the spec's head dim (half rotation at 32).
+bool set_feature_variant(KernelSpec& spec, int variant) {
+  spec.causal = variant % 3 == 0;
+  spec.local = variant % 3 == 1;
+  spec.softcap = variant % 4 == 1;
+  spec.alibi = variant % 5 == 2;
+  spec.pack_gqa = variant % 6 == 5;
+  if (variant % 4 != 3) {
+    spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
+    spec.rotary_dim = variant % 3 == 2 ? spec.head_dim / 32 * 16 : spec.head_dim;
+    spec.rope_tables = variant % 7 == 6;
+  }
+  return spec.rope == RopeKind::none || spec.rotary_dim > 0;
 }
 
 }  // namespace
@@ -110,19 +136,7 @@ TEST_CASE("producer-layout specs (sN) compile with their features (sm_90a and sm
       for (int block_q : {128, 256}) {
         KernelSpec spec{Family::fwd, variant % 2 ? DType::f16 : DType::bf16, head_dim, block_q, 64, 8};
         spec.stages = stages;
-        spec.causal = variant % 3 == 0;
-        spec.local = variant % 3 == 1;
-        spec.softcap = variant % 4 == 1;
-        spec.alibi = variant % 5 == 2;
-        spec.pack_gqa = variant % 6 == 5;
-        if (variant % 4 != 3) {
-          spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
-          spec.rotary_dim = variant % 3 == 2 ? head_dim / 32 * 16 : head_dim;
-          spec.rope_tables = variant % 7 == 6;
-        }
-        ++variant;
-        if (spec.rotary_dim == 0 && spec.rope != RopeKind::none) continue;  // head_dim 32 at half rotation
-        if (spec.smem_bytes() <= 227 * 1024) specs.push_back(spec);
+        if (set_feature_variant(spec, variant++) && spec.smem_bytes() <= 227 * 1024) specs.push_back(spec);
       }
   REQUIRE(specs.size() >= 20);
   for (const char* arch_text : {"sm_90a", "sm_80"}) {
@@ -143,44 +157,19 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
         KernelSpec spec{Family::fwd, variant % 2 ? DType::f16 : DType::bf16, head_dim, 128, block_kv, 8};
         spec.stages = stages;
         spec.wgmma = true;
-        spec.causal = variant % 3 == 0;
-        spec.local = variant % 3 == 1;
-        spec.softcap = variant % 4 == 1;
-        spec.alibi = variant % 5 == 2;
-        spec.pack_gqa = variant % 6 == 5;
         spec.padded = variant % 7 == 3;
-        if (variant % 4 != 3) {
-          spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
-          spec.rotary_dim = variant % 3 == 2 ? head_dim / 32 * 16 : head_dim;
-          spec.rope_tables = variant % 7 == 6;
-        }
-        ++variant;
-        if (spec.rotary_dim == 0 && spec.rope != RopeKind::none) continue;  // head_dim 32 at half rotation
-        if (spec.smem_bytes() <= 227 * 1024) specs.push_back(spec);
+        if (set_feature_variant(spec, variant++) && spec.smem_bytes() <= 227 * 1024) specs.push_back(spec);
       }
   REQUIRE(specs.size() >= 14);
-  const Arch hopper = Arch::parse("sm_90a");
-  std::vector<std::string> failures(specs.size());
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i; (i = next++) < specs.size();) {
-      try {
-        const CompileOutput out = compile_cubin(render(specs[i], TemplateSet()), specs[i].text() + ".cu", hopper, specs[i].text());
-        // ptxas reports wgmma it had to serialize (waits after each
-        // instruction) as "Potential Performance Loss".
-        if (out.log.find("Potential Performance Loss") != std::string::npos) failures[i] = specs[i].text() + ": " + out.log;
-        if (out.log.find("0 bytes spill stores") == std::string::npos) failures[i] = specs[i].text() + " spills: " + out.log;
-      } catch (const std::exception& e) {
-        failures[i] = e.what();
-      }
-    }
-  };
-  std::thread a(worker), b(worker);
-  a.join();
-  b.join();
-  for (const auto& f : failures) {
-    if (!f.empty()) FAIL_CHECK(f);
-  }
+  const auto errors = compile_all(specs, Arch::parse("sm_90a"), [](const std::string& log) -> std::string {
+    // ptxas reports wgmma it had to serialize (waits after each
+    // instruction) as "Potential Performance Loss".
+    if (log.find("Potential Performance Loss") != std::string::npos) return "wgmma serialized";
+    if (log.find("0 bytes spill stores") == std::string::npos) return "spills";
+    return "";
+  });
+  for (const auto& e : errors) FAIL_CHECK(e);
+  CHECK(errors.empty());
   // The kernel refuses to compile for anything but sm_90a (its wgmma would
   // be missing there), and says why.
   try {

@@ -280,33 +280,40 @@ TEST_CASE("rope: both styles, rotary fractions 0.5 and 1, theta / linear / Llama
   });
 }
 
+// Case `index` of the producer-layout grids at `head_dim`: lengths, masks,
+// score modifiers, RoPE settings and layouts cycle with the index at
+// different periods. Long causal and windowed cases make the warps of one
+// tile see different block ranges, short ones end mid-tile.
+Case producer_grid_case(int index, int head_dim, bool rope) {
+  const std::pair<int, int> seqlens[] = {{113, 203}, {1024, 1024}, {300, 1500}, {1, 239}, {700, 600}, {256, 512}};
+  const auto& [seqlen_q, seqlen_k] = seqlens[index % 6];
+  Case c;
+  c.dtype = index % 3 == 0 ? DType::f16 : DType::bf16;
+  c.shape = AttentionShape::dense(seqlen_q >= 1024 ? 1 : 2, seqlen_q, seqlen_k, 6, index % 3 == 0 ? 6 : 2, head_dim,
+                                  index % 4 != 3);
+  if (index % 8 == 3) c.shape.window_left = 100, c.shape.window_right = 30;
+  if (index % 5 == 2) c.shape.softcap = 50.f;
+  if (index % 7 == 2) c.shape.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
+  c.rotation.style = index % 2 == 0 ? RopeStyle::rotate_half : RopeStyle::interleaved;
+  c.rotation.rotary_dim = rotary_dim_for(index % 4 == 1 ? 0.5 : 1.0, head_dim);
+  c.rope = rope && c.rotation.rotary_dim > 0;
+  c.angles = index % 7 == 4 ? Angles::tables : Angles::theta;
+  c.offsets = index % 3 == 1 ? Offsets::both : Offsets::none;
+  if (index % 5 == 4) c.pack_gqa = true;
+  c.heads_major = index % 4 == 2;
+  return c;
+}
+
 TEST_CASE("producer layout (sN): RoPE and plain, both styles, masks, softcap, ALiBi, GQA packing, head dims 32-128") {
   // The producer warpgroup copies (and rotates) every K/V block; the MMA
-  // warps skip the blocks their own rows cannot see. Long causal and windowed
-  // cases make the warps of one tile see different block ranges, short ones
-  // end mid-tile, and 2-4 stages wrap the ring at different points.
+  // warps skip the blocks their own rows cannot see, and 2-4 stages wrap the
+  // ring at different points.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
-  const std::pair<int, int> seqlens[] = {{113, 203}, {1024, 1024}, {300, 1500}, {1, 239}, {700, 600}, {256, 512}};
   const int head_dims[] = {64, 128, 32, 96, 64, 128};
   std::vector<Case> cases;
   for (int index = 0; index < 24; ++index) {
-    const auto& [seqlen_q, seqlen_k] = seqlens[index % 6];
-    const int head_dim = head_dims[(index / 6 + index) % 6];
-    Case c;
-    c.dtype = index % 3 == 0 ? DType::f16 : DType::bf16;
-    c.shape = AttentionShape::dense(seqlen_q >= 1024 ? 1 : 2, seqlen_q, seqlen_k, 6, index % 3 == 0 ? 6 : 2, head_dim,
-                                    index % 4 != 3);
-    if (index % 8 == 3) c.shape.window_left = 100, c.shape.window_right = 30;
-    if (index % 5 == 2) c.shape.softcap = 50.f;
-    if (index % 7 == 2) c.shape.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
-    c.rope = index % 6 != 5;
-    c.rotation.style = index % 2 == 0 ? RopeStyle::rotate_half : RopeStyle::interleaved;
-    c.rotation.rotary_dim = rotary_dim_for(index % 4 == 1 ? 0.5 : 1.0, head_dim);
-    c.angles = index % 7 == 4 ? Angles::tables : Angles::theta;
-    c.offsets = index % 3 == 1 ? Offsets::both : Offsets::none;
-    if (index % 5 == 4) c.pack_gqa = true;
-    c.heads_major = index % 4 == 2;
+    Case c = producer_grid_case(index, head_dims[(index / 6 + index) % 6], index % 6 != 5);
     c.tiles = {index % 4 == 0 ? 128 : 256, 64, 8, 2 + index % 3};
     cases.push_back(c);
   }
@@ -325,28 +332,13 @@ TEST_CASE("wgmma (sm_90a): RoPE and plain, both styles, masks, softcap, ALiBi, G
   }
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
-  const std::pair<int, int> seqlens[] = {{113, 203}, {1024, 1024}, {300, 1500}, {1, 239}, {700, 600}, {256, 512}};
   const int head_dims[] = {128, 64, 96, 32, 80, 128};
   std::vector<Case> cases;
   for (int index = 0; index < 30; ++index) {
-    const auto& [seqlen_q, seqlen_k] = seqlens[index % 6];
     const int head_dim = head_dims[(index / 6 + index) % 6];
-    Case c;
-    c.dtype = index % 3 == 0 ? DType::f16 : DType::bf16;
-    c.shape = AttentionShape::dense(seqlen_q >= 1024 ? 1 : 2, seqlen_q, seqlen_k, 6, index % 3 == 0 ? 6 : 2, head_dim,
-                                    index % 4 != 3);
-    if (index % 8 == 3) c.shape.window_left = 100, c.shape.window_right = 30;
-    if (index % 5 == 2) c.shape.softcap = 50.f;
-    if (index % 7 == 2) c.shape.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
-    c.rope = index % 3 != 2;
-    c.rotation.style = index % 2 == 0 ? RopeStyle::rotate_half : RopeStyle::interleaved;
-    c.rotation.rotary_dim = rotary_dim_for(index % 4 == 1 ? 0.5 : 1.0, head_dim);
-    if (c.rotation.rotary_dim == 0) c.rope = false;
-    c.angles = index % 7 == 4 ? Angles::tables : Angles::theta;
-    c.offsets = index % 3 == 1 ? Offsets::both : Offsets::none;
-    if (index % 5 == 4) c.pack_gqa = true;
-    c.heads_major = index % 4 == 2;
+    Case c = producer_grid_case(index, head_dim, index % 3 != 2);
     const int block_kv = index % 3 == 0 ? 64 : 128;
+    // Two 64 KB stages fill shared memory at head dims above 64 with 128 keys.
     const int stages = head_dim > 64 && block_kv == 128 ? 2 : 2 + index % 3;
     c.tiles = {128, block_kv, 8, stages, true};
     cases.push_back(c);
