@@ -101,10 +101,10 @@ struct FwdConfig {
   static constexpr int kSmemQ = BLOCK_Q * kRowElems;  // elements
   static constexpr int kSmemK = BLOCK_KV * kRowElems;
   static constexpr int kSmemV = BLOCK_KV * kRowElems;
-  // The producer's ring: kStages K and V stages, then its mbarriers.
+  // The producer's ring: kStages K and V stages, then its mbarriers (Ring).
   static constexpr int kRingStages = kProducer ? kStages : 1;
   static constexpr int kBarrierOffset = (kSmemQ + kRingStages * (kSmemK + kSmemV)) * 2;
-  static constexpr int kSmemBytes = kBarrierOffset + (kProducer ? (3 * kStages + 1) * 8 : 0);
+  static constexpr int kSmemBytes = kBarrierOffset + (kProducer ? (5 * kStages + 2) * 8 : 0);
 
   // Whether the next K block is requested before this block's softmax (more
   // time to hide its latency, longer register live ranges) or after it.
@@ -745,12 +745,19 @@ struct TileJob {
 
 // The producer layout (Cfg::kProducer): warps 0-3 copy Q and each K/V block
 // into a ring of kStages stages and rotate Q and K for RoPE; the MMA warps
-// wait for a stage, compute, and hand it back. Hand-offs are mbarriers in
-// shared memory after the ring: per stage "K ready" (the producer's 128
-// threads arrive after rotating), "V landed" (arrivals from cp.async
-// completion) and "free" (every MMA thread arrives when done reading), then
-// "Q ready". Block i of the CTA's sequence (the key blocks from the last
-// down) uses stage i % kStages in phase (i / kStages) & 1.
+// wait for a stage, compute, and hand it back. K and V of a stage are handed
+// over and back separately: the MMA warps are done with K once S = Q Kᵀ is
+// computed, which (with wgmma) is a whole block before they are done with V,
+// so the producer refills K stages that much earlier. Hand-offs are
+// mbarriers in shared memory after the ring, per stage:
+//   - "K ready": K may be read. Without RoPE, arrivals from cp.async
+//     completion; with RoPE the producer's 128 threads arrive after rotating
+//     K, once "K landed" (cp.async completion) has told them it is there;
+//   - "K free" and "V free": every MMA thread arrives when done reading;
+//   - "V landed": arrivals from cp.async completion;
+// then "Q landed" and "Q ready" (after Q's rotation). Block i of the CTA's
+// sequence (the key blocks from the last down) uses stage i % kStages in
+// phase (i / kStages) & 1.
 template <class Cfg>
 struct Ring {
   static constexpr int kStageKBytes = Cfg::kSmemK * 2;
@@ -760,27 +767,43 @@ struct Ring {
   __device__ __forceinline__ unsigned v_stage(int s) const {
     return base + Cfg::kSmemQ * 2 + Cfg::kStages * kStageKBytes + s * kStageVBytes;
   }
-  __device__ __forceinline__ unsigned k_ready(int s) const { return base + Cfg::kBarrierOffset + s * 8; }
-  __device__ __forceinline__ unsigned v_landed(int s) const { return k_ready(Cfg::kStages + s); }
-  __device__ __forceinline__ unsigned stage_free(int s) const { return k_ready(2 * Cfg::kStages + s); }
-  __device__ __forceinline__ unsigned q_ready() const { return k_ready(3 * Cfg::kStages); }
+  __device__ __forceinline__ unsigned barrier(int index) const { return base + Cfg::kBarrierOffset + index * 8; }
+  __device__ __forceinline__ unsigned k_ready(int s) const { return barrier(s); }
+  __device__ __forceinline__ unsigned k_landed(int s) const { return barrier(Cfg::kStages + s); }
+  __device__ __forceinline__ unsigned k_free(int s) const { return barrier(2 * Cfg::kStages + s); }
+  __device__ __forceinline__ unsigned v_landed(int s) const { return barrier(3 * Cfg::kStages + s); }
+  __device__ __forceinline__ unsigned v_free(int s) const { return barrier(4 * Cfg::kStages + s); }
+  __device__ __forceinline__ unsigned q_landed() const { return barrier(5 * Cfg::kStages); }
+  __device__ __forceinline__ unsigned q_ready() const { return barrier(5 * Cfg::kStages + 1); }
 };
 
 template <class Cfg>
 __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob& job, const Ring<Cfg>& ring,
                                               unsigned char* shared_bytes) {
   constexpr int kStages = Cfg::kStages;
+  // With RoPE and wgmma, K is copied kStages - 1 blocks ahead of the one
+  // being rotated, as soon as its stage is handed back, and V a block later
+  // than K (after K of its block is ready): the wgmma consumer issues block
+  // i's P V with block i + 1's S, so V is needed a block after K, and a
+  // producer waiting for a V stage would hold up the rotation. Otherwise K
+  // and V of a block are copied together: the mma.sync consumer reads V
+  // right after K, and without RoPE copying V a block later measured 2-7%
+  // slower (docs/PERFORMANCE.md).
+  constexpr bool kVLate = Cfg::kWgmma && Cfg::kRotateKeys;
   const int blocks = job.end_block - job.first_block;
-  // Block i's K and V copies (two commit groups), once the MMA warps have
-  // handed its stage back.
-  auto issue = [&](int i) {
+  auto key0_of = [&](int i) { return (job.end_block - 1 - i) * Cfg::kBlockKV; };
+  auto issue_k = [&](int i) {
     const int s = i % kStages;
-    const int key0 = (job.end_block - 1 - i) * Cfg::kBlockKV;
-    if (i >= kStages) mbarrier_wait(ring.stage_free(s), (i / kStages - 1) & 1);
-    load_kv_tile<Cfg>(ring.k_stage(s), job.k, p.k_row_stride, p.k_batch_stride, nullptr, 0, key0, job.seqlen_k,
+    if (i >= kStages) mbarrier_wait(ring.k_free(s), (i / kStages - 1) & 1);
+    load_kv_tile<Cfg>(ring.k_stage(s), job.k, p.k_row_stride, p.k_batch_stride, nullptr, 0, key0_of(i), job.seqlen_k,
                       job.chunks_valid);
+    cp_async_mbarrier_arrive(Cfg::kRotateKeys ? ring.k_landed(s) : ring.k_ready(s));
     cp_async_commit();
-    load_kv_tile<Cfg>(ring.v_stage(s), job.v, p.v_row_stride, p.v_batch_stride, nullptr, 0, key0, job.seqlen_k,
+  };
+  auto issue_v = [&](int i) {
+    const int s = i % kStages;
+    if (i >= kStages) mbarrier_wait(ring.v_free(s), (i / kStages - 1) & 1);
+    load_kv_tile<Cfg>(ring.v_stage(s), job.v, p.v_row_stride, p.v_batch_stride, nullptr, 0, key0_of(i), job.seqlen_k,
                       job.chunks_valid);
     cp_async_mbarrier_arrive(ring.v_landed(s));
     cp_async_commit();
@@ -791,16 +814,20 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   } else {
     load_tile<Cfg, Cfg::kBlockQ>(ring.base, job.q, p.q_row_stride, job.q0, job.seqlen_q, job.chunks_valid);
   }
+  cp_async_mbarrier_arrive(ring.q_landed());
   cp_async_commit();
   // Up to kStages - 1 blocks ahead of the one being rotated.
-  for (int i = 0; i < kStages - 1 && i < blocks; ++i) issue(i);
+  for (int i = 0; i < kStages - 1 && i < blocks; ++i) {
+    issue_k(i);
+    if constexpr (!kVLate) issue_v(i);
+  }
   int key_position0 = 0, query_position0 = 0;
   if constexpr (Cfg::kRope != kRopeNone) {
     rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
   }
-  // Q (and the first blocks) landed, for every producer thread.
-  cp_async_wait<0>();
-  named_barrier_sync<1, Cfg::kProducerThreads>();
+  // Q landed, for every producer thread (rotation units span chunks that
+  // other threads copied).
+  mbarrier_wait(ring.q_landed(), 0);
   if constexpr (Cfg::kRope != kRopeNone) {
     rotate_q_tile<Cfg>(shared_bytes, p, query_position0, job.q0, job.group);
   }
@@ -809,24 +836,22 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   if constexpr (Cfg::kWgmma) fence_async_shared();
   mbarrier_arrive(ring.q_ready());
   for (int i = 0; i < blocks; ++i) {
-    const int s = i % kStages;
-    // K of block i has landed once at most its own V and the groups of the
-    // blocks issued ahead are pending.
-    if (i + kStages - 2 < blocks) {
-      cp_async_wait<2 * kStages - 3>();
-    } else {
-      cp_async_wait<0>();
-    }
     if constexpr (Cfg::kRotateKeys) {
-      // Rotation units span chunks that other producer threads copied.
-      named_barrier_sync<1, Cfg::kProducerThreads>();
+      const int s = i % kStages;
+      mbarrier_wait(ring.k_landed(s), (i / kStages) & 1);
       rotate_consecutive_tile<Cfg, Cfg::kBlockKV>(shared_bytes + (ring.k_stage(s) - ring.base), p,
-                                                  key_position0 + (job.end_block - 1 - i) * Cfg::kBlockKV);
+                                                  key_position0 + key0_of(i));
+      if constexpr (Cfg::kWgmma) fence_async_shared();
+      mbarrier_arrive(ring.k_ready(s));
     }
-    if constexpr (Cfg::kWgmma) fence_async_shared();
-    mbarrier_arrive(ring.k_ready(s));
-    if (i + kStages - 1 < blocks) issue(i + kStages - 1);
+    if (i + kStages - 1 < blocks) {
+      issue_k(i + kStages - 1);
+      if constexpr (!kVLate) issue_v(i + kStages - 1);
+    }
+    if constexpr (kVLate) issue_v(i);
   }
+  // The last copies complete before the producer's threads exit.
+  cp_async_wait<0>();
 }
 
 template <class Cfg>
@@ -874,8 +899,12 @@ __device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob&
       pack_probabilities<Cfg>(probabilities, s_acc);
       mbarrier_wait(ring.v_landed(s), parity);
       gemm_pv<Cfg>(o, probabilities, opaque(ring.v_stage(s)), lane);
+    } else {
+      // The stage's V copy lands before the producer may copy into it again.
+      mbarrier_wait(ring.v_landed(s), parity);
     }
-    mbarrier_arrive(ring.stage_free(s));
+    mbarrier_arrive(ring.k_free(s));
+    mbarrier_arrive(ring.v_free(s));
   }
   allow_dependent_launch();
   // Each warp stages its output in its own Q rows, which only it reads.
@@ -963,16 +992,21 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   auto key_block = [&](int i) { return job.end_block - 1 - i; };
   auto stage_of = [&](int i) { return i % kStages; };
   auto parity_of = [&](int i) { return static_cast<unsigned>((i / kStages) & 1); };
+  // A block this warpgroup does not see is handed back once its copies have
+  // landed (before the producer may copy into the stage again).
+  auto skip_block = [&](int i) {
+    mbarrier_wait(ring.k_ready(stage_of(i)), parity_of(i));
+    mbarrier_arrive(ring.k_free(stage_of(i)));
+    mbarrier_wait(ring.v_landed(stage_of(i)), parity_of(i));
+    mbarrier_arrive(ring.v_free(stage_of(i)));
+  };
 
   mbarrier_wait(ring.q_ready(), 0);
   const int blocks = job.end_block - job.first_block;
   // The group sees a contiguous run of the ring's blocks; before and after
   // it, stages are only handed back.
   int i = 0;
-  for (; i < blocks && key_block(i) >= group_end_block; ++i) {
-    mbarrier_wait(ring.k_ready(stage_of(i)), parity_of(i));
-    mbarrier_arrive(ring.stage_free(stage_of(i)));
-  }
+  for (; i < blocks && key_block(i) >= group_end_block; ++i) skip_block(i);
   if (i < blocks && key_block(i) >= group_first_block) {
     unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
     {
@@ -981,6 +1015,7 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
       issue_qk(s_acc, stage_of(i));
       wgmma_wait<0>();
       wgmma_hold(s_acc[0]);
+      mbarrier_arrive(ring.k_free(stage_of(i)));
       float corrections[Cfg::kMTiles][2];
       softmax(s_acc, key_block(i) * Cfg::kBlockKV, corrections);
       pack_probabilities<Cfg>(probabilities, s_acc);
@@ -995,23 +1030,21 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
       issue_pv(probabilities, stage_of(i - 1), parity_of(i - 1));
       wgmma_wait<1>();
       wgmma_hold(s_acc[0]);
+      mbarrier_arrive(ring.k_free(stage_of(i)));
       float corrections[Cfg::kMTiles][2];
       softmax(s_acc, key_block(i) * Cfg::kBlockKV, corrections);
       wgmma_wait<0>();
       wgmma_hold(o[0]);
-      mbarrier_arrive(ring.stage_free(stage_of(i - 1)));
+      mbarrier_arrive(ring.v_free(stage_of(i - 1)));
       rescale_output<Cfg>(o, corrections);
       pack_probabilities<Cfg>(probabilities, s_acc);
     }
     issue_pv(probabilities, stage_of(i - 1), parity_of(i - 1));
     wgmma_wait<0>();
     wgmma_hold(o[0]);
-    mbarrier_arrive(ring.stage_free(stage_of(i - 1)));
+    mbarrier_arrive(ring.v_free(stage_of(i - 1)));
   }
-  for (; i < blocks; ++i) {
-    mbarrier_wait(ring.k_ready(stage_of(i)), parity_of(i));
-    mbarrier_arrive(ring.stage_free(stage_of(i)));
-  }
+  for (; i < blocks; ++i) skip_block(i);
   allow_dependent_launch();
   // Each warp stages its output in its own Q rows; the warpgroup's wgmma
   // reads of Q (all four warps' rows) have completed once all four are here.
@@ -1028,9 +1061,12 @@ __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, cons
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbarrier_init(ring.k_ready(s), Cfg::kProducerThreads);
+      mbarrier_init(ring.k_landed(s), Cfg::kProducerThreads);
+      mbarrier_init(ring.k_free(s), Cfg::kWarps * 32);
       mbarrier_init(ring.v_landed(s), Cfg::kProducerThreads);
-      mbarrier_init(ring.stage_free(s), Cfg::kWarps * 32);
+      mbarrier_init(ring.v_free(s), Cfg::kWarps * 32);
     }
+    mbarrier_init(ring.q_landed(), Cfg::kProducerThreads);
     mbarrier_init(ring.q_ready(), Cfg::kProducerThreads);
   }
   __syncthreads();
