@@ -375,8 +375,8 @@ size_t KernelSpec::smem_bytes() const {
   }
   if (stages > 0) {
     // The Q tile, the producer's ring of K and V stages, and its mbarriers
-    // (five per stage and two for Q; FwdConfig::kSmemBytes, Ring).
-    return static_cast<size_t>(block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype) + (5 * stages + 2) * 8;
+    // (five per stage and one for Q; FwdConfig::kSmemBytes, Ring).
+    return static_cast<size_t>(block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype) + (5 * stages + 1) * 8;
   }
   return static_cast<size_t>(block_q + 2 * block_kv) * row_elems * dtype_size(dtype);
 }

@@ -82,6 +82,12 @@ struct FwdConfig {
   static constexpr bool kPaged = PAGED;
   static constexpr bool kSplit = SPLIT;
   static constexpr bool kRotateKeys = ROPE != 0 && !KVCACHE;
+  // With the producer, the MMA warps rotate their own Q rows (while the
+  // producer rotates the first K block) in pieces of this many words
+  // (rotate_consecutive_rows): 4-byte pieces (two pairs' sin and cos per
+  // thread instead of eight) measured 1-3% faster at head_dim 128 and 16-byte
+  // pieces 2.5% faster at 64 and N 8192 (H200, docs/PERFORMANCE.md).
+  static constexpr int kQRotationWords = HEAD_DIM <= 64 ? 4 : 1;
   // Scores rewritten before the softmax (to log2-domain logits) instead of
   // the scale being folded into the exponent.
   static constexpr bool kRewriteScores = SOFTCAP || ALIBI;
@@ -104,7 +110,7 @@ struct FwdConfig {
   // The producer's ring: kStages K and V stages, then its mbarriers (Ring).
   static constexpr int kRingStages = kProducer ? kStages : 1;
   static constexpr int kBarrierOffset = (kSmemQ + kRingStages * (kSmemK + kSmemV)) * 2;
-  static constexpr int kSmemBytes = kBarrierOffset + (kProducer ? (5 * kStages + 2) * 8 : 0);
+  static constexpr int kSmemBytes = kBarrierOffset + (kProducer ? (5 * kStages + 1) * 8 : 0);
 
   // Whether the next K block is requested before this block's softmax (more
   // time to hide its latency, longer register live ranges) or after it.
@@ -608,41 +614,55 @@ __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned shor
   }
 }
 
-// Applies RoPE to the first ROWS rows of a swizzled tile; position_of(row)
-// is the row's position.
-template <class Cfg, int ROWS, typename PositionOf>
-__device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams& p, PositionOf&& position_of) {
-  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, Cfg::kLoadThreads>(
-      p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg, ROWS>(row, chunk)); },
-      position_of);
+// Applies RoPE to rows [first_row, first_row + ROWS) of a swizzled tile of
+// TILE_ROWS rows, shared by THREADS threads of which this is `thread`;
+// position_of(row) is tile row `row`'s position.
+template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, typename PositionOf>
+__device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams& p, PositionOf&& position_of,
+                                            int first_row, int thread) {
+  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, THREADS>(
+      p,
+      [&](int row, int chunk) {
+        return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg, TILE_ROWS>(first_row + row, chunk));
+      },
+      [&](int row) { return position_of(first_row + row); }, thread);
 }
 
-// Applies RoPE to the first ROWS rows of a swizzled tile whose row r is at
-// position0 + r (a K tile; a Q tile whose rows are consecutive queries):
-// stepped angles where the units split evenly over the threads, else one
-// angle per row.
-template <class Cfg, int ROWS>
-__device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, const FwdParams& p, int position0) {
-  // The producer warpgroup has 40-56 registers a thread: 4-byte pieces (two
-  // pairs' angles live) instead of 16-byte chunks (eight).
-  constexpr int kWords = Cfg::kProducer ? 1 : 4;
-  constexpr int kUnitsPerRow = Cfg::kRope == kRopeHalf ? Cfg::kRotaryDim / (4 * kWords) : Cfg::kRotaryDim / (2 * kWords);
-  constexpr bool kEven = Cfg::kLoadThreads % kUnitsPerRow == 0 &&
-                         (Cfg::kLoadThreads / kUnitsPerRow >= ROWS || ROWS % (Cfg::kLoadThreads / kUnitsPerRow) == 0);
+// The same for rows at consecutive positions (a K tile; a Q tile whose rows
+// are consecutive queries), tile row first_row at position0: stepped angles
+// in pieces of WORDS words (rotate_consecutive_rows) where the units split
+// evenly over the threads, else one angle per row.
+template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, int WORDS, bool SPREAD_RUNS>
+__device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, const FwdParams& p, int position0,
+                                                        int first_row, int thread) {
+  constexpr int kUnitsPerRow = Cfg::kRope == kRopeHalf ? Cfg::kRotaryDim / (4 * WORDS) : Cfg::kRotaryDim / (2 * WORDS);
+  constexpr bool kEven = THREADS % kUnitsPerRow == 0 &&
+                         (THREADS / kUnitsPerRow >= ROWS || ROWS % (THREADS / kUnitsPerRow) == 0);
   if constexpr (Cfg::kRopeTables || !kEven) {
-    rotate_tile<Cfg, ROWS>(tile, p, [&](int row) { return position0 + row; });
+    rotate_tile<Cfg, ROWS, TILE_ROWS, THREADS>(tile, p, [&](int row) { return position0 - first_row + row; },
+                                               first_row, thread);
   } else {
-    using Piece = typename RowPiece<kWords>::type;
-    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, Cfg::kLoadThreads, kWords,
-                            /*SPREAD_RUNS=*/Cfg::kProducer>(
+    using Piece = typename RowPiece<WORDS>::type;
+    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, THREADS, WORDS, SPREAD_RUNS>(
         p,
         [&](int row, int unit) {
-          // Units of 8 bytes are halves of the swizzled 16-byte chunks.
-          constexpr int kPerChunk = 4 / kWords;
-          return reinterpret_cast<Piece*>(tile + swizzled_bytes<Cfg, ROWS>(row, unit / kPerChunk)) + unit % kPerChunk;
+          // Units of 4 or 8 bytes are pieces of the swizzled 16-byte chunks.
+          constexpr int kPerChunk = 4 / WORDS;
+          return reinterpret_cast<Piece*>(tile + swizzled_bytes<Cfg, TILE_ROWS>(first_row + row, unit / kPerChunk)) +
+                 unit % kPerChunk;
         },
-        position0);
+        position0, thread);
   }
+}
+
+// Rotates a K tile: the producer warpgroup (4-byte pieces: it has 88
+// registers or fewer a thread, and eight pairs' angles of 16-byte pieces
+// spill) or every thread of the 4-warp kernel (16-byte pieces).
+template <class Cfg>
+__device__ __forceinline__ void rotate_k_tile(unsigned char* k_tile, const FwdParams& p, int position0) {
+  constexpr int kWords = Cfg::kProducer ? 1 : 4;
+  rotate_consecutive_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kLoadThreads, kWords, /*SPREAD_RUNS=*/Cfg::kProducer>(
+      k_tile, p, position0, 0, threadIdx.x % Cfg::kLoadThreads);
 }
 
 // ALiBi slopes of this thread's rows, tile rows first_row + 16m + lane/4
@@ -719,15 +739,19 @@ __device__ __forceinline__ void rope_positions(const FwdParams& p, int batch, in
   query_position0 = p.rope_q_offsets != nullptr ? p.rope_q_offsets[batch] : key_position0 + diagonal_offset;
 }
 
-// Rotates this CTA's Q tile in shared memory (all copy threads take part).
-template <class Cfg>
-__device__ __forceinline__ void rotate_q_tile(unsigned char* q_tile, const FwdParams& p, int query_position0, int q0,
-                                              int group) {
+// Rotates rows [first_row, first_row + ROWS) of this CTA's Q tile in shared
+// memory, shared by THREADS threads of which this is `thread`, in pieces of
+// WORDS words (rotate_consecutive_rows).
+template <class Cfg, int ROWS, int THREADS, int WORDS>
+__device__ __forceinline__ void rotate_q_rows(unsigned char* q_tile, const FwdParams& p, int query_position0, int q0,
+                                              int group, int first_row, int thread) {
   if constexpr (Cfg::kPackGqa) {
     // Packed rows cycle through the group's heads: positions repeat.
-    rotate_tile<Cfg, Cfg::kBlockQ>(q_tile, p, [&](int row) { return query_position0 + query_position<Cfg>(q0 + row, group); });
+    rotate_tile<Cfg, ROWS, Cfg::kBlockQ, THREADS>(
+        q_tile, p, [&](int row) { return query_position0 + query_position<Cfg>(q0 + row, group); }, first_row, thread);
   } else {
-    rotate_consecutive_tile<Cfg, Cfg::kBlockQ>(q_tile, p, query_position0 + q0);
+    rotate_consecutive_tile<Cfg, ROWS, Cfg::kBlockQ, THREADS, WORDS, /*SPREAD_RUNS=*/WORDS == 1>(
+        q_tile, p, query_position0 + q0 + first_row, first_row, thread);
   }
 }
 
@@ -755,7 +779,8 @@ struct TileJob {
 //     K, once "K landed" (cp.async completion) has told them it is there;
 //   - "K free" and "V free": every MMA thread arrives when done reading;
 //   - "V landed": arrivals from cp.async completion;
-// then "Q landed" and "Q ready" (after Q's rotation). Block i of the CTA's
+// then "Q landed" (the MMA warps rotate Q themselves for RoPE, each its own
+// rows, while the producer rotates the first K block). Block i of the CTA's
 // sequence (the key blocks from the last down) uses stage i % kStages in
 // phase (i / kStages) & 1.
 template <class Cfg>
@@ -774,7 +799,6 @@ struct Ring {
   __device__ __forceinline__ unsigned v_landed(int s) const { return barrier(3 * Cfg::kStages + s); }
   __device__ __forceinline__ unsigned v_free(int s) const { return barrier(4 * Cfg::kStages + s); }
   __device__ __forceinline__ unsigned q_landed() const { return barrier(5 * Cfg::kStages); }
-  __device__ __forceinline__ unsigned q_ready() const { return barrier(5 * Cfg::kStages + 1); }
 };
 
 template <class Cfg>
@@ -825,22 +849,15 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   if constexpr (Cfg::kRope != kRopeNone) {
     rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
   }
-  // Q landed, for every producer thread (rotation units span chunks that
-  // other threads copied).
-  mbarrier_wait(ring.q_landed(), 0);
-  if constexpr (Cfg::kRope != kRopeNone) {
-    rotate_q_tile<Cfg>(shared_bytes, p, query_position0, job.q0, job.group);
-  }
-  // wgmma reads tiles through the async proxy: this thread's copies and
-  // rotated stores must be ordered before those reads.
-  if constexpr (Cfg::kWgmma) fence_async_shared();
-  mbarrier_arrive(ring.q_ready());
   for (int i = 0; i < blocks; ++i) {
     if constexpr (Cfg::kRotateKeys) {
+      // K landed, for every producer thread (rotation units span chunks
+      // that other threads copied).
       const int s = i % kStages;
       mbarrier_wait(ring.k_landed(s), (i / kStages) & 1);
-      rotate_consecutive_tile<Cfg, Cfg::kBlockKV>(shared_bytes + (ring.k_stage(s) - ring.base), p,
-                                                  key_position0 + key0_of(i));
+      rotate_k_tile<Cfg>(shared_bytes + (ring.k_stage(s) - ring.base), p, key_position0 + key0_of(i));
+      // wgmma reads tiles through the async proxy: the rotated stores must
+      // be ordered before those reads.
       if constexpr (Cfg::kWgmma) fence_async_shared();
       mbarrier_arrive(ring.k_ready(s));
     }
@@ -877,7 +894,14 @@ __device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob&
   float row_max[Cfg::kMTiles][2];
   float row_sum[Cfg::kMTiles][2];
   clear_accumulators<Cfg>(o, row_max, row_sum);
-  mbarrier_wait(ring.q_ready(), 0);
+  mbarrier_wait(ring.q_landed(), 0);
+  if constexpr (Cfg::kRope != kRopeNone) {
+    // Each warp rotates its own Q rows (only it reads them).
+    int key_position0, query_position0;
+    rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
+    rotate_q_rows<Cfg, Cfg::kRowsPerWarp, 32, Cfg::kQRotationWords>(shared_bytes, p, query_position0, job.q0, job.group, warp_row0, lane);
+    __syncwarp();
+  }
   const int blocks = job.end_block - job.first_block;
   for (int i = 0; i < blocks; ++i) {
     const int s = i % kStages;
@@ -1001,7 +1025,17 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     mbarrier_arrive(ring.v_free(stage_of(i)));
   };
 
-  mbarrier_wait(ring.q_ready(), 0);
+  mbarrier_wait(ring.q_landed(), 0);
+  if constexpr (Cfg::kRope != kRopeNone) {
+    // Each warpgroup rotates its own Q rows (only its wgmma read them) and
+    // orders the stores before those reads (async proxy).
+    int key_position0, query_position0;
+    rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
+    rotate_q_rows<Cfg, kGroupRows, 128, Cfg::kQRotationWords>(shared_bytes, p, query_position0, job.q0, job.group, group_row0,
+                                        consumer & 127);
+    fence_async_shared();
+    named_barrier_sync(2 + (consumer >> 7), 128);
+  }
   const int blocks = job.end_block - job.first_block;
   // The group sees a contiguous run of the ring's blocks; before and after
   // it, stages are only handed back.
@@ -1067,7 +1101,6 @@ __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, cons
       mbarrier_init(ring.v_free(s), Cfg::kWarps * 32);
     }
     mbarrier_init(ring.q_landed(), Cfg::kProducerThreads);
-    mbarrier_init(ring.q_ready(), Cfg::kProducerThreads);
   }
   __syncthreads();
   if (threadIdx.x < Cfg::kProducerThreads) {
@@ -1189,7 +1222,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
     // also orders these writes before the first Q·Kᵀ).
     cp_async_wait<0>();
     __syncthreads();
-    rotate_q_tile<Cfg>(shared_bytes, p, query_position0, q0, group);
+    rotate_q_rows<Cfg, Cfg::kBlockQ, Cfg::kThreads, 4>(shared_bytes, p, query_position0, q0, group, 0, threadIdx.x);
   }
 
   float o[Cfg::kMTiles][Cfg::kOutTiles][4];
@@ -1221,7 +1254,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
       // each CTA rotates every K block it reads. Double-buffering K to overlap
       // the rotation with P V measured no faster (and spilled at head_dim 128);
       // the producer layout (Cfg::kProducer) rotates beside the MMA warps.
-      rotate_consecutive_tile<Cfg, Cfg::kBlockKV>(shared_bytes + Cfg::kSmemQ * 2, p, key_position0 + key0);
+      rotate_k_tile<Cfg>(shared_bytes + Cfg::kSmemQ * 2, p, key_position0 + key0);
       __syncthreads();
     }
 

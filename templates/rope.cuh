@@ -44,19 +44,21 @@ __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams
   return pack2<Element>(x * cosine - y * sine, y * cosine + x * sine);
 }
 
-// Rotates rows [0, ROWS) of a tile of 16-bit rows in place. The work unit is
+// Rotates rows [0, ROWS) of a tile of 16-bit rows in place, shared by
+// THREADS threads of which this is `thread`. The work unit is
 // one 16-byte chunk (interleaved) or a chunk and its partner half a rotary
 // dim away (rotate-half); `chunk_at(row, chunk)` is the chunk's address and
 // `position_of(row)` the row's position. The caller brackets this with
 // barriers: the tile must have landed, and readers must wait for the writes.
 template <class Element, int STYLE, int ROTARY_DIM, bool TABLES, int ROWS, int THREADS, typename ChunkAt,
           typename PositionOf>
-__device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_at, PositionOf&& position_of) {
+__device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_at, PositionOf&& position_of,
+                                            int thread) {
   static_assert(ROTARY_DIM % 16 == 0, "rotary_dim is a multiple of 16");
   constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / 16 : ROTARY_DIM / 8;
   constexpr int kUnits = ROWS * kUnitsPerRow;
 #pragma unroll 1
-  for (int index = threadIdx.x; index < kUnits; index += THREADS) {
+  for (int index = thread; index < kUnits; index += THREADS) {
     const int row = index / kUnitsPerRow;
     const int unit = index % kUnitsPerRow;
     const int position = position_of(row);
@@ -106,8 +108,9 @@ struct RowPiece<1> {
   using type = unsigned;
 };
 
-// The same rotation for rows at consecutive positions (a K tile, or a Q tile
-// of one head: row r at position0 + r) with angles from frequencies, cheaper:
+// The same rotation (THREADS threads, this one `thread`) for rows at
+// consecutive positions (a K tile, or a Q tile of one head: row r at
+// position0 + r) with angles from frequencies, cheaper:
 // each thread owns a run of rows of one unit, evaluates sin and cos once at
 // the run's first row, and steps the angle from row to row with the
 // angle-sum identities (fp32; runs are at most 32 rows, and each step adds
@@ -131,7 +134,8 @@ struct RowPiece<1> {
 // spread rows alone 2-3% slower.
 template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, bool SPREAD_RUNS = false,
           typename PieceAt>
-__device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, PieceAt&& piece_at, int position0) {
+__device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, PieceAt&& piece_at, int position0,
+                                                        int thread) {
   using Piece = typename RowPiece<WORDS>::type;
   constexpr int kPieceElems = 2 * WORDS;
   constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / 2 / kPieceElems : ROTARY_DIM / kPieceElems;
@@ -140,8 +144,8 @@ __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, Piec
   constexpr int kRun = ROWS / kRunners;  // rows per run
   constexpr int kPieces = STYLE == kRopeHalf ? 2 : 1;  // pieces a unit covers in one row
   static_assert(THREADS % kUnitsPerRow == 0 && ROWS % kRunners == 0, "whole runs");
-  const int unit = threadIdx.x % kUnitsPerRow;
-  const int run = threadIdx.x / kUnitsPerRow;
+  const int unit = thread % kUnitsPerRow;
+  const int run = thread / kUnitsPerRow;
   if (run >= kRunners) return;
   // Run rows: row0 + r · kRowStep. Spread runs need whole groups of eight
   // runs (row0 keeps j's high bits and reverses its low three); with fewer,

@@ -133,8 +133,8 @@ TEST_CASE("producer-layout fwd specs (sN): text, threads, shared memory, packing
   CHECK(spec.block_q == 256);
   CHECK(spec.text() == "fwd.bf16.d64.br256.bc64.w8.s3.causal.rope_half_r64");
   CHECK(spec.threads() == 8 * 32 + 128);  // MMA warps plus the producer warpgroup
-  // Q, three stages of K and V, and 5 · 3 + 2 mbarriers (Ring).
-  CHECK(spec.smem_bytes() == (256 + 3 * 2 * 64) * 64 * 2 + 17 * 8);
+  // Q, three stages of K and V, and 5 · 3 + 1 mbarriers (Ring).
+  CHECK(spec.smem_bytes() == (256 + 3 * 2 * 64) * 64 * 2 + 16 * 8);
   KernelSpec two = spec;
   two.stages = 2;
   CHECK(two.packed() != spec.packed());
@@ -158,8 +158,8 @@ TEST_CASE("wgmma fwd specs: text, packing and rules") {
   CHECK(spec.stages == 2);
   CHECK(spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128");
   CHECK(spec.threads() == 8 * 32 + 128);
-  // Q, two stages of K and V (the panel layout takes the same bytes), 12 mbarriers.
-  CHECK(spec.smem_bytes() == (128 + 2 * 2 * 128) * 128 * 2 + 12 * 8);
+  // Q, two stages of K and V (the panel layout takes the same bytes), 11 mbarriers.
+  CHECK(spec.smem_bytes() == (128 + 2 * 2 * 128) * 128 * 2 + 11 * 8);
   KernelSpec mma_sync = spec;
   mma_sync.wgmma = false;
   CHECK(mma_sync.packed() != spec.packed());
