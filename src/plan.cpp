@@ -512,9 +512,10 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // while two warpgroups of MMA warps compute 64 query rows each with wgmma.
   // Measured on the H200 (docs/PERFORMANCE.md) it beats the mma.sync kernels
   // by up to 1.5× once its 128-row tiles fill the GPU and each CTA walks
-  // enough keys: without RoPE at least 512 on average at head_dim 128 and
-  // 1024 at 64 (a causal CTA sees half the keys; windows are counted like
-  // causal); shorter calls keep the mma.sync tiles, which start faster. With
+  // enough keys: without RoPE at least 256 on average at head_dims 96-128 (since
+  // K stages are handed back early: 1.22× at causal N 512) and 1024 at 64 (a
+  // causal CTA sees half the keys; windows are counted like causal); shorter
+  // calls keep the mma.sync tiles, which start faster. With
   // RoPE it wins at nearly every length (the mma.sync kernels rotate K on
   // their MMA warps), except at head_dim 64 with fewer keys per CTA, where
   // the mma.sync producer layout (256-row tiles, so each K block is rotated
@@ -526,7 +527,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                                        : heads_q * ((seqlen_q + rows - 1) / rows));
   };
   const int64_t keys_per_cta = masked_like_causal ? seqlen_k / 2 : seqlen_k;
-  const bool long_keys = keys_per_cta >= (kernel_dim <= 64 ? 1024 : 512);
+  const bool long_keys = keys_per_cta >= (kernel_dim <= 64 ? 1024 : 256);
   const bool hopper = arch.major == 9 && arch.minor == 0 && arch.arch_specific;
   const bool choose = !tiles_forced && options.tiles.stages == 0 && !problem.kvcache && hopper;
   const std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, masked_like_causal, has_rope, arch);

@@ -146,7 +146,10 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its 128-row
   resize(32, 512, 128);
   CHECK(call.plan().spec.wgmma);  // 512 keys at head_dim 128
   call.options.causal = true;     // 256 on average
+  CHECK(call.plan().spec.wgmma);
+  resize(64, 256, 128);           // 128 on average
   CHECK_FALSE(call.plan().spec.wgmma);
+  resize(32, 512, 128);
   call.options.rope.style = RopeStyle::rotate_half;
   CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128");
   call.options.rope.style = RopeStyle::none;
