@@ -85,8 +85,8 @@ struct FwdConfig {
   // With the producer, the MMA warps rotate their own Q rows (while the
   // producer rotates the first K block) in pieces of this many words
   // (rotate_consecutive_rows): 4-byte pieces (two pairs' sin and cos per
-  // thread instead of eight) measured 1-3% faster at head_dim 128 and 16-byte
-  // pieces 2.5% faster at 64 and N 8192 (H200, docs/PERFORMANCE.md).
+  // thread instead of eight) measured 0.6-1.7% faster at head_dim 128 and
+  // 16-byte pieces 2.4% faster at 64 and N 8192 (H200, docs/PERFORMANCE.md).
   static constexpr int kQRotationWords = HEAD_DIM <= 64 ? 4 : 1;
   // Scores rewritten before the softmax (to log2-domain logits) instead of
   // the scale being folded into the exponent.
