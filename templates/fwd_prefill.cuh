@@ -768,7 +768,7 @@ struct TileJob {
 };
 
 // The producer layout (Cfg::kProducer): warps 0-3 copy Q and each K/V block
-// into a ring of kStages stages and rotate Q and K for RoPE; the MMA warps
+// into a ring of kStages stages and rotate K for RoPE; the MMA warps
 // wait for a stage, compute, and hand it back. K and V of a stage are handed
 // over and back separately: the MMA warps are done with K once S = Q Kᵀ is
 // computed, which (with wgmma) is a whole block before they are done with V,
@@ -811,7 +811,7 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   // i's P V with block i + 1's S, so V is needed a block after K, and a
   // producer waiting for a V stage would hold up the rotation. Otherwise K
   // and V of a block are copied together: the mma.sync consumer reads V
-  // right after K, and without RoPE copying V a block later measured 2-7%
+  // right after K, and without RoPE copying V a block later measured 2-8%
   // slower (docs/PERFORMANCE.md).
   constexpr bool kVLate = Cfg::kWgmma && Cfg::kRotateKeys;
   const int blocks = job.end_block - job.first_block;
@@ -899,7 +899,8 @@ __device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob&
     // Each warp rotates its own Q rows (only it reads them).
     int key_position0, query_position0;
     rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
-    rotate_q_rows<Cfg, Cfg::kRowsPerWarp, 32, Cfg::kQRotationWords>(shared_bytes, p, query_position0, job.q0, job.group, warp_row0, lane);
+    rotate_q_rows<Cfg, Cfg::kRowsPerWarp, 32, Cfg::kQRotationWords>(shared_bytes, p, query_position0, job.q0,
+                                                                    job.group, warp_row0, lane);
     __syncwarp();
   }
   const int blocks = job.end_block - job.first_block;
@@ -1031,8 +1032,8 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     // orders the stores before those reads (async proxy).
     int key_position0, query_position0;
     rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
-    rotate_q_rows<Cfg, kGroupRows, 128, Cfg::kQRotationWords>(shared_bytes, p, query_position0, job.q0, job.group, group_row0,
-                                        consumer & 127);
+    rotate_q_rows<Cfg, kGroupRows, 128, Cfg::kQRotationWords>(shared_bytes, p, query_position0, job.q0, job.group,
+                                                              group_row0, consumer & 127);
     fence_async_shared();
     named_barrier_sync(2 + (consumer >> 7), 128);
   }
