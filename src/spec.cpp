@@ -289,7 +289,10 @@ void KernelSpec::validate() const {
     // two warpgroups of MMA warps, a producer warpgroup, registers moved to
     // the MMA warps (sm_90a), and dense keys only.
     if (stages < 2 || stages > 4) fail(ErrorCode::unsupported, fmt::format("s={} is not between 2 and 4", stages));
-    if (warps != 8) fail(ErrorCode::unsupported, fmt::format("s={} (a producer warpgroup) needs w=8, not w={}", stages, warps));
+    if (warps != 8 && !(wgmma && warps == 12)) {
+      fail(ErrorCode::unsupported,
+           fmt::format("s={} (a producer warpgroup) needs w=8 (or w=12 with wgmma), not w={}", stages, warps));
+    }
     if (kvcache || split) fail(ErrorCode::unsupported, "s (a producer warpgroup) does not combine with kvcache or split");
   }
   if (wgmma) {
@@ -301,14 +304,26 @@ void KernelSpec::validate() const {
                                                block_q, warps));
     }
     if (head_dim > 128) fail(ErrorCode::unsupported, fmt::format("wgmma supports head_dim up to 128, not {}", head_dim));
+    // Three MMA warpgroups (w=12) share the registers of 512 threads: 160
+    // each beside a 32-register producer, which holds 96 accumulators (S and
+    // O) and P without spills; 128 (head_dim 128 with bc=128) spill 316 bytes
+    // (ptxas, NVRTC 13.0).
+    if (warps == 12 && accumulator_registers() > 96) {
+      fail(ErrorCode::unsupported,
+           fmt::format("w=12 (three wgmma warpgroups) holds at most 96 accumulators per thread; bc={} at head_dim {} "
+                       "needs {} (use bc=64)", block_kv, head_dim, accumulator_registers()));
+    }
   }
-  if (block_q != 64 && block_q != 128 && !(stages > 0 && block_q == 256)) {
-    fail(ErrorCode::unsupported, fmt::format("br={} is not one of 64, 128 (or 256 with a producer, sN)", block_q));
+  if (block_q != 64 && block_q != 128 && !(stages > 0 && block_q == 256) && !(wgmma && block_q == 192)) {
+    fail(ErrorCode::unsupported,
+         fmt::format("br={} is not one of 64, 128 (256 with a producer, sN; 192 with wgmma)", block_q));
   }
   if (block_kv != 32 && block_kv != 64 && block_kv != 128) {
     fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128", block_kv));
   }
-  if (warps != 4 && warps != 8) fail(ErrorCode::unsupported, fmt::format("w={} is not one of 4, 8", warps));
+  if (warps != 4 && warps != 8 && !(wgmma && warps == 12)) {
+    fail(ErrorCode::unsupported, fmt::format("w={} is not one of 4, 8 (12 with wgmma)", warps));
+  }
   if (paged && !kvcache) fail(ErrorCode::invalid_argument, "paged needs kvcache");
   if (varlen && (kvcache || split)) fail(ErrorCode::unsupported, "varlen does not combine with kvcache or split");
   // Each warp owns whole 16-row MMA tiles of the query block.

@@ -41,15 +41,23 @@ struct FwdConfig {
   // The threads that copy (and rotate) tiles: the producer, or everyone.
   static constexpr int kLoadThreads = kProducer ? kProducerThreads : kThreads;
   // Registers per thread after the hand-over (sm_90a): the launch gives each
-  // of the 384 threads 168, and producer + 2 · MMA = 3 · 168. Measured on the
+  // thread kLaunchRegisters (168 for 384 threads, 128 for 512), and the
+  // producer's and MMA warpgroups' shares add up to that. Measured on the
   // H200 (docs/PERFORMANCE.md): the producer's rotation runs 6-8% faster
   // overall with 56 than with 40 at head_dim 64, while at 128 the MMA warps'
   // accumulators need the 232.
   // With wgmma the MMA warps need fewer (no fragments of Q, K or V: 208 hold
   // S, O and P without spills at every head dim up to 128), and the
   // producer takes 88: at 40-56 its RoPE and packed-GQA copies spilled
-  // 84-128 bytes (ptxas, NVRTC 13.0).
-  static constexpr int kProducerRegisters = WGMMA ? 88 : HEAD_DIM <= 64 ? 56 : 40;
+  // 84-128 bytes (ptxas, NVRTC 13.0). Three wgmma warpgroups (WARPS = 12)
+  // need 160 each for 96 accumulators (S and O), which leaves the producer 32
+  // (RoPE then spills 4 bytes); with at most 64 accumulators 144 suffice and
+  // the producer gets 72, which ran RoPE 6% faster than 56.
+  static constexpr int kConsumerGroups = WARPS / 4;  // warpgroups of MMA warps (producer layout)
+  static constexpr int kProducerRegisters = !WGMMA                              ? (HEAD_DIM <= 64 ? 56 : 40)
+                                            : kConsumerGroups == 2              ? 88
+                                            : (HEAD_DIM + BLOCK_KV) / 2 <= 64 ? 72
+                                                                                : 32;
   // WGMMA (sm_90a, with the producer): each warpgroup of MMA warps computes
   // its 64 rows with wgmma (wgmma.cuh) instead of mma.sync, reading Q, K and
   // V straight from shared memory in wgmma's panel layout (swizzled_bytes). The
@@ -57,7 +65,11 @@ struct FwdConfig {
   // warps issue a few instructions per 64×N×16 product instead of one per
   // 16×8×16 with its ldmatrix loads.
   static constexpr bool kWgmma = WGMMA;
-  static constexpr int kMmaRegisters = (3 * 168 - kProducerRegisters) / 2;
+  // The launch's registers per thread (65536 over the CTA, in steps of 8),
+  // and what the MMA warpgroups can claim once the producer has given back.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kMmaRegisters =
+      ((kConsumerGroups + 1) * kLaunchRegisters - kProducerRegisters) / (kConsumerGroups > 0 ? kConsumerGroups : 1) / 8 * 8;
   static constexpr bool kCausal = MASK == kMaskCausal;
   static constexpr bool kLocal = MASK == kMaskLocal;
   static constexpr bool kSoftcap = SOFTCAP;

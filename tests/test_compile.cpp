@@ -40,8 +40,8 @@ std::vector<KernelSpec> default_set(const Arch& arch) {
   return specs;
 }
 
-// What a compile's ptxas log must not say: a failure message, or "" when fine.
-using LogCheck = std::function<std::string(const std::string& log)>;
+// What a spec's ptxas log must not say: a failure message, or "" when fine.
+using LogCheck = std::function<std::string(const KernelSpec& spec, const std::string& log)>;
 
 // Compiles specs on two threads (NVRTC programs are independent); returns failures.
 std::vector<std::string> compile_all(const std::vector<KernelSpec>& specs, const Arch& arch,
@@ -55,7 +55,7 @@ std::vector<std::string> compile_all(const std::vector<KernelSpec>& specs, const
         if (!is_elf(out.cubin)) failures[i] = specs[i].text() + ": output is not an ELF cubin";
         if (out.log.find("spill stores") == std::string::npos) failures[i] = specs[i].text() + ": no ptxas report in the log";
         if (check_log && failures[i].empty()) {
-          const std::string why = check_log(out.log);
+          const std::string why = check_log(specs[i], out.log);
           if (!why.empty()) failures[i] = specs[i].text() + ": " + why + "\n" + out.log;
         }
       } catch (const std::exception& e) {
@@ -161,7 +161,7 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
         if (set_feature_variant(spec, variant++) && spec.smem_bytes() <= 227 * 1024) specs.push_back(spec);
       }
   REQUIRE(specs.size() >= 14);
-  const auto errors = compile_all(specs, Arch::parse("sm_90a"), [](const std::string& log) -> std::string {
+  const auto errors = compile_all(specs, Arch::parse("sm_90a"), [](const KernelSpec&, const std::string& log) -> std::string {
     // ptxas reports wgmma it had to serialize (waits after each
     // instruction) as "Potential Performance Loss".
     if (log.find("Potential Performance Loss") != std::string::npos) return "wgmma serialized";
@@ -178,6 +178,36 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("wgmma needs sm_90a") != std::string::npos);
   }
+}
+
+TEST_CASE("wgmma specs with three MMA warpgroups (w12, 192 rows) compile with their features, without serialized wgmma") {
+  std::vector<KernelSpec> specs;
+  int variant = 0;
+  for (int head_dim : {32, 64, 96, 128})
+    for (int block_kv : {64, 128})
+      for (int stages : {2, 3, 4}) {
+        KernelSpec spec{Family::fwd, variant % 2 ? DType::f16 : DType::bf16, head_dim, 192, block_kv, 12};
+        spec.stages = stages;
+        spec.wgmma = true;
+        spec.padded = variant % 7 == 3;
+        if (set_feature_variant(spec, variant++) && spec.accumulator_registers() <= 96 &&
+            spec.smem_bytes() <= 227 * 1024) {
+          specs.push_back(spec);
+        }
+      }
+  REQUIRE(specs.size() >= 12);
+  const auto errors = compile_all(specs, Arch::parse("sm_90a"), [](const KernelSpec& spec, const std::string& log) -> std::string {
+    if (log.find("Potential Performance Loss") != std::string::npos) return "wgmma serialized";
+    // Without RoPE nothing spills. With RoPE the producer's 32 registers
+    // (FwdConfig::kProducerRegisters) spill 4-152 bytes (ptxas of NVRTC
+    // 13.0); the planner takes these tiles without RoPE only, so only forced
+    // tiles meet those, and they are checked for compiling, not for spills.
+    if (spec.rope != RopeKind::none) return "";
+    if (log.find(" 0 bytes spill stores") == std::string::npos) return "spills";
+    return "";
+  });
+  for (const auto& e : errors) FAIL_CHECK(e);
+  CHECK(errors.empty());
 }
 
 TEST_CASE("feature combinations compile at every head dim: all 32 at 128, a spread elsewhere (sm_80, default tiles)") {

@@ -348,6 +348,33 @@ TEST_CASE("wgmma (sm_90a): RoPE and plain, both styles, masks, softcap, ALiBi, G
   });
 }
 
+TEST_CASE("wgmma with three warpgroups (sm_90a, 192-row tiles): RoPE and plain, masks, softcap, ALiBi, GQA packing") {
+  // Three MMA warpgroups and a 32-register producer (FwdConfig::kMmaRegisters);
+  // 192 rows per tile end mid-tile at every length below, and block
+  // skipping happens per warpgroup, so the third group often sees a
+  // different block range from the first two.
+  if (current_arch() != "sm_90a") {
+    MESSAGE("skipped: wgmma needs sm_90a, this GPU is " << current_arch());
+    return;
+  }
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const int head_dims[] = {64, 128, 32, 96, 80, 64};
+  std::vector<Case> cases;
+  for (int index = 0; index < 24; ++index) {
+    const int head_dim = head_dims[(index / 6 + index) % 6];
+    Case c = producer_grid_case(index, head_dim, index % 3 != 2);
+    // 96 accumulators at most: 128 keys a block up to head_dim 64, 64 above.
+    const int block_kv = head_dim > 64 || index % 4 == 3 ? 64 : 128;
+    c.tiles = {192, block_kv, 12, 2 + index % 3, true};
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    CHECK_MESSAGE(run.spec.find(fmt::format(".br192.bc{}.w12.s{}", c.tiles.block_kv, c.tiles.stages)) !=
+                      std::string::npos, run.spec);
+  });
+}
+
 TEST_CASE("rope: 8192 keys at offsets up to 3000, both styles, partial rotation") {
   // K's angles are stepped along runs of rows with the angle-sum identities
   // (rope.cuh); positions past 10k check them where fp32 angles are coarse.

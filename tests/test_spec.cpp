@@ -176,6 +176,28 @@ TEST_CASE("wgmma fwd specs: text, packing and rules") {
                        doctest::Contains("does not apply to a decode spec"), Error);
 }
 
+TEST_CASE("wgmma fwd specs with three MMA warpgroups: 192-row tiles, 512 threads, at most 96 accumulators") {
+  const KernelSpec spec = KernelSpec::parse("fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal");
+  CHECK(spec.threads() == 12 * 32 + 128);
+  CHECK(spec.accumulator_registers() == 96);
+  // Q, four stages of K and V, 21 mbarriers.
+  CHECK(spec.smem_bytes() == (192 + 4 * 2 * 128) * 64 * 2 + 21 * 8);
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br192.bc64.w12.s3.wgmma").accumulator_registers() == 96);
+  // 128 accumulators (S and O at head_dim 128 with 128 keys) do not fit.
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br192.bc128.w12.s2.wgmma"),
+                       doctest::Contains("w=12 (three wgmma warpgroups) holds at most 96 accumulators"), Error);
+  // Twelve warps and 192 rows are the wgmma layout's only.
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br192.bc128.w12.s4"), doctest::Contains("needs w=8 (or w=12 with wgmma)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br192.bc128.w12"), doctest::Contains("192 with wgmma"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc128.w12"), doctest::Contains("w=12 is not one of 4, 8"),
+                       Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br192.bc128.w8.s4"), doctest::Contains("br=192 is not one of"),
+                       Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br192.bc128.w8.s4.wgmma"), doctest::Contains("br = 16 × w"),
+                       Error);
+}
+
 TEST_CASE("spec hash is stable across runs and builds") {
   // Pinned value: XXH3-64 of the canonical text (checked with the Python xxhash package). A change here invalidates
   // every tuned table and cache listing keyed by spec hash, so it must be deliberate.
