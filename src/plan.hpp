@@ -33,7 +33,7 @@ class TuningTable;
 TileConfig default_tiles(DType dtype, int head_dim, bool causal, const Arch& arch, int seqlen_bucket);
 // The wgmma family's tiles for a class on `arch` (sm_90a, head dims up to
 // 128), which the planner takes once they fill the GPU; none elsewhere.
-std::optional<TileConfig> wgmma_tiles(int head_dim, bool causal, bool rope, const Arch& arch);
+std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch);
 // Every distinct default_tiles() choice over the seqlen buckets, and the
 // wgmma tiles where they apply: what warming a (dtype, head_dim, causal) class
 // must compile so no call compiles later.

@@ -242,7 +242,7 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
                              .text());
         }
         // And the wgmma tiles the planner takes once they fill the GPU.
-        if (const auto wgmma = jitattn::detail::wgmma_tiles(head_dim, causal, /*rope=*/false, hopper)) {
+        if (const auto wgmma = jitattn::detail::wgmma_tiles(head_dim, /*rope=*/false, hopper)) {
           KernelSpec spec{jitattn::detail::Family::fwd, dtype, head_dim};
           spec.causal = causal;
           jitattn::detail::apply_tiles(spec, *wgmma);

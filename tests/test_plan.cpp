@@ -102,7 +102,7 @@ TEST_CASE("GQA: short query sequences pack a KV head's query heads into one tile
   CHECK_FALSE(long_call.plan().spec.pack_gqa);
 }
 
-TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its 128-row tiles fill the GPU") {
+TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles fill the GPU") {
   Call call;
   const auto resize = [&](int64_t batch, int64_t seqlen, int64_t head_dim) {
     call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
@@ -126,14 +126,25 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its 128-row
   CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64");
   resize(1, 512, 64);  // 32 CTAs of 256 rows, 64 of 128: the 4-warp kernel
   CHECK(call.plan().spec.stages == 0);
-  // Without RoPE: three stages with a mask at head_dim 64, four without;
-  // two at 128 and 96.
+  // Without RoPE: 192-row tiles of three MMA warpgroups and four stages at
+  // head dims up to 64; 128 rows and two stages at 128 and 96.
   call.options.rope.style = RopeStyle::none;
   resize(8, 4096, 64);
-  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s3.wgmma.causal");
+  plan = call.plan();
+  CHECK(plan.spec.text() == "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal");
+  CHECK(plan.params.num_q_blocks == (4096 + 191) / 192);
+  CHECK(plan.spec.threads() == 12 * 32 + 128);
+  resize(8, 2048, 32);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d32.br192.bc128.w12.s4.wgmma.causal");
   call.options.causal = false;
   resize(8, 2048, 64);
-  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma");
+  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br192.bc128.w12.s4.wgmma");
+  resize(1, 2048, 64);  // 16 · 11 = 176 CTAs of 192 rows
+  CHECK(call.plan().spec.wgmma);
+  resize(1, 1536, 64);  // 16 · 8 = 128
+  CHECK(call.plan().spec.wgmma);
+  resize(1, 1152, 64);  // 16 · 6 = 96
+  CHECK_FALSE(call.plan().spec.wgmma);
   resize(8, 2048, 128);
   CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma");
   resize(8, 2048, 80);
@@ -177,6 +188,10 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its 128-row
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("wgmma needs br = 16 × w"), Error);
   call.options.tiles = {128, 64, 8, 0, true};
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("options.tiles.wgmma needs options.tiles.stages > 0"), Error);
+  call.options.tiles = {192, 64, 12, 3, true};
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br192.bc64.w12.s3.wgmma");
+  call.options.tiles = {192, 128, 12, 2, true};
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("holds at most 96 accumulators"), Error);
 }
 
 TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tables become parameters") {
