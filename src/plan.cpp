@@ -286,9 +286,9 @@ std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch)
   // Without RoPE at head dims up to 64: 192-row tiles, three MMA warpgroups.
   // Measured on the H200 (docs/PERFORMANCE.md) against 128 rows: 1.13× at
   // head_dim 64 causal from N 2048, 1.01-1.07× without a mask, 1.16-1.30× at
-  // head_dim 32. With RoPE they won only from 16k keys (the producer, left
-  // 32 registers, rotates no faster while the MMA warps need more issue
-  // slots) and lost 17% at N 1024, so RoPE keeps 128 rows.
+  // head_dim 32. With RoPE they won only 2-4% from 8k keys (the producer,
+  // left 32 registers, rotates no faster while the MMA warps take more
+  // issue slots) and lost 5-25% below 4k, so RoPE keeps 128 rows.
   if (head_dim <= 64 && !rope) return TileConfig{192, 128, 12, 4, true};
   // Four stages at head_dim ≤ 64; two at 96-128 (two 64 KB stages of 128
   // keys). Measured on the H200 (docs/PERFORMANCE.md).
@@ -515,10 +515,11 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   }
   // sm_90a: the wgmma family (FwdConfig::kWgmma, wgmma_tiles): a producer
   // warpgroup copies (and, for RoPE, rotates) K/V into a ring of stages
-  // while two warpgroups of MMA warps compute 64 query rows each with wgmma.
-  // Measured on the H200 (docs/PERFORMANCE.md) it beats the mma.sync kernels
-  // by up to 1.5× once its 128-row tiles fill the GPU and each CTA walks
-  // enough keys: without RoPE at least 256 on average at head_dims 96-128 (since
+  // while two (three at head dims up to 64 without RoPE) warpgroups of MMA
+  // warps compute 64 query rows each with wgmma. Measured on the H200
+  // (docs/PERFORMANCE.md) it beats the mma.sync kernels by up to 1.5× once
+  // its tiles fill the GPU and each CTA walks enough keys: without RoPE at
+  // least 256 on average at head_dims 96-128 (since
   // K stages are handed back early: 1.22× at causal N 512) and 1024 at 64 (a
   // causal CTA sees half the keys; windows are counted like causal); shorter
   // calls keep the mma.sync tiles, which start faster. With
