@@ -64,7 +64,7 @@ typedef struct jitattn_fwd_options {
   const struct jitattn_tensor* rope_k_offsets; /* i32 [batch] or NULL */
   int32_t pack_gqa; /* -1: the planner decides; 0 off; 1 on */
   int32_t stages;   /* decode kernel pipeline depth, or the producer layout's stages (TileConfig::stages); 0: the planner */
-  int32_t wgmma;    /* with forced producer tiles on sm_90a: 1 = wgmma MMA warpgroups (TileConfig::wgmma) */
+  int32_t wgmma;    /* with forced producer tiles on sm_90a: 1 = wgmma MMA warpgroups, warps 8 or 12 (TileConfig::wgmma) */
 } jitattn_fwd_options;
 
 JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);
