@@ -284,9 +284,9 @@ TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int
 std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch) {
   if (head_dim > 128 || arch.major != 9 || arch.minor != 0 || !arch.arch_specific) return std::nullopt;
   // Without RoPE at head dims up to 64: 192-row tiles, three MMA warpgroups.
-  // Measured on the H200 (docs/PERFORMANCE.md) against 128 rows: 1.13× at
-  // head_dim 64 causal from N 2048, 1.01-1.07× without a mask, 1.16-1.30× at
-  // head_dim 32. With RoPE they won only 2-4% from 8k keys (the producer,
+  // Measured on the H200 (docs/PERFORMANCE.md) against 128 rows: 1.10-1.13×
+  // at head_dim 64 causal from N 2048, 1.00-1.07× without a mask (0.99× at
+  // 1024), 1.16-1.30× at head_dim 32 from N 2048. With RoPE they won only 2-4% from 8k keys (the producer,
   // left 32 registers, rotates no faster while the MMA warps take more
   // issue slots) and lost 5-25% below 4k, so RoPE keeps 128 rows.
   if (head_dim <= 64 && !rope) return TileConfig{192, 128, 12, 4, true};

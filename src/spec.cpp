@@ -286,8 +286,9 @@ void KernelSpec::validate() const {
   if (family == Family::decode) return validate_decode(fail);
   if (stages != 0) {
     // The producer layout (templates/fwd_prefill.cuh, FwdConfig::kProducer):
-    // two warpgroups of MMA warps, a producer warpgroup, registers moved to
-    // the MMA warps (sm_90a), and dense keys only.
+    // two warpgroups of MMA warps (or three with wgmma), a producer
+    // warpgroup, registers moved to the MMA warps (sm_90a), and dense keys
+    // only.
     if (stages < 2 || stages > 4) fail(ErrorCode::unsupported, fmt::format("s={} is not between 2 and 4", stages));
     if (warps != 8 && !(wgmma && warps == 12)) {
       fail(ErrorCode::unsupported,

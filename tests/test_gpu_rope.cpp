@@ -349,8 +349,8 @@ TEST_CASE("wgmma (sm_90a): RoPE and plain, both styles, masks, softcap, ALiBi, G
 }
 
 TEST_CASE("wgmma with three warpgroups (sm_90a, 192-row tiles): RoPE and plain, masks, softcap, ALiBi, GQA packing") {
-  // Three MMA warpgroups and a 32-register producer (FwdConfig::kMmaRegisters);
-  // 192 rows per tile end mid-tile at every length below, and block
+  // Three MMA warpgroups and a producer left 32 or 72 registers
+  // (FwdConfig::kProducerRegisters); 192 rows per tile end mid-tile at every length below, and block
   // skipping happens per warpgroup, so the third group often sees a
   // different block range from the first two.
   if (current_arch() != "sm_90a") {
