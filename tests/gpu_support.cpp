@@ -384,6 +384,13 @@ std::string current_arch() {
   return detail::Arch::for_device(major, minor).text();
 }
 
+bool sm90a_or_skip(const char* feature) {
+  const std::string arch = current_arch();
+  if (arch == "sm_90a") return true;
+  MESSAGE("skipped: " << feature << " needs sm_90a, this GPU is " << arch);
+  return false;
+}
+
 std::vector<std::string> warm_all(Runtime& runtime, const std::vector<std::string>& specs, const std::string& arch) {
   std::atomic<size_t> next{0};
   std::vector<std::string> failures(specs.size());

@@ -93,6 +93,9 @@ uint64_t clock_seed();
 Runtime& gpu_tests_runtime();
 // The compile target of the current context's device, e.g. "sm_90a".
 std::string current_arch();
+// Whether the device is sm_90a; if not, the test case reports why it skips
+// ("skipped: <feature> needs sm_90a, this GPU is ...").
+bool sm90a_or_skip(const char* feature);
 // Compiles (or finds in the cache) every spec, in parallel, so tests are not
 // serialized behind NVRTC. Returns one message per failure.
 std::vector<std::string> warm_all(Runtime& runtime, const std::vector<std::string>& specs, const std::string& arch);

@@ -326,10 +326,7 @@ TEST_CASE("wgmma (sm_90a): RoPE and plain, both styles, masks, softcap, ALiBi, G
   // The producer layout with wgmma warpgroups: Q, K and V in wgmma's panel
   // layout (two panels at head dims 96 and 128), S = Q Kᵀ with N = bc, O with
   // N = head_dim (80 runs padded to 96), block skipping per warpgroup.
-  if (current_arch() != "sm_90a") {
-    MESSAGE("skipped: wgmma needs sm_90a, this GPU is " << current_arch());
-    return;
-  }
+  if (!sm90a_or_skip("wgmma")) return;
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const int head_dims[] = {128, 64, 96, 32, 80, 128};
@@ -353,10 +350,7 @@ TEST_CASE("wgmma with three warpgroups (sm_90a, 192-row tiles): RoPE and plain, 
   // (FwdConfig::kProducerRegisters); 192 rows per tile end mid-tile at every length below, and block
   // skipping happens per warpgroup, so the third group often sees a
   // different block range from the first two.
-  if (current_arch() != "sm_90a") {
-    MESSAGE("skipped: wgmma needs sm_90a, this GPU is " << current_arch());
-    return;
-  }
+  if (!sm90a_or_skip("wgmma")) return;
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const int head_dims[] = {64, 128, 32, 96, 80, 64};

@@ -536,10 +536,7 @@ TEST_CASE("varlen: sliding windows, softcap, ALiBi per head and per sequence, se
 TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks, softcap, ALiBi, seqused_k, edges") {
   // A CTA past its sequence's queries leaves before the warpgroups split;
   // the producer reads each sequence's keys through cu_seqlens/seqused_k.
-  if (current_arch() != "sm_90a") {
-    MESSAGE("skipped: the wgmma family needs sm_90a, this GPU is " << current_arch());
-    return;
-  }
+  if (!sm90a_or_skip("the wgmma family")) return;
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   std::vector<Case> cases;
