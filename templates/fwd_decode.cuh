@@ -155,7 +155,8 @@ __device__ void fwd_decode(const FwdParams& p) {
     // KV cache: query i is at cache_seqlens + i (rope_q_offsets); cached keys
     // are already rotated.
     const int query_position0 = p.rope_q_offsets[batch];
-    rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, Cfg::kBlockQ, Cfg::kCtaThreads>(
+    rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, Cfg::kBlockQ, Cfg::kCtaThreads,
+                /*PACKED=*/false>(
         p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(shared_bytes + swizzled_bytes<Warp>(row, chunk)); },
         [&](int row) { return query_position0 + (q0 + row) / group; }, threadIdx.x);
     __syncthreads();

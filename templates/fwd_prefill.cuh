@@ -628,11 +628,12 @@ __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned shor
 
 // Applies RoPE to rows [first_row, first_row + ROWS) of a swizzled tile of
 // TILE_ROWS rows, shared by THREADS threads of which this is `thread`;
-// position_of(row) is tile row `row`'s position.
-template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, typename PositionOf>
+// position_of(row) is tile row `row`'s position; PACKED: packed 16-bit
+// arithmetic (rope.cuh).
+template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, bool PACKED, typename PositionOf>
 __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams& p, PositionOf&& position_of,
                                             int first_row, int thread) {
-  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, THREADS>(
+  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, THREADS, PACKED>(
       p,
       [&](int row, int chunk) {
         return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg, TILE_ROWS>(first_row + row, chunk));
@@ -644,18 +645,19 @@ __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams
 // are consecutive queries), tile row first_row at position0: stepped angles
 // in pieces of WORDS words (rotate_consecutive_rows) where the units split
 // evenly over the threads, else one angle per row.
-template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, int WORDS, bool SPREAD_RUNS>
+template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, int WORDS, bool SPREAD_RUNS, bool PACKED>
 __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, const FwdParams& p, int position0,
                                                         int first_row, int thread) {
   constexpr int kUnitsPerRow = Cfg::kRope == kRopeHalf ? Cfg::kRotaryDim / (4 * WORDS) : Cfg::kRotaryDim / (2 * WORDS);
   constexpr bool kEven = THREADS % kUnitsPerRow == 0 &&
                          (THREADS / kUnitsPerRow >= ROWS || ROWS % (THREADS / kUnitsPerRow) == 0);
   if constexpr (Cfg::kRopeTables || !kEven) {
-    rotate_tile<Cfg, ROWS, TILE_ROWS, THREADS>(tile, p, [&](int row) { return position0 - first_row + row; },
-                                               first_row, thread);
+    rotate_tile<Cfg, ROWS, TILE_ROWS, THREADS, PACKED>(tile, p, [&](int row) { return position0 - first_row + row; },
+                                                       first_row, thread);
   } else {
     using Piece = typename RowPiece<WORDS>::type;
-    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, THREADS, WORDS, SPREAD_RUNS>(
+    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, THREADS, WORDS, SPREAD_RUNS,
+                            PACKED>(
         p,
         [&](int row, int unit) {
           // Units of 4 or 8 bytes are pieces of the swizzled 16-byte chunks.
@@ -667,14 +669,26 @@ __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, con
   }
 }
 
-// Rotates a K tile: the producer warpgroup (4-byte pieces: it has 88
-// registers or fewer a thread, and eight pairs' angles of 16-byte pieces
-// spill) or every thread of the 4-warp kernel (16-byte pieces).
+// Rotates a K tile, in packed 16-bit arithmetic (rope.cuh: every K block is
+// rotated once per query tile, which is what fused RoPE costs): the producer
+// warpgroup or every thread of the 4-warp kernel (16-byte pieces). The
+// producer's pieces, measured on the H200 with packed arithmetic
+// (docs/PERFORMANCE.md):
+//   - wgmma (88 registers): 16-byte pieces where a thread's runs are then at
+//     least 8 rows (rotary_dim 128 with 128-key tiles: 4-7% faster than 4-byte
+//     pieces at head_dim 128); 8-byte pieces spill there;
+//   - else 4-byte pieces: 16-byte ones leave runs of 4 rows (rotary_dim 64, or
+//     64-key tiles), whose two sincos per pair and run cost more than they
+//     save (2-7% slower at head_dim 64; 8 bytes of spills with ALiBi);
+//   - the mma.sync producer (56 or 40 registers): 4-byte pieces (wider ones
+//     spill).
 template <class Cfg>
 __device__ __forceinline__ void rotate_k_tile(unsigned char* k_tile, const FwdParams& p, int position0) {
-  constexpr int kWords = Cfg::kProducer ? 1 : 4;
-  rotate_consecutive_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kLoadThreads, kWords, /*SPREAD_RUNS=*/Cfg::kProducer>(
-      k_tile, p, position0, 0, threadIdx.x % Cfg::kLoadThreads);
+  constexpr bool kLongWideRuns =
+      consecutive_run_rows<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kLoadThreads, 4>() >= 8;
+  constexpr int kWords = !Cfg::kProducer ? 4 : Cfg::kWgmma && kLongWideRuns ? 4 : 1;
+  rotate_consecutive_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kLoadThreads, kWords, /*SPREAD_RUNS=*/Cfg::kProducer,
+                          /*PACKED=*/true>(k_tile, p, position0, 0, threadIdx.x % Cfg::kLoadThreads);
 }
 
 // ALiBi slopes of this thread's rows, tile rows first_row + 16m + lane/4
@@ -759,10 +773,10 @@ __device__ __forceinline__ void rotate_q_rows(unsigned char* q_tile, const FwdPa
                                               int group, int first_row, int thread) {
   if constexpr (Cfg::kPackGqa) {
     // Packed rows cycle through the group's heads: positions repeat.
-    rotate_tile<Cfg, ROWS, Cfg::kBlockQ, THREADS>(
+    rotate_tile<Cfg, ROWS, Cfg::kBlockQ, THREADS, /*PACKED=*/false>(
         q_tile, p, [&](int row) { return query_position0 + query_position<Cfg>(q0 + row, group); }, first_row, thread);
   } else {
-    rotate_consecutive_tile<Cfg, ROWS, Cfg::kBlockQ, THREADS, WORDS, /*SPREAD_RUNS=*/WORDS == 1>(
+    rotate_consecutive_tile<Cfg, ROWS, Cfg::kBlockQ, THREADS, WORDS, /*SPREAD_RUNS=*/WORDS == 1, /*PACKED=*/false>(
         q_tile, p, query_position0 + q0 + first_row, first_row, thread);
   }
 }

@@ -197,6 +197,32 @@ __device__ __forceinline__ void unpack2(unsigned packed, float& lo, float& hi) {
   }
 }
 
+// Packed 16-bit arithmetic on both halves of a register at once, each result
+// rounded once to the element type (one instruction for two values).
+template <class Element>
+__device__ __forceinline__ unsigned mul2(unsigned a, unsigned b) {
+  unsigned d;
+  if constexpr (Element::is_bf16) {
+    // mul.bf16x2 needs sm_90; a fused multiply-add of −0 is the same product
+    // (exact, signed zeros kept) from sm_80 on.
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  } else {
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  }
+  return d;
+}
+
+template <class Element>
+__device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
+  unsigned d;
+  if constexpr (Element::is_bf16) {
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  } else {
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  }
+  return d;
+}
+
 // Hides a value's origin from the compiler. Applied to shared-memory tile
 // bases once per main-loop iteration, it makes the per-fragment addresses
 // derived from them cheap to recompute rather than loop invariants that ptxas

@@ -4,8 +4,17 @@
 // Rotate-half (GPT-NeoX, Llama) pairs channel p with p + rotary_dim / 2;
 // interleaved (GPT-J) pairs 2p with 2p + 1. A pair (x, y) at angle a becomes
 // (x·cos a − y·sin a, y·cos a + x·sin a); channels at or past rotary_dim are
-// left alone. Arithmetic is fp32 and the result is rounded once to 16 bits, as
-// when rotating with framework ops before attention.
+// left alone. Angles are always fp32. The rotation itself comes in two
+// precisions (template parameter PACKED):
+//   - fp32 arithmetic, the result rounded once to 16 bits (q everywhere, and
+//     the KV-cache append, which writes rotated keys to memory);
+//   - packed 16-bit arithmetic (PACKED: K tiles of the prefill kernels): cos
+//     and sin rounded to the element type, y·sin rounded, then one fused
+//     x·cos + (that) rounded: up to about two more 16-bit roundings of error
+//     per value than fp32, as in frameworks' 16-bit rotary code, for 7
+//     instructions per two rotate-half pairs instead of 14 (unpacking, 8 fp32
+//     products, packing). Every K block is rotated once per query tile,
+//     which makes it the cost of fused RoPE (docs/PERFORMANCE.md).
 #pragma once
 
 #include "fwd_params.h"
@@ -35,13 +44,49 @@ __device__ __forceinline__ void rope_angle(const Params& p, int position, int pa
   }
 }
 
-template <class Element, bool TABLES>
+// Rotate-half in packed 16-bit arithmetic: lane l of x and of y form a pair
+// at the angle whose cos and sin are lane l of `cosine` and `sine`.
+template <class Element>
+__device__ __forceinline__ void rotate_half_packed(unsigned& x, unsigned& y, unsigned cosine, unsigned sine) {
+  const unsigned x_in = x;
+  x = fma2<Element>(x_in, cosine, mul2<Element>(y, sine ^ 0x80008000u));  // x·cos − y·sin
+  y = fma2<Element>(y, cosine, mul2<Element>(x_in, sine));                 // y·cos + x·sin
+}
+
+// Interleaved: the two halves of one register are a pair.
+template <class Element, bool PACKED>
+__device__ __forceinline__ unsigned rotate_interleaved(unsigned xy, float sine, float cosine) {
+  if constexpr (PACKED) {
+    // (x, y)·cos + (y, x)·(−sin, sin).
+    const unsigned yx = __byte_perm(xy, 0, 0x1032);
+    return fma2<Element>(xy, pack2<Element>(cosine, cosine), mul2<Element>(yx, pack2<Element>(-sine, sine)));
+  } else {
+    float x, y;
+    unpack2<Element>(xy, x, y);
+    return pack2<Element>(x * cosine - y * sine, y * cosine + x * sine);
+  }
+}
+
+// Rotate-half: words x and y hold two pairs (lane l of x with lane l of y) at
+// angles 0 and 1.
+template <class Element, bool PACKED>
+__device__ __forceinline__ void rotate_half_words(unsigned& x, unsigned& y, float s0, float c0, float s1, float c1) {
+  if constexpr (PACKED) {
+    rotate_half_packed<Element>(x, y, pack2<Element>(c0, c1), pack2<Element>(s0, s1));
+  } else {
+    float x0, x1, y0, y1;
+    unpack2<Element>(x, x0, x1);
+    unpack2<Element>(y, y0, y1);
+    x = pack2<Element>(x0 * c0 - y0 * s0, x1 * c1 - y1 * s1);
+    y = pack2<Element>(y0 * c0 + x0 * s0, y1 * c1 + x1 * s1);
+  }
+}
+
+template <class Element, bool TABLES, bool PACKED>
 __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams& p, int position, int pair) {
-  // Interleaved: the two halves of one register are a pair.
-  float x, y, sine, cosine;
-  unpack2<Element>(packed, x, y);
+  float sine, cosine;
   rope_angle<TABLES>(p, position, pair, sine, cosine);
-  return pack2<Element>(x * cosine - y * sine, y * cosine + x * sine);
+  return rotate_interleaved<Element, PACKED>(packed, sine, cosine);
 }
 
 // Rotates rows [0, ROWS) of a tile of 16-bit rows in place, shared by
@@ -50,8 +95,8 @@ __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams
 // dim away (rotate-half); `chunk_at(row, chunk)` is the chunk's address and
 // `position_of(row)` the row's position. The caller brackets this with
 // barriers: the tile must have landed, and readers must wait for the writes.
-template <class Element, int STYLE, int ROTARY_DIM, bool TABLES, int ROWS, int THREADS, typename ChunkAt,
-          typename PositionOf>
+template <class Element, int STYLE, int ROTARY_DIM, bool TABLES, int ROWS, int THREADS, bool PACKED,
+          typename ChunkAt, typename PositionOf>
 __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_at, PositionOf&& position_of,
                                             int thread) {
   static_assert(ROTARY_DIM % 16 == 0, "rotary_dim is a multiple of 16");
@@ -70,23 +115,20 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
       unsigned* bv = reinterpret_cast<unsigned*>(&b);
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        float x0, x1, y0, y1, s0, c0, s1, c1;
-        unpack2<Element>(av[w], x0, x1);
-        unpack2<Element>(bv[w], y0, y1);
+        float s0, c0, s1, c1;
         rope_angle<TABLES>(p, position, unit * 8 + 2 * w, s0, c0);
         rope_angle<TABLES>(p, position, unit * 8 + 2 * w + 1, s1, c1);
-        av[w] = pack2<Element>(x0 * c0 - y0 * s0, x1 * c1 - y1 * s1);
-        bv[w] = pack2<Element>(y0 * c0 + x0 * s0, y1 * c1 + x1 * s1);
+        rotate_half_words<Element, PACKED>(av[w], bv[w], s0, c0, s1, c1);
       }
       *first = a;
       *second = b;
     } else {
       uint4* chunk = chunk_at(row, unit);
       uint4 a = *chunk;
-      a.x = rotate_pair<Element, TABLES>(a.x, p, position, unit * 4);
-      a.y = rotate_pair<Element, TABLES>(a.y, p, position, unit * 4 + 1);
-      a.z = rotate_pair<Element, TABLES>(a.z, p, position, unit * 4 + 2);
-      a.w = rotate_pair<Element, TABLES>(a.w, p, position, unit * 4 + 3);
+      a.x = rotate_pair<Element, TABLES, PACKED>(a.x, p, position, unit * 4);
+      a.y = rotate_pair<Element, TABLES, PACKED>(a.y, p, position, unit * 4 + 1);
+      a.z = rotate_pair<Element, TABLES, PACKED>(a.z, p, position, unit * 4 + 2);
+      a.w = rotate_pair<Element, TABLES, PACKED>(a.w, p, position, unit * 4 + 3);
       *chunk = a;
     }
   }
@@ -107,6 +149,14 @@ template <>
 struct RowPiece<1> {
   using type = unsigned;
 };
+
+// Rows in one thread's run (rotate_consecutive_rows) with pieces of WORDS words.
+template <int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS>
+__host__ __device__ constexpr int consecutive_run_rows() {
+  constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / (4 * WORDS) : ROTARY_DIM / (2 * WORDS);
+  constexpr int kRunners = THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;
+  return kRunners > 0 ? ROWS / kRunners : 0;
+}
 
 // The same rotation (THREADS threads, this one `thread`) for rows at
 // consecutive positions (a K tile, or a Q tile of one head: row r at
@@ -132,7 +182,7 @@ struct RowPiece<1> {
 // Measured on the H200 at head_dim 64 (docs/PERFORMANCE.md): both together
 // make RoPE prefill 0.7-1.3% faster; the batched loads alone 0.5%, and the
 // spread rows alone 2-3% slower.
-template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, bool SPREAD_RUNS = false,
+template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, bool SPREAD_RUNS, bool PACKED,
           typename PieceAt>
 __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, PieceAt&& piece_at, int position0,
                                                         int thread) {
@@ -179,20 +229,12 @@ __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, Piec
         unsigned* bv = reinterpret_cast<unsigned*>(&held[r][kPieces - 1]);
 #pragma unroll
         for (int w = 0; w < WORDS; ++w) {
-          float x0, x1, y0, y1;
-          unpack2<Element>(av[w], x0, x1);
-          unpack2<Element>(bv[w], y0, y1);
-          const float c0 = cosine[2 * w], s0 = sine[2 * w], c1 = cosine[2 * w + 1], s1 = sine[2 * w + 1];
-          av[w] = pack2<Element>(x0 * c0 - y0 * s0, x1 * c1 - y1 * s1);
-          bv[w] = pack2<Element>(y0 * c0 + x0 * s0, y1 * c1 + x1 * s1);
+          rotate_half_words<Element, PACKED>(av[w], bv[w], sine[2 * w], cosine[2 * w], sine[2 * w + 1],
+                                             cosine[2 * w + 1]);
         }
       } else {
 #pragma unroll
-        for (int w = 0; w < WORDS; ++w) {
-          float x, y;
-          unpack2<Element>(av[w], x, y);
-          av[w] = pack2<Element>(x * cosine[w] - y * sine[w], y * cosine[w] + x * sine[w]);
-        }
+        for (int w = 0; w < WORDS; ++w) av[w] = rotate_interleaved<Element, PACKED>(av[w], sine[w], cosine[w]);
       }
 #pragma unroll
       for (int piece = 0; piece < kPieces; ++piece) *at(r0 + r, piece) = held[r][piece];

@@ -446,6 +446,12 @@ Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std:
   for (float x : out) verdict.non_finite += !std::isfinite(x);
   verdict.error = max_deviation(exact.out, out);
   verdict.yardstick = max_deviation(exact.out, rounded.out);
+  // JITATTN_TEST_ERRORS=1 prints every check's error against its yardstick,
+  // to compare the accuracy of template variants (not only pass / fail).
+  if (std::getenv("JITATTN_TEST_ERRORS") != nullptr) {
+    fmt::print("error/yardstick {:.3f} (error {:.3g}, yardstick {:.3g})\n",
+               verdict.yardstick > 0 ? verdict.error / verdict.yardstick : 0.0, verdict.error, verdict.yardstick);
+  }
   // The 16-bit reference's largest LSE error: the yardstick for LSEs, as its
   // largest output error is for outputs.
   double lse_yardstick = 0;
