@@ -51,7 +51,8 @@ struct DecodeConfig
 
 // Copies rows [0, KEYS) of a K or V chunk (first_row is the chunk's first
 // row; rows at or past rows_valid, and chunks past chunks_valid, zero-fill)
-// with the calling warp alone.
+// with the calling warp alone, evict-first in L2: each byte of the cache is
+// read once per call.
 template <class Cfg>
 __device__ __forceinline__ void load_chunk(unsigned tile, const unsigned short* first_row, long long row_stride,
                                            int rows_valid, int chunks_valid, int lane) {
@@ -62,8 +63,8 @@ __device__ __forceinline__ void load_chunk(unsigned tile, const unsigned short* 
     const int row = index / Cfg::kChunksPerRow;
     const int chunk = index % Cfg::kChunksPerRow;
     const bool valid = row < rows_valid && chunk < chunks_valid;
-    cp_async_16(tile + swizzled_bytes<Cfg>(row, chunk), valid ? first_row + row * row_stride + chunk * 8 : first_row,
-                valid);
+    cp_async_16_evict_first(tile + swizzled_bytes<Cfg>(row, chunk),
+                            valid ? first_row + row * row_stride + chunk * 8 : first_row, valid);
   }
 }
 
