@@ -675,11 +675,11 @@ __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, con
 // producer's pieces, measured on the H200 with packed arithmetic
 // (docs/PERFORMANCE.md):
 //   - wgmma (88 registers): 16-byte pieces where a thread's runs are then at
-//     least 8 rows (rotary_dim 128 with 128-key tiles: 4-7% faster than 4-byte
+//     least 8 rows (rotary_dim 128 with 128-key tiles: 0-5% faster than 4-byte
 //     pieces at head_dim 128); 8-byte pieces spill there;
 //   - else 4-byte pieces: 16-byte ones leave runs of 4 rows (rotary_dim 64, or
 //     64-key tiles), whose two sincos per pair and run cost more than they
-//     save (2-7% slower at head_dim 64; 8 bytes of spills with ALiBi);
+//     save (1-6% slower at head_dim 64; 8 bytes of spills with ALiBi);
 //   - the mma.sync producer (56 or 40 registers): 4-byte pieces (wider ones
 //     spill).
 template <class Cfg>

@@ -93,7 +93,12 @@ enum class RopeStyle : int {
 // Rotary position embedding applied to q and k inside the kernel; the
 // rotated tensors are never written to memory. A pair (x, y) at angle a
 // becomes (x·cos a − y·sin a, y·cos a + x·sin a); channels at or past
-// rotary_dim are not rotated.
+// rotary_dim are not rotated. Angles are computed in fp32. q is rotated in
+// fp32 and rounded once to 16 bits. In forward(), k is rotated in packed 16-bit
+// arithmetic (cos and sin rounded to q's dtype, about two more roundings per
+// value), like frameworks' 16-bit rotary code: every K block is rotated once
+// per query tile, so this is where fused RoPE's time goes. Keys appended by
+// forward_kvcache are rotated in fp32, as q is.
 struct RopeOptions {
   RopeStyle style = RopeStyle::none;
   int rotary_dim = 0;  // channels rotated, from the first; 0 = head_dim. A multiple of 16.
