@@ -648,10 +648,7 @@ __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams
 template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, int WORDS, bool SPREAD_RUNS, bool PACKED>
 __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, const FwdParams& p, int position0,
                                                         int first_row, int thread) {
-  constexpr int kUnitsPerRow = Cfg::kRope == kRopeHalf ? Cfg::kRotaryDim / (4 * WORDS) : Cfg::kRotaryDim / (2 * WORDS);
-  constexpr bool kEven = THREADS % kUnitsPerRow == 0 &&
-                         (THREADS / kUnitsPerRow >= ROWS || ROWS % (THREADS / kUnitsPerRow) == 0);
-  if constexpr (Cfg::kRopeTables || !kEven) {
+  if constexpr (Cfg::kRopeTables || !RunLayout<Cfg::kRope, Cfg::kRotaryDim, ROWS, THREADS, WORDS>::kWhole) {
     rotate_tile<Cfg, ROWS, TILE_ROWS, THREADS, PACKED>(tile, p, [&](int row) { return position0 - first_row + row; },
                                                        first_row, thread);
   } else {
@@ -684,8 +681,7 @@ __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, con
 //     spill).
 template <class Cfg>
 __device__ __forceinline__ void rotate_k_tile(unsigned char* k_tile, const FwdParams& p, int position0) {
-  constexpr bool kLongWideRuns =
-      consecutive_run_rows<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kLoadThreads, 4>() >= 8;
+  constexpr bool kLongWideRuns = RunLayout<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kLoadThreads, 4>::kRun >= 8;
   constexpr int kWords = !Cfg::kProducer ? 4 : Cfg::kWgmma && kLongWideRuns ? 4 : 1;
   rotate_consecutive_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kLoadThreads, kWords, /*SPREAD_RUNS=*/Cfg::kProducer,
                           /*PACKED=*/true>(k_tile, p, position0, 0, threadIdx.x % Cfg::kLoadThreads);

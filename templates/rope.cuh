@@ -150,13 +150,17 @@ struct RowPiece<1> {
   using type = unsigned;
 };
 
-// Rows in one thread's run (rotate_consecutive_rows) with pieces of WORDS words.
+// How rotate_consecutive_rows splits ROWS rows over THREADS threads with
+// pieces of WORDS words: kUnitsPerRow units a row, kRunners runs a pass of
+// kRun rows each; kWhole when every thread's run is whole (else callers
+// rotate with one angle per row).
 template <int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS>
-__host__ __device__ constexpr int consecutive_run_rows() {
-  constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / (4 * WORDS) : ROTARY_DIM / (2 * WORDS);
-  constexpr int kRunners = THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;
-  return kRunners > 0 ? ROWS / kRunners : 0;
-}
+struct RunLayout {
+  static constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / (4 * WORDS) : ROTARY_DIM / (2 * WORDS);
+  static constexpr int kRunners = THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;
+  static constexpr int kRun = kRunners > 0 ? ROWS / kRunners : 0;
+  static constexpr bool kWhole = THREADS % kUnitsPerRow == 0 && kRunners > 0 && ROWS % kRunners == 0;
+};
 
 // The same rotation (THREADS threads, this one `thread`) for rows at
 // consecutive positions (a K tile, or a Q tile of one head: row r at
@@ -187,13 +191,13 @@ template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int W
 __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, PieceAt&& piece_at, int position0,
                                                         int thread) {
   using Piece = typename RowPiece<WORDS>::type;
-  constexpr int kPieceElems = 2 * WORDS;
-  constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / 2 / kPieceElems : ROTARY_DIM / kPieceElems;
-  constexpr int kPairs = STYLE == kRopeHalf ? kPieceElems : WORDS;  // pairs per unit
-  constexpr int kRunners = THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;  // runs per pass
-  constexpr int kRun = ROWS / kRunners;  // rows per run
+  using Layout = RunLayout<STYLE, ROTARY_DIM, ROWS, THREADS, WORDS>;
+  constexpr int kUnitsPerRow = Layout::kUnitsPerRow;
+  constexpr int kPairs = STYLE == kRopeHalf ? 2 * WORDS : WORDS;  // pairs per unit
+  constexpr int kRunners = Layout::kRunners;  // runs per pass
+  constexpr int kRun = Layout::kRun;          // rows per run
   constexpr int kPieces = STYLE == kRopeHalf ? 2 : 1;  // pieces a unit covers in one row
-  static_assert(THREADS % kUnitsPerRow == 0 && ROWS % kRunners == 0, "whole runs");
+  static_assert(Layout::kWhole, "whole runs");
   const int unit = thread % kUnitsPerRow;
   const int run = thread / kUnitsPerRow;
   if (run >= kRunners) return;
