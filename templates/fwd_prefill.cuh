@@ -666,11 +666,18 @@ __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, con
   }
 }
 
-// Rotates a K tile, in packed 16-bit arithmetic (rope.cuh: every K block is
-// rotated once per query tile, which is what fused RoPE costs): the producer
-// warpgroup or every thread of the 4-warp kernel (16-byte pieces). The
-// producer's pieces, measured on the H200 with packed arithmetic
-// (docs/PERFORMANCE.md):
+// Rotates a K tile of the 4-warp kernel (every thread, 16-byte pieces), in
+// packed 16-bit arithmetic (rope.cuh: every K block is rotated once per query
+// tile, which is what fused RoPE costs).
+template <class Cfg>
+__device__ __forceinline__ void rotate_k_tile(unsigned char* k_tile, const FwdParams& p, int position0) {
+  rotate_consecutive_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kLoadThreads, 4, /*SPREAD_RUNS=*/false,
+                          /*PACKED=*/true>(k_tile, p, position0, 0, threadIdx.x % Cfg::kLoadThreads);
+}
+
+// The producer warpgroup's rotation of its K blocks (from the last down), in
+// packed 16-bit arithmetic. Pieces, measured on the H200 with packed
+// arithmetic (docs/PERFORMANCE.md):
 //   - wgmma (88 registers): 16-byte pieces where a thread's runs are then at
 //     least 8 rows (rotary_dim 128 with 128-key tiles: 0-5% faster than 4-byte
 //     pieces at head_dim 128); 8-byte pieces spill there;
@@ -679,13 +686,46 @@ __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, con
 //     save (1-6% slower at head_dim 64; 8 bytes of spills with ALiBi);
 //   - the mma.sync producer (56 or 40 registers): 4-byte pieces (wider ones
 //     spill).
+// 16-byte pieces keep their angles from block to block (SteppedKeyRotation):
+// RoPE prefill 1-3.5% faster at head_dim 128 from N 2048. With 4-byte pieces
+// the same was 2-5% slower at head_dim 64 although its SASS has no more
+// instructions a block (not understood), so those evaluate sincos per block
+// and run (rotate_consecutive_rows), as before.
 template <class Cfg>
-__device__ __forceinline__ void rotate_k_tile(unsigned char* k_tile, const FwdParams& p, int position0) {
-  constexpr bool kLongWideRuns = RunLayout<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kLoadThreads, 4>::kRun >= 8;
-  constexpr int kWords = !Cfg::kProducer ? 4 : Cfg::kWgmma && kLongWideRuns ? 4 : 1;
-  rotate_consecutive_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kLoadThreads, kWords, /*SPREAD_RUNS=*/Cfg::kProducer,
-                          /*PACKED=*/true>(k_tile, p, position0, 0, threadIdx.x % Cfg::kLoadThreads);
-}
+struct ProducerKeyPieces {
+  static constexpr bool kLongWideRuns =
+      RunLayout<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads, 4>::kRun >= 8;
+  static constexpr int kWords = Cfg::kWgmma && kLongWideRuns ? 4 : 1;
+  using Layout = RunLayout<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads, kWords>;
+  static constexpr bool kStepped = Cfg::kRotateKeys && !Cfg::kRopeTables && Layout::kWhole && kWords == 4;
+};
+
+template <class Cfg, bool STEPPED = ProducerKeyPieces<Cfg>::kStepped>
+struct ProducerKeyRotation {
+  __device__ __forceinline__ ProducerKeyRotation(const FwdParams&, int) {}
+  // Rotates the K tile whose row 0 is at position0 (the tile_index-th
+  // rotated).
+  __device__ __forceinline__ void rotate(unsigned char* k_tile, const FwdParams& p, int position0, int) {
+    rotate_consecutive_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kProducerThreads, ProducerKeyPieces<Cfg>::kWords,
+                            /*SPREAD_RUNS=*/true, /*PACKED=*/true>(k_tile, p, position0, 0,
+                                                                   threadIdx.x % Cfg::kProducerThreads);
+  }
+};
+
+template <class Cfg>
+struct ProducerKeyRotation<Cfg, true> {
+  SteppedKeyRotation<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads, 4>
+      stepped;
+  __device__ __forceinline__ ProducerKeyRotation(const FwdParams& p, int thread) : stepped(p, thread) {}
+  __device__ __forceinline__ void rotate(unsigned char* k_tile, const FwdParams& p, int position0, int tile_index) {
+    stepped.rotate(
+        p,
+        [&](int row, int unit) {
+          return reinterpret_cast<uint4*>(k_tile + swizzled_bytes<Cfg, Cfg::kBlockKV>(row, unit));
+        },
+        position0, tile_index);
+  }
+};
 
 // ALiBi slopes of this thread's rows, tile rows first_row + 16m + lane/4
 // (+8): packed rows differ in head.
@@ -871,13 +911,14 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   if constexpr (Cfg::kRope != kRopeNone) {
     rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
   }
+  ProducerKeyRotation<Cfg> key_rotation(p, threadIdx.x % Cfg::kProducerThreads);
   for (int i = 0; i < blocks; ++i) {
     if constexpr (Cfg::kRotateKeys) {
       // K landed, for every producer thread (rotation units span chunks
       // that other threads copied).
       const int s = i % kStages;
       mbarrier_wait(ring.k_landed(s), (i / kStages) & 1);
-      rotate_k_tile<Cfg>(shared_bytes + (ring.k_stage(s) - ring.base), p, key_position0 + key0_of(i));
+      key_rotation.rotate(shared_bytes + (ring.k_stage(s) - ring.base), p, key_position0 + key0_of(i), i);
       // wgmma reads tiles through the async proxy: the rotated stores must
       // be ordered before those reads.
       if constexpr (Cfg::kWgmma) fence_async_shared();

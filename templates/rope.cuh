@@ -152,106 +152,201 @@ struct RowPiece<1> {
 
 // How rotate_consecutive_rows splits ROWS rows over THREADS threads with
 // pieces of WORDS words: kUnitsPerRow units a row, kRunners runs a pass of
-// kRun rows each; kWhole when every thread's run is whole (else callers
-// rotate with one angle per row).
+// kRun rows each, kPairs pairs a unit; kWhole when every thread's run is
+// whole (else callers rotate with one angle per row).
+//
+// A run is rows first_row(run) + r · row_step, r < kRun. Unspread runs are
+// consecutive rows. SPREAD runs take every kRunners-th row (the producer
+// warpgroup's K tiles, rotate_consecutive_rows and SteppedKeyRotation):
+//   - with whole groups of eight runs, first_row bit-reverses the run's low
+//     three bits, so the runs of one warp touch rows 4 (or 2) apart modulo
+//     8 and their swizzled 4-byte pieces fall in different bank columns;
+//   - kRun steps of kRunners rows span the tile, so one more step from a
+//     run's last row lands on the same run's row in the next tile.
 template <int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS>
 struct RunLayout {
   static constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / (4 * WORDS) : ROTARY_DIM / (2 * WORDS);
-  static constexpr int kRunners = THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;
+  static constexpr int kPairs = STYLE == kRopeHalf ? 2 * WORDS : WORDS;
+  // (No rotation, ROTARY_DIM 0: no units, no runs.)
+  static constexpr int kRunners = kUnitsPerRow == 0 ? 0 : THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;
   static constexpr int kRun = kRunners > 0 ? ROWS / kRunners : 0;
-  static constexpr bool kWhole = THREADS % kUnitsPerRow == 0 && kRunners > 0 && ROWS % kRunners == 0;
+  static constexpr bool kWhole = kRunners > 0 && THREADS % kUnitsPerRow == 0 && ROWS % kRunners == 0;
+  __device__ static constexpr int row_step(bool spread) { return spread ? kRunners : 1; }
+  __device__ static __forceinline__ int first_row(int run, bool spread) {
+    if (!spread) return run * kRun;
+    return kRunners % 8 == 0 ? (run & ~7) | (run & 1) << 2 | (run & 2) | (run & 4) >> 2 : run;
+  }
 };
+
+// The angles of PAIRS consecutive pairs at one position, and their step:
+// fp32 sin and cos, moved from row to row with the angle-sum identities.
+// Each step adds ~5e-7 of error (the approximate sincos of the step, then
+// rounding), so callers re-evaluate after at most 64 steps.
+template <int PAIRS>
+struct SteppedAngles {
+  float cosine[PAIRS], sine[PAIRS], step_cosine[PAIRS], step_sine[PAIRS];
+
+  // The angles of pairs first_pair... at `position`.
+  __device__ __forceinline__ void start(const FwdParams& p, int first_pair, int position) {
+#pragma unroll
+    for (int i = 0; i < PAIRS; ++i) {
+      sincos_reduced(static_cast<float>(position) * p.rope_inv_freq[first_pair + i], sine[i], cosine[i]);
+    }
+  }
+  // A step of `positions` positions.
+  __device__ __forceinline__ void set_step(const FwdParams& p, int first_pair, int positions) {
+#pragma unroll
+    for (int i = 0; i < PAIRS; ++i) {
+      sincos_reduced(static_cast<float>(positions) * p.rope_inv_freq[first_pair + i], step_sine[i], step_cosine[i]);
+    }
+  }
+  // Both (one frequency read per pair).
+  __device__ __forceinline__ void start(const FwdParams& p, int first_pair, int position, int step_positions) {
+#pragma unroll
+    for (int i = 0; i < PAIRS; ++i) {
+      const float frequency = p.rope_inv_freq[first_pair + i];
+      sincos_reduced(static_cast<float>(position) * frequency, sine[i], cosine[i]);
+      sincos_reduced(static_cast<float>(step_positions) * frequency, step_sine[i], step_cosine[i]);
+    }
+  }
+  // One step forward, or back.
+  template <bool BACK>
+  __device__ __forceinline__ void advance() {
+#pragma unroll
+    for (int i = 0; i < PAIRS; ++i) {
+      if constexpr (BACK) {
+        const float c = cosine[i] * step_cosine[i] + sine[i] * step_sine[i];
+        sine[i] = sine[i] * step_cosine[i] - cosine[i] * step_sine[i];
+        cosine[i] = c;
+      } else {
+        const float c = cosine[i] * step_cosine[i] - sine[i] * step_sine[i];
+        sine[i] = sine[i] * step_cosine[i] + cosine[i] * step_sine[i];
+        cosine[i] = c;
+      }
+    }
+  }
+};
+
+// Rotates one thread's run of RUN rows (of one unit: a piece of WORDS words,
+// and for rotate-half its partner piece), `piece_at(r, piece)` being run row
+// r's piece. `angles` hold run row 0's angles (BACK: row RUN - 1's, rows go
+// from the last down) and advance after every row but the last
+// (STEP_PAST_END: after the last too). BATCH rows are loaded before any of
+// them is rotated: the compiler cannot move a load above an earlier store to
+// a piece that might alias it.
+template <class Element, int STYLE, int WORDS, int RUN, int BATCH, bool BACK, bool STEP_PAST_END, bool PACKED,
+          int PAIRS, typename PieceAt>
+__device__ __forceinline__ void rotate_run(PieceAt&& piece_at, SteppedAngles<PAIRS>& angles) {
+  using Piece = typename RowPiece<WORDS>::type;
+  constexpr int kPieces = STYLE == kRopeHalf ? 2 : 1;  // pieces a unit covers in one row
+  static_assert(RUN % BATCH == 0, "whole batches");
+#pragma unroll
+  for (int b0 = 0; b0 < RUN; b0 += BATCH) {
+    Piece held[BATCH][kPieces];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int r = BACK ? RUN - 1 - (b0 + b) : b0 + b;
+#pragma unroll
+      for (int piece = 0; piece < kPieces; ++piece) held[b][piece] = *piece_at(r, piece);
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int r = BACK ? RUN - 1 - (b0 + b) : b0 + b;
+      unsigned* av = reinterpret_cast<unsigned*>(&held[b][0]);
+      if constexpr (STYLE == kRopeHalf) {
+        unsigned* bv = reinterpret_cast<unsigned*>(&held[b][kPieces - 1]);
+#pragma unroll
+        for (int w = 0; w < WORDS; ++w) {
+          rotate_half_words<Element, PACKED>(av[w], bv[w], angles.sine[2 * w], angles.cosine[2 * w],
+                                             angles.sine[2 * w + 1], angles.cosine[2 * w + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int w = 0; w < WORDS; ++w) {
+          av[w] = rotate_interleaved<Element, PACKED>(av[w], angles.sine[w], angles.cosine[w]);
+        }
+      }
+#pragma unroll
+      for (int piece = 0; piece < kPieces; ++piece) *piece_at(r, piece) = held[b][piece];
+      if (STEP_PAST_END || b0 + b + 1 < RUN) angles.template advance<BACK>();
+    }
+  }
+}
 
 // The same rotation (THREADS threads, this one `thread`) for rows at
 // consecutive positions (a K tile, or a Q tile of one head: row r at
 // position0 + r) with angles from frequencies, cheaper:
 // each thread owns a run of rows of one unit, evaluates sin and cos once at
-// the run's first row, and steps the angle from row to row with the
-// angle-sum identities (fp32; runs are at most 32 rows, and each step adds
-// ~1e-7 of rounding). That is two sincos per pair and run instead of one per
-// pair and row. A unit is a piece of WORDS words (and, for rotate-half, its
-// partner piece): 16-byte pieces halve the loop overhead, 4- and 8-byte ones
-// cut the angle registers (for the producer warpgroup, which runs with few).
-// `piece_at(row, unit)` is the piece's address.
+// the run's first row, and steps the angle from row to row (SteppedAngles;
+// runs are at most 32 rows). That is two sincos per pair and run instead of
+// one per pair and row. 16-byte pieces halve the loop overhead, 4- and
+// 8-byte ones cut the angle registers. `piece_at(row, unit)` is the piece's
+// address (units of a row: RunLayout).
 //
-// SPREAD_RUNS (the producer warpgroup, whose four warps rotate every K tile
-// while sharing issue slots with eight MMA warps) changes two things:
-//   - run j takes rows base(j), base(j) + R, base(j) + 2R, ... (R runs in a
-//     pass, angle step R positions), base(j) bit-reversing j's low three
-//     bits: the runs of one warp touch rows 4 (or 2) apart modulo 8, so
-//     their swizzled chunks fall in different bank columns;
-//   - a thread loads four rows' pieces before rotating and storing them (the
-//     compiler cannot move a load above an earlier store to a piece that
-//     might alias it; eight rows spill at the producer's 56 registers).
-// Measured on the H200 at head_dim 64 (docs/PERFORMANCE.md): both together
-// make RoPE prefill 0.7-1.3% faster; the batched loads alone 0.5%, and the
-// spread rows alone 2-3% slower.
+// SPREAD_RUNS (RunLayout) also batches four rows' loads (eight spill at the
+// producer's 56 registers). Measured on the H200 at head_dim 64
+// (docs/PERFORMANCE.md): both together make RoPE prefill 0.7-1.3% faster;
+// the batched loads alone 0.5%, and the spread rows alone 2-3% slower.
 template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, bool SPREAD_RUNS, bool PACKED,
           typename PieceAt>
 __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, PieceAt&& piece_at, int position0,
                                                         int thread) {
-  using Piece = typename RowPiece<WORDS>::type;
   using Layout = RunLayout<STYLE, ROTARY_DIM, ROWS, THREADS, WORDS>;
-  constexpr int kUnitsPerRow = Layout::kUnitsPerRow;
-  constexpr int kPairs = STYLE == kRopeHalf ? 2 * WORDS : WORDS;  // pairs per unit
-  constexpr int kRunners = Layout::kRunners;  // runs per pass
-  constexpr int kRun = Layout::kRun;          // rows per run
-  constexpr int kPieces = STYLE == kRopeHalf ? 2 : 1;  // pieces a unit covers in one row
   static_assert(Layout::kWhole, "whole runs");
-  const int unit = thread % kUnitsPerRow;
-  const int run = thread / kUnitsPerRow;
-  if (run >= kRunners) return;
-  // Run rows: row0 + r · kRowStep. Spread runs need whole groups of eight
-  // runs (row0 keeps j's high bits and reverses its low three); with fewer,
-  // SPREAD_RUNS keeps consecutive rows and only batches the loads.
-  constexpr bool kSpread = SPREAD_RUNS && kRunners % 8 == 0;
-  constexpr int kRowStep = kSpread ? kRunners : 1;
-  const int row0 = kSpread ? (run & ~7) | (run & 1) << 2 | (run & 2) | (run & 4) >> 2 : run * kRun;
-  float cosine[kPairs], sine[kPairs], step_cosine[kPairs], step_sine[kPairs];
-#pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const float frequency = p.rope_inv_freq[unit * kPairs + i];
-    sincos_reduced(static_cast<float>(position0 + row0) * frequency, sine[i], cosine[i]);
-    sincos_reduced(static_cast<float>(kRowStep) * frequency, step_sine[i], step_cosine[i]);
-  }
-  // SPREAD_RUNS loads kBatch rows before rotating any of them.
-  constexpr int kBatch = SPREAD_RUNS ? (kRun < 4 ? kRun : 4) : 1;
-  static_assert(kRun % kBatch == 0, "whole batches");
-  auto at = [&](int r, int piece) { return piece_at(row0 + r * kRowStep, unit + piece * kUnitsPerRow); };
-#pragma unroll
-  for (int r0 = 0; r0 < kRun; r0 += kBatch) {
-    Piece held[kBatch][kPieces];
-#pragma unroll
-    for (int r = 0; r < kBatch; ++r) {
-#pragma unroll
-      for (int piece = 0; piece < kPieces; ++piece) held[r][piece] = *at(r0 + r, piece);
-    }
-#pragma unroll
-    for (int r = 0; r < kBatch; ++r) {
-      unsigned* av = reinterpret_cast<unsigned*>(&held[r][0]);
-      if constexpr (STYLE == kRopeHalf) {
-        unsigned* bv = reinterpret_cast<unsigned*>(&held[r][kPieces - 1]);
-#pragma unroll
-        for (int w = 0; w < WORDS; ++w) {
-          rotate_half_words<Element, PACKED>(av[w], bv[w], sine[2 * w], cosine[2 * w], sine[2 * w + 1],
-                                             cosine[2 * w + 1]);
-        }
-      } else {
-#pragma unroll
-        for (int w = 0; w < WORDS; ++w) av[w] = rotate_interleaved<Element, PACKED>(av[w], sine[w], cosine[w]);
-      }
-#pragma unroll
-      for (int piece = 0; piece < kPieces; ++piece) *at(r0 + r, piece) = held[r][piece];
-      if (r0 + r + 1 < kRun) {
-#pragma unroll
-        for (int i = 0; i < kPairs; ++i) {
-          const float c = cosine[i] * step_cosine[i] - sine[i] * step_sine[i];
-          sine[i] = sine[i] * step_cosine[i] + cosine[i] * step_sine[i];
-          cosine[i] = c;
-        }
-      }
-    }
-  }
+  const int unit = thread % Layout::kUnitsPerRow;
+  const int run = thread / Layout::kUnitsPerRow;
+  if (run >= Layout::kRunners) return;
+  // Spread rows only in whole groups of eight runs (with fewer, SPREAD_RUNS
+  // keeps consecutive rows and only batches the loads).
+  constexpr bool kSpread = SPREAD_RUNS && Layout::kRunners % 8 == 0;
+  constexpr int kRowStep = Layout::row_step(kSpread);
+  const int row0 = Layout::first_row(run, kSpread);
+  SteppedAngles<Layout::kPairs> angles;
+  angles.start(p, unit * Layout::kPairs, position0 + row0, kRowStep);
+  constexpr int kBatch = SPREAD_RUNS ? (Layout::kRun < 4 ? Layout::kRun : 4) : 1;
+  rotate_run<Element, STYLE, WORDS, Layout::kRun, kBatch, /*BACK=*/false, /*STEP_PAST_END=*/false, PACKED>(
+      [&](int r, int piece) { return piece_at(row0 + r * kRowStep, unit + piece * Layout::kUnitsPerRow); }, angles);
 }
+
+// The producer warpgroup's rotation of a sequence of K tiles of ROWS rows,
+// from the last tile down (tile t - 1 follows tile t), keeping each thread's
+// angles from tile to tile: rows of a run are rotated from the last up with
+// backward steps, and one more step reaches the run's last row in the next
+// tile (RunLayout's spread runs). sin and cos are evaluated only every
+// kAnchorTiles tiles (at most 64 steps apart, as in rotate_consecutive_rows'
+// longest runs) instead of twice per pair and run: at rotary_dim 128 they
+// were about a fifth of the rotation's instructions, and they share the
+// special-function unit with the MMA warps' exponentials.
+template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS>
+struct SteppedKeyRotation {
+  using Layout = RunLayout<STYLE, ROTARY_DIM, ROWS, THREADS, WORDS>;
+  static_assert(Layout::kWhole, "whole runs");
+  static constexpr int kAnchorTiles = Layout::kRun >= 64 ? 1 : 64 / Layout::kRun;
+  SteppedAngles<Layout::kPairs> angles;
+  int unit, row0;
+  bool active;
+
+  __device__ __forceinline__ SteppedKeyRotation(const FwdParams& p, int thread)
+      : unit(thread % Layout::kUnitsPerRow),
+        row0(Layout::first_row(thread / Layout::kUnitsPerRow, true)),
+        active(thread / Layout::kUnitsPerRow < Layout::kRunners) {
+    angles.set_step(p, unit * Layout::kPairs, Layout::kRunners);
+  }
+
+  // Rotates the tile whose row 0 is at position0, the tile_index-th of the
+  // sequence (0: the first rotated); `piece_at(row, unit)` as in
+  // rotate_consecutive_rows.
+  template <typename PieceAt>
+  __device__ __forceinline__ void rotate(const FwdParams& p, PieceAt&& piece_at, int position0, int tile_index) {
+    if (!active) return;
+    if (tile_index % kAnchorTiles == 0) {
+      angles.start(p, unit * Layout::kPairs, position0 + row0 + (Layout::kRun - 1) * Layout::kRunners);
+    }
+    constexpr int kBatch = Layout::kRun < 4 ? Layout::kRun : 4;
+    rotate_run<Element, STYLE, WORDS, Layout::kRun, kBatch, /*BACK=*/true, /*STEP_PAST_END=*/true, /*PACKED=*/true>(
+        [&](int r, int piece) { return piece_at(row0 + r * Layout::kRunners, unit + piece * Layout::kUnitsPerRow); },
+        angles);
+  }
+};
 
 }  // namespace jitattn
