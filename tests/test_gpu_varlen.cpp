@@ -10,7 +10,10 @@
 // must leave them (and every stride gap) poisoned. Inputs are fresh random
 // values every run (the seed is printed with every failure); lengths include
 // 0 and 1 (queries and keys), and keys shorter than queries, so causal rows
-// that see nothing occur.
+// that see nothing occur. Key rows a sequence stores past its seqused_k hold
+// NaN: a kernel must never let them into a result. With RoPE the references
+// rotate each sequence's rows first (query i of sequence b at position
+// i + seqlen_k(b) − seqlen_q(b), key j at j).
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -20,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -63,6 +67,7 @@ struct Case {
   // Judge against the GPU reference kernel (large shapes) instead of the CPU one.
   bool gpu_reference = false;
   TileConfig tiles;  // forced tiles (zeros: the planner's)
+  std::optional<RopeReference> rope;  // RoPE on q and k (theta 10000)
 };
 
 int max_seqlen_q_of(const Case& c) { return std::min(c.shape.total_q, std::max(1, c.shape.max_seqlen_q()) + c.slack); }
@@ -86,10 +91,13 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   if (!a.alibi_slopes.empty()) slopes = c.slopes_per_batch ? "[batch, heads_q]" : "[heads_q]";
   return fmt::format(
       "{} {} batch={} lengths(q,k)=[{}] total_q={} total_k={} max_seqlen=({}, {}) heads={}/{} head_dim={} causal={} "
-      "window=({}, {}) softcap={} alibi={} layout={} reference={} seed={}",
+      "window=({}, {}) softcap={} alibi={} rope={} layout={} reference={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch(), lengths_text(s), s.total_q,
       s.total_k, max_seqlen_q_of(c), max_seqlen_k_of(c), a.heads_q, a.heads_kv, a.head_dim, a.causal, a.window_left,
-      a.window_right, a.softcap, slopes, layout_name(c.layout), c.gpu_reference ? "gpu" : "cpu", seed);
+      a.window_right, a.softcap, slopes,
+      !c.rope ? std::string("off")
+              : fmt::format("{} r{}", c.rope->style == RopeStyle::rotate_half ? "half" : "interleaved", c.rope->rotary_dim),
+      layout_name(c.layout), c.gpu_reference ? "gpu" : "cpu", seed);
 }
 
 std::unique_ptr<DeviceBuffer> upload_i32(const std::vector<int>& values) {
@@ -115,6 +123,14 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   in.q = random_values(static_cast<size_t>(s.total_q) * a.heads_q * a.head_dim, c.dtype, rng);
   in.k = random_values(static_cast<size_t>(s.total_k) * a.heads_kv * a.head_dim, c.dtype, rng);
   in.v = random_values(in.k.size(), c.dtype, rng);
+  if (!s.seqused_k.empty()) {
+    const size_t row = static_cast<size_t>(a.heads_kv) * a.head_dim;
+    for (int b = 0; b < s.batch(); ++b) {
+      const size_t first = (s.cu_seqlens_k[b] + s.seqused_k[b]) * row, end = s.cu_seqlens_k[b + 1] * row;
+      std::fill(in.k.begin() + first, in.k.begin() + end, NAN);
+      std::fill(in.v.begin() + first, in.v.begin() + end, NAN);
+    }
+  }
   if (c.layout == Layout::qkv) {
     if (s.total_q != s.total_k) throw std::invalid_argument("the qkv layout needs total_q == total_k");
     const int heads = a.heads_q + 2 * a.heads_kv;
@@ -176,6 +192,10 @@ ForwardOptions options_for(const Case& c, const TensorView* slopes) {
   options.alibi_slopes = slopes;
   if (a.scale > 0.f) options.softmax_scale = a.scale;
   options.tiles = c.tiles;
+  if (c.rope) {
+    options.rope.style = c.rope->style;
+    options.rope.rotary_dim = c.rope->rotary_dim;
+  }
   return options;
 }
 
@@ -294,6 +314,23 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
   return run;
 }
 
+// Rotates packed q and k rows as a framework would before attention (exact:
+// in float64): query i of sequence b at position i + seqlen_k(b) −
+// seqlen_q(b), key j at j; spare rows at 0.
+void rotate_packed(const Case& c, bool exact, std::vector<float>& q, std::vector<float>& k) {
+  const auto& s = c.shape;
+  const auto& a = s.common;
+  std::vector<int> q_positions(s.total_q, 0), k_positions(s.total_k, 0);
+  for (int b = 0; b < s.batch(); ++b) {
+    for (int i = 0; i < s.seqlen_q(b); ++i) q_positions[s.cu_seqlens_q[b] + i] = i + s.seqlen_k(b) - s.seqlen_q(b);
+    for (int j = s.cu_seqlens_k[b]; j < s.cu_seqlens_k[b + 1]; ++j) k_positions[j] = j - s.cu_seqlens_k[b];
+  }
+  rotate_reference(q, 1, s.total_q, a.heads_q, a.head_dim, *c.rope, nullptr,
+                   [&](int, int row) { return q_positions[row]; }, exact, c.dtype);
+  rotate_reference(k, 1, s.total_k, a.heads_kv, a.head_dim, *c.rope, nullptr,
+                   [&](int, int row) { return k_positions[row]; }, exact, c.dtype);
+}
+
 // The cases checked in groups (check_in_groups): the kernel against both
 // references, and its poison check. Returns, per case, how many (row, head)
 // pairs see no key.
@@ -302,12 +339,15 @@ std::vector<size_t> check_cases(const std::vector<Case>& cases, std::mt19937_64&
       cases, [&](const Case& c) { return make_inputs(c, rng); },
       [](const Case& c, const Inputs& in) {
         References r;
-        if (c.gpu_reference) {
-          r.exact = gpu_reference_varlen(c.shape, in.q, in.k, in.v, c.dtype, true);
-          r.rounded = gpu_reference_varlen(c.shape, in.q, in.k, in.v, c.dtype, false);
-        } else {
-          r.exact = attention_varlen_exact(c.shape, in.q, in.k, in.v);
-          r.rounded = attention_varlen_16bit(c.shape, in.q, in.k, in.v, c.dtype);
+        for (bool exact : {true, false}) {
+          std::vector<float> q = in.q, k = in.k;
+          if (c.rope) rotate_packed(c, exact, q, k);
+          if (c.gpu_reference) {
+            (exact ? r.exact : r.rounded) = gpu_reference_varlen(c.shape, q, k, in.v, c.dtype, exact);
+          } else {
+            (exact ? r.exact : r.rounded) = exact ? attention_varlen_exact(c.shape, q, k, in.v)
+                                                  : attention_varlen_16bit(c.shape, q, k, in.v, c.dtype);
+          }
         }
         return r;
       },
@@ -533,7 +573,7 @@ TEST_CASE("varlen: sliding windows, softcap, ALiBi per head and per sequence, se
   check_cases(cases, rng, seed);
 }
 
-TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks, softcap, ALiBi, seqused_k, edges") {
+TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks, softcap, ALiBi, seqused_k, RoPE, edges") {
   // A CTA past its sequence's queries leaves before the warpgroups split;
   // the producer reads each sequence's keys through cu_seqlens/seqused_k.
   if (!sm90a_or_skip("the wgmma family")) return;
@@ -552,6 +592,14 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
         if (index % 5 == 2) c.shape.common.softcap = 30.f;
         if (index % 3 == 2) add_slopes(c, index % 2 == 0, rng);
         if (index % 4 == 3) c.shape.seqused_k = random_seqused(c.shape, rng);
+        if (index % 2 == 1 || index % 4 == 3) {
+          // RoPE (the wgmma kernels then read K and V by tensor copies),
+          // full or half rotation, both styles.
+          RopeReference rope;
+          rope.style = index % 4 == 1 ? RopeStyle::rotate_half : RopeStyle::interleaved;
+          rope.rotary_dim = index % 3 == 0 ? head_dim : head_dim / 2 / 16 * 16;
+          c.rope = rope;
+        }
         // Two 64 KB stages fill shared memory at head dims above 64.
         c.tiles = index % 6 == 5 ? TileConfig{256, 64, 8, 3}
                                  : TileConfig{128, head_dim > 64 ? 128 : 64, 8, head_dim > 64 ? 2 : 2 + index % 3, true};
@@ -564,6 +612,10 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
     edges.shape = VarlenShape::packed(make_common(6, 2, 128, true), {0, 0, 5, 1, 1, 300, 650, 700, 129},
                                       {0, 17, 0, 1, 300, 1, 700, 120, 129}, 3, 2);
     edges.tiles = {128, 128, 8, 2, true};
+    cases.push_back(edges);
+    edges.rope = RopeReference{};
+    edges.rope->rotary_dim = 128;
+    edges.shape.seqused_k = {0, 10, 0, 1, 129, 0, 640, 120, 64};
     cases.push_back(edges);
   }
   warm_cases(cases);
