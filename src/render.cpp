@@ -136,7 +136,8 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_tables ? "true" : "false"),
       fmt::arg("kvcache", spec.kvcache ? "true" : "false"), fmt::arg("paged", spec.paged ? "true" : "false"),
       fmt::arg("split", spec.split ? "true" : "false"), fmt::arg("stages", spec.stages),
-      fmt::arg("wgmma", spec.wgmma ? "true" : "false"),
+      fmt::arg("wgmma", spec.wgmma ? "true" : "false"), fmt::arg("persistent", spec.persistent ? "true" : "false"),
+      fmt::arg("smem_bytes", spec.smem_bytes()),
       fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;

@@ -178,6 +178,7 @@ std::string KernelSpec::text() const {
                                 block_q, block_kv, warps);
   if (stages > 0) out += fmt::format(".s{}", stages);
   if (wgmma) out += ".wgmma";
+  if (persistent) out += ".persistent";
   if (causal) out += ".causal";
   if (local) out += ".local";
   if (softcap) out += ".softcap";
@@ -238,6 +239,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
       continue;
     }
     bool* flag = fields[i] == "wgmma"     ? &spec.wgmma
+                 : fields[i] == "persistent" ? &spec.persistent
                  : fields[i] == "causal"  ? &spec.causal
                  : fields[i] == "local"   ? &spec.local
                  : fields[i] == "softcap" ? &spec.softcap
@@ -250,12 +252,13 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "paged"   ? &spec.paged
                  : fields[i] == "split"   ? &spec.split
                                           : nullptr;
-    if (decode && (flag == &spec.varlen || flag == &spec.pack_gqa || flag == &spec.kvcache || flag == &spec.wgmma)) {
+    if (decode && (flag == &spec.varlen || flag == &spec.pack_gqa || flag == &spec.kvcache || flag == &spec.wgmma ||
+                   flag == &spec.persistent)) {
       bad_spec(text, fmt::format("flag '{}' does not apply to a decode spec (packgqa and kvcache are implied, "
                                  "varlen is unsupported)", fields[i]));
     }
     if (flag == nullptr || *flag) {
-      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, causal, local, softcap, alibi, rope_half_rN, "
+      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, softcap, alibi, rope_half_rN, "
                                  "rope_interleaved_rN, rope_tables, packgqa, kvcache, paged, split, padded, varlen)",
                                  fields[i]));
     }
@@ -315,6 +318,9 @@ void KernelSpec::validate() const {
                        "needs {} (use bc=64)", block_kv, head_dim, accumulator_registers()));
     }
   }
+  // FwdConfig::kPersistent: the wgmma consumer is the one that walks a
+  // CTA's tiles through the ring (dense or varlen keys, no split).
+  if (persistent && !wgmma) fail(ErrorCode::unsupported, "persistent needs wgmma");
   if (block_q != 64 && block_q != 128 && !(stages > 0 && block_q == 256) && !(wgmma && block_q == 192)) {
     fail(ErrorCode::unsupported,
          fmt::format("br={} is not one of 64, 128 (256 with a producer, sN; 192 with wgmma)", block_q));
@@ -390,9 +396,14 @@ size_t KernelSpec::smem_bytes() const {
     return static_cast<size_t>(block_q + warps * stages * 2 * block_kv) * row_elems * dtype_size(dtype);
   }
   if (stages > 0) {
-    // The Q tile, the producer's ring of K and V stages, and its mbarriers
-    // (five per stage and one for Q; FwdConfig::kSmemBytes, Ring).
-    return static_cast<size_t>(block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype) + (5 * stages + 1) * 8;
+    // The Q tile (two, persistent), the producer's ring of K and V stages,
+    // and its mbarriers (five per stage; "Q landed" per Q tile, and "Q free"
+    // per Q tile when persistent; FwdConfig::kSmemBytes, Ring). The rendered
+    // entry asserts that the kernel's layout has this size.
+    const int q_tiles = persistent ? 2 : 1;
+    const int barriers = 5 * stages + (persistent ? 4 : 1);
+    return static_cast<size_t>(q_tiles * block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype) +
+           static_cast<size_t>(barriers) * 8;
   }
   return static_cast<size_t>(block_q + 2 * block_kv) * row_elems * dtype_size(dtype);
 }
@@ -410,6 +421,7 @@ uint64_t KernelSpec::packed() const {
   key = key << 4 | static_cast<uint64_t>(warps);
   key = key << 4 | static_cast<uint64_t>(stages);
   key = key << 1 | static_cast<uint64_t>(wgmma);
+  key = key << 1 | static_cast<uint64_t>(persistent);
   key = key << 1 | static_cast<uint64_t>(causal);
   key = key << 1 | static_cast<uint64_t>(local);
   key = key << 1 | static_cast<uint64_t>(softcap);

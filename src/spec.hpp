@@ -58,6 +58,11 @@ struct KernelSpec {
   // fwd with stages, sm_90a only: the MMA warpgroups compute with wgmma, 64
   // query rows each (text .wgmma after .sN; FwdConfig::kWgmma).
   bool wgmma = false;
+  // fwd with wgmma: a persistent grid of at most one CTA per SM walks the
+  // tiles, the producer loading a CTA's next tile during the current one
+  // (two Q buffers; text .persistent after .wgmma; FwdConfig::kPersistent).
+  // The grid is then FwdParams' tile count capped by the host, not the tiles.
+  bool persistent = false;
 
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
   static KernelSpec combine(DType state_dtype, DType out_dtype);
@@ -65,7 +70,7 @@ struct KernelSpec {
   static KernelSpec append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool paged);
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
-  // the order wgmma, causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
+  // the order wgmma, persistent, causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
   // rope_tables, packgqa, kvcache, paged, split, padded, varlen), "combine.f32.bf16".
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.

@@ -23,7 +23,7 @@ enum MaskKind : int {
 
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE,
-          bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false>
+          bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false, bool PERSISTENT = false>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
@@ -36,6 +36,12 @@ struct FwdConfig {
   // beside the tensor-core work instead of between its tiles.
   static constexpr int kStages = STAGES;
   static constexpr bool kProducer = STAGES > 0;
+  // PERSISTENT (wgmma only): the grid is at most one wave of CTAs, each of
+  // which walks a share of the tiles (fwd_prefill_persistent). Q is double
+  // buffered, so the producer loads the next tile's Q, and its first K/V
+  // blocks, while the MMA warps finish the current one.
+  static constexpr bool kPersistent = PERSISTENT;
+  static constexpr int kQBuffers = PERSISTENT ? 2 : 1;
   static constexpr int kProducerThreads = kProducer ? 128 : 0;
   static constexpr int kThreads = WARPS * 32 + kProducerThreads;
   // The threads that copy (and rotate) tiles: the producer, or everyone.
@@ -119,10 +125,13 @@ struct FwdConfig {
   static constexpr int kSmemQ = BLOCK_Q * kRowElems;  // elements
   static constexpr int kSmemK = BLOCK_KV * kRowElems;
   static constexpr int kSmemV = BLOCK_KV * kRowElems;
-  // The producer's ring: kStages K and V stages, then its mbarriers (Ring).
+  // The producer's ring: kQBuffers Q tiles, kStages K and V stages, then its
+  // mbarriers (Ring: five per stage, and per Q buffer "Q landed", plus "Q
+  // free" when there are two).
   static constexpr int kRingStages = kProducer ? kStages : 1;
-  static constexpr int kBarrierOffset = (kSmemQ + kRingStages * (kSmemK + kSmemV)) * 2;
-  static constexpr int kSmemBytes = kBarrierOffset + (kProducer ? (5 * kStages + 1) * 8 : 0);
+  static constexpr int kBarrierOffset = (kQBuffers * kSmemQ + kRingStages * (kSmemK + kSmemV)) * 2;
+  static constexpr int kQBarriers = kPersistent ? 4 : 1;
+  static constexpr int kSmemBytes = kBarrierOffset + (kProducer ? (5 * kStages + kQBarriers) * 8 : 0);
 
   // Whether the next K block is requested before this block's softmax (more
   // time to hide its latency, longer register live ranges) or after it.
@@ -132,6 +141,7 @@ struct FwdConfig {
 
   static_assert(kRowsPerWarp % 16 == 0, "each warp owns whole 16-row MMA tiles");
   static_assert(!WGMMA || (STAGES > 0 && kRowsPerWarp == 16), "wgmma: a producer, and 64 rows per warpgroup");
+  static_assert(!PERSISTENT || (WGMMA && !SPLIT && !KVCACHE), "persistent: wgmma tiles, no split or KV cache");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!WGMMA, "wgmma needs sm_90a");
 #endif
@@ -817,7 +827,7 @@ __device__ __forceinline__ void rotate_q_rows(unsigned char* q_tile, const FwdPa
   }
 }
 
-// What one CTA works on, as fwd_prefill locates it: its sequence's rows,
+// One tile of the grid, as locate_tile finds it: its sequence's rows,
 // lengths and the key blocks [first_block, end_block) its queries may see.
 struct TileJob {
   const unsigned short* q;
@@ -841,18 +851,22 @@ struct TileJob {
 //     K, once "K landed" (cp.async completion) has told them it is there;
 //   - "K free" and "V free": every MMA thread arrives when done reading;
 //   - "V landed": arrivals from cp.async completion;
-// then "Q landed" (the MMA warps rotate Q themselves for RoPE, each its own
-// rows, while the producer rotates the first K block). Block i of the CTA's
-// sequence (the key blocks from the last down) uses stage i % kStages in
-// phase (i / kStages) & 1.
+// then per Q buffer "Q landed" (the MMA warps rotate Q themselves for RoPE,
+// each its own rows, while the producer rotates the first K block) and,
+// persistent, "Q free" (the MMA warps have stored the output they staged in
+// its rows). Block i of the CTA's sequence (the key blocks from the last
+// down) uses stage i % kStages in phase (i / kStages) & 1; a persistent CTA
+// counts its blocks on across its tiles (RingPosition).
 template <class Cfg>
 struct Ring {
   static constexpr int kStageKBytes = Cfg::kSmemK * 2;
   static constexpr int kStageVBytes = Cfg::kSmemV * 2;
-  unsigned base;  // shared-window address of the Q tile (start of shared memory)
-  __device__ __forceinline__ unsigned k_stage(int s) const { return base + Cfg::kSmemQ * 2 + s * kStageKBytes; }
+  static constexpr int kQBytes = Cfg::kQBuffers * Cfg::kSmemQ * 2;
+  unsigned base;  // shared-window address of the first Q tile (start of shared memory)
+  __device__ __forceinline__ unsigned q_tile(int b) const { return base + b * Cfg::kSmemQ * 2; }
+  __device__ __forceinline__ unsigned k_stage(int s) const { return base + kQBytes + s * kStageKBytes; }
   __device__ __forceinline__ unsigned v_stage(int s) const {
-    return base + Cfg::kSmemQ * 2 + Cfg::kStages * kStageKBytes + s * kStageVBytes;
+    return base + kQBytes + Cfg::kStages * kStageKBytes + s * kStageVBytes;
   }
   __device__ __forceinline__ unsigned barrier(int index) const { return base + Cfg::kBarrierOffset + index * 8; }
   __device__ __forceinline__ unsigned k_ready(int s) const { return barrier(s); }
@@ -860,12 +874,38 @@ struct Ring {
   __device__ __forceinline__ unsigned k_free(int s) const { return barrier(2 * Cfg::kStages + s); }
   __device__ __forceinline__ unsigned v_landed(int s) const { return barrier(3 * Cfg::kStages + s); }
   __device__ __forceinline__ unsigned v_free(int s) const { return barrier(4 * Cfg::kStages + s); }
-  __device__ __forceinline__ unsigned q_landed() const { return barrier(5 * Cfg::kStages); }
+  __device__ __forceinline__ unsigned q_landed(int b) const { return barrier(5 * Cfg::kStages + b); }
+  __device__ __forceinline__ unsigned q_free(int b) const { return barrier(5 * Cfg::kStages + 2 + b); }
+
+  // Every barrier, by thread 0 before the CTA's first __syncthreads.
+  __device__ __forceinline__ void init() const {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      mbarrier_init(k_ready(s), Cfg::kProducerThreads);
+      mbarrier_init(k_landed(s), Cfg::kProducerThreads);
+      mbarrier_init(k_free(s), Cfg::kWarps * 32);
+      mbarrier_init(v_landed(s), Cfg::kProducerThreads);
+      mbarrier_init(v_free(s), Cfg::kWarps * 32);
+    }
+    for (int b = 0; b < Cfg::kQBuffers; ++b) {
+      mbarrier_init(q_landed(b), Cfg::kProducerThreads);
+      if (Cfg::kPersistent) mbarrier_init(q_free(b), Cfg::kWarps * 32);
+    }
+  }
+};
+
+// Where a tile starts in the ring: the CTA's tiles before it (which Q buffer,
+// and its phase) and their key blocks (which stage, and its phase). Zero for
+// a CTA's only tile.
+struct RingPosition {
+  int tile = 0;
+  int block = 0;
+  __device__ __forceinline__ int q_buffer() const { return tile & 1; }
+  __device__ __forceinline__ unsigned q_phase() const { return static_cast<unsigned>((tile >> 1) & 1); }
 };
 
 template <class Cfg>
 __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob& job, const Ring<Cfg>& ring,
-                                              unsigned char* shared_bytes) {
+                                              unsigned char* shared_bytes, RingPosition at = {}) {
   constexpr int kStages = Cfg::kStages;
   // With RoPE and wgmma, K is copied kStages - 1 blocks ahead of the one
   // being rotated, as soon as its stage is handed back, and V a block later
@@ -878,29 +918,35 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   constexpr bool kVLate = Cfg::kWgmma && Cfg::kRotateKeys;
   const int blocks = job.end_block - job.first_block;
   auto key0_of = [&](int i) { return (job.end_block - 1 - i) * Cfg::kBlockKV; };
+  // Block i of this tile is block at.block + i of the CTA's ring.
   auto issue_k = [&](int i) {
-    const int s = i % kStages;
-    if (i >= kStages) mbarrier_wait(ring.k_free(s), (i / kStages - 1) & 1);
+    const int r = at.block + i, s = r % kStages;
+    if (r >= kStages) mbarrier_wait(ring.k_free(s), (r / kStages - 1) & 1);
     load_kv_tile<Cfg>(ring.k_stage(s), job.k, p.k_row_stride, p.k_batch_stride, nullptr, 0, key0_of(i), job.seqlen_k,
                       job.chunks_valid);
     cp_async_mbarrier_arrive(Cfg::kRotateKeys ? ring.k_landed(s) : ring.k_ready(s));
     cp_async_commit();
   };
   auto issue_v = [&](int i) {
-    const int s = i % kStages;
-    if (i >= kStages) mbarrier_wait(ring.v_free(s), (i / kStages - 1) & 1);
+    const int r = at.block + i, s = r % kStages;
+    if (r >= kStages) mbarrier_wait(ring.v_free(s), (r / kStages - 1) & 1);
     load_kv_tile<Cfg>(ring.v_stage(s), job.v, p.v_row_stride, p.v_batch_stride, nullptr, 0, key0_of(i), job.seqlen_k,
                       job.chunks_valid);
     cp_async_mbarrier_arrive(ring.v_landed(s));
     cp_async_commit();
   };
+  // Persistent: the Q buffer is free once the MMA warps have stored the
+  // output of the CTA's tile before last from it.
+  const int q_buffer = at.q_buffer();
+  if (Cfg::kPersistent && at.tile >= 2) mbarrier_wait(ring.q_free(q_buffer), at.q_phase() ^ 1);
   if constexpr (Cfg::kPackGqa) {
-    load_packed_q<Cfg>(ring.base, job.q, p.q_row_stride, p.q_head_stride, job.q0, job.rows, job.group,
+    load_packed_q<Cfg>(ring.q_tile(q_buffer), job.q, p.q_row_stride, p.q_head_stride, job.q0, job.rows, job.group,
                        job.chunks_valid);
   } else {
-    load_tile<Cfg, Cfg::kBlockQ>(ring.base, job.q, p.q_row_stride, job.q0, job.seqlen_q, job.chunks_valid);
+    load_tile<Cfg, Cfg::kBlockQ>(ring.q_tile(q_buffer), job.q, p.q_row_stride, job.q0, job.seqlen_q,
+                                 job.chunks_valid);
   }
-  cp_async_mbarrier_arrive(ring.q_landed());
+  cp_async_mbarrier_arrive(ring.q_landed(q_buffer));
   cp_async_commit();
   // Up to kStages - 1 blocks ahead of the one being rotated.
   for (int i = 0; i < kStages - 1 && i < blocks; ++i) {
@@ -916,8 +962,8 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
     if constexpr (Cfg::kRotateKeys) {
       // K landed, for every producer thread (rotation units span chunks
       // that other threads copied).
-      const int s = i % kStages;
-      mbarrier_wait(ring.k_landed(s), (i / kStages) & 1);
+      const int r = at.block + i, s = r % kStages;
+      mbarrier_wait(ring.k_landed(s), (r / kStages) & 1);
       key_rotation.rotate(shared_bytes + (ring.k_stage(s) - ring.base), p, key_position0 + key0_of(i), i);
       // wgmma reads tiles through the async proxy: the rotated stores must
       // be ordered before those reads.
@@ -930,8 +976,9 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
     }
     if constexpr (kVLate) issue_v(i);
   }
-  // The last copies complete before the producer's threads exit.
-  cp_async_wait<0>();
+  // The last copies complete before the producer's threads exit (a
+  // persistent producer waits once, after its last tile).
+  if constexpr (!Cfg::kPersistent) cp_async_wait<0>();
 }
 
 template <class Cfg>
@@ -957,7 +1004,7 @@ __device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob&
   float row_max[Cfg::kMTiles][2];
   float row_sum[Cfg::kMTiles][2];
   clear_accumulators<Cfg>(o, row_max, row_sum);
-  mbarrier_wait(ring.q_landed(), 0);
+  mbarrier_wait(ring.q_landed(0), 0);
   if constexpr (Cfg::kRope != kRopeNone) {
     // Each warp rotates its own Q rows (only it reads them).
     int key_position0, query_position0;
@@ -1010,7 +1057,7 @@ __device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob&
 // per warpgroup: a wgmma is issued by all four of its warps together.
 template <class Cfg>
 __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const TileJob& job, const Ring<Cfg>& ring,
-                                                    unsigned char* shared_bytes) {
+                                                    unsigned char* shared_bytes, RingPosition at = {}) {
   using Element = typename Cfg::Element;
   constexpr int kStages = Cfg::kStages;
   constexpr int kGroupRows = 64;
@@ -1035,7 +1082,9 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   clear_accumulators<Cfg>(o, row_max, row_sum);
   // S = Q Kᵀ for the block in `stage` (async). Q's and K's k-step ks: panel
   // ks / 4, 32-byte column ks % 4.
-  const unsigned q_rows = ring.base + group_row0 * 128;
+  const int q_buffer = at.q_buffer();
+  unsigned char* const q_bytes = shared_bytes + q_buffer * Cfg::kSmemQ * 2;
+  const unsigned q_rows = ring.q_tile(q_buffer) + group_row0 * 128;
   auto issue_qk = [&](float (&s_acc)[Cfg::kMTiles][Cfg::kScoreTiles][4], int stage) {
     // Copies that landed without a producer store (K without RoPE) reach
     // the async proxy through this thread's fence.
@@ -1078,8 +1127,9 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     online_softmax<Cfg, kRescaleLater>(s_acc, o, row_max, row_sum, p.scale_log2, corrections);
   };
   auto key_block = [&](int i) { return job.end_block - 1 - i; };
-  auto stage_of = [&](int i) { return i % kStages; };
-  auto parity_of = [&](int i) { return static_cast<unsigned>((i / kStages) & 1); };
+  // Block i of this tile is block at.block + i of the CTA's ring.
+  auto stage_of = [&](int i) { return (at.block + i) % kStages; };
+  auto parity_of = [&](int i) { return static_cast<unsigned>(((at.block + i) / kStages) & 1); };
   // A block this warpgroup does not see is handed back once its copies have
   // landed (before the producer may copy into the stage again).
   auto skip_block = [&](int i) {
@@ -1089,13 +1139,13 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     mbarrier_arrive(ring.v_free(stage_of(i)));
   };
 
-  mbarrier_wait(ring.q_landed(), 0);
+  mbarrier_wait(ring.q_landed(q_buffer), at.q_phase());
   if constexpr (Cfg::kRope != kRopeNone) {
     // Each warpgroup rotates its own Q rows (only its wgmma read them) and
     // orders the stores before those reads (async proxy).
     int key_position0, query_position0;
     rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
-    rotate_q_rows<Cfg, kGroupRows, 128, Cfg::kQRotationWords>(shared_bytes, p, query_position0, job.q0, job.group,
+    rotate_q_rows<Cfg, kGroupRows, 128, Cfg::kQRotationWords>(q_bytes, p, query_position0, job.q0, job.group,
                                                               group_row0, consumer & 127);
     fence_async_shared();
     named_barrier_sync(2 + (consumer >> 7), 128);
@@ -1143,29 +1193,93 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     mbarrier_arrive(ring.v_free(stage_of(i - 1)));
   }
   for (; i < blocks; ++i) skip_block(i);
-  allow_dependent_launch();
+  // A persistent CTA lets the next grid in after its last tile.
+  if constexpr (!Cfg::kPersistent) allow_dependent_launch();
   // Each warp stages its output in its own Q rows; the warpgroup's wgmma
   // reads of Q (all four warps' rows) have completed once all four are here.
   named_barrier_sync(2 + (consumer >> 7), 128);
-  store_output<Cfg>(o, row_max, row_sum, shared_bytes, job.out, p.o_row_stride, p.o_head_stride, job.lse,
+  store_output<Cfg>(o, row_max, row_sum, q_bytes, job.out, p.o_row_stride, p.o_head_stride, job.lse,
                     p.lse_row_stride, p.lse_head_stride, job.q0, warp_row0, job.rows, job.group, job.chunks_valid,
                     p.lse_scale, lane);
+  // Persistent: the producer may load a later tile's Q into these rows.
+  if constexpr (Cfg::kPersistent) mbarrier_arrive(ring.q_free(q_buffer));
+}
+
+// Locates tile `index` of the flattened grid (what one CTA computes in an
+// ordinary launch). Query blocks of one (batch, head) are adjacent, so CTAs
+// that read the same K/V run together and share it in L2. Causal: a head's
+// last query blocks see the most keys; running them first leaves the light
+// blocks for the tail of the grid. Split-KV: the splits of one tile are
+// adjacent too. Packed GQA: the grid's heads are KV heads, and a tile's rows
+// cover every query head of the group. False when the tile is past its
+// sequence's rows (varlen: the grid covers the longest sequence).
+template <class Cfg>
+__device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJob& job, int& split) {
+  const int q_block = Cfg::kCausal ? p.num_q_blocks - 1 - index % p.num_q_blocks : index % p.num_q_blocks;
+  split = Cfg::kSplit ? index / p.num_q_blocks % p.num_splits : 0;
+  const int batch_head = index / p.num_q_blocks / (Cfg::kSplit ? p.num_splits : 1);
+  const int group = Cfg::kPackGqa ? p.heads_per_kv : 1;
+  const int grid_heads = Cfg::kPackGqa ? p.heads_kv : p.heads_q;
+  const int batch = batch_head / grid_heads;
+  const int kv_head = Cfg::kPackGqa ? batch_head % grid_heads : batch_head % grid_heads / p.heads_per_kv;
+  // The (first) query head of this tile.
+  const int head = Cfg::kPackGqa ? kv_head * group : batch_head % grid_heads;
+  const int q0 = q_block * Cfg::kBlockQ;
+
+  // Where this sequence's rows start, and its lengths (varlen: from the
+  // offsets; dense: batch strides and the common lengths).
+  long long q_start = batch * p.q_batch_stride, o_start = batch * p.o_batch_stride;
+  long long k_start = batch * p.k_batch_stride, v_start = batch * p.v_batch_stride;
+  long long lse_start = batch * p.lse_batch_stride;
+  int seqlen_q = p.seqlen_q;
+  int seqlen_k = p.seqlen_k;
+  if constexpr (Cfg::kVarlen) {
+    const int q_row0 = p.cu_seqlens_q[batch];
+    const int k_row0 = p.cu_seqlens_k[batch];
+    seqlen_q = p.cu_seqlens_q[batch + 1] - q_row0;
+    seqlen_k = p.seqused_k != nullptr ? p.seqused_k[batch] : p.cu_seqlens_k[batch + 1] - k_row0;
+    if (q0 >= seqlen_q * group) return false;
+    q_start = q_row0 * p.q_row_stride;
+    o_start = q_row0 * p.o_row_stride;
+    k_start = k_row0 * p.k_row_stride;
+    v_start = k_row0 * p.v_row_stride;
+    lse_start = q_row0 * p.lse_row_stride;
+  }
+  if constexpr (Cfg::kKVCache) {
+    seqlen_k = p.seqused_k[batch] + p.seqlen_k_added;
+    const int cache_batch = p.kv_batch_index != nullptr ? p.kv_batch_index[batch] : batch;
+    // Paged: the batch strides are page strides, applied per tile.
+    k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
+    v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
+  }
+  job.batch = batch, job.head = head, job.q0 = q0, job.seqlen_q = seqlen_q, job.seqlen_k = seqlen_k;
+  // Rows of this sequence's (packed) Q: queries × heads of the group.
+  job.rows = seqlen_q * group, job.group = group;
+  job.chunks_valid = Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
+  job.q = static_cast<const unsigned short*>(p.q) + q_start + head * p.q_head_stride;
+  job.k = static_cast<const unsigned short*>(p.k) + k_start + kv_head * p.k_head_stride;
+  job.v = static_cast<const unsigned short*>(p.v) + v_start + kv_head * p.v_head_stride;
+  job.out = static_cast<unsigned short*>(p.o) + o_start + head * p.o_head_stride;
+  job.lse = p.lse == nullptr ? nullptr : p.lse + lse_start + head * p.lse_head_stride;
+  // Query i sees keys around i + diagonal_offset (bottom-right alignment);
+  // this block's first and last queries bound the keys worth loading.
+  job.diagonal_offset = seqlen_k - seqlen_q;
+  const int first_query = query_position<Cfg>(q0, group);
+  const int last_query = Cfg::kPackGqa ? query_position<Cfg>(min(q0 + Cfg::kBlockQ, job.rows) - 1, group)
+                                       : q0 + Cfg::kBlockQ - 1;
+  visible_blocks<Cfg>(p, seqlen_k, job.diagonal_offset, first_query, last_query, job.first_block, job.end_block);
+  if constexpr (Cfg::kSplit) {
+    job.first_block = max(job.first_block, split * p.blocks_per_split);
+    job.end_block = max(job.first_block, min(job.end_block, (split + 1) * p.blocks_per_split));
+  }
+  return true;
 }
 
 template <class Cfg>
 __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, const TileJob& job,
                                                         unsigned char* shared_bytes) {
   const Ring<Cfg> ring{smem_u32(shared_bytes)};
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      mbarrier_init(ring.k_ready(s), Cfg::kProducerThreads);
-      mbarrier_init(ring.k_landed(s), Cfg::kProducerThreads);
-      mbarrier_init(ring.k_free(s), Cfg::kWarps * 32);
-      mbarrier_init(ring.v_landed(s), Cfg::kProducerThreads);
-      mbarrier_init(ring.v_free(s), Cfg::kWarps * 32);
-    }
-    mbarrier_init(ring.q_landed(), Cfg::kProducerThreads);
-  }
+  if (threadIdx.x == 0) ring.init();
   __syncthreads();
   if (threadIdx.x < Cfg::kProducerThreads) {
     warpgroup_registers_release<Cfg::kProducerRegisters>();
@@ -1180,91 +1294,100 @@ __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, cons
   }
 }
 
+// Persistent (Cfg::kPersistent): the grid's gridDim.x CTAs (at most one wave)
+// share the tiles that an ordinary launch gives one CTA each, in snake
+// rounds: round r gives CTA c tile r · ctas + c of an order, or r · ctas +
+// ctas − 1 − c in odd rounds. Causal tiles are ordered heaviest first (the
+// last query block of every head, then the next to last, ...), so the heavy
+// and light ends of the rounds even out each CTA's total. Grouping heads so
+// that their K/V fit in L2 together breaks that descending order, and
+// measured 5-20% slower at 4k-16k keys (docs/PERFORMANCE.md). Other tiles
+// weigh alike and keep the grid's order, in which neighbouring CTAs share a
+// head's K/V in L2 (query block major, it measured up to 18% slower at head
+// dim 128). work(job, at) runs for each of this CTA's tiles; producer and
+// MMA warps walk the same tiles, and skip the same empty ones (varlen).
+template <class Cfg, class Work>
+__device__ __forceinline__ void walk_persistent_tiles(const FwdParams& p, const Work& work) {
+  // Few values stay live across a tile (the MMA warps' registers are full):
+  // the linear tile number, the round's parity and the ring position; the
+  // rest is reread from the parameters and special registers.
+  auto grid_heads = [&] { return (Cfg::kPackGqa ? p.heads_kv : p.heads_q) * p.batch; };
+  RingPosition at;
+  int linear = static_cast<int>(blockIdx.x);
+  for (bool odd = false; linear < p.num_q_blocks * grid_heads(); odd = !odd) {
+    // The grid index of the linear-th tile (causal: query block major).
+    const int index = Cfg::kCausal ? linear % grid_heads() * p.num_q_blocks + linear / grid_heads() : linear;
+    TileJob job;
+    int split;
+    if (locate_tile<Cfg>(p, index, job, split)) {
+      work(job, at);
+      ++at.tile;
+      at.block += job.end_block - job.first_block;
+    }
+    // Round r's tile r · ctas + c, or r · ctas + ctas − 1 − c in odd rounds.
+    linear += odd ? 2 * static_cast<int>(blockIdx.x) + 1 : 2 * (static_cast<int>(gridDim.x - blockIdx.x)) - 1;
+  }
+}
+
+// The producer runs ahead into the CTA's next tile (its Q into the other
+// buffer, its first K/V blocks into the ring, K rotated for RoPE) while the
+// MMA warps finish the current one, so only the last tile's epilogue is left
+// uncovered. Each role has its own loop: register allocation follows the
+// hand-over (setmaxnreg) only where the roles' code is apart (one shared
+// loop spilled 350-480 bytes, ptxas of NVRTC 13.0).
+template <class Cfg>
+__device__ void fwd_prefill_persistent(const FwdParams& p, unsigned char* shared_bytes) {
+  const Ring<Cfg> ring{smem_u32(shared_bytes)};
+  if (threadIdx.x == 0) ring.init();
+  __syncthreads();
+  if (threadIdx.x < Cfg::kProducerThreads) {
+    warpgroup_registers_release<Cfg::kProducerRegisters>();
+    walk_persistent_tiles<Cfg>(p, [&](const TileJob& job, RingPosition at) {
+      produce_tiles<Cfg>(p, job, ring, shared_bytes, at);
+    });
+    cp_async_wait<0>();
+  } else {
+    warpgroup_registers_claim<Cfg::kMmaRegisters>();
+    walk_persistent_tiles<Cfg>(p, [&](const TileJob& job, RingPosition at) {
+      consume_tiles_wgmma<Cfg>(p, job, ring, shared_bytes, at);
+    });
+    allow_dependent_launch();
+  }
+}
+
 template <class Cfg>
 __device__ void fwd_prefill(const FwdParams& p) {
   // 1 KB alignment: the address XOR steps (at most bit 8) must not carry into
   // the tile base.
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  if constexpr (Cfg::kPersistent) {
+    fwd_prefill_persistent<Cfg>(p, shared_bytes);
+    return;
+  }
+  TileJob job;
+  int split;
+  if (!locate_tile<Cfg>(p, static_cast<int>(blockIdx.x), job, split)) return;
+  if constexpr (Cfg::kProducer) {
+    fwd_prefill_specialized<Cfg>(p, job, shared_bytes);
+    return;
+  }
   // Shared-window addresses (32-bit) of the three tiles; Q's rows are reused
   // to stage the output.
   const unsigned q_tile = smem_u32(shared_bytes);
   const unsigned k_tile = q_tile + Cfg::kSmemQ * 2;
   const unsigned v_tile = k_tile + Cfg::kSmemK * 2;
-
-  // Flattened grid: query blocks of one (batch, head) are adjacent, so CTAs
-  // that read the same K/V run together and share it in L2. Causal: a head's
-  // last query blocks see the most keys; running them first leaves the light
-  // blocks for the tail of the grid. Packed GQA: the grid's heads are KV
-  // heads, and a CTA's rows cover every query head of the group.
-  const int q_block = Cfg::kCausal ? p.num_q_blocks - 1 - static_cast<int>(blockIdx.x % p.num_q_blocks)
-                                   : static_cast<int>(blockIdx.x % p.num_q_blocks);
-  // Split-KV: the splits of one tile are adjacent too.
-  const int split = Cfg::kSplit ? static_cast<int>(blockIdx.x / p.num_q_blocks % p.num_splits) : 0;
-  const int batch_head = blockIdx.x / p.num_q_blocks / (Cfg::kSplit ? p.num_splits : 1);
-  const int group = Cfg::kPackGqa ? p.heads_per_kv : 1;
-  const int grid_heads = Cfg::kPackGqa ? p.heads_kv : p.heads_q;
-  const int batch = batch_head / grid_heads;
-  const int kv_head = Cfg::kPackGqa ? batch_head % grid_heads : batch_head % grid_heads / p.heads_per_kv;
-  // The (first) query head of this CTA.
-  const int head = Cfg::kPackGqa ? kv_head * group : batch_head % grid_heads;
-  const int q0 = q_block * Cfg::kBlockQ;
   const int lane = threadIdx.x & 31;
   const int warp_row0 = (threadIdx.x >> 5) * Cfg::kRowsPerWarp;
-  const int chunks_valid = Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
-
-  // Where this sequence's rows start, and its lengths (varlen: from the
-  // offsets; dense: batch strides and the common lengths).
-  long long q_start = batch * p.q_batch_stride, o_start = batch * p.o_batch_stride;
-  long long k_start = batch * p.k_batch_stride, v_start = batch * p.v_batch_stride;
-  long long lse_start = batch * p.lse_batch_stride;
-  int seqlen_q = p.seqlen_q;
-  int seqlen_k = p.seqlen_k;
-  if constexpr (Cfg::kVarlen) {
-    const int q_row0 = p.cu_seqlens_q[batch];
-    const int k_row0 = p.cu_seqlens_k[batch];
-    seqlen_q = p.cu_seqlens_q[batch + 1] - q_row0;
-    seqlen_k = p.seqused_k != nullptr ? p.seqused_k[batch] : p.cu_seqlens_k[batch + 1] - k_row0;
-    // The grid covers the longest sequence; shorter ones leave CTAs idle.
-    if (q0 >= seqlen_q * group) return;
-    q_start = q_row0 * p.q_row_stride;
-    o_start = q_row0 * p.o_row_stride;
-    k_start = k_row0 * p.k_row_stride;
-    v_start = k_row0 * p.v_row_stride;
-    lse_start = q_row0 * p.lse_row_stride;
-  }
-  if constexpr (Cfg::kKVCache) {
-    seqlen_k = p.seqused_k[batch] + p.seqlen_k_added;
-    const int cache_batch = p.kv_batch_index != nullptr ? p.kv_batch_index[batch] : batch;
-    // Paged: the batch strides are page strides, applied per tile.
-    k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
-    v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
-  }
-  const int* pages = Cfg::kPaged ? p.block_table + batch * p.block_table_stride : nullptr;
-  // Rows of this sequence's (packed) Q: queries × heads of the group.
-  const int rows = seqlen_q * group;
-  const unsigned short* q = static_cast<const unsigned short*>(p.q) + q_start + head * p.q_head_stride;
-  const unsigned short* k = static_cast<const unsigned short*>(p.k) + k_start + kv_head * p.k_head_stride;
-  const unsigned short* v = static_cast<const unsigned short*>(p.v) + v_start + kv_head * p.v_head_stride;
-  unsigned short* out = static_cast<unsigned short*>(p.o) + o_start + head * p.o_head_stride;
-  float* lse = p.lse == nullptr ? nullptr : p.lse + lse_start + head * p.lse_head_stride;
-  // Query i sees keys around i + diagonal_offset (bottom-right alignment);
-  // this block's first and last queries bound the keys worth loading.
-  const int diagonal_offset = seqlen_k - seqlen_q;
+  const unsigned short* const q = job.q;
+  const unsigned short* const k = job.k;
+  const unsigned short* const v = job.v;
+  const int batch = job.batch, head = job.head, q0 = job.q0, seqlen_q = job.seqlen_q, seqlen_k = job.seqlen_k;
+  const int rows = job.rows, group = job.group, chunks_valid = job.chunks_valid;
+  const int diagonal_offset = job.diagonal_offset, first_block = job.first_block, end_block = job.end_block;
   const int first_query = query_position<Cfg>(q0, group);
   const int last_query = Cfg::kPackGqa ? query_position<Cfg>(min(q0 + Cfg::kBlockQ, rows) - 1, group)
                                        : q0 + Cfg::kBlockQ - 1;
-  int first_block, end_block;
-  visible_blocks<Cfg>(p, seqlen_k, diagonal_offset, first_query, last_query, first_block, end_block);
-  if constexpr (Cfg::kSplit) {
-    first_block = max(first_block, split * p.blocks_per_split);
-    end_block = max(first_block, min(end_block, (split + 1) * p.blocks_per_split));
-  }
-  if constexpr (Cfg::kProducer) {
-    const TileJob job{q, k, v, out, lse, batch, head, q0, seqlen_q, seqlen_k, rows, group, chunks_valid,
-                      diagonal_offset, first_block, end_block};
-    fwd_prefill_specialized<Cfg>(p, job, shared_bytes);
-    return;
-  }
+  const int* pages = Cfg::kPaged ? p.block_table + batch * p.block_table_stride : nullptr;
   float slopes[Cfg::kMTiles][2];
   if constexpr (Cfg::kAlibi) load_row_slopes<Cfg>(slopes, p, batch, head, q0 + warp_row0, group, lane);
 
@@ -1367,8 +1490,8 @@ __device__ void fwd_prefill(const FwdParams& p) {
     store_partial<Cfg>(o, row_max, row_sum, p, split, batch, head, q0, warp_row0, rows, group, lane);
     return;
   }
-  store_output<Cfg>(o, row_max, row_sum, shared_bytes, out, p.o_row_stride, p.o_head_stride, lse, p.lse_row_stride,
-                    p.lse_head_stride, q0, warp_row0, rows, group, chunks_valid, p.lse_scale, lane);
+  store_output<Cfg>(o, row_max, row_sum, shared_bytes, job.out, p.o_row_stride, p.o_head_stride, job.lse,
+                    p.lse_row_stride, p.lse_head_stride, q0, warp_row0, rows, group, chunks_valid, p.lse_scale, lane);
 }
 
 }  // namespace jitattn

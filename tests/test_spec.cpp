@@ -176,6 +176,34 @@ TEST_CASE("wgmma fwd specs: text, packing and rules") {
                        doctest::Contains("does not apply to a decode spec"), Error);
 }
 
+TEST_CASE("persistent wgmma specs: text, packing, two Q tiles in shared memory, and rules") {
+  const KernelSpec spec = KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.rope_half_r128.varlen");
+  CHECK(spec.persistent);
+  CHECK(spec.wgmma);
+  CHECK(spec.varlen);
+  CHECK(spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.rope_half_r128.varlen");
+  CHECK(spec.threads() == 8 * 32 + 128);
+  // Two Q tiles, two stages of K and V, 10 stage mbarriers and 4 for the Q
+  // tiles (landed and free, each).
+  CHECK(spec.smem_bytes() == (2 * 128 + 2 * 2 * 128) * 128 * 2 + 14 * 8);
+  KernelSpec ordinary = spec;
+  ordinary.persistent = false;
+  CHECK(ordinary.packed() != spec.packed());
+  CHECK(ordinary.smem_bytes() == (128 + 2 * 2 * 128) * 128 * 2 + 11 * 8);
+  CHECK(KernelSpec::parse(ordinary.text()) == ordinary);
+  // 192-row tiles of three warpgroups at head dim 64: 2 × 24 KB of Q and four
+  // 32 KB stages still fit in 227 KB.
+  CHECK(KernelSpec::parse("fwd.bf16.d64.br192.bc128.w12.s4.wgmma.persistent").smem_bytes() <= 227 * 1024);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.persistent"),
+                       doctest::Contains("persistent needs wgmma"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.persistent"),
+                       doctest::Contains("persistent needs wgmma"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.persistent"),
+                       doctest::Contains("repeated flag 'persistent'"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s3.persistent"),
+                       doctest::Contains("does not apply to a decode spec"), Error);
+}
+
 TEST_CASE("wgmma fwd specs with three MMA warpgroups: 192-row tiles, 512 threads, at most 96 accumulators") {
   const KernelSpec spec = KernelSpec::parse("fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal");
   CHECK(spec.threads() == 12 * 32 + 128);
