@@ -123,13 +123,14 @@ int bench_overhead(int calls) {
   forward(problem.qv, problem.kv, problem.vv, problem.ov);  // warm
   // The same kernel and arguments, launched directly.
   CUdevice device;
-  int major = 0, minor = 0, smem = 0;
+  int major = 0, minor = 0, smem = 0, sm_count = 0;
   d.cuCtxGetDevice(&device);
   d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
   d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
   d.cuDeviceGetAttribute(&smem, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device);
+  d.cuDeviceGetAttribute(&sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
   const Arch arch = Arch::for_device(major, minor);
-  ForwardPlan plan = plan_forward(problem.qv, problem.kv, problem.vv, problem.ov, nullptr, {}, arch, smem);
+  ForwardPlan plan = plan_forward(problem.qv, problem.kv, problem.vv, problem.ov, nullptr, {}, arch, smem, sm_count);
   KernelBuilder builder(TemplateSet(), std::make_unique<FileCache>(Config::from_env().cache_dir));
   const BuiltKernel built = builder.build(plan.spec, arch);
   CUmodule module;

@@ -23,7 +23,8 @@ class Options(ctypes.Structure):
                 ("rope_llama3_original_max_position", ctypes.c_int32), ("rope_cos", ctypes.c_void_p),
                 ("rope_sin", ctypes.c_void_p), ("rope_q_offsets", ctypes.c_void_p),
                 ("rope_k_offsets", ctypes.c_void_p), ("pack_gqa", ctypes.c_int32),
-                ("stages", ctypes.c_int32), ("wgmma", ctypes.c_int32)]
+                ("stages", ctypes.c_int32), ("wgmma", ctypes.c_int32), ("persistent", ctypes.c_int32),
+                ("sm_limit", ctypes.c_int32)]
 
 
 def tensor(address, dtype, shape, strides=None):
@@ -58,13 +59,17 @@ def default_options(lib):
 
 def force_tiles(options, text):
     """Forces options' tiles from text: BQxBKVxW, BQxBKVxWxS (producer layout, S stages), or that ending in
-    "w" (the producer layout with wgmma warpgroups, e.g. 128x128x8x2w). An empty text leaves the planner's."""
+    "w" (the producer layout with wgmma warpgroups, e.g. 128x128x8x2w) or "wp" (the same, persistent). An empty
+    text leaves the planner's."""
     if not text:
         return options
-    fields = [int(x) for x in text.rstrip("w").split("x")]
+    persistent = text.endswith("wp")
+    wgmma = persistent or text.endswith("w")
+    fields = [int(x) for x in text.rstrip("wp").split("x")]
     options.block_q, options.block_kv, options.warps = fields[:3]
     options.stages = fields[3] if len(fields) > 3 else 0
-    options.wgmma = 1 if text.endswith("w") else 0
+    options.wgmma = 1 if wgmma else 0
+    options.persistent = 1 if persistent else 0
     return options
 
 

@@ -63,19 +63,19 @@ struct Runtime::Impl {
         registry(builder),
         tuning(TuningTable::load(config.cache_dir, JITATTN_VERSION_STRING, nvrtc_info().version())) {}
 
-  // plan(arch, max_smem_bytes, tuning) → a plan (ForwardPlan, CombinePlan:
+  // plan(arch, max_smem_bytes, sm_count, tuning) → a plan (ForwardPlan, CombinePlan:
   // spec, params, grid), then launch it on the current context: the one path
   // every call takes. Blocks are spec.threads() wide.
   template <typename Plan>
   void run(Plan&& plan, Stream stream) {
     if (!driver().available) {
       // Bad input is reported the same way with or without a GPU.
-      plan(Arch{9, 0, true}, INT32_MAX, nullptr);
+      plan(Arch{9, 0, true}, INT32_MAX, 132, nullptr);
       throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", driver().error));
     }
     const ContextRef context = registry.current_context();
     const DeviceInfo& device = registry.device_info(context);
-    auto planned = plan(device.arch, device.max_smem_per_block, &tuning);
+    auto planned = plan(device.arch, device.max_smem_per_block, device.sm_count, &tuning);
     if (planned.grid == 0) return;  // empty batch or no query rows: nothing to write
     auto cu_stream = static_cast<CUstream>(stream);
     const LoadedKernel& kernel = registry.get(planned.spec, context, device, cu_stream);
@@ -148,28 +148,28 @@ const Config& Runtime::config() const { return impl_->config; }
 
 void Runtime::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const TensorView* lse, const ForwardOptions& options, Stream stream) {
-  impl_->run([&](const Arch& arch, int smem, const TuningTable* tuning) {
-    return plan_forward(q, k, v, out, lse, options, arch, smem, tuning);
+  impl_->run([&](const Arch& arch, int smem, int sm_count, const TuningTable* tuning) {
+    return plan_forward(q, k, v, out, lse, options, arch, smem, sm_count, tuning);
   }, stream);
 }
 
 void Runtime::forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                              const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
                              Stream stream) {
-  impl_->run([&](const Arch& arch, int smem, const TuningTable* tuning) {
-    return plan_forward_varlen(q, k, v, out, lse, varlen, options, arch, smem, tuning);
+  impl_->run([&](const Arch& arch, int smem, int sm_count, const TuningTable* tuning) {
+    return plan_forward_varlen(q, k, v, out, lse, varlen, options, arch, smem, sm_count, tuning);
   }, stream);
 }
 
 void Runtime::merge_states(const TensorView& states, const TensorView& lse, const TensorView& out,
                            const TensorView* out_lse, Stream stream) {
-  impl_->run([&](const Arch&, int, const TuningTable*) { return plan_merge_states(states, lse, out, out_lse); },
+  impl_->run([&](const Arch&, int, int, const TuningTable*) { return plan_merge_states(states, lse, out, out_lse); },
              stream);
 }
 
 void Runtime::merge_state(const TensorView& a, const TensorView& lse_a, const TensorView& b, const TensorView& lse_b,
                           const TensorView& out, const TensorView* out_lse, Stream stream) {
-  impl_->run([&](const Arch&, int, const TuningTable*) { return plan_merge_state(a, lse_a, b, lse_b, out, out_lse); },
+  impl_->run([&](const Arch&, int, int, const TuningTable*) { return plan_merge_state(a, lse_a, b, lse_b, out, out_lse); },
              stream);
 }
 
@@ -195,13 +195,14 @@ size_t Runtime::kvcache_workspace_bytes(const TensorView& q, const KVCacheArgs& 
 std::string Runtime::spec_for(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& out, const TensorView* lse, const ForwardOptions& options) {
   Arch arch{9, 0, true};
-  int smem = 227 * 1024;
+  int smem = 227 * 1024, sm_count = 132;
   if (driver().available) {
     const DeviceInfo& device = impl_->registry.device_info(impl_->registry.current_context());
     arch = device.arch;
     smem = device.max_smem_per_block;
+    sm_count = device.sm_count;
   }
-  return plan_forward(q, k, v, out, lse, options, arch, smem, &impl_->tuning).spec.text();
+  return plan_forward(q, k, v, out, lse, options, arch, smem, sm_count, &impl_->tuning).spec.text();
 }
 
 WarmResult Runtime::warm(const std::string& spec_text, const std::string& arch_text) {

@@ -81,7 +81,8 @@ struct CallViews {
       options.alibi_slopes = &alibi;
     }
     options.tiles = {c_options->block_q, c_options->block_kv, c_options->warps, c_options->stages,
-                     c_options->wgmma != 0};
+                     c_options->wgmma != 0, c_options->persistent != 0};
+    options.sm_limit = c_options->sm_limit;
     jitattn::RopeOptions& rope = options.rope;
     rope.style = static_cast<jitattn::RopeStyle>(c_options->rope_style);
     rope.rotary_dim = c_options->rotary_dim;

@@ -110,6 +110,11 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
 // and 48-80 KB of shared memory: two or three per SM).
 constexpr int kDecodeCtasPerSm = 3;
 constexpr int kMaxSplits = 128;
+// Shared memory of one SM on sm_90 (the CTAs it holds at once; each CTA also
+// takes 1 KB of the driver's).
+constexpr size_t kSmemPerSm = 228 * 1024;
+// Waves of tiles up to which causal grids run persistent (plan_problem).
+constexpr int64_t kPersistentMaxWaves = 12;
 
 // The decode kernel (templates/fwd_decode.cuh): chunks of 32 keys per warp
 // (16 for pages of 16 rows), four warps, and each warp's pipeline as deep as
@@ -302,6 +307,7 @@ void apply_tiles(KernelSpec& spec, const TileConfig& tiles) {
   spec.warps = tiles.warps;
   spec.stages = tiles.stages;
   spec.wgmma = tiles.wgmma;
+  spec.persistent = tiles.persistent;
 }
 
 std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch) {
@@ -313,7 +319,12 @@ std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal,
     });
     if (!seen) set.push_back(t);
   }
-  if (const auto wgmma = wgmma_tiles(head_dim, /*rope=*/false, arch)) set.push_back(*wgmma);
+  if (const auto wgmma = wgmma_tiles(head_dim, /*rope=*/false, arch)) {
+    set.push_back(*wgmma);
+    TileConfig persistent = *wgmma;
+    persistent.persistent = true;
+    set.push_back(persistent);
+  }
   return set;
 }
 
@@ -468,6 +479,11 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     if (arch.major != 9 || !arch.arch_specific) reject(fmt::format("options.tiles.wgmma needs sm_90a, not {}", arch.text()));
     plan.spec.wgmma = true;
   }
+  if (options.tiles.persistent) {
+    if (!options.tiles.wgmma) reject("options.tiles.persistent needs options.tiles.wgmma (the wgmma tiles walk a CTA's tiles)");
+    plan.spec.persistent = true;
+  }
+  if (options.sm_limit < 0) reject(fmt::format("options.sm_limit={} must be >= 0 (0 = every SM)", options.sm_limit));
   plan.spec.causal = causal;
   plan.spec.local = local;
   plan.spec.softcap = options.softcap > 0.f;
@@ -545,6 +561,24 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   } else if (choose && wgmma && (has_rope || long_keys) && ctas_of(wgmma->block_q) >= kMinCtas) {
     tiles = *wgmma;
     apply_tiles(plan.spec, tiles);
+    // Persistent (FwdConfig::kPersistent) where it measured faster on the
+    // H200 than the same tiles in an ordinary grid (docs/PERFORMANCE.md,
+    // bench/bench_persistent.py), with more tiles than SMs:
+    //   - causal up to 4096 keys, in at most kPersistentMaxWaves waves of
+    //     tiles or with at most 1024 keys: 3-31% faster (the last wave
+    //     evened out, the next tile's loads under the current epilogue).
+    //     Longer grids of 2k-4k keys were level or up to 2% slower, and from
+    //     8k keys up to 9% slower (heaviest first across every head keeps
+    //     all their K/V at work at once, beyond L2);
+    //   - without a causal mask, head dims up to 64 up to 4096 keys (up to
+    //     15% faster, level beyond), larger ones up to 512 keys (16-21%
+    //     faster; from 2k keys 7-20% slower, not understood).
+    // Three warpgroups with packed GQA would spill (test_compile).
+    const bool spills = plan.spec.warps == 12 && plan.spec.pack_gqa;
+    const int64_t tile_count = ctas_of(tiles.block_q);
+    const bool pays = causal ? seqlen_k <= 4096 && (tile_count <= kPersistentMaxWaves * problem.sm_count || seqlen_k <= 1024)
+                             : seqlen_k <= (kernel_dim <= 64 ? 4096 : 512);
+    plan.spec.persistent = !spills && pays && tile_count > problem.sm_count;
   }
   plan.spec.validate();
   // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at
@@ -653,9 +687,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     const int64_t kv_blocks = std::max<int64_t>(1, (seqlen_k + step - 1) / step);
     int splits = problem.num_splits;
     if (splits == 0) {
-      const size_t smem_per_sm = 228 * 1024;
       const int ctas_per_sm = static_cast<int>(std::max<size_t>(
-          1, std::min<size_t>(smem_per_sm / (plan.spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
+          1, std::min<size_t>(kSmemPerSm / (plan.spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
       splits = num_splits_heuristic(grid, problem.sm_count, ctas_per_sm, kv_blocks, kMaxSplits);
     }
     splits = static_cast<int>(std::min<int64_t>(splits, kv_blocks));
@@ -684,6 +717,14 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     }
     if (grid > INT_MAX) reject(fmt::format("kvcache: {} blocks exceed 2^31-1", grid));
   }
+  if (plan.spec.persistent) {
+    // One wave of CTAs at most, as many per SM as shared memory holds; the
+    // kernel hands them the grid's tiles (FwdConfig::kPersistent).
+    const int64_t ctas_per_sm = std::max<int64_t>(1, kSmemPerSm / (plan.spec.smem_bytes() + 1024));
+    int64_t sms = std::max(1, problem.sm_count);
+    if (options.sm_limit > 0) sms = std::min<int64_t>(sms, options.sm_limit);
+    grid = std::min<int64_t>(grid, sms * ctas_per_sm);
+  }
   plan.spec.validate();
   plan.grid = static_cast<unsigned>(grid);
   return plan;
@@ -694,7 +735,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
 
 ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView* lse, const ForwardOptions& options,
-                         const Arch& arch, int max_smem_bytes, const TuningTable* tuning) {
+                         const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
   check_rows("q", q, 4);
   check_rows("k", k, 4);
   check_rows("v", v, 4);
@@ -710,12 +751,13 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
     problem.lse = static_cast<float*>(lse->data);
     for (int i = 0; i < 3; ++i) problem.lse_strides[i] = lse->strides[i];
   }
+  problem.sm_count = sm_count;
   return plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
 }
 
 ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                 const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
-                                const Arch& arch, int max_smem_bytes, const TuningTable* tuning) {
+                                const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
   check_rows("q", q, 3);
   check_rows("k", k, 3);
   check_rows("v", v, 3);
@@ -751,6 +793,7 @@ ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const 
     problem.lse_strides[1] = lse->strides[0];
     problem.lse_strides[2] = lse->strides[1];
   }
+  problem.sm_count = sm_count;
   return plan_problem(problem, options, arch, max_smem_bytes, tuning, true);
 }
 

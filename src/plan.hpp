@@ -35,7 +35,7 @@ TileConfig default_tiles(DType dtype, int head_dim, bool causal, const Arch& arc
 // 128), which the planner takes once they fill the GPU; none elsewhere.
 std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch);
 // Every distinct default_tiles() choice over the seqlen buckets, and the
-// wgmma tiles where they apply: what warming a (dtype, head_dim, causal) class
+// wgmma tiles where they apply (ordinary and persistent): what warming a (dtype, head_dim, causal) class
 // must compile so no call compiles later.
 std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch);
 // A spec's tile fields (block_q, block_kv, warps, stages, wgmma) from tiles.
@@ -55,17 +55,18 @@ std::vector<float> rope_inv_frequencies(const RopeOptions& rope, int rotary_dim)
 
 // Throws Error(invalid_argument) naming the argument and the rule, or
 // Error(unsupported) for valid input this build cannot serve. max_smem_bytes
-// is the device's per-block opt-in limit. Tiles come from options.tiles, else
+// is the device's per-block opt-in limit; sm_count sizes persistent grids. Tiles come from options.tiles, else
 // `tuning` (if it has the shape class), else default_tiles().
 ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView* lse, const ForwardOptions& options,
-                         const Arch& arch, int max_smem_bytes, const TuningTable* tuning = nullptr);
+                         const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning = nullptr);
 
 // The same for packed varlen calls: q/k/v/out 3-D, lse [heads_q, total_q].
 // Sizes the grid by max_seqlen_q; cu_seqlens are passed to the kernel unread.
 ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                 const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
-                                const Arch& arch, int max_smem_bytes, const TuningTable* tuning = nullptr);
+                                const Arch& arch, int max_smem_bytes, int sm_count,
+                                const TuningTable* tuning = nullptr);
 
 // Writing k_new/v_new into the cache (append family); grid 0 = nothing to append.
 struct AppendPlan {

@@ -241,11 +241,14 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
                                     tiles.warps, causal}
                              .text());
         }
-        // And the wgmma tiles the planner takes once they fill the GPU.
+        // And the wgmma tiles the planner takes once they fill the GPU, in
+        // ordinary and persistent grids.
         if (const auto wgmma = jitattn::detail::wgmma_tiles(head_dim, /*rope=*/false, hopper)) {
           KernelSpec spec{jitattn::detail::Family::fwd, dtype, head_dim};
           spec.causal = causal;
           jitattn::detail::apply_tiles(spec, *wgmma);
+          planned.insert(spec.text());
+          spec.persistent = true;
           planned.insert(spec.text());
         }
       }

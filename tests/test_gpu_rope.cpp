@@ -34,6 +34,7 @@ struct Case {
   std::optional<bool> pack_gqa;
   bool heads_major = false;  // q/k/v as [batch, heads, seqlen, head_dim] storage
   TileConfig tiles;          // forced tiles (zeros: the planner's)
+  int sm_limit = 0;          // ForwardOptions::sm_limit (persistent grids)
   bool gpu_reference = false;  // unused: RoPE references are CPU ones (check_in_groups wants the field)
 };
 
@@ -51,12 +52,12 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   const auto& s = c.shape;
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window=({}, {}) softcap={} alibi={} "
-      "rope={} rotary_dim={} angles={} offsets={} pack_gqa={} heads_major={} seed={}",
+      "rope={} rotary_dim={} angles={} offsets={} pack_gqa={} heads_major={} sm_limit={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch, s.seqlen_q, s.seqlen_k,
       s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.softcap, !s.alibi_slopes.empty(),
       !c.rope ? "off" : c.rotation.style == RopeStyle::rotate_half ? "rotate_half" : "interleaved",
       c.rotation.rotary_dim, angles_name(c.angles), static_cast<int>(c.offsets),
-      c.pack_gqa ? (*c.pack_gqa ? "on" : "off") : "auto", c.heads_major, seed);
+      c.pack_gqa ? (*c.pack_gqa ? "on" : "off") : "auto", c.heads_major, c.sm_limit, seed);
 }
 
 struct Inputs {
@@ -125,6 +126,7 @@ void fill_options(const Case& c, const Inputs& in, CallViews& views) {
   o.softcap = s.softcap;
   o.pack_gqa = c.pack_gqa;
   o.tiles = c.tiles;
+  o.sm_limit = c.sm_limit;
   if (in.slopes) {
     views.slopes = TensorView::contiguous(in.slopes->get(), DType::f32, {s.heads_q});
     o.alibi_slopes = &views.slopes;
@@ -365,6 +367,51 @@ TEST_CASE("wgmma with three warpgroups (sm_90a, 192-row tiles): RoPE and plain, 
   }
   check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
     CHECK_MESSAGE(run.spec.find(fmt::format(".br192.bc{}.w12.s{}", c.tiles.block_kv, c.tiles.stages)) !=
+                      std::string::npos, run.spec);
+  });
+}
+
+TEST_CASE("persistent wgmma (sm_90a): CTAs walking many tiles, RoPE and plain, masks, softcap, ALiBi, GQA packing") {
+  // A persistent CTA walks tiles of different heads, batches and key ranges
+  // (empty ones too: windows, a query block past seqlen_q) through one ring:
+  // stages wrap across tiles, the two Q buffers alternate, and the producer
+  // runs a tile ahead. Limiting the grid to 1-7 CTAs gives each CTA many
+  // tiles on small shapes; the last cases have more tiles than the GPU has
+  // SMs.
+  if (!sm90a_or_skip("persistent wgmma")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const int head_dims[] = {128, 64, 96, 32, 80, 64};
+  const int sm_limits[] = {1, 3, 7, 2, 0};
+  std::vector<Case> cases;
+  for (int index = 0; index < 30; ++index) {
+    const int head_dim = head_dims[(index / 6 + index) % 6];
+    Case c = producer_grid_case(index, head_dim, index % 3 != 2);
+    c.sm_limit = sm_limits[index % 5];
+    if (index % 6 == 4 && !c.rope && head_dim <= 64) {
+      c.tiles = {192, 128, 12, 4, true, true};  // three MMA warpgroups (the planner's tiles without RoPE)
+    } else {
+      const int block_kv = index % 3 == 0 ? 64 : 128;
+      // Two Q tiles and two 64 KB stages fill shared memory at head dims
+      // above 64 with 128 keys.
+      const int stages = head_dim > 64 && block_kv == 128 ? 2 : 2 + index % 3;
+      c.tiles = {128, block_kv, 8, stages, true, true};
+    }
+    cases.push_back(c);
+  }
+  for (int head_dim : {128, 64}) {
+    // 2 · 6 · 16 = 192 tiles of 128 rows, causal: more than 132 CTAs.
+    Case c;
+    c.shape = AttentionShape::dense(2, 2048, 2048, 6, 2, head_dim, true);
+    c.rotation.style = RopeStyle::rotate_half;
+    c.rotation.rotary_dim = head_dim;
+    c.tiles = {128, 128, 8, head_dim > 64 ? 2 : 4, true, true};
+    cases.push_back(c);
+    c.rope = false;
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    CHECK_MESSAGE(run.spec.find(fmt::format(".w{}.s{}.wgmma.persistent", c.tiles.warps, c.tiles.stages)) !=
                       std::string::npos, run.spec);
   });
 }

@@ -67,6 +67,7 @@ struct Case {
   // Judge against the GPU reference kernel (large shapes) instead of the CPU one.
   bool gpu_reference = false;
   TileConfig tiles;  // forced tiles (zeros: the planner's)
+  int sm_limit = 0;  // ForwardOptions::sm_limit (persistent grids)
   std::optional<RopeReference> rope;  // RoPE on q and k (theta 10000)
 };
 
@@ -91,13 +92,13 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   if (!a.alibi_slopes.empty()) slopes = c.slopes_per_batch ? "[batch, heads_q]" : "[heads_q]";
   return fmt::format(
       "{} {} batch={} lengths(q,k)=[{}] total_q={} total_k={} max_seqlen=({}, {}) heads={}/{} head_dim={} causal={} "
-      "window=({}, {}) softcap={} alibi={} rope={} layout={} reference={} seed={}",
+      "window=({}, {}) softcap={} alibi={} rope={} layout={} reference={} sm_limit={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch(), lengths_text(s), s.total_q,
       s.total_k, max_seqlen_q_of(c), max_seqlen_k_of(c), a.heads_q, a.heads_kv, a.head_dim, a.causal, a.window_left,
       a.window_right, a.softcap, slopes,
       !c.rope ? std::string("off")
               : fmt::format("{} r{}", c.rope->style == RopeStyle::rotate_half ? "half" : "interleaved", c.rope->rotary_dim),
-      layout_name(c.layout), c.gpu_reference ? "gpu" : "cpu", seed);
+      layout_name(c.layout), c.gpu_reference ? "gpu" : "cpu", c.sm_limit, seed);
 }
 
 std::unique_ptr<DeviceBuffer> upload_i32(const std::vector<int>& values) {
@@ -192,6 +193,7 @@ ForwardOptions options_for(const Case& c, const TensorView* slopes) {
   options.alibi_slopes = slopes;
   if (a.scale > 0.f) options.softmax_scale = a.scale;
   options.tiles = c.tiles;
+  options.sm_limit = c.sm_limit;
   if (c.rope) {
     options.rope.style = c.rope->style;
     options.rope.rotary_dim = c.rope->rotary_dim;
@@ -237,7 +239,7 @@ std::string spec_of(const Case& c) {
   try {
     return detail::plan_forward_varlen(q, kv, kv, q, &lse, varlen.args,
                                        options_for(c, a.alibi_slopes.empty() ? nullptr : &slopes),
-                                       detail::Arch::parse(current_arch()), INT_MAX)
+                                       detail::Arch::parse(current_arch()), INT_MAX, 132)
         .spec.text();
   } catch (const std::exception&) {
     return {};
@@ -618,6 +620,24 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
     edges.shape.seqused_k = {0, 10, 0, 1, 129, 0, 640, 120, 64};
     cases.push_back(edges);
   }
+  // Persistent: CTAs walk the tiles of every sequence and skip those past a
+  // sequence's queries; 1-5 CTAs give each many tiles.
+  const size_t ordinary = cases.size();
+  for (size_t i = 0; i < ordinary; ++i) {
+    Case c = cases[i];
+    if (!c.tiles.wgmma) continue;
+    c.tiles.persistent = true;
+    c.sm_limit = 1 + static_cast<int>(i % 5);
+    cases.push_back(c);
+  }
+  // Long keys beside short ones: 3 sequences × 6 heads × 2 query blocks of
+  // very different weights on 5 CTAs.
+  Case long_keys;
+  long_keys.gpu_reference = true;
+  long_keys.shape = VarlenShape::packed(make_common(6, 2, 128, true), {200, 129, 256}, {40000, 31000, 256}, 3, 2);
+  long_keys.tiles = {128, 128, 8, 2, true, true};
+  long_keys.sm_limit = 5;
+  cases.push_back(long_keys);
   warm_cases(cases);
   check_cases(cases, rng, seed);
 }

@@ -19,8 +19,8 @@ struct Call {
   TensorView out = TensorView::contiguous(address(0x40000), DType::bf16, {2, 100, 8, 128});
   TensorView lse = TensorView::contiguous(address(0x50000), DType::f32, {2, 8, 100});
   ForwardOptions options;
-  ForwardPlan plan(bool with_lse = true, int smem = 227 * 1024, const char* arch = "sm_90a") const {
-    return plan_forward(q, k, v, out, with_lse ? &lse : nullptr, options, Arch::parse(arch), smem);
+  ForwardPlan plan(bool with_lse = true, int smem = 227 * 1024, const char* arch = "sm_90a", int sm_count = 132) const {
+    return plan_forward(q, k, v, out, with_lse ? &lse : nullptr, options, Arch::parse(arch), smem, sm_count);
   }
 };
 
@@ -102,6 +102,101 @@ TEST_CASE("GQA: short query sequences pack a KV head's query heads into one tile
   CHECK_FALSE(long_call.plan().spec.pack_gqa);
 }
 
+TEST_CASE("forced persistent wgmma tiles: one wave of CTAs at most, sized by the SM count") {
+  Call call;  // 2 × 8 heads × ceil(100 / 128) = 16 tiles
+  call.options.tiles = {128, 128, 8, 2, true, true};
+  ForwardPlan plan = call.plan();
+  CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent");
+  CHECK(plan.grid == 16);  // fewer tiles than SMs: one CTA each
+  CHECK(plan.params.num_q_blocks == 1);
+  // 2 × 8 heads × ceil(1000 / 128) = 128 tiles.
+  call.q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1000, 8, 128});
+  call.out = TensorView::contiguous(address(0x40000), DType::bf16, {2, 1000, 8, 128});
+  call.lse = TensorView::contiguous(address(0x50000), DType::f32, {2, 8, 1000});
+  plan = call.plan(true, 227 * 1024, "sm_90a", 100);
+  CHECK(plan.params.num_q_blocks == 8);
+  CHECK(plan.grid == 100);  // 128 tiles on 100 SMs, one 192 KB CTA each
+  CHECK(call.plan(true, 227 * 1024, "sm_90a", 132).grid == 128);
+  CHECK(call.plan(true, 227 * 1024, "sm_90a", 1).grid == 1);
+  // The caller may leave SMs to other kernels.
+  call.options.sm_limit = 5;
+  CHECK(call.plan().grid == 5);
+  call.options.sm_limit = 500;
+  CHECK(call.plan().grid == 128);
+  call.options.sm_limit = -1;
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("options.sm_limit=-1 must be >= 0"), Error);
+  call.options.sm_limit = 0;
+  call.k = call.v = TensorView::contiguous(address(0x20000), DType::bf16, {2, 300, 2, 128});
+  // Persistent needs the wgmma tiles; wgmma needs sm_90a.
+  call.options.tiles = {128, 128, 8, 2, false, true};
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("options.tiles.persistent needs options.tiles.wgmma"), Error);
+  call.options.tiles = {128, 128, 8, 2, true, true};
+  CHECK_THROWS_WITH_AS(call.plan(true, 227 * 1024, "sm_90"), doctest::Contains("wgmma needs sm_90a"), Error);
+  // Two Q tiles do not fit beside three 64 KB stages at head dim 128.
+  call.options.tiles = {128, 128, 8, 3, true, true};
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("bytes of shared memory per block"), Error);
+}
+
+TEST_CASE("the planner runs the wgmma tiles persistent with more tiles than SMs where that measured faster") {
+  Call call;
+  const auto resize = [&](int64_t batch, int64_t seqlen_q, int64_t seqlen_k) {
+    call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen_q, 16, 128});
+    call.k = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen_k, 16, 128});
+    call.v = TensorView::contiguous(address(0x30000), DType::bf16, {batch, seqlen_k, 16, 128});
+    call.out = TensorView::contiguous(address(0x40000), DType::bf16, {batch, seqlen_q, 16, 128});
+    call.lse = TensorView::contiguous(address(0x50000), DType::f32, {batch, 16, seqlen_q});
+  };
+  call.options.causal = true;
+  resize(2, 2048, 2048);  // 512 tiles
+  ForwardPlan plan = call.plan();
+  CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal");
+  CHECK(plan.grid == 132);
+  CHECK(call.plan(true, 227 * 1024, "sm_90a", 78).grid == 78);
+  resize(2, 4096, 4096);
+  CHECK(call.plan().spec.persistent);
+  resize(2, 8192, 8192);  // more keys: every head's K/V at once exceeds L2
+  CHECK_FALSE(call.plan().spec.persistent);
+  CHECK(call.plan().spec.wgmma);
+  resize(1, 512, 8192);
+  CHECK_FALSE(call.plan().spec.persistent);
+  resize(2, 1024, 1024);  // 256 tiles: persistent on 132 SMs, not on 256
+  CHECK(call.plan().spec.persistent);
+  CHECK_FALSE(call.plan(true, 227 * 1024, "sm_90a", 256).spec.persistent);
+  // Longer causal grids: at most 12 waves of tiles beyond 1024 keys.
+  resize(4, 2048, 2048);  // 1024 tiles
+  CHECK(call.plan().spec.persistent);
+  resize(8, 2048, 2048);  // 2048 tiles
+  CHECK_FALSE(call.plan().spec.persistent);
+  resize(32, 512, 512);  // 2048 tiles of 512 keys
+  CHECK(call.plan().spec.persistent);
+  // Without a mask at head dim 128: up to 512 keys.
+  call.options.causal = false;
+  CHECK(call.plan().spec.persistent);
+  resize(2, 1024, 1024);
+  CHECK_FALSE(call.plan().spec.persistent);
+  CHECK(call.plan().spec.wgmma);
+  call.options.causal = true;
+  // Forced tiles stay as forced; other archs have no wgmma.
+  call.options.tiles = {128, 128, 8, 2, true};
+  CHECK_FALSE(call.plan().spec.persistent);
+  call.options.tiles = {};
+  CHECK_FALSE(call.plan(true, 227 * 1024, "sm_90").spec.persistent);
+  // Three warpgroups with packed GQA would spill: ordinary grid.
+  // (96 sequences × 2 KV heads = 192 tiles of 16 queries × 8 heads.)
+  call.q = TensorView::contiguous(address(0x10000), DType::bf16, {96, 16, 16, 64});
+  call.out = TensorView::contiguous(address(0x40000), DType::bf16, {96, 16, 16, 64});
+  call.lse = TensorView::contiguous(address(0x50000), DType::f32, {96, 16, 16});
+  call.k = TensorView::contiguous(address(0x20000), DType::bf16, {96, 2048, 2, 64});
+  call.v = TensorView::contiguous(address(0x30000), DType::bf16, {96, 2048, 2, 64});
+  plan = call.plan();
+  CHECK(plan.spec.pack_gqa);
+  CHECK(plan.spec.warps == 12);
+  CHECK(plan.grid == 192);
+  CHECK_FALSE(plan.spec.persistent);
+  call.options.pack_gqa = false;  // 96 · 16 heads = 1536 tiles of 16 rows
+  CHECK(call.plan().spec.persistent);
+}
+
 TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles fill the GPU") {
   Call call;
   const auto resize = [&](int64_t batch, int64_t seqlen, int64_t head_dim) {
@@ -135,10 +230,10 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles f
   CHECK(plan.params.num_q_blocks == (4096 + 191) / 192);
   CHECK(plan.spec.threads() == 12 * 32 + 128);
   resize(8, 2048, 32);
-  CHECK(call.plan().spec.text() == "fwd.bf16.d32.br192.bc128.w12.s4.wgmma.causal");
+  CHECK(call.plan().spec.text() == "fwd.bf16.d32.br192.bc128.w12.s4.wgmma.persistent.causal");
   call.options.causal = false;
   resize(8, 2048, 64);
-  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br192.bc128.w12.s4.wgmma");
+  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.persistent");
   resize(1, 2048, 64);  // 16 · 11 = 176 CTAs of 192 rows
   CHECK(call.plan().spec.wgmma);
   resize(1, 1536, 64);  // 16 · 8 = 128
@@ -162,7 +257,7 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles f
   CHECK_FALSE(call.plan().spec.wgmma);
   resize(32, 512, 128);
   call.options.rope.style = RopeStyle::rotate_half;
-  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128");
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.rope_half_r128");
   call.options.rope.style = RopeStyle::none;
   call.options.causal = false;
   resize(32, 512, 64);
@@ -500,7 +595,7 @@ TEST_CASE("varlen: packed tensors plan to a varlen spec, a per-sequence grid and
     ForwardPlan plan() {
       varlen.seqused_k = with_seqused ? &seqused : nullptr;
       return plan_forward_varlen(q, k, v, out, with_lse ? &lse : nullptr, varlen, options, Arch::parse("sm_90a"),
-                                 227 * 1024);
+                                 227 * 1024, 132);
     }
   };
 

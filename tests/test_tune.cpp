@@ -95,7 +95,7 @@ struct Call {
   TensorView out = TensorView::contiguous(address(0x40000), DType::bf16, {2, 100, 8, 128});
   ForwardOptions options;
   KernelSpec spec(const TuningTable* tuning) const {
-    return plan_forward(q, k, v, out, nullptr, options, Arch::parse("sm_90a"), 227 * 1024, tuning).spec;
+    return plan_forward(q, k, v, out, nullptr, options, Arch::parse("sm_90a"), 227 * 1024, 132, tuning).spec;
   }
 };
 

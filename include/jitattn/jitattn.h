@@ -65,6 +65,8 @@ typedef struct jitattn_fwd_options {
   int32_t pack_gqa; /* -1: the planner decides; 0 off; 1 on */
   int32_t stages;   /* decode kernel pipeline depth, or the producer layout's stages (TileConfig::stages); 0: the planner */
   int32_t wgmma;    /* with forced producer tiles on sm_90a: 1 = wgmma MMA warpgroups, warps 8 or 12 (TileConfig::wgmma) */
+  int32_t persistent; /* with forced wgmma tiles: 1 = a persistent grid of at most one CTA per SM (TileConfig::persistent) */
+  int32_t sm_limit;   /* persistent grids use at most this many SMs; 0 = all (ForwardOptions::sm_limit) */
 } jitattn_fwd_options;
 
 JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);

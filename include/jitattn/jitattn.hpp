@@ -82,6 +82,12 @@ struct TileConfig {
   // fp32 accumulators a thread: (head_dim + block_kv) / 2 <= 96). Only read
   // when the tiles are forced.
   bool wgmma = false;
+  // With wgmma, forced tiles: a persistent grid of at most one CTA per SM,
+  // each walking a share of the tiles (heaviest first) and loading its next
+  // tile's Q and first K/V blocks while it computes the current one. Not
+  // with a KV cache. Only read when the tiles are forced; otherwise the
+  // planner decides.
+  bool persistent = false;
 };
 
 enum class RopeStyle : int {
@@ -146,6 +152,10 @@ struct ForwardOptions {
   // the planner packs when that needs fewer tiles (short query sequences).
   std::optional<bool> pack_gqa;
   TileConfig tiles{};
+  // Persistent grids (TileConfig::persistent) run at most one CTA per SM on
+  // at most this many SMs (0 = all of them): leaves SMs free for kernels
+  // that run beside the attention, e.g. communication. Must be >= 0.
+  int sm_limit = 0;
 };
 
 enum class LogLevel : int { off = 0, error = 1, warn = 2, info = 3, debug = 4 };
