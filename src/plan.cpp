@@ -565,18 +565,19 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     // H200 than the same tiles in an ordinary grid (docs/PERFORMANCE.md,
     // bench/bench_persistent.py), with more tiles than SMs:
     //   - causal up to 4096 keys, in at most kPersistentMaxWaves waves of
-    //     tiles or with at most 1024 keys: 3-31% faster (the last wave
+    //     tiles or with at most 1024 keys: 4-31% faster (the last wave
     //     evened out, the next tile's loads under the current epilogue).
-    //     Longer grids of 2k-4k keys were level or up to 2% slower, and from
-    //     8k keys up to 9% slower (heaviest first across every head keeps
-    //     all their K/V at work at once, beyond L2);
+    //     Longer grids of 2k-4k keys measured from 6% faster to 2% slower,
+    //     and from 8k keys up to 9% slower (heaviest first across every
+    //     head keeps all their K/V at work at once, beyond L2);
     //   - without a causal mask, head dims up to 64 up to 4096 keys (up to
-    //     15% faster, level beyond), larger ones up to 512 keys (16-21%
-    //     faster; from 2k keys 7-20% slower, not understood).
+    //     15% faster, level beyond), larger ones up to 512 keys (16-22%
+    //     faster; from 2k keys up to 20% slower, not understood).
     // Three warpgroups with packed GQA would spill (test_compile).
     const bool spills = plan.spec.warps == 12 && plan.spec.pack_gqa;
     const int64_t tile_count = ctas_of(tiles.block_q);
-    const bool pays = causal ? seqlen_k <= 4096 && (tile_count <= kPersistentMaxWaves * problem.sm_count || seqlen_k <= 1024)
+    const bool pays = causal ? seqlen_k <= 4096 &&
+                                   (tile_count <= kPersistentMaxWaves * problem.sm_count || seqlen_k <= 1024)
                              : seqlen_k <= (kernel_dim <= 64 ? 4096 : 512);
     plan.spec.persistent = !spills && pays && tile_count > problem.sm_count;
   }

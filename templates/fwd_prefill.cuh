@@ -1301,7 +1301,7 @@ __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, cons
 // last query block of every head, then the next to last, ...), so the heavy
 // and light ends of the rounds even out each CTA's total. Grouping heads so
 // that their K/V fit in L2 together breaks that descending order, and
-// measured 5-20% slower at 4k-16k keys (docs/PERFORMANCE.md). Other tiles
+// measured 1-17% slower from 4k keys (docs/PERFORMANCE.md). Other tiles
 // weigh alike and keep the grid's order, in which neighbouring CTAs share a
 // head's K/V in L2 (query block major, it measured up to 18% slower at head
 // dim 128). work(job, at) runs for each of this CTA's tiles; producer and
