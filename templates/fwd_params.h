@@ -25,7 +25,9 @@ struct FwdParams {
   int heads_per_kv;  // heads_q / heads_kv: query head h reads kv head h / heads_per_kv
   int seqlen_q;
   int seqlen_k;
-  int num_q_blocks;  // ceil(seqlen_q / block_q); the grid is num_q_blocks × heads_q × batch, flattened
+  // ceil(seqlen_q / block_q); the grid is num_q_blocks × heads_q × batch
+  // tiles, flattened (a persistent kernel's gridDim.x CTAs walk those tiles).
+  int num_q_blocks;
   int head_dim;      // the caller's head dim (<= the kernel's; the rest is zero padding)
 
   // Local (sliding-window) masks: query i sees keys in
