@@ -54,6 +54,17 @@ Config Config::from_env() {
   return config;
 }
 
+namespace {
+
+// The device a plan is made for.
+struct PlanningTarget {
+  Arch arch;
+  int max_smem_bytes;
+  int sm_count;
+};
+
+}  // namespace
+
 struct Runtime::Impl {
   explicit Impl(Config c)
       : config(std::move(c)),
@@ -129,6 +140,14 @@ struct Runtime::Impl {
     if (combine != nullptr) launch(*combine, plan.combine.grid, &plan.combine.params, device, cu_stream);
   }
 
+  // What calls that only plan (no launch) plan for: the current device, or
+  // an H200 when there is no GPU.
+  PlanningTarget planning_target() {
+    if (!driver().available) return {Arch{9, 0, true}, 227 * 1024, 132};
+    const DeviceInfo& device = registry.device_info(registry.current_context());
+    return {device.arch, device.max_smem_per_block, device.sm_count};
+  }
+
   Config config;
   KernelBuilder builder;
   KernelRegistry registry;
@@ -180,29 +199,15 @@ void Runtime::forward_kvcache(const TensorView& q, const KVCacheArgs& args, cons
 
 size_t Runtime::kvcache_workspace_bytes(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
                                         const TensorView* lse, const ForwardOptions& options) {
-  Arch arch{9, 0, true};
-  int smem = 227 * 1024, sm_count = 132;
-  if (driver().available) {
-    const DeviceInfo& device = impl_->registry.device_info(impl_->registry.current_context());
-    arch = device.arch;
-    smem = device.max_smem_per_block;
-    sm_count = device.sm_count;
-  }
-  return plan_kvcache(q, args, out, lse, options, nullptr, 0, true, arch, smem, sm_count, &impl_->tuning)
+  const PlanningTarget t = impl_->planning_target();
+  return plan_kvcache(q, args, out, lse, options, nullptr, 0, true, t.arch, t.max_smem_bytes, t.sm_count, &impl_->tuning)
       .attention.workspace_bytes;
 }
 
 std::string Runtime::spec_for(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& out, const TensorView* lse, const ForwardOptions& options) {
-  Arch arch{9, 0, true};
-  int smem = 227 * 1024, sm_count = 132;
-  if (driver().available) {
-    const DeviceInfo& device = impl_->registry.device_info(impl_->registry.current_context());
-    arch = device.arch;
-    smem = device.max_smem_per_block;
-    sm_count = device.sm_count;
-  }
-  return plan_forward(q, k, v, out, lse, options, arch, smem, sm_count, &impl_->tuning).spec.text();
+  const PlanningTarget t = impl_->planning_target();
+  return plan_forward(q, k, v, out, lse, options, t.arch, t.max_smem_bytes, t.sm_count, &impl_->tuning).spec.text();
 }
 
 WarmResult Runtime::warm(const std::string& spec_text, const std::string& arch_text) {

@@ -1334,7 +1334,7 @@ __device__ __forceinline__ void walk_persistent_tiles(const FwdParams& p, const 
 // MMA warps finish the current one, so only the last tile's epilogue is left
 // uncovered. Each role has its own loop: register allocation follows the
 // hand-over (setmaxnreg) only where the roles' code is apart (one shared
-// loop spilled 350-480 bytes, ptxas of NVRTC 13.0).
+// loop spilled 350-480 bytes, ptxas 13.0 through nvcc).
 template <class Cfg>
 __device__ void fwd_prefill_persistent(const FwdParams& p, unsigned char* shared_bytes) {
   const Ring<Cfg> ring{smem_u32(shared_bytes)};
