@@ -71,6 +71,15 @@ struct FwdConfig {
   // warps issue a few instructions per 64×N×16 product instead of one per
   // 16×8×16 with its ldmatrix loads.
   static constexpr bool kWgmma = WGMMA;
+  // wgmma warpgroups take turns issuing their tensor-core work (S = Q Kᵀ
+  // with the previous block's O += P V), passing a token around the
+  // warpgroups through named barriers: while one warpgroup's products run,
+  // the others compute their softmax instead of queueing products beside
+  // it, so the softmax of one hides behind the products of another.
+  static constexpr bool kMmaTurns = WGMMA && kConsumerGroups >= 2;
+  // Named barriers 2 .. 2 + kConsumerGroups - 1 sync one warpgroup's four
+  // warps; the turn barriers follow them.
+  static constexpr int kTurnBarrier0 = 2 + 3;
   // The launch's registers per thread (65536 over the CTA, in steps of 8),
   // and what the MMA warpgroups can claim once the producer has given back.
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
@@ -1130,9 +1139,29 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   // Block i of this tile is block at.block + i of the CTA's ring.
   auto stage_of = [&](int i) { return (at.block + i) % kStages; };
   auto parity_of = [&](int i) { return static_cast<unsigned>(((at.block + i) / kStages) & 1); };
+  // Turns (Cfg::kMmaTurns): warpgroup g waits on barrier kTurnBarrier0 + g
+  // for the previous warpgroup's arrival, issues, and arrives on the next
+  // one's. Every warpgroup takes blocks + 1 turns per tile (one per block,
+  // seen or skipped, and one for the last P V), so the token goes round in
+  // step whatever each warpgroup's mask lets it see. Warpgroup 0 holds the
+  // token first.
+  const int warpgroup = consumer >> 7;
+  auto take_turn = [&] {
+    if constexpr (Cfg::kMmaTurns) named_barrier_sync(Cfg::kTurnBarrier0 + warpgroup, 256);
+  };
+  auto pass_turn = [&] {
+    if constexpr (Cfg::kMmaTurns) {
+      named_barrier_arrive(Cfg::kTurnBarrier0 + (warpgroup + 1 == Cfg::kConsumerGroups ? 0 : warpgroup + 1), 256);
+    }
+  };
+  if constexpr (Cfg::kMmaTurns) {
+    if (at.tile == 0 && warpgroup == 0) named_barrier_arrive(Cfg::kTurnBarrier0, 256);
+  }
   // A block this warpgroup does not see is handed back once its copies have
   // landed (before the producer may copy into the stage again).
   auto skip_block = [&](int i) {
+    take_turn();
+    pass_turn();
     mbarrier_wait(ring.k_ready(stage_of(i)), parity_of(i));
     mbarrier_arrive(ring.k_free(stage_of(i)));
     mbarrier_wait(ring.v_landed(stage_of(i)), parity_of(i));
@@ -1160,7 +1189,9 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     {
       float s_acc[Cfg::kMTiles][Cfg::kScoreTiles][4];
       mbarrier_wait(ring.k_ready(stage_of(i)), parity_of(i));
+      take_turn();
       issue_qk(s_acc, stage_of(i));
+      pass_turn();
       wgmma_wait<0>();
       wgmma_hold(s_acc[0]);
       mbarrier_arrive(ring.k_free(stage_of(i)));
@@ -1174,8 +1205,10 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     for (++i; i < blocks && key_block(i) >= group_first_block; ++i) {
       float s_acc[Cfg::kMTiles][Cfg::kScoreTiles][4];
       mbarrier_wait(ring.k_ready(stage_of(i)), parity_of(i));
+      take_turn();
       issue_qk(s_acc, stage_of(i));
       issue_pv(probabilities, stage_of(i - 1), parity_of(i - 1));
+      pass_turn();
       wgmma_wait<1>();
       wgmma_hold(s_acc[0]);
       mbarrier_arrive(ring.k_free(stage_of(i)));
@@ -1187,10 +1220,16 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
       rescale_output<Cfg>(o, corrections);
       pack_probabilities<Cfg>(probabilities, s_acc);
     }
+    take_turn();
     issue_pv(probabilities, stage_of(i - 1), parity_of(i - 1));
+    pass_turn();
     wgmma_wait<0>();
     wgmma_hold(o[0]);
     mbarrier_arrive(ring.v_free(stage_of(i - 1)));
+  } else {
+    // No block seen: the turn of the last P V.
+    take_turn();
+    pass_turn();
   }
   for (; i < blocks; ++i) skip_block(i);
   // A persistent CTA lets the next grid in after its last tile.

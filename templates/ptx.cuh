@@ -132,6 +132,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Counts this warp's arrival on a named barrier of `threads` without waiting
+// for the others (they wait with named_barrier_sync).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Moves registers between the warpgroups of a CTA (sm_90a): a warpgroup that
 // needs few gives some back, one that needs many takes them. Elsewhere a
 // no-op: every warp keeps the launch's per-thread count.
