@@ -113,7 +113,8 @@ constexpr int kMaxSplits = 128;
 // Shared memory of one SM on sm_90 (the CTAs it holds at once; each CTA also
 // takes 1 KB of the driver's).
 constexpr size_t kSmemPerSm = 228 * 1024;
-// Waves of tiles up to which causal grids run persistent (plan_problem).
+// Waves of tiles up to which causal grids of head dims above 64 run
+// persistent (plan_problem).
 constexpr int64_t kPersistentMaxWaves = 12;
 
 // The decode kernel (templates/fwd_decode.cuh): chunks of 32 keys per warp
@@ -532,25 +533,26 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // sm_90a: the wgmma family (FwdConfig::kWgmma, wgmma_tiles): a producer
   // warpgroup copies (and, for RoPE, rotates) K/V into a ring of stages
   // while two (three at head dims up to 64 without RoPE) warpgroups of MMA
-  // warps compute 64 query rows each with wgmma. Measured on the H200
-  // (docs/PERFORMANCE.md) it beats the mma.sync kernels by up to 1.5× once
-  // its tiles fill the GPU and each CTA walks enough keys: without RoPE at
-  // least 256 on average at head_dims 96-128 (since
-  // K stages are handed back early: 1.22× at causal N 512) and 1024 at 64 (a
-  // causal CTA sees half the keys; windows are counted like causal); shorter
-  // calls keep the mma.sync tiles, which start faster. With
-  // RoPE it wins at nearly every length (the mma.sync kernels rotate K on
-  // their MMA warps), except at head_dim 64 with fewer keys per CTA, where
-  // the mma.sync producer layout (256-row tiles, so each K block is rotated
-  // once per 256 query rows) measured 3-9% faster once its grid fills the
-  // GPU. The tuner's table (mma.sync tiles only) does not override either.
+  // warps compute 64 query rows each with wgmma, taking turns at the tensor
+  // cores. Measured on the H200 (docs/PERFORMANCE.md) it beats the mma.sync
+  // kernels by up to 1.5× once its tiles fill the GPU and each CTA walks
+  // enough keys: without RoPE at least 256 on average (a causal CTA sees
+  // half the keys; windows are counted like causal), 512 at head dim 32
+  // (256 measured 4% slower there, persistent; 512 up to 31% faster);
+  // shorter calls keep the mma.sync tiles, which start faster. With RoPE it
+  // wins at nearly every length (the mma.sync kernels rotate K on their MMA
+  // warps); below 256 keys per CTA at head_dim 64 the mma.sync producer
+  // layout (256-row tiles, so each K block is rotated once per 256 query
+  // rows) is kept, as it measured 3-9% faster before the turns (from 256
+  // keys the persistent wgmma tiles are 7-36% faster now). The tuner's table
+  // (mma.sync tiles only) does not override either.
   constexpr int64_t kMinCtas = 128;
   auto ctas_of = [&](int64_t rows) {
     return batch * (plan.spec.pack_gqa ? heads_kv * ((seqlen_q * group + rows - 1) / rows)
                                        : heads_q * ((seqlen_q + rows - 1) / rows));
   };
   const int64_t keys_per_cta = masked_like_causal ? seqlen_k / 2 : seqlen_k;
-  const bool long_keys = keys_per_cta >= (kernel_dim <= 64 ? 1024 : 256);
+  const bool long_keys = keys_per_cta >= (kernel_dim <= 32 ? 512 : 256);
   const bool hopper = arch.major == 9 && arch.minor == 0 && arch.arch_specific;
   const bool choose = !tiles_forced && options.tiles.stages == 0 && !problem.kvcache && hopper;
   const std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
@@ -564,21 +566,26 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     // Persistent (FwdConfig::kPersistent) where it measured faster on the
     // H200 than the same tiles in an ordinary grid (docs/PERFORMANCE.md,
     // bench/bench_persistent.py), with more tiles than SMs:
-    //   - causal up to 4096 keys, in at most kPersistentMaxWaves waves of
-    //     tiles or with at most 1024 keys: 4-31% faster (the last wave
-    //     evened out, the next tile's loads under the current epilogue).
-    //     Longer grids of 2k-4k keys measured from 6% faster to 2% slower,
-    //     and from 8k keys up to 9% slower (heaviest first across every
-    //     head keeps all their K/V at work at once, beyond L2);
-    //   - without a causal mask, head dims up to 64 up to 4096 keys (up to
-    //     15% faster, level beyond), larger ones up to 512 keys (16-22%
-    //     faster; from 2k keys up to 20% slower, not understood).
+    //   - causal at head dims up to 64 up to 8192 keys: 0.72-0.99 of the
+    //     ordinary grid's time (the last wave evened out, the next tile's
+    //     loads under the current epilogue), RoPE included; level at 16k;
+    //   - causal at larger head dims up to 4096 keys in at most
+    //     kPersistentMaxWaves waves of tiles, or up to 512 keys: 0.71-0.92.
+    //     Fuller grids of 1k-2k keys measured 0.98-1.09 since the
+    //     warpgroups take turns (heaviest first across every head keeps all
+    //     their K/V at work at once), and 8k keys up to 1.10;
+    //   - without a causal mask, head dims up to 64 up to 4096 keys
+    //     (0.80-0.98; 0.99-1.06 beyond), larger ones up to 1024 keys
+    //     (0.84-0.95 with full grids, 1.01-1.03 at batch 2 × 1024; from 4k
+    //     keys up to 1.06).
     // Three warpgroups with packed GQA would spill (test_compile).
     const bool spills = plan.spec.warps == 12 && plan.spec.pack_gqa;
     const int64_t tile_count = ctas_of(tiles.block_q);
-    const bool pays = causal ? seqlen_k <= 4096 &&
-                                   (tile_count <= kPersistentMaxWaves * problem.sm_count || seqlen_k <= 1024)
-                             : seqlen_k <= (kernel_dim <= 64 ? 4096 : 512);
+    const bool small_head = kernel_dim <= 64;
+    const bool pays = causal ? (small_head ? seqlen_k <= 8192
+                                           : seqlen_k <= 4096 && (tile_count <= kPersistentMaxWaves * problem.sm_count ||
+                                                                  seqlen_k <= 512))
+                             : seqlen_k <= (small_head ? 4096 : 1024);
     plan.spec.persistent = !spills && pays && tile_count > problem.sm_count;
   }
   plan.spec.validate();

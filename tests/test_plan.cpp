@@ -162,17 +162,22 @@ TEST_CASE("the planner runs the wgmma tiles persistent with more tiles than SMs 
   resize(2, 1024, 1024);  // 256 tiles: persistent on 132 SMs, not on 256
   CHECK(call.plan().spec.persistent);
   CHECK_FALSE(call.plan(true, 227 * 1024, "sm_90a", 256).spec.persistent);
-  // Longer causal grids: at most 12 waves of tiles beyond 1024 keys.
+  // Longer causal grids at head dim 128: at most 12 waves of tiles beyond
+  // 512 keys.
   resize(4, 2048, 2048);  // 1024 tiles
   CHECK(call.plan().spec.persistent);
   resize(8, 2048, 2048);  // 2048 tiles
   CHECK_FALSE(call.plan().spec.persistent);
+  resize(16, 1024, 1024);  // 2048 tiles of 1024 keys
+  CHECK_FALSE(call.plan().spec.persistent);
   resize(32, 512, 512);  // 2048 tiles of 512 keys
   CHECK(call.plan().spec.persistent);
-  // Without a mask at head dim 128: up to 512 keys.
+  // Without a mask at head dim 128: up to 1024 keys.
   call.options.causal = false;
   CHECK(call.plan().spec.persistent);
   resize(2, 1024, 1024);
+  CHECK(call.plan().spec.persistent);
+  resize(2, 2048, 2048);
   CHECK_FALSE(call.plan().spec.persistent);
   CHECK(call.plan().spec.wgmma);
   call.options.causal = true;
@@ -208,14 +213,19 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles f
   };
   call.options.causal = true;
   call.options.rope.style = RopeStyle::rotate_half;
-  resize(8, 4096, 64);  // 8 · 16 · 4096 / 128 = 4096 CTAs, 2048 keys per CTA on average
+  resize(8, 4096, 64);  // 8 · 16 · 4096 / 128 = 4096 tiles, 2048 keys per tile on average
   ForwardPlan plan = call.plan();
-  CHECK(plan.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64");
+  CHECK(plan.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.persistent.causal.rope_half_r64");
   CHECK(plan.params.num_q_blocks == 4096 / 128);
   CHECK(plan.spec.threads() == 8 * 32 + 128);
-  // RoPE at head_dim 64 with fewer keys: the mma.sync producer layout
-  // (256-row tiles) once it has 128 CTAs, else wgmma.
-  resize(16, 1024, 64);
+  // Causal at head_dim 64: persistent up to 8192 keys.
+  resize(2, 16384, 64);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64");
+  resize(16, 1024, 64);  // 512 keys per tile
+  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.persistent.causal.rope_half_r64");
+  // RoPE at head_dim 64 with fewer than 256 keys per tile: the mma.sync
+  // producer layout (256-row tiles) once it has 128 CTAs, else wgmma.
+  resize(8, 256, 64);
   CHECK(call.plan().spec.text() == "fwd.bf16.d64.br256.bc64.w8.s3.causal.rope_half_r64");
   resize(2, 512, 64);  // 64 CTAs of 256 rows, 128 of 128
   CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64");
@@ -226,7 +236,7 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles f
   call.options.rope.style = RopeStyle::none;
   resize(8, 4096, 64);
   plan = call.plan();
-  CHECK(plan.spec.text() == "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal");
+  CHECK(plan.spec.text() == "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.persistent.causal");
   CHECK(plan.params.num_q_blocks == (4096 + 191) / 192);
   CHECK(plan.spec.threads() == 12 * 32 + 128);
   resize(8, 2048, 32);
@@ -261,9 +271,15 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles f
   call.options.rope.style = RopeStyle::none;
   call.options.causal = false;
   resize(32, 512, 64);
-  CHECK_FALSE(call.plan().spec.wgmma);  // 512 keys at head_dim 64
-  resize(16, 1024, 64);
-  CHECK(call.plan().spec.wgmma);
+  CHECK(call.plan().spec.wgmma);  // 512 keys at head_dim 64
+  resize(64, 256, 64);
+  CHECK(call.plan().spec.wgmma);  // 256
+  resize(128, 128, 64);
+  CHECK_FALSE(call.plan().spec.wgmma);  // 128
+  resize(32, 512, 32);
+  CHECK(call.plan().spec.wgmma);  // 512 keys at head_dim 32
+  resize(64, 256, 32);
+  CHECK_FALSE(call.plan().spec.wgmma);  // 256
   resize(8, 2048, 256);
   CHECK_FALSE(call.plan().spec.wgmma);
   resize(8, 2048, 128);
