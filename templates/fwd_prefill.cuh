@@ -456,11 +456,22 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kSc
   for (int m = 0; m < Cfg::kMTiles; ++m) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float block_max = row_max[m][half];
+      // wgmma: maxima and sums in kParts independent chains. There is one
+      // warp per warpgroup and scheduler to wait out each step's latency,
+      // and a single chain of 2·kScoreTiles steps measured 1-4% slower with
+      // RoPE at head dim 64 (H200, docs/PERFORMANCE.md). The mma.sync
+      // kernels keep one chain: at 255 registers more chains spill.
+      constexpr int kParts = !Cfg::kWgmma ? 1 : Cfg::kScoreTiles < 4 ? Cfg::kScoreTiles : 4;
+      float part_max[kParts];
+#pragma unroll
+      for (int j = 0; j < kParts; ++j) part_max[j] = row_max[m][half];
 #pragma unroll
       for (int n = 0; n < Cfg::kScoreTiles; ++n) {
-        block_max = fmaxf(block_max, fmaxf(s[m][n][2 * half], s[m][n][2 * half + 1]));
+        part_max[n % kParts] = fmaxf(part_max[n % kParts], fmaxf(s[m][n][2 * half], s[m][n][2 * half + 1]));
       }
+      float block_max = part_max[0];
+#pragma unroll
+      for (int j = 1; j < kParts; ++j) block_max = fmaxf(block_max, part_max[j]);
       block_max = quad_max(block_max);
       // A row with no visible key so far keeps max = -inf; subtracting 0
       // instead keeps exp2 at 0 rather than NaN (-inf - -inf).
@@ -480,15 +491,20 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kSc
         }
       }
       row_max[m][half] = block_max;
-      float sum = 0.f;
+      float part_sum[kParts];
+#pragma unroll
+      for (int j = 0; j < kParts; ++j) part_sum[j] = 0.f;
 #pragma unroll
       for (int n = 0; n < Cfg::kScoreTiles; ++n) {
 #pragma unroll
         for (int e = 2 * half; e < 2 * half + 2; ++e) {
           s[m][n][e] = fast_exp2(s[m][n][e] * scale_log2 - max_scaled);
-          sum += s[m][n][e];
+          part_sum[n % kParts] += s[m][n][e];
         }
       }
+      float sum = part_sum[0];
+#pragma unroll
+      for (int j = 1; j < kParts; ++j) sum += part_sum[j];
       row_sum[m][half] += sum;
     }
   }
