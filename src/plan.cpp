@@ -152,10 +152,15 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
                                       : chunk_keys;
   spec.warps = forced.warps != 0 ? forced.warps : kDecodeWarps;
   const int row_bytes = (spec.head_dim + 63) / 64 * 64 * static_cast<int>(dtype_size(spec.dtype));
-  const int stage_bytes = spec.warps * 2 * spec.block_kv * row_bytes;
-  const int budget = std::min(share_sm ? kDecodeShareSmPipelineBytes : kDecodePipelineBytes,
-                              max_smem_bytes - spec.block_q * row_bytes);
-  spec.stages = forced.stages != 0 ? forced.stages : std::clamp(budget / stage_bytes, 2, 8);
+  const int room = max_smem_bytes - spec.block_q * row_bytes;
+  auto stage_bytes = [&] { return spec.warps * 2 * spec.block_kv * row_bytes; };
+  // Large head dims (192-256) leave no room for two stages of the chosen
+  // chunks: smaller chunks first, then fewer warps. Forced values stay as
+  // forced (a forced tile that does not fit is rejected by the caller).
+  while (forced.block_kv == 0 && spec.block_kv > kDecodeMinChunkKeys && 2 * stage_bytes() > room) spec.block_kv /= 2;
+  while (forced.warps == 0 && spec.warps > 1 && 2 * stage_bytes() > room) spec.warps /= 2;
+  const int budget = std::min(share_sm ? kDecodeShareSmPipelineBytes : kDecodePipelineBytes, room);
+  spec.stages = forced.stages != 0 ? forced.stages : std::clamp(budget / stage_bytes(), 2, 8);
 }
 
 // RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.

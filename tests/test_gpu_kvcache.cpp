@@ -423,6 +423,26 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
     }
     cases.push_back(c);
   }
+  // Head dims 192 and 256 with the planner's tiles: two stages of its usual
+  // chunks would exceed a block's shared memory, so it takes smaller ones.
+  const std::pair<int, int> wide_seqlens[] = {{1, 339}, {3, 1024}, {1, 20000}};
+  for (int head_dim : {192, 256}) {
+    for (const auto& [seqlen_q, seqlen_k] : wide_seqlens) {
+      Case c;
+      c.dtype = head_dim == 192 ? DType::f16 : DType::bf16;
+      c.seqlen_q = seqlen_q;
+      c.seqlen_k = seqlen_k;
+      c.batch = seqlen_k >= 20000 ? 1 : 3;
+      c.heads_kv = 2;
+      c.head_dim = head_dim;
+      c.causal = true;
+      c.append = seqlen_q == 3;
+      c.rope = seqlen_q == 3 ? RopeStyle::rotate_half : RopeStyle::none;
+      c.page_size = seqlen_k == 339 ? 64 : 0;
+      c.num_splits = 0;
+      cases.push_back(c);
+    }
+  }
   check_cases(cases, rng, seed);
 }
 

@@ -355,6 +355,49 @@ TEST_CASE("split-KV heuristic: none when the tiles fill the GPU, else the smalle
   CHECK(num_splits_heuristic(1, 132, 1, 1, 128) == 1);
 }
 
+TEST_CASE("kvcache: decode tiles fit every architecture's shared memory, up to head dim 256") {
+  // Two stages of four warps' 32-key chunks of K and V take 128 KB at head
+  // dim 128 (over sm_86's 99 KB), 192 KB at 192 and 256 KB at 256: the
+  // planner takes smaller chunks, then fewer warps, instead of asking for
+  // more than the block may have.
+  struct Target {
+    const char* arch;
+    int max_smem;
+  };
+  for (const Target target : {Target{"sm_90a", 227 * 1024}, Target{"sm_80", 163 * 1024}, Target{"sm_86", 99 * 1024}}) {
+    for (int64_t head_dim : {64, 128, 192, 256}) {
+      for (int64_t batch : {1, 64}) {
+        CAPTURE(target.arch);
+        CAPTURE(head_dim);
+        CAPTURE(batch);
+        const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 32, head_dim});
+        KVCacheArgs args;
+        args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {batch, 4096, 8, head_dim});
+        args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {batch, 4096, 8, head_dim});
+        args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+        ForwardOptions options;
+        options.causal = true;
+        const KVCachePlan plan = plan_kvcache(q, args, q, nullptr, options, nullptr, 0, true, Arch::parse(target.arch),
+                                              target.max_smem, 132);
+        const KernelSpec& spec = plan.attention.spec;
+        CHECK(spec.family == Family::decode);
+        CHECK(spec.stages >= 2);
+        CHECK(spec.smem_bytes() <= static_cast<size_t>(target.max_smem));
+      }
+    }
+  }
+  // Forced chunks and warps stay as forced.
+  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 32, 256});
+  KVCacheArgs args;
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {1, 4096, 8, 256});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {1, 4096, 8, 256});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {1});
+  ForwardOptions options;
+  options.tiles = {16, 32, 4, 2};
+  CHECK_THROWS_WITH_AS(plan_kvcache(q, args, q, nullptr, options, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024, 132),
+                       doctest::Contains("shared memory"), Error);
+}
+
 TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans append and combine") {
   TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 32, 128});
   TensorView out = TensorView::contiguous(address(0x20000), DType::bf16, {2, 1, 32, 128});
