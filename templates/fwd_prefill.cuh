@@ -77,9 +77,10 @@ struct FwdConfig {
   // the others compute their softmax instead of queueing products beside
   // it, so the softmax of one hides behind the products of another.
   static constexpr bool kMmaTurns = WGMMA && kConsumerGroups >= 2;
-  // Named barriers 2 .. 2 + kConsumerGroups - 1 sync one warpgroup's four
-  // warps; the turn barriers follow them.
+  // Named barriers 2 .. 4 sync one warpgroup's four warps (at most three
+  // warpgroups); the turn barriers follow them, within the hardware's 16.
   static constexpr int kTurnBarrier0 = 2 + 3;
+  static_assert(!WGMMA || (kConsumerGroups <= 3 && kTurnBarrier0 + 3 <= 16), "named barriers 0-15");
   // The launch's registers per thread (65536 over the CTA, in steps of 8),
   // and what the MMA warpgroups can claim once the producer has given back.
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
