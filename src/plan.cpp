@@ -549,7 +549,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // warps); below 256 keys per CTA at head_dim 64 the mma.sync producer
   // layout (256-row tiles, so each K block is rotated once per 256 query
   // rows) is kept, as it measured 3-9% faster before the turns (from 256
-  // keys the persistent wgmma tiles are 7-36% faster now). The tuner's table
+  // keys the persistent wgmma tiles are 16-36% faster now). The tuner's table
   // (mma.sync tiles only) does not override either.
   constexpr int64_t kMinCtas = 128;
   auto ctas_of = [&](int64_t rows) {
