@@ -22,6 +22,42 @@ namespace jitattn {
 
 using namespace detail;
 
+namespace {
+
+// The driver needs 64-byte alignment (cuda.h's CUtensorMap may declare more).
+static_assert(sizeof(TensorMap) == sizeof(CUtensorMap) && alignof(TensorMap) % 64 == 0,
+              "FwdParams' tensor maps must be CUtensorMaps");
+
+// One plan map → its CUtensorMap: 128-byte swizzled boxes (wgmma's panel
+// layout), zero-filled outside the tensor.
+void encode_tile_map(const TileMapLayout& layout, TensorMap& map, const KernelSpec& spec, const char* name) {
+  if (layout.rank == 0) return;  // no keys: the kernel copies nothing
+  const uint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult status = driver().cuTensorMapEncodeTiled(
+      reinterpret_cast<CUtensorMap*>(&map),
+      layout.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      static_cast<cuuint32_t>(layout.rank), const_cast<void*>(layout.base), layout.dims, layout.strides_bytes,
+      layout.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) {
+    check_cuda(status, fmt::format("cuTensorMapEncodeTiled({} of {}: dims {}x{}x{}x{}, strides {}/{}/{} bytes)", name,
+                                   spec.text(), layout.dims[0], layout.dims[1], layout.dims[2], layout.dims[3],
+                                   layout.strides_bytes[0], layout.strides_bytes[1], layout.strides_bytes[2])
+                           .c_str());
+  }
+}
+
+// Plans whose kernel reads K/V by tensor copies get their maps encoded.
+void encode_tensor_maps(ForwardPlan& plan) {
+  if (!plan.spec.tensor_copies()) return;
+  encode_tile_map(plan.k_map, plan.params.k_map, plan.spec, "k");
+  encode_tile_map(plan.v_map, plan.params.v_map, plan.spec, "v");
+}
+template <typename OtherPlan>
+void encode_tensor_maps(OtherPlan&) {}
+
+}  // namespace
+
 TensorView TensorView::contiguous(void* data, DType dtype, std::vector<int64_t> shape) {
   if (shape.empty() || shape.size() > 4) {
     throw Error(ErrorCode::invalid_argument, fmt::format("TensorView::contiguous: {} dimensions (1 to 4 allowed)", shape.size()));
@@ -90,6 +126,7 @@ struct Runtime::Impl {
     if (planned.grid == 0) return;  // empty batch or no query rows: nothing to write
     auto cu_stream = static_cast<CUstream>(stream);
     const LoadedKernel& kernel = registry.get(planned.spec, context, device, cu_stream);
+    encode_tensor_maps(planned);
     launch(kernel, planned.grid, &planned.params, device, cu_stream);
   }
 

@@ -32,7 +32,7 @@ struct Driver {
   X(cuGraphLaunch)                                                                      \
   X(cuGraphDestroy) X(cuGraphExecDestroy) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD)    \
   X(cuMemcpyDtoH) X(cuMemsetD8) X(cuMemsetD32) X(cuEventCreate) X(cuEventRecord)        \
-  X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy)
+  X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy) X(cuTensorMapEncodeTiled)
 
 #define JITATTN_DECLARE_POINTER(name) decltype(&::name) name = nullptr;
   JITATTN_DRIVER_FUNCTIONS(JITATTN_DECLARE_POINTER)

@@ -221,6 +221,38 @@ void check_rope_tables(const RopeOptions& rope, int rotary_dim) {
 
 }  // namespace
 
+std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t batch, int64_t rows, int64_t heads,
+                                         int64_t head_dim, const int64_t (&strides)[3], int block_kv) {
+  TileMapLayout map;
+  map.base = data;
+  map.dtype = dtype;
+  const int64_t element_bytes = static_cast<int64_t>(dtype_size(dtype));
+  const bool packed = batch == 0;
+  map.rank = packed ? 3 : 4;
+  // Dimensions innermost first: channels, rows, heads, batches.
+  const int64_t extents[4] = {head_dim, rows, heads, packed ? 1 : batch};
+  const int64_t element_strides[3] = {strides[1], strides[2], strides[0]};
+  for (int d = 0; d < map.rank; ++d) {
+    if (extents[d] == 0) return TileMapLayout{};  // no keys: nothing is ever copied
+    map.dims[d] = static_cast<uint64_t>(extents[d]);
+  }
+  for (int d = 1; d < map.rank; ++d) {
+    const int64_t bytes = element_strides[d - 1] * element_bytes;
+    if (extents[d] == 1) {
+      // Never stepped: any valid stride (a multiple of 16 bytes) describes it.
+      map.strides_bytes[d - 1] = 16;
+    } else if (bytes <= 0 || bytes >= (int64_t{1} << 40)) {
+      return std::nullopt;
+    } else {
+      map.strides_bytes[d - 1] = static_cast<uint64_t>(bytes);  // a multiple of 16 (check_rows)
+    }
+  }
+  map.box[0] = 64;
+  map.box[1] = static_cast<uint32_t>(block_kv);
+  map.box[2] = map.box[3] = 1;
+  return map;
+}
+
 int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int max_splits) {
   const double wave = static_cast<double>(std::max(1, sm_count)) * std::max(1, ctas_per_sm);
   if (tiles >= 0.8 * wave) return 1;
@@ -348,6 +380,9 @@ struct Problem {
   float* lse = nullptr;
   // batch (0 for varlen), row, head strides in elements.
   int64_t q_strides[3] = {}, k_strides[3] = {}, v_strides[3] = {}, out_strides[3] = {};
+  // K's and V's extents as tensors: batches (0 for packed varlen rows) and
+  // rows (seqlen_k, or the packed total).
+  int64_t kv_batches = 0, kv_rows = 0;
   int64_t lse_strides[3] = {};  // batch, head, row
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
@@ -402,6 +437,8 @@ Problem problem_of(const TensorView& q, const TensorView& k, const TensorView& v
   copy_strides(k, p.k_strides);
   copy_strides(v, p.v_strides);
   copy_strides(out, p.out_strides);
+  p.kv_batches = k.ndim == 4 ? k.shape[0] : 0;
+  p.kv_rows = k.ndim == 4 ? k.shape[1] : k.shape[0];
   return p;
 }
 
@@ -562,10 +599,18 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const bool choose = !tiles_forced && options.tiles.stages == 0 && !problem.kvcache && hopper;
   const std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
   const bool rope_producer = has_rope && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
+  // Without RoPE, dense wgmma kernels read K and V by tensor copies
+  // (KernelSpec::tensor_copies); views a tensor map cannot describe keep the
+  // mma.sync kernels.
+  auto kv_map = [&](const void* data, const int64_t (&strides)[3], int block_kv) {
+    return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, heads_kv, head_dim, strides, block_kv);
+  };
+  const bool maps_possible = wgmma && kv_map(problem.k, problem.k_strides, wgmma->block_kv) &&
+                             kv_map(problem.v, problem.v_strides, wgmma->block_kv);
   if (choose && rope_producer) {
     tiles = {256, 64, 8, 3};
     apply_tiles(plan.spec, tiles);
-  } else if (choose && wgmma && (has_rope || long_keys) && ctas_of(wgmma->block_q) >= kMinCtas) {
+  } else if (choose && wgmma && (has_rope || (long_keys && (plan.spec.varlen || maps_possible))) && ctas_of(wgmma->block_q) >= kMinCtas) {
     tiles = *wgmma;
     apply_tiles(plan.spec, tiles);
     // Persistent (FwdConfig::kPersistent) where it measured faster on the
@@ -611,6 +656,19 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                 fmt::format("options.tiles: {} needs {} bytes of shared memory per block; {} allows {}",
                             plan.spec.text(), plan.spec.smem_bytes(), arch.text(), max_smem_bytes),
                 plan.spec.text());
+  }
+
+  if (plan.spec.tensor_copies()) {
+    const auto k_map = kv_map(problem.k, problem.k_strides, plan.spec.block_kv);
+    const auto v_map = kv_map(problem.v, problem.v_strides, plan.spec.block_kv);
+    if (!k_map || !v_map) {
+      const int64_t(&strides)[3] = !k_map ? problem.k_strides : problem.v_strides;
+      reject(fmt::format("{}: strides (batch, row, head) = ({}, {}, {}) elements: {} reads K and V by tensor copies, "
+                         "which need a positive stride below 2^40 bytes in every dimension of more than one element",
+                         !k_map ? "k" : "v", strides[0], strides[1], strides[2], plan.spec.text()));
+    }
+    plan.k_map = *k_map;
+    plan.v_map = *v_map;
   }
 
   // Packed rows: every query of each head of a KV head's group.

@@ -15,9 +15,31 @@
 
 namespace jitattn::detail {
 
+// A tiled tensor map for the launch to encode (cuTensorMapEncodeTiled) into
+// FwdParams::k_map or v_map, for kernels whose K/V blocks arrive by tensor
+// copies (KernelSpec::tensor_copies). Plan describes it; encoding needs the
+// driver, so the launch does it.
+struct TileMapLayout {
+  const void* base = nullptr;
+  DType dtype = DType::bf16;
+  int rank = 0;                    // 3 (varlen: no batch dimension) or 4; 0 = no map (no keys to copy)
+  uint64_t dims[4] = {};           // elements, innermost first: head_dim, rows, heads[, batch]
+  uint64_t strides_bytes[3] = {};  // of dims 1 .. rank - 1
+  uint32_t box[4] = {};            // 64 channels (one 128-byte swizzled panel) × block_kv rows × 1 × 1
+};
+
+// The tile map of a K or V tensor (batch 0 for packed varlen rows; strides
+// in elements: batch, row, head), or none when a tensor copy cannot read it:
+// a dimension of more than one element with a stride that is not positive or
+// reaches 2^40 bytes.
+std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t batch, int64_t rows, int64_t heads,
+                                         int64_t head_dim, const int64_t (&strides)[3], int block_kv);
+
 struct ForwardPlan {
   KernelSpec spec;
   FwdParams params{};
+  // spec.tensor_copies(): the maps of K and V the launch encodes into params.
+  TileMapLayout k_map, v_map;
   unsigned grid = 0;  // CTAs (flattened); 0 = nothing to compute
   // Split-KV (spec.split): the partial results live in the caller's
   // workspace, fp32 outputs first (partial_o_bytes, 256-aligned), then LSEs.

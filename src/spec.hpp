@@ -80,6 +80,13 @@ struct KernelSpec {
   // XXH3-64 of text(): stable across runs, hosts and builds.
   uint64_t hash() const;
 
+  // fwd with wgmma, without RoPE, KV cache or varlen: K and V blocks arrive
+  // by tensor copies whose maps the launch encodes (FwdConfig::kTensorCopies,
+  // ForwardPlan::k_map).
+  bool tensor_copies() const {
+    return family == Family::fwd && wgmma && rope == RopeKind::none && !kvcache && !varlen;
+  }
+
   int threads() const;
   // fp32 accumulators per thread (output + scores): what decides whether a
   // configuration fits in 255 registers.

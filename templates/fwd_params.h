@@ -5,6 +5,13 @@
 
 namespace jitattn {
 
+// A CUDA tensor map (CUtensorMap: 128 opaque bytes, 64-byte aligned), encoded
+// on the host by the driver (cuTensorMapEncodeTiled) and read by the kernel's
+// tensor copies from its __grid_constant__ parameter.
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+
 struct FwdParams {
   const void* q;  // [batch, seqlen_q, heads_q, head_dim]
   const void* k;  // [batch, seqlen_k, heads_kv, head_dim]
@@ -91,6 +98,13 @@ struct FwdParams {
   int blocks_per_split;
   float* partial_o;
   float* partial_lse;
+
+  // Tiled maps of K and V for kernels whose K/V blocks arrive by tensor copies
+  // (FwdConfig::kTensorCopies): elements (head_dim, rows, heads[, batch]),
+  // boxes of 64 channels × block_kv rows in wgmma's 128-byte-swizzled panels.
+  // Varlen maps have no batch dimension (rows are the packed total).
+  TensorMap k_map;
+  TensorMap v_map;
 };
 
 }  // namespace jitattn

@@ -110,6 +110,12 @@ struct FwdConfig {
   static constexpr bool kPaged = PAGED;
   static constexpr bool kSplit = SPLIT;
   static constexpr bool kRotateKeys = ROPE != 0 && !KVCACHE;
+  // wgmma without RoPE, KV cache or varlen: one producer thread reads each K
+  // and V block by tensor copies (TMA: one instruction per 64-channel panel,
+  // completing on the stage's barrier by byte count) from the maps the host
+  // encodes into FwdParams (KernelSpec::tensor_copies), instead of 128
+  // threads issuing 16-byte cp.async copies.
+  static constexpr bool kTensorCopies = WGMMA && ROPE == 0 && !KVCACHE && !VARLEN;
   // With the producer, the MMA warps rotate their own Q rows (while the
   // producer rotates the first K block) in pieces of this many words
   // (rotate_consecutive_rows): 4-byte pieces (two pairs' sin and cos per
@@ -861,7 +867,7 @@ struct TileJob {
   const unsigned short* v;
   unsigned short* out;
   float* lse;
-  int batch, head, q0, seqlen_q, seqlen_k, rows, group, chunks_valid;
+  int batch, head, kv_head, q0, seqlen_q, seqlen_k, rows, group, chunks_valid;
   int diagonal_offset, first_block, end_block;
 };
 
@@ -872,11 +878,12 @@ struct TileJob {
 // computed, which (with wgmma) is a whole block before they are done with V,
 // so the producer refills K stages that much earlier. Hand-offs are
 // mbarriers in shared memory after the ring, per stage:
-//   - "K ready": K may be read. Without RoPE, arrivals from cp.async
-//     completion; with RoPE the producer's 128 threads arrive after rotating
+//   - "K ready": K may be read. Without RoPE, the copies complete it (tensor
+//     copies: one arrival announcing the block's bytes; cp.async: one
+//     arrival per producer thread); with RoPE the producer's 128 threads arrive after rotating
 //     K, once "K landed" (cp.async completion) has told them it is there;
 //   - "K free" and "V free": every MMA thread arrives when done reading;
-//   - "V landed": arrivals from cp.async completion;
+//   - "V landed": completed by the copies, as "K ready" without RoPE;
 // then per Q buffer "Q landed" (the MMA warps rotate Q themselves for RoPE,
 // each its own rows, while the producer rotates the first K block) and,
 // persistent, "Q free" (the MMA warps have stored the output they staged in
@@ -906,16 +913,18 @@ struct Ring {
   // Every barrier, by thread 0 before the CTA's first __syncthreads.
   __device__ __forceinline__ void init() const {
     for (int s = 0; s < Cfg::kStages; ++s) {
-      mbarrier_init(k_ready(s), Cfg::kProducerThreads);
+      // Tensor copies: one arrival (with the bytes to expect) per phase.
+      mbarrier_init(k_ready(s), Cfg::kTensorCopies ? 1 : Cfg::kProducerThreads);
       mbarrier_init(k_landed(s), Cfg::kProducerThreads);
       mbarrier_init(k_free(s), Cfg::kWarps * 32);
-      mbarrier_init(v_landed(s), Cfg::kProducerThreads);
+      mbarrier_init(v_landed(s), Cfg::kTensorCopies ? 1 : Cfg::kProducerThreads);
       mbarrier_init(v_free(s), Cfg::kWarps * 32);
     }
     for (int b = 0; b < Cfg::kQBuffers; ++b) {
       mbarrier_init(q_landed(b), Cfg::kProducerThreads);
       if (Cfg::kPersistent) mbarrier_init(q_free(b), Cfg::kWarps * 32);
     }
+    if constexpr (Cfg::kTensorCopies) fence_barrier_init();
   }
 };
 
@@ -945,8 +954,24 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   const int blocks = job.end_block - job.first_block;
   auto key0_of = [&](int i) { return (job.end_block - 1 - i) * Cfg::kBlockKV; };
   // Block i of this tile is block at.block + i of the CTA's ring.
+  // Tensor copies: producer thread 0 copies every panel of a block.
+  auto copy_block = [&](const TensorMap& map, unsigned stage, unsigned barrier, int i) {
+    constexpr int kPanels = Cfg::kRowElems / 64;
+    mbarrier_arrive_expect_bytes(barrier, kPanels * Cfg::kBlockKV * 128);
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel) {
+      tensor_copy_4d(stage + panel * Cfg::kBlockKV * 128, &map, barrier, panel * 64, key0_of(i), job.kv_head,
+                     job.batch);
+    }
+  };
   auto issue_k = [&](int i) {
     const int r = at.block + i, s = r % kStages;
+    if constexpr (Cfg::kTensorCopies) {
+      if (threadIdx.x % Cfg::kProducerThreads != 0) return;
+      if (r >= kStages) mbarrier_wait(ring.k_free(s), (r / kStages - 1) & 1);
+      copy_block(p.k_map, ring.k_stage(s), ring.k_ready(s), i);
+      return;
+    }
     if (r >= kStages) mbarrier_wait(ring.k_free(s), (r / kStages - 1) & 1);
     load_kv_tile<Cfg>(ring.k_stage(s), job.k, p.k_row_stride, p.k_batch_stride, nullptr, 0, key0_of(i), job.seqlen_k,
                       job.chunks_valid);
@@ -955,6 +980,12 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   };
   auto issue_v = [&](int i) {
     const int r = at.block + i, s = r % kStages;
+    if constexpr (Cfg::kTensorCopies) {
+      if (threadIdx.x % Cfg::kProducerThreads != 0) return;
+      if (r >= kStages) mbarrier_wait(ring.v_free(s), (r / kStages - 1) & 1);
+      copy_block(p.v_map, ring.v_stage(s), ring.v_landed(s), i);
+      return;
+    }
     if (r >= kStages) mbarrier_wait(ring.v_free(s), (r / kStages - 1) & 1);
     load_kv_tile<Cfg>(ring.v_stage(s), job.v, p.v_row_stride, p.v_batch_stride, nullptr, 0, key0_of(i), job.seqlen_k,
                       job.chunks_valid);
@@ -1308,7 +1339,7 @@ __device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJ
     k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
     v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
   }
-  job.batch = batch, job.head = head, job.q0 = q0, job.seqlen_q = seqlen_q, job.seqlen_k = seqlen_k;
+  job.batch = batch, job.head = head, job.kv_head = kv_head, job.q0 = q0, job.seqlen_q = seqlen_q, job.seqlen_k = seqlen_k;
   // Rows of this sequence's (packed) Q: queries × heads of the group.
   job.rows = seqlen_q * group, job.group = group;
   job.chunks_valid = Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;

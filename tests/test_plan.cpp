@@ -305,6 +305,67 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles f
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("holds at most 96 accumulators"), Error);
 }
 
+TEST_CASE("dense wgmma kernels without RoPE get tile maps of K and V; views a map cannot describe keep mma.sync") {
+  Call call;
+  call.q = TensorView::contiguous(address(0x10000), DType::bf16, {8, 2048, 16, 128});
+  call.out = TensorView::contiguous(address(0x40000), DType::bf16, {8, 2048, 16, 128});
+  call.lse = TensorView::contiguous(address(0x50000), DType::f32, {8, 16, 2048});
+  // K and V as views of a packed [batch, seqlen, 3, heads, head_dim] buffer.
+  for (TensorView* t : {&call.k, &call.v}) {
+    t->data = address(t == &call.k ? 0x60000 : 0x60000 + 16 * 128 * 2);
+    t->ndim = 4;
+    const int64_t shape[4] = {8, 2048, 16, 128}, strides[4] = {2048 * 3 * 16 * 128, 3 * 16 * 128, 128, 1};
+    for (int axis = 0; axis < 4; ++axis) t->shape[axis] = shape[axis], t->strides[axis] = strides[axis];
+  }
+  call.options.causal = true;
+  ForwardPlan plan = call.plan();
+  REQUIRE(plan.spec.wgmma);
+  CHECK(plan.spec.tensor_copies());
+  const TileMapLayout& k = plan.k_map;
+  CHECK(k.base == call.k.data);
+  CHECK(plan.v_map.base == call.v.data);
+  CHECK(k.rank == 4);
+  CHECK((k.dims[0] == 128 && k.dims[1] == 2048 && k.dims[2] == 16 && k.dims[3] == 8));
+  // Bytes: row, head, batch.
+  CHECK((k.strides_bytes[0] == 3 * 16 * 128 * 2 && k.strides_bytes[1] == 256 &&
+         k.strides_bytes[2] == 2048 * 3 * 16 * 128 * 2));
+  CHECK((k.box[0] == 64 && k.box[1] == plan.spec.block_kv && k.box[2] == 1 && k.box[3] == 1));
+  // With RoPE the wgmma kernel's producer copies K with cp.async (it rotates
+  // what lands): no maps.
+  call.options.rope.style = RopeStyle::rotate_half;
+  plan = call.plan();
+  CHECK(plan.spec.wgmma);
+  CHECK_FALSE(plan.spec.tensor_copies());
+  CHECK(plan.k_map.rank == 0);
+  // K broadcast over the batch (stride 0): no tensor map, so the planner
+  // keeps the mma.sync kernels, and forcing wgmma is refused naming the tensor.
+  call.options.rope.style = RopeStyle::none;
+  call.k.strides[0] = 0;
+  plan = call.plan();
+  CHECK_FALSE(plan.spec.wgmma);
+  CHECK(plan.k_map.rank == 0);
+  call.options.tiles = {128, 128, 8, 2, true};
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("k: strides (batch, row, head) = (0, 6144, 128)"), Error);
+  // One batch: its stride is never stepped, so any value is fine.
+  call.q.shape[0] = call.out.shape[0] = call.k.shape[0] = call.v.shape[0] = call.lse.shape[0] = 1;
+  plan = call.plan();
+  CHECK(plan.spec.tensor_copies());
+  CHECK(plan.k_map.strides_bytes[2] == 16);
+  // Dimensions and strides of a packed layout: no batch dimension.
+  const int64_t strides[3] = {0, 16 * 128, 128};
+  const auto packed = kv_tile_map(address(0x60000), DType::f16, 0, 5000, 16, 120, strides, 64);
+  REQUIRE(packed);
+  CHECK(packed->rank == 3);
+  CHECK(packed->dtype == DType::f16);
+  CHECK((packed->dims[0] == 120 && packed->dims[1] == 5000 && packed->dims[2] == 16));
+  CHECK((packed->strides_bytes[0] == 16 * 128 * 2 && packed->strides_bytes[1] == 256));
+  CHECK(packed->box[1] == 64);
+  // No keys at all: nothing to map, nothing copied.
+  CHECK(kv_tile_map(address(0x60000), DType::f16, 0, 0, 16, 128, strides, 64)->rank == 0);
+  const int64_t negative[3] = {0, -16 * 128, 128};
+  CHECK_FALSE(kv_tile_map(address(0x60000), DType::f16, 0, 5000, 16, 128, negative, 64));
+}
+
 TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tables become parameters") {
   Call call;
   call.options.rope.style = RopeStyle::rotate_half;
