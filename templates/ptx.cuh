@@ -104,14 +104,6 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive(unsigned barrier) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(barrier) : "memory");
 }
 
-// Arrives once every cp.async this thread issued so far has landed, without
-// counting toward the barrier's expected arrivals (the pending count is
-// raised now and lowered on landing): the phase cannot complete before the
-// copies land, and some other arrival completes it.
-__device__ __forceinline__ void cp_async_mbarrier_track(unsigned barrier) {
-  asm volatile("cp.async.mbarrier.arrive.shared.b64 [%0];\n" ::"r"(barrier) : "memory");
-}
-
 // Makes barrier initializations visible to the copy engine, whose tensor
 // copies complete on them (sm_90; thread 0 after initializing).
 __device__ __forceinline__ void fence_barrier_init() {
@@ -132,17 +124,6 @@ __device__ __forceinline__ void mbarrier_arrive_expect_bytes(unsigned barrier, u
 // One box of a tiled tensor map (a __grid_constant__ parameter) at the
 // given coordinates, innermost first, into shared memory at `destination`;
 // elements outside the tensor are zero-filled. Completes on `barrier`.
-__device__ __forceinline__ void tensor_copy_3d(unsigned destination, const void* map, unsigned barrier, int c0, int c1,
-                                               int c2) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-      "[%5];\n" ::"r"(destination),
-      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(barrier)
-      : "memory");
-#endif
-}
-
 __device__ __forceinline__ void tensor_copy_4d(unsigned destination, const void* map, unsigned barrier, int c0, int c1,
                                                int c2, int c3) {
 #if __CUDA_ARCH__ >= 900
@@ -152,17 +133,6 @@ __device__ __forceinline__ void tensor_copy_4d(unsigned destination, const void*
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(barrier)
       : "memory");
 #endif
-}
-
-// Adds one to a shared-memory counter and returns its old value; the add
-// releases this thread's earlier accesses and acquires those of the adds
-// before it (CTA scope), as an mbarrier arrival and wait would.
-__device__ __forceinline__ unsigned shared_count_add(unsigned counter) {
-  unsigned old = 0;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(old) : "r"(counter) : "memory");
-#endif
-  return old;
 }
 
 __device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity) {
