@@ -82,9 +82,10 @@ struct KernelSpec {
 
   // fwd with wgmma, without RoPE, KV cache or varlen: K and V blocks arrive
   // by tensor copies whose maps the launch encodes (FwdConfig::kTensorCopies,
-  // ForwardPlan::k_map).
+  // ForwardPlan::k_map), except in the one variant where they would spill.
   bool tensor_copies() const {
-    return family == Family::fwd && wgmma && rope == RopeKind::none && !kvcache && !varlen;
+    return family == Family::fwd && wgmma && rope == RopeKind::none && !kvcache && !varlen &&
+           !(warps == 12 && persistent && local && alibi);
   }
 
   int threads() const;

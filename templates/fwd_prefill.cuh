@@ -115,7 +115,11 @@ struct FwdConfig {
   // completing on the stage's barrier by byte count) from the maps the host
   // encodes into FwdParams (KernelSpec::tensor_copies), instead of 128
   // threads issuing 16-byte cp.async copies.
-  static constexpr bool kTensorCopies = WGMMA && ROPE == 0 && !KVCACHE && !VARLEN;
+  // Not with three persistent warpgroups, a window and ALiBi together: there
+  // the producer's 32 registers spill 4 bytes (ptxas, NVRTC 13.0), and the
+  // cp.async copies do not (KernelSpec::tensor_copies says the same).
+  static constexpr bool kTensorCopies = WGMMA && ROPE == 0 && !KVCACHE && !VARLEN &&
+                                        !(WARPS == 12 && PERSISTENT && MASK == kMaskLocal && ALIBI);
   // With the producer, the MMA warps rotate their own Q rows (while the
   // producer rotates the first K block) in pieces of this many words
   // (rotate_consecutive_rows): 4-byte pieces (two pairs' sin and cos per
@@ -867,7 +871,7 @@ struct TileJob {
   const unsigned short* v;
   unsigned short* out;
   float* lse;
-  int batch, head, kv_head, q0, seqlen_q, seqlen_k, rows, group, chunks_valid;
+  int batch, head, q0, seqlen_q, seqlen_k, rows, group, chunks_valid;
   int diagonal_offset, first_block, end_block;
 };
 
@@ -955,12 +959,13 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   auto key0_of = [&](int i) { return (job.end_block - 1 - i) * Cfg::kBlockKV; };
   // Block i of this tile is block at.block + i of the CTA's ring.
   // Tensor copies: producer thread 0 copies every panel of a block.
+  // (A tile's query head, packed or not, divided by the group size is its KV head.)
   auto copy_block = [&](const TensorMap& map, unsigned stage, unsigned barrier, int i) {
     constexpr int kPanels = Cfg::kRowElems / 64;
     mbarrier_arrive_expect_bytes(barrier, kPanels * Cfg::kBlockKV * 128);
 #pragma unroll
     for (int panel = 0; panel < kPanels; ++panel) {
-      tensor_copy_4d(stage + panel * Cfg::kBlockKV * 128, &map, barrier, panel * 64, key0_of(i), job.kv_head,
+      tensor_copy_4d(stage + panel * Cfg::kBlockKV * 128, &map, barrier, panel * 64, key0_of(i), job.head / p.heads_per_kv,
                      job.batch);
     }
   };
@@ -1339,7 +1344,7 @@ __device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJ
     k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
     v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
   }
-  job.batch = batch, job.head = head, job.kv_head = kv_head, job.q0 = q0, job.seqlen_q = seqlen_q, job.seqlen_k = seqlen_k;
+  job.batch = batch, job.head = head, job.q0 = q0, job.seqlen_q = seqlen_q, job.seqlen_k = seqlen_k;
   // Rows of this sequence's (packed) Q: queries × heads of the group.
   job.rows = seqlen_q * group, job.group = group;
   job.chunks_valid = Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
