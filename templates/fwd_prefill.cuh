@@ -957,46 +957,34 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   constexpr bool kVLate = Cfg::kWgmma && Cfg::kRotateKeys;
   const int blocks = job.end_block - job.first_block;
   auto key0_of = [&](int i) { return (job.end_block - 1 - i) * Cfg::kBlockKV; };
-  // Block i of this tile is block at.block + i of the CTA's ring.
-  // Tensor copies: producer thread 0 copies every panel of a block.
-  // (A tile's query head, packed or not, divided by the group size is its KV head.)
-  auto copy_block = [&](const TensorMap& map, unsigned stage, unsigned barrier, int i) {
-    constexpr int kPanels = Cfg::kRowElems / 64;
-    mbarrier_arrive_expect_bytes(barrier, kPanels * Cfg::kBlockKV * 128);
+  // Copies block i of this tile (block at.block + i of the CTA's ring) of K
+  // or of V into its stage once the stage is free. Tensor copies: producer
+  // thread 0 alone, one copy per 64-channel panel; the KV head is the tile's
+  // query head (packed or not) over the group size.
+  auto issue = [&](int i, bool values) {
+    const int r = at.block + i, s = r % kStages;
+    if (Cfg::kTensorCopies && threadIdx.x % Cfg::kProducerThreads != 0) return;
+    if (r >= kStages) mbarrier_wait(values ? ring.v_free(s) : ring.k_free(s), (r / kStages - 1) & 1);
+    const unsigned stage = values ? ring.v_stage(s) : ring.k_stage(s);
+    if constexpr (Cfg::kTensorCopies) {
+      constexpr int kPanels = Cfg::kRowElems / 64;
+      const unsigned barrier = values ? ring.v_landed(s) : ring.k_ready(s);
+      mbarrier_arrive_expect_bytes(barrier, kPanels * Cfg::kBlockKV * 128);
 #pragma unroll
-    for (int panel = 0; panel < kPanels; ++panel) {
-      tensor_copy_4d(stage + panel * Cfg::kBlockKV * 128, &map, barrier, panel * 64, key0_of(i), job.head / p.heads_per_kv,
-                     job.batch);
+      for (int panel = 0; panel < kPanels; ++panel) {
+        tensor_copy_4d(stage + panel * Cfg::kBlockKV * 128, values ? &p.v_map : &p.k_map, barrier, panel * 64,
+                       key0_of(i), job.head / p.heads_per_kv, job.batch);
+      }
+    } else {
+      load_kv_tile<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
+                        values ? p.v_batch_stride : p.k_batch_stride, nullptr, 0, key0_of(i), job.seqlen_k,
+                        job.chunks_valid);
+      cp_async_mbarrier_arrive(values ? ring.v_landed(s) : Cfg::kRotateKeys ? ring.k_landed(s) : ring.k_ready(s));
+      cp_async_commit();
     }
   };
-  auto issue_k = [&](int i) {
-    const int r = at.block + i, s = r % kStages;
-    if constexpr (Cfg::kTensorCopies) {
-      if (threadIdx.x % Cfg::kProducerThreads != 0) return;
-      if (r >= kStages) mbarrier_wait(ring.k_free(s), (r / kStages - 1) & 1);
-      copy_block(p.k_map, ring.k_stage(s), ring.k_ready(s), i);
-      return;
-    }
-    if (r >= kStages) mbarrier_wait(ring.k_free(s), (r / kStages - 1) & 1);
-    load_kv_tile<Cfg>(ring.k_stage(s), job.k, p.k_row_stride, p.k_batch_stride, nullptr, 0, key0_of(i), job.seqlen_k,
-                      job.chunks_valid);
-    cp_async_mbarrier_arrive(Cfg::kRotateKeys ? ring.k_landed(s) : ring.k_ready(s));
-    cp_async_commit();
-  };
-  auto issue_v = [&](int i) {
-    const int r = at.block + i, s = r % kStages;
-    if constexpr (Cfg::kTensorCopies) {
-      if (threadIdx.x % Cfg::kProducerThreads != 0) return;
-      if (r >= kStages) mbarrier_wait(ring.v_free(s), (r / kStages - 1) & 1);
-      copy_block(p.v_map, ring.v_stage(s), ring.v_landed(s), i);
-      return;
-    }
-    if (r >= kStages) mbarrier_wait(ring.v_free(s), (r / kStages - 1) & 1);
-    load_kv_tile<Cfg>(ring.v_stage(s), job.v, p.v_row_stride, p.v_batch_stride, nullptr, 0, key0_of(i), job.seqlen_k,
-                      job.chunks_valid);
-    cp_async_mbarrier_arrive(ring.v_landed(s));
-    cp_async_commit();
-  };
+  auto issue_k = [&](int i) { issue(i, false); };
+  auto issue_v = [&](int i) { issue(i, true); };
   // Persistent: the Q buffer is free once the MMA warps have stored the
   // output of the CTA's tile before last from it.
   const int q_buffer = at.q_buffer();
