@@ -85,7 +85,7 @@ struct KernelSpec {
   // ForwardPlan::k_map), except in the one variant where they would spill.
   bool tensor_copies() const {
     return family == Family::fwd && wgmma && rope == RopeKind::none && !kvcache && !varlen &&
-           !(warps == 12 && persistent && local && alibi);
+           !(warps == 12 && persistent && local);
   }
 
   int threads() const;

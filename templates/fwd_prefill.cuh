@@ -115,11 +115,11 @@ struct FwdConfig {
   // completing on the stage's barrier by byte count) from the maps the host
   // encodes into FwdParams (KernelSpec::tensor_copies), instead of 128
   // threads issuing 16-byte cp.async copies.
-  // Not with three persistent warpgroups, a window and ALiBi together: there
-  // the producer's 32 registers spill 4 bytes (ptxas, NVRTC 13.0), and the
-  // cp.async copies do not (KernelSpec::tensor_copies says the same).
+  // Not with three persistent warpgroups and a window: there the producer's
+  // 32 registers spill 4 bytes (ptxas, NVRTC 13.0), and the cp.async copies
+  // do not (KernelSpec::tensor_copies says the same).
   static constexpr bool kTensorCopies = WGMMA && ROPE == 0 && !KVCACHE && !VARLEN &&
-                                        !(WARPS == 12 && PERSISTENT && MASK == kMaskLocal && ALIBI);
+                                        !(WARPS == 12 && PERSISTENT && MASK == kMaskLocal);
   // With the producer, the MMA warps rotate their own Q rows (while the
   // producer rotates the first K block) in pieces of this many words
   // (rotate_consecutive_rows): 4-byte pieces (two pairs' sin and cos per
@@ -654,12 +654,15 @@ __device__ __forceinline__ void store_partial(float (&o)[Cfg::kMTiles][Cfg::kOut
 
 // Copies the Q tile of a packed-GQA CTA: row r is query (q0 + r) / group of
 // head (q0 + r) % group, so rows do not sit at one stride and each chunk
-// computes its own address. THREADS threads share the copy.
+// computes its own address. THREADS threads share the copy, in a loop that
+// is not unrolled: unrolled, the persistent head-dim-128 producer (88
+// registers) spilled 12-28 bytes holding the addresses (ptxas, NVRTC 13.0),
+// and it runs once per tile.
 template <class Cfg, int THREADS = Cfg::kLoadThreads>
 __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned short* q, long long row_stride,
                                               long long head_stride, int q0, int rows, int group, int chunks_valid) {
   constexpr int kChunks = Cfg::kBlockQ * Cfg::kChunksPerRow;
-#pragma unroll
+#pragma unroll 1
   for (int i = 0; i < (kChunks + THREADS - 1) / THREADS; ++i) {
     const int index = i * THREADS + threadIdx.x;
     if (kChunks % THREADS == 0 || index < kChunks) {
