@@ -599,9 +599,9 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const bool choose = !tiles_forced && options.tiles.stages == 0 && !problem.kvcache && hopper;
   const std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
   const bool rope_producer = has_rope && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
-  // Without RoPE, dense wgmma kernels read K and V by tensor copies
-  // (KernelSpec::tensor_copies); views a tensor map cannot describe keep the
-  // mma.sync kernels.
+  // Without RoPE, wgmma kernels (dense or varlen) read K and V by tensor
+  // copies (KernelSpec::tensor_copies); views a tensor map cannot describe
+  // keep the mma.sync kernels.
   auto kv_map = [&](const void* data, const int64_t (&strides)[3], int block_kv) {
     return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, heads_kv, head_dim, strides, block_kv);
   };
@@ -610,7 +610,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   if (choose && rope_producer) {
     tiles = {256, 64, 8, 3};
     apply_tiles(plan.spec, tiles);
-  } else if (choose && wgmma && (has_rope || (long_keys && (plan.spec.varlen || maps_possible))) && ctas_of(wgmma->block_q) >= kMinCtas) {
+  } else if (choose && wgmma && (has_rope || (long_keys && maps_possible)) && ctas_of(wgmma->block_q) >= kMinCtas) {
     tiles = *wgmma;
     apply_tiles(plan.spec, tiles);
     // Persistent (FwdConfig::kPersistent) where it measured faster on the

@@ -77,8 +77,10 @@ struct FwdConfig {
   // the others compute their softmax instead of queueing products beside
   // it, so the softmax of one hides behind the products of another.
   static constexpr bool kMmaTurns = WGMMA && kConsumerGroups >= 2;
-  // Named barriers 2 .. 4 sync one warpgroup's four warps (at most three
-  // warpgroups); the turn barriers follow them, within the hardware's 16.
+  // Named barrier 1 syncs the producer warpgroup (produce_tiles); 2 .. 4
+  // sync one warpgroup's four warps (at most three warpgroups); the turn
+  // barriers follow them, within the hardware's 16.
+  static constexpr int kProducerBarrier = 1;
   static constexpr int kTurnBarrier0 = 2 + 3;
   static_assert(!WGMMA || (kConsumerGroups <= 3 && kTurnBarrier0 + 3 <= 16), "named barriers 0-15");
   // The launch's registers per thread (65536 over the CTA, in steps of 8),
@@ -110,15 +112,17 @@ struct FwdConfig {
   static constexpr bool kPaged = PAGED;
   static constexpr bool kSplit = SPLIT;
   static constexpr bool kRotateKeys = ROPE != 0 && !KVCACHE;
-  // wgmma without RoPE, KV cache or varlen: one producer thread reads each K
-  // and V block by tensor copies (TMA: one instruction per 64-channel panel,
+  // wgmma without RoPE or KV cache: one producer thread reads each K and V
+  // block by tensor copies (TMA: one instruction per 64-channel panel,
   // completing on the stage's barrier by byte count) from the maps the host
   // encodes into FwdParams (KernelSpec::tensor_copies), instead of 128
-  // threads issuing 16-byte cp.async copies.
+  // threads issuing 16-byte cp.async copies. Varlen: the maps span the
+  // packed rows, and a V block that ends past its sequence goes by cp.async
+  // (produce_tiles).
   // Not with three persistent warpgroups and a window: there the producer's
-  // 32 registers spill 4 bytes (ptxas, NVRTC 13.0), and the cp.async copies
-  // do not (KernelSpec::tensor_copies says the same).
-  static constexpr bool kTensorCopies = WGMMA && ROPE == 0 && !KVCACHE && !VARLEN &&
+  // 32 registers spill 4-8 bytes (ptxas, NVRTC 13.0), and the cp.async
+  // copies do not (KernelSpec::tensor_copies says the same).
+  static constexpr bool kTensorCopies = WGMMA && ROPE == 0 && !KVCACHE &&
                                         !(WARPS == 12 && PERSISTENT && MASK == kMaskLocal);
   // With the producer, the MMA warps rotate their own Q rows (while the
   // producer rotates the first K block) in pieces of this many words
@@ -251,6 +255,22 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
                     valid);
       }
     }
+  }
+}
+
+// load_tile in a loop that is not unrolled, for copies made at most once
+// per tile on a producer with few registers (the varlen V block that ends
+// past its sequence): the unrolled passes spilled 12 bytes in the
+// three-warpgroup producer's 32 registers (ptxas, NVRTC 13.0).
+template <class Cfg, int ROWS>
+__device__ __forceinline__ void load_tile_rolled(unsigned tile, const unsigned short* global, long long row_stride,
+                                                 int row0, int rows_valid, int chunks_valid) {
+#pragma unroll 1
+  for (int index = threadIdx.x % Cfg::kLoadThreads; index < ROWS * Cfg::kChunksPerRow; index += Cfg::kLoadThreads) {
+    const int row = index / Cfg::kChunksPerRow, chunk = index % Cfg::kChunksPerRow;
+    const bool valid = row0 + row < rows_valid && chunk < chunks_valid;
+    cp_async_16(tile + swizzled_bytes<Cfg, ROWS>(row, chunk),
+                valid ? global + static_cast<long long>(row0 + row) * row_stride + chunk * 8 : global, valid);
   }
 }
 
@@ -890,7 +910,8 @@ struct TileJob {
 //     arrival per producer thread); with RoPE the producer's 128 threads arrive after rotating
 //     K, once "K landed" (cp.async completion) has told them it is there;
 //   - "K free" and "V free": every MMA thread arrives when done reading;
-//   - "V landed": completed by the copies, as "K ready" without RoPE;
+//   - "V landed": completed by the copies, as "K ready" without RoPE (a
+//     varlen block past its sequence: by tracked cp.async, produce_tiles);
 // then per Q buffer "Q landed" (the MMA warps rotate Q themselves for RoPE,
 // each its own rows, while the producer rotates the first K block) and,
 // persistent, "Q free" (the MMA warps have stored the output they staged in
@@ -960,23 +981,61 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   constexpr bool kVLate = Cfg::kWgmma && Cfg::kRotateKeys;
   const int blocks = job.end_block - job.first_block;
   auto key0_of = [&](int i) { return (job.end_block - 1 - i) * Cfg::kBlockKV; };
+  // Varlen with tensor copies: the maps span every sequence's rows, so a
+  // block that ends past its sequence would read the next sequence's rows
+  // (or a KV cache's unused ones past seqused_k). K's are harmless (those
+  // scores are masked by selection), but V's must be zeros there: P = 0
+  // times a NaN is NaN. That V block is copied by every producer thread with
+  // zero-filling cp.async instead, tracked on the stage's barrier.
+  // Only block 0 (the last the tile sees: blocks go from the last down) can
+  // end past the sequence, so only the prologue's copy of it checks, and
+  // the main loop keeps no registers for it.
+  const int k_row0 = Cfg::kVarlen ? p.cu_seqlens_k[job.batch] : 0;
   // Copies block i of this tile (block at.block + i of the CTA's ring) of K
   // or of V into its stage once the stage is free. Tensor copies: producer
   // thread 0 alone, one copy per 64-channel panel; the KV head is the tile's
-  // query head (packed or not) over the group size.
-  auto issue = [&](int i, bool values) {
+  // query head (packed or not) over the group size. `first`: block 0.
+  auto issue = [&](int i, bool values, bool first) {
     const int r = at.block + i, s = r % kStages;
-    if (Cfg::kTensorCopies && threadIdx.x % Cfg::kProducerThreads != 0) return;
+    const bool by_threads = !Cfg::kTensorCopies || (Cfg::kVarlen && first && values &&
+                                                    key0_of(0) + Cfg::kBlockKV > job.seqlen_k);
+    if (!by_threads && threadIdx.x % Cfg::kProducerThreads != 0) return;
+    // Tensor copies leave producer threads other than 0 free to run ahead
+    // to the next tile (persistent); a parity wait more than one phase
+    // ahead of the barrier would pass at once, so they first meet thread 0.
+    if (Cfg::kTensorCopies && Cfg::kPersistent && by_threads) {
+      named_barrier_sync<Cfg::kProducerBarrier, Cfg::kProducerThreads>();
+    }
     if (r >= kStages) mbarrier_wait(values ? ring.v_free(s) : ring.k_free(s), (r / kStages - 1) & 1);
     const unsigned stage = values ? ring.v_stage(s) : ring.k_stage(s);
     if constexpr (Cfg::kTensorCopies) {
       constexpr int kPanels = Cfg::kRowElems / 64;
       const unsigned barrier = values ? ring.v_landed(s) : ring.k_ready(s);
+      const int kv_head = job.head / p.heads_per_kv;
+      if (by_threads) {
+        // (The sequence's V rows from the parameters, not job.v: the
+        // three-warpgroup producer's 32 registers spilled holding it.)
+        const unsigned short* v_rows = static_cast<const unsigned short*>(p.v) +
+                                       static_cast<long long>(k_row0) * p.v_row_stride + kv_head * p.v_head_stride;
+        load_tile_rolled<Cfg, Cfg::kBlockKV>(stage, v_rows, p.v_row_stride, key0_of(i), job.seqlen_k,
+                                             job.chunks_valid);
+        cp_async_mbarrier_track(barrier);
+        cp_async_commit();
+        // Every thread's copies are tracked before the one counted arrival.
+        named_barrier_sync<Cfg::kProducerBarrier, Cfg::kProducerThreads>();
+        if (threadIdx.x % Cfg::kProducerThreads == 0) mbarrier_arrive(barrier);
+        return;
+      }
       mbarrier_arrive_expect_bytes(barrier, kPanels * Cfg::kBlockKV * 128);
 #pragma unroll
       for (int panel = 0; panel < kPanels; ++panel) {
-        tensor_copy_4d(stage + panel * Cfg::kBlockKV * 128, values ? &p.v_map : &p.k_map, barrier, panel * 64,
-                       key0_of(i), job.head / p.heads_per_kv, job.batch);
+        const unsigned destination = stage + panel * Cfg::kBlockKV * 128;
+        const TensorMap* map = values ? &p.v_map : &p.k_map;
+        if constexpr (Cfg::kVarlen) {
+          tensor_copy_3d(destination, map, barrier, panel * 64, k_row0 + key0_of(i), kv_head);
+        } else {
+          tensor_copy_4d(destination, map, barrier, panel * 64, key0_of(i), kv_head, job.batch);
+        }
       }
     } else {
       load_kv_tile<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
@@ -986,8 +1045,8 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       cp_async_commit();
     }
   };
-  auto issue_k = [&](int i) { issue(i, false); };
-  auto issue_v = [&](int i) { issue(i, true); };
+  auto issue_k = [&](int i) { issue(i, false, false); };
+  auto issue_v = [&](int i, bool first = false) { issue(i, true, first); };
   // Persistent: the Q buffer is free once the MMA warps have stored the
   // output of the CTA's tile before last from it.
   const int q_buffer = at.q_buffer();
@@ -1004,7 +1063,7 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   // Up to kStages - 1 blocks ahead of the one being rotated.
   for (int i = 0; i < kStages - 1 && i < blocks; ++i) {
     issue_k(i);
-    if constexpr (!kVLate) issue_v(i);
+    if constexpr (!kVLate) issue_v(i, i == 0);
   }
   int key_position0 = 0, query_position0 = 0;
   if constexpr (Cfg::kRope != kRopeNone) {

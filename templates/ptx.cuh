@@ -104,6 +104,16 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive(unsigned barrier) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(barrier) : "memory");
 }
 
+// Arrives once every cp.async this thread issued so far has landed, adding
+// a pending arrival first (no noinc): the barrier's expected count does not
+// include these, so another thread's ordinary arrival completes the phase
+// once every tracked copy has landed. That arrival must come after every
+// thread has issued this (a barrier among them), or the phase may complete
+// early.
+__device__ __forceinline__ void cp_async_mbarrier_track(unsigned barrier) {
+  asm volatile("cp.async.mbarrier.arrive.shared.b64 [%0];\n" ::"r"(barrier) : "memory");
+}
+
 // Makes barrier initializations visible to the copy engine, whose tensor
 // copies complete on them (sm_90; thread 0 after initializing).
 __device__ __forceinline__ void fence_barrier_init() {
@@ -124,6 +134,17 @@ __device__ __forceinline__ void mbarrier_arrive_expect_bytes(unsigned barrier, u
 // One box of a tiled tensor map (a __grid_constant__ parameter) at the
 // given coordinates, innermost first, into shared memory at `destination`;
 // elements outside the tensor are zero-filled. Completes on `barrier`.
+__device__ __forceinline__ void tensor_copy_3d(unsigned destination, const void* map, unsigned barrier, int c0, int c1,
+                                               int c2) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(destination),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(barrier)
+      : "memory");
+#endif
+}
+
 __device__ __forceinline__ void tensor_copy_4d(unsigned destination, const void* map, unsigned barrier, int c0, int c1,
                                                int c2, int c3) {
 #if __CUDA_ARCH__ >= 900

@@ -619,6 +619,14 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
     edges.rope->rotary_dim = 128;
     edges.shape.seqused_k = {0, 10, 0, 1, 129, 0, 640, 120, 64};
     cases.push_back(edges);
+    // Three MMA warpgroups (192 rows): the 32-register producer copies the
+    // V block that ends past a sequence (NaN rows past seqused_k) itself.
+    Case three;
+    three.dtype = dtype;
+    three.shape = random_batch(make_common(6, 2, 64, true), rng);
+    three.shape.seqused_k = random_seqused(three.shape, rng);
+    three.tiles = {192, 128, 12, 4, true};
+    cases.push_back(three);
   }
   // Persistent: CTAs walk the tiles of every sequence and skip those past a
   // sequence's queries; 1-5 CTAs give each many tiles.

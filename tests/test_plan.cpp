@@ -753,6 +753,25 @@ TEST_CASE("varlen: packed tensors plan to a varlen spec, a per-sequence grid and
   CHECK(p.seqused_k == static_cast<const int*>(call.seqused.data));
   CHECK(p.scale == doctest::Approx(1 / std::sqrt(128.0)));
 
+  {  // wgmma varlen kernels read K and V by tensor copies: 3-D maps over the packed rows
+    VarlenCall wide;
+    wide.options.tiles = {128, 128, 8, 2, true};
+    const ForwardPlan mapped = wide.plan();
+    REQUIRE(mapped.spec.wgmma);
+    CHECK(mapped.spec.varlen);
+    CHECK(mapped.spec.tensor_copies());
+    for (const TileMapLayout* map : {&mapped.k_map, &mapped.v_map}) {
+      CHECK(map->rank == 3);
+      CHECK((map->dims[0] == 128 && map->dims[1] == 900 && map->dims[2] == 2));
+      CHECK((map->strides_bytes[0] == 2 * 128 * 2 && map->strides_bytes[1] == 128 * 2));
+      CHECK((map->box[0] == 64 && map->box[1] == 128 && map->box[2] == 1));
+    }
+    CHECK(mapped.k_map.base == wide.k.data);
+    CHECK(mapped.v_map.base == wide.v.data);
+    // K rows broadcast (stride 0): no map, so forced wgmma tiles are refused naming the tensor.
+    wide.k.strides[0] = 0;
+    CHECK_THROWS_WITH_AS(wide.plan(), doctest::Contains("k: strides (batch, row, head) = (0, 0, 128)"), Error);
+  }
   {  // without seqused_k and lse
     VarlenCall bare;
     bare.with_seqused = bare.with_lse = false;
