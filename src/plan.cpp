@@ -498,7 +498,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   TileConfig tiles = tuned ? *tuned : default_tiles(problem.dtype, kernel_dim, masked_like_causal, arch, bucket);
   if (options.tiles.stages != 0) {
     if (options.tiles.stages < 0) reject(fmt::format("options.tiles.stages={} must be >= 0", options.tiles.stages));
-    if (problem.kvcache && options.pack_gqa == false) {
+    if (problem.kvcache && !options.tiles.wgmma && options.pack_gqa == false) {
       reject("options.pack_gqa=false: the decode kernel (options.tiles.stages > 0) always packs a KV head's query heads");
     }
   }
@@ -508,17 +508,18 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   if (options.tiles.block_q != 0) tiles.block_q = options.tiles.block_q;
   if (options.tiles.block_kv != 0) tiles.block_kv = options.tiles.block_kv;
   if (options.tiles.warps != 0) tiles.warps = options.tiles.warps;
-  if (!problem.kvcache && options.tiles.stages != 0) tiles.stages = options.tiles.stages;
+  // With a KV cache, tiles.stages selects the decode kernel, unless wgmma
+  // asks for the producer layout.
+  const bool producer_stages = !problem.kvcache || options.tiles.wgmma;
+  if (producer_stages && options.tiles.stages != 0) tiles.stages = options.tiles.stages;
   plan.spec.dtype = problem.dtype;
   plan.spec.head_dim = kernel_dim;
   plan.spec.block_q = tiles.block_q;
   plan.spec.block_kv = tiles.block_kv;
   plan.spec.warps = tiles.warps;
-  if (!problem.kvcache) plan.spec.stages = tiles.stages;
+  if (producer_stages) plan.spec.stages = tiles.stages;
   if (options.tiles.wgmma) {
-    if (problem.kvcache || options.tiles.stages == 0) {
-      reject("options.tiles.wgmma needs options.tiles.stages > 0 (the producer layout), and no KV cache");
-    }
+    if (options.tiles.stages == 0) reject("options.tiles.wgmma needs options.tiles.stages > 0 (the producer layout)");
     if (arch.major != 9 || !arch.arch_specific) reject(fmt::format("options.tiles.wgmma needs sm_90a, not {}", arch.text()));
     plan.spec.wgmma = true;
   }
@@ -551,7 +552,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     plan.spec.kvcache = true;
     plan.spec.paged = problem.paged;
     const int64_t rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
-    if (options.tiles.stages != 0 || (!tiles_forced && options.pack_gqa.value_or(true) &&
+    if ((options.tiles.stages != 0 && !options.tiles.wgmma) || (!tiles_forced && options.pack_gqa.value_or(true) &&
                                       seqlen_q * group <= (kernel_dim > 128 ? 16 : 32) &&
                                       (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys))) {
       const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
@@ -596,9 +597,28 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const int64_t keys_per_cta = masked_like_causal ? seqlen_k / 2 : seqlen_k;
   const bool long_keys = keys_per_cta >= (kernel_dim <= 32 ? 512 : 256);
   const bool hopper = arch.major == 9 && arch.minor == 0 && arch.arch_specific;
-  const bool choose = !tiles_forced && options.tiles.stages == 0 && !problem.kvcache && hopper;
-  const std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
-  const bool rope_producer = has_rope && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
+  // A KV cache (chunked prefill: many queries; the decode kernel takes the
+  // rest) gets the wgmma tiles under the same rules where one split
+  // suffices: the producer layout does not split. Its keys are rotated
+  // already, so RoPE changes nothing there, and it keeps 128-row tiles
+  // (192 rows were not measured with a cache).
+  const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && problem.num_splits <= 1;
+  const bool choose = !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper;
+  std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, has_rope || problem.kvcache, arch);
+  if (wgmma && problem.paged && (int64_t{1} << problem.page_shift) < wgmma->block_kv) {
+    // Pages shorter than a key block would take the producer's per-row copy
+    // (a table lookup per row): pages of 64 get 64-key blocks (one lookup a
+    // block, four stages for the same bytes in flight); smaller pages keep
+    // the mma.sync kernel.
+    if ((int64_t{1} << problem.page_shift) >= 64) {
+      wgmma->block_kv = 64;
+      wgmma->stages = 4;
+    } else {
+      wgmma.reset();
+    }
+  }
+  const bool rope_producer =
+      has_rope && !problem.kvcache && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
   // Without RoPE, wgmma kernels (dense or varlen) read K and V by tensor
   // copies (KernelSpec::tensor_copies); views a tensor map cannot describe
   // keep the mma.sync kernels.
@@ -610,7 +630,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   if (choose && rope_producer) {
     tiles = {256, 64, 8, 3};
     apply_tiles(plan.spec, tiles);
-  } else if (choose && wgmma && (has_rope || (long_keys && maps_possible)) && ctas_of(wgmma->block_q) >= kMinCtas) {
+  } else if (choose && wgmma && (problem.kvcache ? long_keys : has_rope || (long_keys && maps_possible)) &&
+             ctas_of(wgmma->block_q) >= kMinCtas) {
     tiles = *wgmma;
     apply_tiles(plan.spec, tiles);
     // Persistent (FwdConfig::kPersistent) where it measured faster on the
@@ -636,7 +657,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                                            : seqlen_k <= 4096 && (tile_count <= kPersistentMaxWaves * problem.sm_count ||
                                                                   seqlen_k <= 512))
                              : seqlen_k <= (small_head ? 4096 : 1024);
-    plan.spec.persistent = !spills && pays && tile_count > problem.sm_count;
+    plan.spec.persistent = !spills && !problem.kvcache && pays && tile_count > problem.sm_count;
   }
   plan.spec.validate();
   // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at
@@ -757,6 +778,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     const int64_t step = plan.spec.family == Family::decode ? plan.spec.block_kv * plan.spec.warps : plan.spec.block_kv;
     const int64_t kv_blocks = std::max<int64_t>(1, (seqlen_k + step - 1) / step);
     int splits = problem.num_splits;
+    // The producer layout (chunked prefill on wgmma tiles) does not split.
+    if (splits == 0 && plan.spec.family == Family::fwd && plan.spec.stages > 0) splits = 1;
     if (splits == 0) {
       const int ctas_per_sm = static_cast<int>(std::max<size_t>(
           1, std::min<size_t>(kSmemPerSm / (plan.spec.smem_bytes() + 1024), kDecodeCtasPerSm)));

@@ -1038,9 +1038,12 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
         }
       }
     } else {
+      // A paged KV cache: the batch strides are page strides, and the
+      // sequence's pages come from its row of the block table.
+      const int* pages = Cfg::kPaged ? p.block_table + job.batch * p.block_table_stride : nullptr;
       load_kv_tile<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
-                        values ? p.v_batch_stride : p.k_batch_stride, nullptr, 0, key0_of(i), job.seqlen_k,
-                        job.chunks_valid);
+                        values ? p.v_batch_stride : p.k_batch_stride, pages, Cfg::kPaged ? p.page_shift : 0,
+                        key0_of(i), job.seqlen_k, job.chunks_valid);
       cp_async_mbarrier_arrive(values ? ring.v_landed(s) : Cfg::kRotateKeys ? ring.k_landed(s) : ring.k_ready(s));
       cp_async_commit();
     }

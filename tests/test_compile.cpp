@@ -162,6 +162,13 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
         spec.padded = variant % 7 == 3;
         if (set_feature_variant(spec, variant++) && spec.smem_bytes() <= 227 * 1024) specs.push_back(spec);
       }
+  // Chunked prefill over a KV cache (contiguous or paged; q rotated at the
+  // cache's positions).
+  for (const char* text : {"fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.packgqa.kvcache.paged",
+                           "fwd.f16.d64.br128.bc64.w8.s4.wgmma.local.softcap.alibi.kvcache.paged",
+                           "fwd.bf16.d128.br128.bc64.w8.s4.wgmma.causal.rope_interleaved_r64.rope_tables.kvcache"}) {
+    specs.push_back(KernelSpec::parse(text));
+  }
   REQUIRE(specs.size() >= 14);
   const auto errors = compile_all(specs, Arch::parse("sm_90a"), [](const KernelSpec&, const std::string& log) -> std::string {
     // ptxas reports wgmma it had to serialize (waits after each

@@ -38,7 +38,9 @@ struct Case {
   int page_size = 0;  // 0: contiguous cache
   bool batch_index = false;
   int num_splits = 0;
-  TileConfig tiles{};  // forced kernel tiles (stages > 0: the decode kernel); zeros: the planner's
+  // Forced kernel tiles (stages > 0: the decode kernel, or with wgmma the
+  // producer layout); zeros: the planner's.
+  TileConfig tiles{};
   bool gpu_reference = false;  // check_in_groups' field; the references here are CPU ones
 };
 
@@ -443,6 +445,54 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
       cases.push_back(c);
     }
   }
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, contiguous and paged, appends, RoPE, GQA") {
+  // Many queries over a cache: the producer copies the cache's blocks
+  // (through the block table when paged; rows past a sequence zero-filled)
+  // and the MMA warpgroups rotate q at positions cache_seqlens + i.
+  if (!sm90a_or_skip("the wgmma family")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const std::pair<int, int> seqlens[] = {{64, 800}, {128, 128}, {300, 2048}, {3, 1024}, {200, 339}, {129, 4000}};
+  const int page_sizes[] = {0, 16, 64, 256};
+  const RopeStyle styles[] = {RopeStyle::none, RopeStyle::rotate_half, RopeStyle::interleaved};
+  std::vector<Case> cases;
+  int index = 0;
+  for (const auto& [seqlen_q, seqlen_k] : seqlens) {
+    for (int variant = 0; variant < 4; ++variant, ++index) {
+      Case c;
+      c.dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
+      c.seqlen_q = seqlen_q;
+      c.seqlen_k = seqlen_k;
+      c.batch = 3;
+      const int kv_heads[] = {6, 2, 1};
+      c.heads_kv = kv_heads[index % 3];
+      c.head_dim = variant % 2 == 0 ? 128 : 64;
+      c.causal = index % 4 != 1;
+      if (index % 5 == 3) c.window_left = 100;
+      c.append = variant >= 2 && seqlen_q <= seqlen_k / 2;
+      c.rope = styles[index % 3];
+      c.rotary_fraction = index % 5 < 3 ? 1.0 : 0.5;
+      c.tables = index % 4 == 3;
+      c.page_size = page_sizes[(index / 2) % 4];
+      c.batch_index = c.page_size == 0 && index % 3 == 1;
+      c.num_splits = index % 2;  // 1, or the heuristic (which the producer layout never splits)
+      c.tiles = {128, 128, 8, c.head_dim > 64 ? 2 : 4, true};
+      cases.push_back(c);
+    }
+  }
+  // The planner's own choice for a chunk long enough to fill the GPU
+  // (3 × 6 heads × 8 query tiles): the wgmma tiles (test_plan).
+  Case chunk;
+  chunk.seqlen_q = 1024;
+  chunk.seqlen_k = 3000;
+  chunk.batch = 3;
+  chunk.causal = true;
+  chunk.page_size = 64;
+  chunk.rope = RopeStyle::rotate_half;
+  cases.push_back(chunk);
   check_cases(cases, rng, seed);
 }
 

@@ -490,6 +490,47 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     const KVCachePlan wide = plan_kvcache(q64, args64, q64, nullptr, options, nullptr, 0, true, arch, 227 * 1024, 132);
     CHECK(wide.attention.spec.text() == "decode.bf16.d128.br16.bc16.w4.s3");
   }
+  {
+    // Chunked prefill: 1024 queries of 32 heads over 8192 cached keys fill
+    // the GPU with 128-row tiles: the wgmma producer layout, one split, not
+    // persistent (RoPE rotates only q: the same tiles). Forcing splits keeps
+    // the mma.sync kernel; forced wgmma tiles are the producer layout.
+    TensorView chunk = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1024, 32, 128});
+    ForwardOptions causal;
+    causal.causal = true;
+    causal.rope.style = RopeStyle::rotate_half;
+    KVCachePlan prefill = plan_kvcache(chunk, args, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.kvcache");
+    CHECK(prefill.attention.num_splits == 1);
+    CHECK(prefill.attention.workspace_bytes == 0);
+    KVCacheArgs split = args;
+    split.num_splits = 4;
+    prefill = plan_kvcache(chunk, split, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK_FALSE(prefill.attention.spec.wgmma);
+    CHECK(prefill.attention.spec.split);
+    causal.tiles = {128, 128, 8, 3, true};
+    prefill = plan_kvcache(q, args, out, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s3.wgmma.causal.rope_half_r128.packgqa.kvcache");
+    CHECK(prefill.attention.num_splits == 1);
+    // Forced wgmma tiles with forced splits: the producer layout does not split.
+    CHECK_THROWS_WITH_AS(plan_kvcache(q, split, out, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132),
+                         doctest::Contains("does not combine with split"), Error);
+    // Paged: pages of 64 keys take 64-key blocks (one table lookup a block),
+    // smaller pages keep the mma.sync kernel.
+    causal.tiles = {};
+    TensorView pages_table = TensorView::contiguous(address(0x70000), DType::i32, {2, 128});
+    KVCacheArgs paged = args;
+    paged.block_table = &pages_table;
+    paged.k_cache = paged.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {256, 64, 8, 128});
+    prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc64.w8.s4.wgmma.causal.rope_half_r128.kvcache.paged");
+    TensorView small_table = TensorView::contiguous(address(0x70000), DType::i32, {2, 512});
+    paged.block_table = &small_table;
+    paged.k_cache = paged.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {1024, 16, 8, 128});
+    prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK(prefill.attention.spec.family == Family::fwd);
+    CHECK_FALSE(prefill.attention.spec.wgmma);
+  }
   const size_t partials = static_cast<size_t>(plan.attention.num_splits) * 2 * 1 * 32;
   CHECK(plan.attention.workspace_bytes == (partials * 128 * 4 + 255) / 256 * 256 + partials * 4);
   CHECK(plan.append.grid == 0);

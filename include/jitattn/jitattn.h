@@ -64,7 +64,8 @@ typedef struct jitattn_fwd_options {
   const struct jitattn_tensor* rope_k_offsets; /* i32 [batch] or NULL */
   int32_t pack_gqa; /* -1: the planner decides; 0 off; 1 on */
   int32_t stages;   /* decode kernel pipeline depth, or the producer layout's stages (TileConfig::stages); 0: the planner */
-  int32_t wgmma;    /* with forced producer tiles on sm_90a: 1 = wgmma MMA warpgroups, warps 8 or 12 (TileConfig::wgmma) */
+  int32_t wgmma;    /* with forced producer tiles on sm_90a: 1 = wgmma MMA warpgroups, warps 8 or 12 (TileConfig::wgmma);
+                       with a KV cache, stages > 0 and wgmma = 1 select this producer layout instead of the decode kernel */
   int32_t persistent; /* with forced wgmma tiles: 1 = a persistent grid of at most one CTA per SM (TileConfig::persistent) */
   int32_t sm_limit;   /* persistent grids use at most this many SMs; 0 = all (ForwardOptions::sm_limit) */
 } jitattn_fwd_options;

@@ -69,14 +69,16 @@ struct TileConfig {
   int warps = 0;
   // forward_kvcache: > 0 selects the decode kernel (each warp streams its
   // own chunks of block_kv keys through this many cp.async stages; block_q
-  // is then the rows of its tile, 16 or 32). 0: the planner picks the decode
-  // kernel for calls of at most 32 packed query rows.
+  // is then the rows of its tile, 16 or 32), or with wgmma the producer
+  // layout below (chunked prefill; never split). 0: the planner picks the
+  // decode kernel for calls of at most 32 packed query rows, and on sm_90a
+  // the wgmma producer layout for chunks that fill the GPU with one split.
   // forward and forward_varlen: > 0 (2-4, with warps = 8) selects the
   // producer layout: one more warpgroup copies K/V tiles (and rotates them
   // for RoPE) into this many shared-memory stages while the MMA warps
   // compute. 0: the planner picks (the producer layout for RoPE on sm_90).
   int stages = 0;
-  // forward and forward_varlen with stages > 0, sm_90a: the MMA warps
+  // forward, forward_varlen and forward_kvcache with stages > 0, sm_90a: the MMA warps
   // compute with wgmma, one warpgroup per 64 query rows (block_q = 16 ×
   // warps; warps 8, or 12 with block_q 192 when S and O need at most 96
   // fp32 accumulators a thread: (head_dim + block_kv) / 2 <= 96). Only read
