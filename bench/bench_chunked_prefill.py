@@ -5,7 +5,7 @@ A chunk of Sq new tokens attends (causal, bottom-right) to a KV cache holding KV
 (the chunk's own keys included), as inference engines run long prompts in chunks.
 The dense call computes exactly the same thing from the same K/V (q [B, Sq], k/v
 [B, KV]), so the ratio is what the KV-cache path costs over the prefill kernels.
-bf16, 32 query heads, 8 KV heads, head_dim 128; contiguous cache and pages of 64
+bf16, 32 query heads, 8 KV heads, head_dim 128; contiguous cache and pages of 64 (--page N)
 (shuffled). Outputs are compared with the dense call before timing. CUDA events,
 warm-up, median (jitattn_timing). TFLOP/s counts the causal half of Sq × KV.
 
@@ -28,14 +28,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--lib", default="build/libjitattn.so")
     parser.add_argument("--json")
+    parser.add_argument("--page", type=int, default=64, help="page size of the paged cache")
     parser.add_argument("--shapes", default="1x2048x8192,1x2048x32768,4x1024x4096,4x512x16384,16x256x4096",
                         help="BATCHxSQxKV,...")
     args = parser.parse_args()
     lib = load(args.lib)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    heads_q, heads_kv, head_dim, page = 32, 8, 128, 64
+    heads_q, heads_kv, head_dim, page = 32, 8, 128, args.page
     print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}")
-    print(f"{'batch':>5} {'Sq':>6} {'KV':>6} | {'kvcache':>8} {'paged64':>8} {'dense':>8} ms | "
+    print(f"{'batch':>5} {'Sq':>6} {'KV':>6} | {'kvcache':>8} {'paged' + str(page):>8} {'dense':>8} ms | "
           f"{'kvcache':>8} {'dense':>8} TFLOP/s | {'kvcache/dense':>13}")
     rows = []
     for shape in args.shapes.split(","):
