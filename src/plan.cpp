@@ -597,12 +597,14 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const int64_t keys_per_cta = masked_like_causal ? seqlen_k / 2 : seqlen_k;
   const bool long_keys = keys_per_cta >= (kernel_dim <= 32 ? 512 : 256);
   const bool hopper = arch.major == 9 && arch.minor == 0 && arch.arch_specific;
-  // A KV cache (chunked prefill: many queries; the decode kernel takes the
-  // rest) gets the wgmma tiles under the same rules where one split
-  // suffices: the producer layout does not split. Its keys are rotated
-  // already, so RoPE changes nothing there, and it keeps 128-row tiles
-  // (192 rows were not measured with a cache).
-  const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && problem.num_splits <= 1;
+  // A KV cache (chunked prefill: more than 64 packed query rows; the
+  // decode kernel and the memory-bound 64-row tiles above take the rest)
+  // gets the wgmma tiles under the same rules where one split suffices: the
+  // producer layout does not split. Its keys are rotated already, so RoPE
+  // changes nothing there, and it keeps 128-row tiles (192 rows were not
+  // measured with a cache).
+  const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && problem.num_splits <= 1 &&
+                             (plan.spec.pack_gqa ? seqlen_q * group : seqlen_q) > 64;
   const bool choose = !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper;
   std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, has_rope || problem.kvcache, arch);
   if (wgmma && problem.paged && (int64_t{1} << problem.page_shift) < wgmma->block_kv) {

@@ -512,6 +512,18 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     prefill = plan_kvcache(q, args, out, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
     CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s3.wgmma.causal.rope_half_r128.packgqa.kvcache");
     CHECK(prefill.attention.num_splits == 1);
+    // Short packed chunks (12 tokens × 4 query heads of 64 sequences) stay on
+    // the memory-bound 64-row mma.sync tiles even where they would fill the GPU.
+    TensorView speculative = TensorView::contiguous(address(0x10000), DType::bf16, {64, 12, 32, 128});
+    KVCacheArgs many = args;
+    many.k_cache = many.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {64, 8192, 8, 128});
+    many.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {64});
+    ForwardOptions planned;
+    planned.causal = true;
+    const KVCachePlan drafts =
+        plan_kvcache(speculative, many, speculative, nullptr, planned, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK_FALSE(drafts.attention.spec.wgmma);
+    CHECK(drafts.attention.spec.block_q == 64);
     // Forced wgmma tiles with forced splits: the producer layout does not split.
     CHECK_THROWS_WITH_AS(plan_kvcache(q, split, out, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132),
                          doctest::Contains("does not combine with split"), Error);
