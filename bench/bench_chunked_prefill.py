@@ -20,7 +20,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, I32, KVCacheArgs, default_options, load, tensor_of  # noqa: E402
+from jitattn_ctypes import BF16, I32, default_options, load, tensor_of  # noqa: E402
+from jitattn_kvcache import kvcache_call, shuffled_pages  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
 
@@ -46,39 +47,12 @@ def main():
         k = torch.randn(batch, kv, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
         v = torch.randn(batch, kv, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
         seqlens = torch.full((batch,), kv, device="cuda", dtype=torch.int32)
-        pages_per_seq = kv // page
-        order = torch.randperm(batch * pages_per_seq, device="cuda", generator=gen).to(torch.int32)
-        table = order.view(batch, pages_per_seq).contiguous()
-        k_pages = torch.empty(batch * pages_per_seq, page, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
-        v_pages = torch.empty_like(k_pages)
-        k_pages[order.long()] = k.reshape(batch * pages_per_seq, page, heads_kv, head_dim)
-        v_pages[order.long()] = v.reshape(batch * pages_per_seq, page, heads_kv, head_dim)
+        k_pages, v_pages, table = shuffled_pages(k, v, page, gen)
         out = torch.empty_like(q)
         options = default_options(lib)
         options.causal = 1
         tq, tout, tseq = tensor_of(q, BF16), tensor_of(out, BF16), tensor_of(seqlens, I32)
         tk, tv = tensor_of(k, BF16), tensor_of(v, BF16)
-
-        def kvcache_call(k_cache, v_cache, block_table=None):
-            tkc, tvc = tensor_of(k_cache, BF16), tensor_of(v_cache, BF16)
-            ttable = tensor_of(block_table, I32) if block_table is not None else None
-            kv_args = KVCacheArgs(ctypes.addressof(tkc), ctypes.addressof(tvc), ctypes.addressof(tseq),
-                                  ctypes.addressof(ttable) if ttable is not None else None, None, None, None, 0, kv)
-            size = ctypes.c_size_t(0)
-            status = lib.jitattn_kvcache_workspace_bytes(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout),
-                                                         None, ctypes.byref(options), ctypes.byref(size))
-            if status != 0:
-                raise RuntimeError(lib.jitattn_last_error().decode())
-            workspace = torch.empty(max(size.value, 256), device="cuda", dtype=torch.uint8)
-
-            def run():
-                status = lib.jitattn_fwd_kvcache(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), None,
-                                                 ctypes.byref(options), ctypes.c_void_p(workspace.data_ptr()),
-                                                 ctypes.c_size_t(size.value), stream)
-                if status != 0:
-                    raise RuntimeError(lib.jitattn_last_error().decode())
-            run.keep = (tkc, tvc, ttable, kv_args, workspace)
-            return run
 
         def dense():
             status = lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(tout), None,
@@ -86,7 +60,8 @@ def main():
             if status != 0:
                 raise RuntimeError(lib.jitattn_last_error().decode())
 
-        contiguous, paged = kvcache_call(k, v), kvcache_call(k_pages, v_pages, table)
+        contiguous = kvcache_call(lib, tq, tout, tseq, k, v, options, stream, 0, kv)
+        paged = kvcache_call(lib, tq, tout, tseq, k_pages, v_pages, options, stream, 0, kv, table)
         out.fill_(float("nan"))
         dense()
         reference = out.clone()

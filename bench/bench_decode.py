@@ -21,7 +21,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, I32, KVCacheArgs, default_options, load, tensor_of  # noqa: E402
+from jitattn_ctypes import BF16, I32, default_options, load, tensor_of  # noqa: E402
+from jitattn_kvcache import kvcache_call, shuffled_pages  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
 
@@ -64,39 +65,10 @@ def main():
             tq, tout, tseq = tensor_of(q, BF16), tensor_of(out, BF16), tensor_of(seqlens, I32)
 
             # Paged copies: the same rows in shuffled pages.
-            pages_per_seq = kv // page
-            paged = []
-            for k_cache, v_cache in caches:
-                order = torch.randperm(batch * pages_per_seq, device="cuda", generator=gen).to(torch.int32)
-                table = order.view(batch, pages_per_seq).contiguous()
-                k_pages = torch.empty(batch * pages_per_seq, page, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16)
-                v_pages = torch.empty_like(k_pages)
-                k_pages[order.long()] = k_cache.reshape(batch * pages_per_seq, page, heads_kv, head_dim)
-                v_pages[order.long()] = v_cache.reshape(batch * pages_per_seq, page, heads_kv, head_dim)
-                paged.append((k_pages, v_pages, table))
+            paged = [shuffled_pages(k_cache, v_cache, page, gen) for k_cache, v_cache in caches]
 
             def make_call(k_cache, v_cache, table=None):
-                tk, tv = tensor_of(k_cache, BF16), tensor_of(v_cache, BF16)
-                ttable = tensor_of(table, I32) if table is not None else None
-                kv_args = KVCacheArgs(ctypes.addressof(tk), ctypes.addressof(tv), ctypes.addressof(tseq),
-                                      ctypes.addressof(ttable) if ttable is not None else None, None, None, None,
-                                      args.splits, kv)
-                size = ctypes.c_size_t(0)
-                status = lib.jitattn_kvcache_workspace_bytes(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout),
-                                                             None, ctypes.byref(options), ctypes.byref(size))
-                if status != 0:
-                    raise RuntimeError(lib.jitattn_last_error().decode())
-                workspace = torch.empty(max(size.value, 256), device="cuda", dtype=torch.uint8)
-                keep = (tk, tv, ttable, kv_args, workspace)
-
-                def run():
-                    status = lib.jitattn_fwd_kvcache(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), None,
-                                                     ctypes.byref(options), ctypes.c_void_p(workspace.data_ptr()),
-                                                     ctypes.c_size_t(size.value), stream)
-                    if status != 0:
-                        raise RuntimeError(lib.jitattn_last_error().decode())
-                run.keep = keep
-                return run
+                return kvcache_call(lib, tq, tout, tseq, k_cache, v_cache, options, stream, args.splits, kv, table)
 
             contiguous_calls = [make_call(k, v) for k, v in caches]
             paged_calls = [make_call(k, v, t) for k, v, t in paged]
