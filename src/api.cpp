@@ -172,6 +172,7 @@ struct Runtime::Impl {
     const LoadedKernel* append = plan.append.grid ? &registry.get(plan.append.spec, context, device, cu_stream) : nullptr;
     const LoadedKernel& attention = registry.get(plan.attention.spec, context, device, cu_stream);
     const LoadedKernel* combine = plan.combine.grid ? &registry.get(plan.combine.spec, context, device, cu_stream) : nullptr;
+    encode_tensor_maps(plan.attention);
     if (append != nullptr) launch(*append, plan.append.grid, &plan.append.params, device, cu_stream);
     launch(attention, plan.attention.grid, &plan.attention.params, device, cu_stream);
     if (combine != nullptr) launch(*combine, plan.combine.grid, &plan.combine.params, device, cu_stream);

@@ -222,7 +222,7 @@ void check_rope_tables(const RopeOptions& rope, int rotary_dim) {
 }  // namespace
 
 std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t batch, int64_t rows, int64_t heads,
-                                         int64_t head_dim, const int64_t (&strides)[3], int block_kv) {
+                                         int64_t head_dim, const int64_t (&strides)[3], int box_rows) {
   TileMapLayout map;
   map.base = data;
   map.dtype = dtype;
@@ -248,7 +248,7 @@ std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t 
     }
   }
   map.box[0] = 64;
-  map.box[1] = static_cast<uint32_t>(block_kv);
+  map.box[1] = static_cast<uint32_t>(box_rows);
   map.box[2] = map.box[3] = 1;
   return map;
 }
@@ -600,39 +600,35 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // A KV cache (chunked prefill: more than 64 packed query rows; the
   // decode kernel and the memory-bound 64-row tiles above take the rest)
   // gets the wgmma tiles under the same rules where one split suffices: the
-  // producer layout does not split. Its keys are rotated already, so RoPE
-  // changes nothing there, and it keeps 128-row tiles (192 rows were not
-  // measured with a cache).
+  // producer layout does not split, and it needs tensor maps of the cache.
+  // Its keys are rotated already, so RoPE changes nothing there. It keeps
+  // 128-row tiles (192 rows were not measured with a cache).
   const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && problem.num_splits <= 1 &&
                              (plan.spec.pack_gqa ? seqlen_q * group : seqlen_q) > 64;
   const bool choose = !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper;
   std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, has_rope || problem.kvcache, arch);
-  if (wgmma && problem.paged && (int64_t{1} << problem.page_shift) < wgmma->block_kv) {
-    // Pages shorter than a key block would take the producer's per-row copy
-    // (a table lookup per row): pages of 64 get 64-key blocks (one lookup a
-    // block, four stages for the same bytes in flight); smaller pages keep
-    // the mma.sync kernel.
-    if ((int64_t{1} << problem.page_shift) >= 64) {
-      wgmma->block_kv = 64;
-      wgmma->stages = 4;
-    } else {
-      wgmma.reset();
-    }
-  }
-  const bool rope_producer =
-      has_rope && !problem.kvcache && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
-  // Without RoPE, wgmma kernels (dense or varlen) read K and V by tensor
-  // copies (KernelSpec::tensor_copies); views a tensor map cannot describe
-  // keep the mma.sync kernels.
+  // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
+  // unless their producer rotates K (RoPE without a KV cache); views a
+  // tensor map cannot describe keep the mma.sync kernels. A paged cache's
+  // copies read a block, or a page where pages are shorter (one copy per
+  // page: no per-row table lookups, so small pages cost little).
+  const int64_t page_rows = problem.paged ? int64_t{1} << problem.page_shift : 0;
   auto kv_map = [&](const void* data, const int64_t (&strides)[3], int block_kv) {
-    return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, heads_kv, head_dim, strides, block_kv);
+    const int box_rows = problem.paged ? static_cast<int>(std::min<int64_t>(block_kv, page_rows)) : block_kv;
+    return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, heads_kv, head_dim, strides, box_rows);
   };
   const bool maps_possible = wgmma && kv_map(problem.k, problem.k_strides, wgmma->block_kv) &&
                              kv_map(problem.v, problem.v_strides, wgmma->block_kv);
+  // Pages shorter than 8 rows (not whole swizzle atoms) would be copied a
+  // row at a time (cp.async, a table lookup per row): they keep the mma.sync
+  // kernel.
+  if (problem.paged && page_rows < 8) wgmma.reset();
+  const bool rope_producer =
+      has_rope && !problem.kvcache && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
   if (choose && rope_producer) {
     tiles = {256, 64, 8, 3};
     apply_tiles(plan.spec, tiles);
-  } else if (choose && wgmma && (problem.kvcache ? long_keys : has_rope || (long_keys && maps_possible)) &&
+  } else if (choose && wgmma && (problem.kvcache ? long_keys && maps_possible : has_rope || (long_keys && maps_possible)) &&
              ctas_of(wgmma->block_q) >= kMinCtas) {
     tiles = *wgmma;
     apply_tiles(plan.spec, tiles);

@@ -31,9 +31,11 @@ struct TileMapLayout {
 // The tile map of a K or V tensor (batch 0 for packed varlen rows; strides
 // in elements: batch, row, head), or none when a tensor copy cannot read it:
 // a dimension of more than one element with a stride that is not positive or
-// reaches 2^40 bytes.
+// reaches 2^40 bytes. A paged cache's map has pages for batches and a page's
+// rows for rows. box_rows: the rows one copy reads (a key block, or a page
+// shorter than one).
 std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t batch, int64_t rows, int64_t heads,
-                                         int64_t head_dim, const int64_t (&strides)[3], int block_kv);
+                                         int64_t head_dim, const int64_t (&strides)[3], int box_rows);
 
 struct ForwardPlan {
   KernelSpec spec;

@@ -80,12 +80,13 @@ struct KernelSpec {
   // XXH3-64 of text(): stable across runs, hosts and builds.
   uint64_t hash() const;
 
-  // fwd with wgmma, without RoPE or KV cache: K and V blocks arrive by
-  // tensor copies whose maps the launch encodes (FwdConfig::kTensorCopies,
-  // ForwardPlan::k_map; varlen: 3-D maps over the packed rows), except in
-  // the one variant where they would spill.
+  // fwd with wgmma, unless its producer rotates K (RoPE without a KV
+  // cache): K and V blocks arrive by tensor copies whose maps the launch
+  // encodes (FwdConfig::kTensorCopies, ForwardPlan::k_map; varlen: 3-D maps
+  // over the packed rows; paged: over the pages, a box per page shorter
+  // than a block), except in the one variant where they would spill.
   bool tensor_copies() const {
-    return family == Family::fwd && wgmma && rope == RopeKind::none && !kvcache &&
+    return family == Family::fwd && wgmma && (rope == RopeKind::none || kvcache) &&
            !(warps == 12 && persistent && local);
   }
 

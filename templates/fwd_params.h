@@ -102,7 +102,9 @@ struct FwdParams {
   // Tiled maps of K and V for kernels whose K/V blocks arrive by tensor copies
   // (FwdConfig::kTensorCopies): elements (head_dim, rows, heads[, batch]),
   // boxes of 64 channels × block_kv rows in wgmma's 128-byte-swizzled panels.
-  // Varlen maps have no batch dimension (rows are the packed total).
+  // Varlen maps have no batch dimension (rows are the packed total). A paged
+  // KV cache's map has a page's rows for rows and pages for batches, and
+  // boxes of a page's rows where pages are shorter than a block.
   TensorMap k_map;
   TensorMap v_map;
 };

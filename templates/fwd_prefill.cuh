@@ -112,18 +112,22 @@ struct FwdConfig {
   static constexpr bool kPaged = PAGED;
   static constexpr bool kSplit = SPLIT;
   static constexpr bool kRotateKeys = ROPE != 0 && !KVCACHE;
-  // wgmma without RoPE or KV cache: one producer thread reads each K and V
-  // block by tensor copies (TMA: one instruction per 64-channel panel,
-  // completing on the stage's barrier by byte count) from the maps the host
-  // encodes into FwdParams (KernelSpec::tensor_copies), instead of 128
-  // threads issuing 16-byte cp.async copies. Varlen: the maps span the
-  // packed rows, and a V block that ends past its sequence goes by cp.async
-  // (produce_tiles).
+  // wgmma, unless the producer rotates K (RoPE without a KV cache): the
+  // producer reads each K and V block by tensor copies (TMA: one instruction
+  // per 64-channel panel, completing on the stage's barrier by byte count)
+  // from the maps the host encodes into FwdParams (KernelSpec::tensor_copies),
+  // instead of 128 threads issuing 16-byte cp.async copies. Producer thread 0
+  // issues them, or with a paged cache the first warp, one lane per page a
+  // block spans. A block that ends past its sequence (varlen, KV cache) goes
+  // by cp.async where it must (produce_tiles).
   // Not with three persistent warpgroups and a window: there the producer's
   // 32 registers spill 4-8 bytes (ptxas, NVRTC 13.0), and the cp.async
   // copies do not (KernelSpec::tensor_copies says the same).
-  static constexpr bool kTensorCopies = WGMMA && ROPE == 0 && !KVCACHE &&
+  static constexpr bool kTensorCopies = WGMMA && (ROPE == 0 || KVCACHE) &&
                                         !(WARPS == 12 && PERSISTENT && MASK == kMaskLocal);
+  // Pages shorter than this many rows are copied by cp.async: a page's box
+  // must fill whole 1024-byte swizzle atoms of a 128-byte-swizzled panel.
+  static constexpr int kMinTensorCopyPageShift = 3;
   // With the producer, the MMA warps rotate their own Q rows (while the
   // producer rotates the first K block) in pieces of this many words
   // (rotate_consecutive_rows): 4-byte pieces (two pairs' sin and cos per
@@ -981,25 +985,43 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   constexpr bool kVLate = Cfg::kWgmma && Cfg::kRotateKeys;
   const int blocks = job.end_block - job.first_block;
   auto key0_of = [&](int i) { return (job.end_block - 1 - i) * Cfg::kBlockKV; };
-  // Varlen with tensor copies: the maps span every sequence's rows, so a
-  // block that ends past its sequence would read the next sequence's rows
-  // (or a KV cache's unused ones past seqused_k). K's are harmless (those
-  // scores are masked by selection), but V's must be zeros there: P = 0
-  // times a NaN is NaN. That V block is copied by every producer thread with
+  // Varlen and KV caches with tensor copies: the maps span every sequence's
+  // rows, so a block that ends past its sequence would read the next
+  // sequence's rows (or a KV cache's unused ones past cache_seqlens, or
+  // through block-table entries past the sequence's pages, which may be
+  // unset). K's rows there are harmless (those scores are masked by
+  // selection), but V's must be zeros: P = 0 times a NaN is NaN. That V
+  // block (and, paged, its K block) is copied by every producer thread with
   // zero-filling cp.async instead, tracked on the stage's barrier.
   // Only block 0 (the last the tile sees: blocks go from the last down) can
   // end past the sequence, so only the prologue's copy of it checks, and
   // the main loop keeps no registers for it.
   const int k_row0 = Cfg::kVarlen ? p.cu_seqlens_k[job.batch] : 0;
+  const int* pages = Cfg::kPaged ? p.block_table + job.batch * p.block_table_stride : nullptr;
+  // The map's outermost coordinate: the batch, a contiguous cache's batch
+  // (cache_batch_idx), or (paged) the page, looked up per copy.
+  const int map_batch = Cfg::kKVCache && !Cfg::kPaged && p.kv_batch_index != nullptr ? p.kv_batch_index[job.batch]
+                                                                                      : job.batch;
+  constexpr int kCopyThreads = Cfg::kPaged ? 32 : 1;
   // Copies block i of this tile (block at.block + i of the CTA's ring) of K
-  // or of V into its stage once the stage is free. Tensor copies: producer
-  // thread 0 alone, one copy per 64-channel panel; the KV head is the tile's
-  // query head (packed or not) over the group size. `first`: block 0.
+  // or of V into its stage once the stage is free. Tensor copies: one copy
+  // per 64-channel panel (and page); the KV head is the tile's query head
+  // (packed or not) over the group size. `first`: block 0.
   auto issue = [&](int i, bool values, bool first) {
     const int r = at.block + i, s = r % kStages;
-    const bool by_threads = !Cfg::kTensorCopies || (Cfg::kVarlen && first && values &&
-                                                    key0_of(0) + Cfg::kBlockKV > job.seqlen_k);
-    if (!by_threads && threadIdx.x % Cfg::kProducerThreads != 0) return;
+    const bool past_end = (Cfg::kVarlen || Cfg::kKVCache) && first && key0_of(0) + Cfg::kBlockKV > job.seqlen_k;
+    const bool by_threads = !Cfg::kTensorCopies || (past_end && (values || Cfg::kPaged)) ||
+                            (Cfg::kPaged && p.page_shift < Cfg::kMinTensorCopyPageShift);
+    const int lane = threadIdx.x % Cfg::kProducerThreads;
+    if (!by_threads && lane >= kCopyThreads) return;
+    // Tensor copies read a block, or (paged) a page shorter than a block
+    // per lane: the map's box. The page is looked up before the wait for a
+    // free stage, so the table read overlaps it.
+    const int copy_rows = Cfg::kPaged ? min(Cfg::kBlockKV, 1 << p.page_shift) : Cfg::kBlockKV;
+    int page = 0;
+    if (Cfg::kPaged && !by_threads && lane * copy_rows < Cfg::kBlockKV) {
+      page = pages[(key0_of(i) + lane * copy_rows) >> p.page_shift];
+    }
     // Tensor copies leave producer threads other than 0 free to run ahead
     // to the next tile (persistent); a parity wait more than one phase
     // ahead of the barrier would pass at once, so they first meet thread 0.
@@ -1013,12 +1035,21 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       const unsigned barrier = values ? ring.v_landed(s) : ring.k_ready(s);
       const int kv_head = job.head / p.heads_per_kv;
       if (by_threads) {
-        // (The sequence's V rows from the parameters, not job.v: the
-        // three-warpgroup producer's 32 registers spilled holding it.)
-        const unsigned short* v_rows = static_cast<const unsigned short*>(p.v) +
-                                       static_cast<long long>(k_row0) * p.v_row_stride + kv_head * p.v_head_stride;
-        load_tile_rolled<Cfg, Cfg::kBlockKV>(stage, v_rows, p.v_row_stride, key0_of(i), job.seqlen_k,
-                                             job.chunks_valid);
+        if constexpr (Cfg::kVarlen) {
+          // (The sequence's V rows from the parameters, not job.v: the
+          // three-warpgroup producer's 32 registers spilled holding it.)
+          const unsigned short* v_rows = static_cast<const unsigned short*>(p.v) +
+                                         static_cast<long long>(k_row0) * p.v_row_stride + kv_head * p.v_head_stride;
+          load_tile_rolled<Cfg, Cfg::kBlockKV>(stage, v_rows, p.v_row_stride, key0_of(i), job.seqlen_k,
+                                               job.chunks_valid);
+        } else if constexpr (Cfg::kPaged) {
+          load_kv_tile<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
+                            values ? p.v_batch_stride : p.k_batch_stride, pages, p.page_shift, key0_of(i),
+                            job.seqlen_k, job.chunks_valid);
+        } else {
+          load_tile_rolled<Cfg, Cfg::kBlockKV>(stage, job.v, p.v_row_stride, key0_of(i), job.seqlen_k,
+                                               job.chunks_valid);
+        }
         cp_async_mbarrier_track(barrier);
         cp_async_commit();
         // Every thread's copies are tracked before the one counted arrival.
@@ -1026,21 +1057,27 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
         if (threadIdx.x % Cfg::kProducerThreads == 0) mbarrier_arrive(barrier);
         return;
       }
-      mbarrier_arrive_expect_bytes(barrier, kPanels * Cfg::kBlockKV * 128);
+      // The byte count may be announced after some copies have completed
+      // (the barrier's transaction count goes negative meanwhile): the phase
+      // cannot complete before this one counted arrival.
+      if (lane == 0) mbarrier_arrive_expect_bytes(barrier, kPanels * Cfg::kBlockKV * 128);
+      if (lane * copy_rows >= Cfg::kBlockKV) return;
+      const int key = key0_of(i) + lane * copy_rows;
+      const int row = Cfg::kPaged ? key & ((1 << p.page_shift) - 1) : k_row0 + key;
+      const int outer = Cfg::kPaged ? page : map_batch;
+      const TensorMap* map = values ? &p.v_map : &p.k_map;
 #pragma unroll
       for (int panel = 0; panel < kPanels; ++panel) {
-        const unsigned destination = stage + panel * Cfg::kBlockKV * 128;
-        const TensorMap* map = values ? &p.v_map : &p.k_map;
+        const unsigned destination = stage + (panel * Cfg::kBlockKV + lane * copy_rows) * 128;
         if constexpr (Cfg::kVarlen) {
-          tensor_copy_3d(destination, map, barrier, panel * 64, k_row0 + key0_of(i), kv_head);
+          tensor_copy_3d(destination, map, barrier, panel * 64, row, kv_head);
         } else {
-          tensor_copy_4d(destination, map, barrier, panel * 64, key0_of(i), kv_head, job.batch);
+          tensor_copy_4d(destination, map, barrier, panel * 64, row, kv_head, outer);
         }
       }
     } else {
       // A paged KV cache: the batch strides are page strides, and the
       // sequence's pages come from its row of the block table.
-      const int* pages = Cfg::kPaged ? p.block_table + job.batch * p.block_table_stride : nullptr;
       load_kv_tile<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
                         values ? p.v_batch_stride : p.k_batch_stride, pages, Cfg::kPaged ? p.page_shift : 0,
                         key0_of(i), job.seqlen_k, job.chunks_valid);
@@ -1048,7 +1085,7 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       cp_async_commit();
     }
   };
-  auto issue_k = [&](int i) { issue(i, false, false); };
+  auto issue_k = [&](int i, bool first = false) { issue(i, false, first); };
   auto issue_v = [&](int i, bool first = false) { issue(i, true, first); };
   // Persistent: the Q buffer is free once the MMA warps have stored the
   // output of the CTA's tile before last from it.
@@ -1065,7 +1102,7 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   cp_async_commit();
   // Up to kStages - 1 blocks ahead of the one being rotated.
   for (int i = 0; i < kStages - 1 && i < blocks; ++i) {
-    issue_k(i);
+    issue_k(i, i == 0);
     if constexpr (!kVLate) issue_v(i, i == 0);
   }
   int key_position0 = 0, query_position0 = 0;
@@ -1086,10 +1123,10 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       mbarrier_arrive(ring.k_ready(s));
     }
     if (i + kStages - 1 < blocks) {
-      issue_k(i + kStages - 1);
-      if constexpr (!kVLate) issue_v(i + kStages - 1);
+      issue_k(i + kStages - 1, i + kStages - 1 == 0);
+      if constexpr (!kVLate) issue_v(i + kStages - 1, i + kStages - 1 == 0);
     }
-    if constexpr (kVLate) issue_v(i);
+    if constexpr (kVLate) issue_v(i, i == 0);
   }
   // The last copies complete before the producer's threads exit (a
   // persistent producer waits once, after its last tile).

@@ -527,21 +527,51 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     // Forced wgmma tiles with forced splits: the producer layout does not split.
     CHECK_THROWS_WITH_AS(plan_kvcache(q, split, out, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132),
                          doctest::Contains("does not combine with split"), Error);
-    // Paged: pages of 64 keys take 64-key blocks (one table lookup a block),
-    // smaller pages keep the mma.sync kernel.
+    // The wgmma kernel reads the cache by tensor copies: a contiguous
+    // cache's map spans its cache batches and capacity, one box per block.
+    CHECK(prefill.attention.spec.tensor_copies());
+    CHECK(prefill.attention.k_map.rank == 4);
+    CHECK(prefill.attention.k_map.dims[1] == 8192);
+    CHECK(prefill.attention.k_map.box[1] == 128);
+    // Paged: the map spans the pages; pages shorter than a key block are one
+    // box each (pages of at least 8 rows), so every page size from 8 keeps
+    // the wgmma tiles. Smaller pages keep the mma.sync kernel.
     causal.tiles = {};
     TensorView pages_table = TensorView::contiguous(address(0x70000), DType::i32, {2, 128});
     KVCacheArgs paged = args;
     paged.block_table = &pages_table;
     paged.k_cache = paged.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {256, 64, 8, 128});
     prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
-    CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc64.w8.s4.wgmma.causal.rope_half_r128.kvcache.paged");
-    TensorView small_table = TensorView::contiguous(address(0x70000), DType::i32, {2, 512});
+    CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.kvcache.paged");
+    CHECK(prefill.attention.k_map.dims[1] == 64);
+    CHECK(prefill.attention.k_map.dims[3] == 256);
+    CHECK(prefill.attention.k_map.box[1] == 64);
+    CHECK(prefill.attention.v_map.box[1] == 64);
+    for (const int64_t page_size : {8, 16, 256}) {
+      CAPTURE(page_size);
+      TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192 / page_size});
+      paged.block_table = &table;
+      paged.k_cache = paged.v_cache =
+          TensorView::contiguous(address(0x30000), DType::bf16, {2 * 8192 / page_size, page_size, 8, 128});
+      prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+      CHECK(prefill.attention.spec.wgmma);
+      CHECK(prefill.attention.spec.block_kv == 128);
+      CHECK(prefill.attention.k_map.box[1] == std::min<int64_t>(page_size, 128));
+    }
+    TensorView small_table = TensorView::contiguous(address(0x70000), DType::i32, {2, 2048});
     paged.block_table = &small_table;
-    paged.k_cache = paged.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {1024, 16, 8, 128});
+    paged.k_cache = paged.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {4096, 4, 8, 128});
     prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
     CHECK(prefill.attention.spec.family == Family::fwd);
     CHECK_FALSE(prefill.attention.spec.wgmma);
+    // Forced wgmma tiles over such pages: the kernel copies them a row at a
+    // time itself (FwdConfig::kMinTensorCopyPageShift); the map is still
+    // encoded, a page per box.
+    causal.tiles = {128, 128, 8, 2, true};
+    prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK(prefill.attention.spec.wgmma);
+    CHECK(prefill.attention.k_map.box[1] == 4);
+    causal.tiles = {};
   }
   const size_t partials = static_cast<size_t>(plan.attention.num_splits) * 2 * 1 * 32;
   CHECK(plan.attention.workspace_bytes == (partials * 128 * 4 + 255) / 256 * 256 + partials * 4);
