@@ -602,7 +602,10 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // gets the wgmma tiles under the same rules where one split suffices: the
   // producer layout does not split, and it needs tensor maps of the cache.
   // Its keys are rotated already, so RoPE changes nothing there. It keeps
-  // 128-row tiles (192 rows were not measured with a cache).
+  // 128-row tiles: at head_dim 64, 192 rows measured level on a contiguous
+  // cache, 7-13% faster with pages of 16, and 1.3x slower for 256-query
+  // chunks, whose second 192-row tile is two-thirds empty (H200,
+  // docs/PERFORMANCE.md).
   const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && problem.num_splits <= 1 &&
                              (plan.spec.pack_gqa ? seqlen_q * group : seqlen_q) > 64;
   const bool choose = !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper;
@@ -619,6 +622,17 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   };
   const bool maps_possible = wgmma && kv_map(problem.k, problem.k_strides, wgmma->block_kv) &&
                              kv_map(problem.v, problem.v_strides, wgmma->block_kv);
+  if (wgmma && wgmma->block_q == 192) {
+    // 192-row tiles pay where a sequence's (packed) rows fill them. Where
+    // they would pad it to over 1.25× the rows 128-row tiles pad it to (at
+    // most 128 rows, or 193-256: a 256-query chunk's second 192-row tile is
+    // two-thirds empty), 128 rows are faster: 0.79× the time for 256
+    // queries over 4096 keys. At 1.125× (512, 1024 queries) 192 rows still
+    // measured 1-10% faster (H200, docs/PERFORMANCE.md).
+    const int64_t rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
+    auto padded = [&](int64_t tile) { return (rows + tile - 1) / tile * tile; };
+    if (padded(192) * 4 > padded(128) * 5) *wgmma = TileConfig{128, 128, 8, 4, true};
+  }
   // Pages shorter than 8 rows (not whole swizzle atoms) would be copied a
   // row at a time (cp.async, a table lookup per row): they keep the mma.sync
   // kernel.

@@ -187,10 +187,10 @@ TEST_CASE("the planner runs the wgmma tiles persistent with more tiles than SMs 
   call.options.tiles = {};
   CHECK_FALSE(call.plan(true, 227 * 1024, "sm_90").spec.persistent);
   // Three warpgroups with packed GQA would spill: ordinary grid.
-  // (96 sequences × 2 KV heads = 192 tiles of 16 queries × 8 heads.)
-  call.q = TensorView::contiguous(address(0x10000), DType::bf16, {96, 16, 16, 64});
-  call.out = TensorView::contiguous(address(0x40000), DType::bf16, {96, 16, 16, 64});
-  call.lse = TensorView::contiguous(address(0x50000), DType::f32, {96, 16, 16});
+  // (96 sequences × 2 KV heads = 192 tiles of 16 queries × 12 heads.)
+  call.q = TensorView::contiguous(address(0x10000), DType::bf16, {96, 16, 24, 64});
+  call.out = TensorView::contiguous(address(0x40000), DType::bf16, {96, 16, 24, 64});
+  call.lse = TensorView::contiguous(address(0x50000), DType::f32, {96, 24, 16});
   call.k = TensorView::contiguous(address(0x20000), DType::bf16, {96, 2048, 2, 64});
   call.v = TensorView::contiguous(address(0x30000), DType::bf16, {96, 2048, 2, 64});
   plan = call.plan();
@@ -198,8 +198,9 @@ TEST_CASE("the planner runs the wgmma tiles persistent with more tiles than SMs 
   CHECK(plan.spec.warps == 12);
   CHECK(plan.grid == 192);
   CHECK_FALSE(plan.spec.persistent);
-  call.options.pack_gqa = false;  // 96 · 16 heads = 1536 tiles of 16 rows
+  call.options.pack_gqa = false;  // 96 · 24 heads = 2304 tiles of 16 rows (128-row tiles)
   CHECK(call.plan().spec.persistent);
+  CHECK(call.plan().spec.block_q == 128);
 }
 
 TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles fill the GPU") {
@@ -250,6 +251,15 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles f
   CHECK(call.plan().spec.wgmma);
   resize(1, 1152, 64);  // 16 · 6 = 96
   CHECK_FALSE(call.plan().spec.wgmma);
+  // 128-row tiles where 192-row ones would pad a sequence to over 1.25×
+  // the rows: a 256-query chunk over 4096 keys (384 rows against 256);
+  // 1024 queries keep 192 (1152 rows against 1024).
+  resize(16, 1024, 64);
+  CHECK(call.plan().spec.block_q == 192);
+  call.q = call.out = TensorView::contiguous(address(0x10000), DType::bf16, {16, 256, 16, 64});
+  call.lse = TensorView::contiguous(address(0x50000), DType::f32, {16, 16, 256});
+  call.k = call.v = TensorView::contiguous(address(0x20000), DType::bf16, {16, 4096, 16, 64});
+  CHECK(call.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.persistent");
   resize(8, 2048, 128);
   CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma");
   resize(8, 2048, 80);
