@@ -5,11 +5,12 @@ A chunk of Sq new tokens attends (causal, bottom-right) to a KV cache holding KV
 (the chunk's own keys included), as inference engines run long prompts in chunks.
 The dense call computes exactly the same thing from the same K/V (q [B, Sq], k/v
 [B, KV]), so the ratio is what the KV-cache path costs over the prefill kernels.
-bf16, 32 query heads, 8 KV heads, head_dim 128; contiguous cache and pages of 64 (--page N)
+bf16, 32 query heads, 8 KV heads, head_dim 128 (--head-dim); contiguous cache and pages of 64 (--page N)
 (shuffled). Outputs are compared with the dense call before timing. CUDA events,
 warm-up, median (jitattn_timing). TFLOP/s counts the causal half of Sq × KV.
 
-  python3 bench/bench_chunked_prefill.py --lib build/libjitattn.so [--json FILE]
+  python3 bench/bench_chunked_prefill.py --lib build/libjitattn.so [--json FILE] [--page N] [--head-dim D]
+      [--tiles 192x128x12x4w]
 """
 import argparse
 import ctypes
@@ -20,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, I32, default_options, load, tensor_of  # noqa: E402
+from jitattn_ctypes import BF16, I32, default_options, force_tiles, load, tensor_of  # noqa: E402
 from jitattn_kvcache import kvcache_call, shuffled_pages  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
@@ -30,12 +31,15 @@ def main():
     parser.add_argument("--lib", default="build/libjitattn.so")
     parser.add_argument("--json")
     parser.add_argument("--page", type=int, default=64, help="page size of the paged cache")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--tiles", default="",
+                        help="force the KV-cache calls' tiles (jitattn_ctypes.force_tiles: e.g. 192x128x12x4w)")
     parser.add_argument("--shapes", default="1x2048x8192,1x2048x32768,4x1024x4096,4x512x16384,16x256x4096",
                         help="BATCHxSQxKV,...")
     args = parser.parse_args()
     lib = load(args.lib)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    heads_q, heads_kv, head_dim, page = 32, 8, 128, args.page
+    heads_q, heads_kv, head_dim, page = 32, 8, args.head_dim, args.page
     print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}")
     print(f"{'batch':>5} {'Sq':>6} {'KV':>6} | {'kvcache':>8} {'paged' + str(page):>8} {'dense':>8} ms | "
           f"{'kvcache':>8} {'dense':>8} TFLOP/s | {'kvcache/dense':>13}")
@@ -60,8 +64,11 @@ def main():
             if status != 0:
                 raise RuntimeError(lib.jitattn_last_error().decode())
 
-        contiguous = kvcache_call(lib, tq, tout, tseq, k, v, options, stream, 0, kv)
-        paged = kvcache_call(lib, tq, tout, tseq, k_pages, v_pages, options, stream, 0, kv, table)
+        cache_options = default_options(lib)
+        cache_options.causal = 1
+        force_tiles(cache_options, args.tiles)
+        contiguous = kvcache_call(lib, tq, tout, tseq, k, v, cache_options, stream, 0, kv)
+        paged = kvcache_call(lib, tq, tout, tseq, k_pages, v_pages, cache_options, stream, 0, kv, table)
         out.fill_(float("nan"))
         dense()
         reference = out.clone()
