@@ -601,15 +601,15 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // decode kernel and the memory-bound 64-row tiles above take the rest)
   // gets the wgmma tiles under the same rules where one split suffices: the
   // producer layout does not split, and it needs tensor maps of the cache.
-  // Its keys are rotated already, so RoPE changes nothing there. It keeps
-  // 128-row tiles: at head_dim 64, 192 rows measured level on a contiguous
-  // cache, 7-13% faster with pages of 16, and 1.3x slower for 256-query
-  // chunks, whose second 192-row tile is two-thirds empty (H200,
-  // docs/PERFORMANCE.md).
+  // Its keys are rotated already, so RoPE rotates only q there. Its tiles
+  // are the dense ones (192 rows at head dims up to 64 without RoPE, where
+  // they do not pad much more than 128: level with 128 rows on a contiguous
+  // cache, 7-13% faster with pages of 16; with RoPE 192 rows were not
+  // measured over a cache, so 128) (H200, docs/PERFORMANCE.md).
   const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && problem.num_splits <= 1 &&
                              (plan.spec.pack_gqa ? seqlen_q * group : seqlen_q) > 64;
   const bool choose = !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper;
-  std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, has_rope || problem.kvcache, arch);
+  std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
   // unless their producer rotates K (RoPE without a KV cache); views a
   // tensor map cannot describe keep the mma.sync kernels. A paged cache's

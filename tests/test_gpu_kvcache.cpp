@@ -509,7 +509,9 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
       c.page_size = page_sizes[(index / 2) % 6];
       c.batch_index = c.page_size == 0 && index % 3 == 1;
       c.num_splits = index % 2;  // 1, or the heuristic (which the producer layout never splits)
-      c.tiles = {128, 128, 8, c.head_dim > 64 ? 2 : 4, true};
+      // Head dim 64: mostly three MMA warpgroups (192-row tiles).
+      c.tiles = c.head_dim <= 64 && index % 3 != 2 ? TileConfig{192, 128, 12, 4, true}
+                                                   : TileConfig{128, 128, 8, c.head_dim > 64 ? 2 : 4, true};
       cases.push_back(c);
     }
   }
@@ -527,6 +529,13 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
   chunk.page_size = 16;
   chunk.rope = RopeStyle::none;
   chunk.dtype = DType::f16;
+  cases.push_back(chunk);
+  // Head dim 64 without RoPE: the planner's 192-row tiles (3 × 6 heads × 8
+  // query tiles).
+  chunk.head_dim = 64;
+  chunk.seqlen_q = 1536;
+  chunk.page_size = 0;
+  chunk.dtype = DType::bf16;
   cases.push_back(chunk);
   check_cases(cases, rng, seed);
 }

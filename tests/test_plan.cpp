@@ -568,6 +568,26 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
       CHECK(prefill.attention.spec.block_kv == 128);
       CHECK(prefill.attention.k_map.box[1] == std::min<int64_t>(page_size, 128));
     }
+    // Head dim 64 without RoPE: the dense tiles, 192 rows where they do not
+    // pad the chunk much more than 128 would (test above); with RoPE, 128.
+    {
+      KVCacheArgs small = args;
+      small.k_cache = small.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {2, 8192, 8, 64});
+      TensorView chunk64 = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1024, 32, 64});
+      ForwardOptions plain;
+      plain.causal = true;
+      CHECK(plan_kvcache(chunk64, small, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132)
+                .attention.spec.text() == "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal.kvcache");
+      TensorView short_chunk = TensorView::contiguous(address(0x10000), DType::bf16, {8, 256, 32, 64});
+      KVCacheArgs eight = small;
+      eight.k_cache = eight.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {8, 8192, 8, 64});
+      eight.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {8});
+      CHECK(plan_kvcache(short_chunk, eight, short_chunk, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132)
+                .attention.spec.block_q == 128);
+      plain.rope.style = RopeStyle::rotate_half;
+      CHECK(plan_kvcache(chunk64, small, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132)
+                .attention.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64.kvcache");
+    }
     TensorView small_table = TensorView::contiguous(address(0x70000), DType::i32, {2, 2048});
     paged.block_table = &small_table;
     paged.k_cache = paged.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {4096, 4, 8, 128});
