@@ -204,6 +204,13 @@ TEST_CASE("wgmma specs with three MMA warpgroups (w12, 192 rows) compile with th
           specs.push_back(spec);
         }
       }
+  // Chunked prefill over a KV cache (the planner's tiles at head dims up to
+  // 64 without RoPE), contiguous and paged.
+  for (const char* text : {"fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal.kvcache.paged",
+                           "fwd.f16.d32.br192.bc128.w12.s4.wgmma.local.softcap.packgqa.kvcache",
+                           "fwd.f16.d64.br192.bc128.w12.s4.wgmma.local.softcap.alibi.kvcache.paged.padded"}) {
+    specs.push_back(KernelSpec::parse(text));
+  }
   REQUIRE(specs.size() >= 12);
   const auto errors = compile_all(specs, Arch::parse("sm_90a"), [](const KernelSpec& spec, const std::string& log) -> std::string {
     if (log.find("Potential Performance Loss") != std::string::npos) return "wgmma serialized";
