@@ -540,7 +540,7 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
   check_cases(cases, rng, seed);
 }
 
-TEST_CASE("kvcache: warm calls are graph-capturable (append, RoPE, splits and combine; both kernels)") {
+TEST_CASE("kvcache: warm calls are graph-capturable (append, RoPE, splits and combine; every kernel)") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   std::vector<Case> cases;
@@ -554,6 +554,20 @@ TEST_CASE("kvcache: warm calls are graph-capturable (append, RoPE, splits and co
       c.rope = RopeStyle::rotate_half;
       c.page_size = page_size;
       c.num_splits = 0;  // the heuristic splits this small grid, so the combine kernel runs too
+      cases.push_back(c);
+    }
+    // The wgmma producer layout (sm_90a): its tensor maps travel in the
+    // captured launch's parameters.
+    if (sm90a_or_skip("the wgmma kvcache graph case")) {
+      Case c;
+      c.batch = 2;
+      c.seqlen_q = 200;
+      c.seqlen_k = 3000;
+      c.append = true;
+      c.rope = RopeStyle::rotate_half;
+      c.page_size = page_size;
+      c.num_splits = 1;
+      c.tiles = {128, 128, 8, 2, true};
       cases.push_back(c);
     }
   }
