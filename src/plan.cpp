@@ -604,7 +604,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // Its keys are rotated already, so RoPE rotates only q there. Its tiles
   // are the dense ones (192 rows at head dims up to 64 without RoPE, where
   // they do not pad much more than 128: level with 128 rows on a contiguous
-  // cache, 7-13% faster with pages of 16; with RoPE 192 rows were not
+  // cache, 4-13% faster with pages of 16; with RoPE 192 rows were not
   // measured over a cache, so 128) (H200, docs/PERFORMANCE.md).
   const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && problem.num_splits <= 1 &&
                              (plan.spec.pack_gqa ? seqlen_q * group : seqlen_q) > 64;
@@ -633,10 +633,11 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     auto padded = [&](int64_t tile) { return (rows + tile - 1) / tile * tile; };
     if (padded(192) * 4 > padded(128) * 5) *wgmma = TileConfig{128, 128, 8, 4, true};
   }
-  // Pages shorter than 8 rows (not whole swizzle atoms) would be copied a
-  // row at a time (cp.async, a table lookup per row): they keep the mma.sync
-  // kernel.
-  if (problem.paged && page_rows < 8) wgmma.reset();
+  // Pages shorter than this (not whole 1024-byte swizzle atoms; the
+  // kernel's FwdConfig::kMinTensorCopyPageShift) would be copied a row at a
+  // time (cp.async, a table lookup per row): they keep the mma.sync kernel.
+  constexpr int64_t kMinTensorCopyPageRows = 8;
+  if (problem.paged && page_rows < kMinTensorCopyPageRows) wgmma.reset();
   const bool rope_producer =
       has_rope && !problem.kvcache && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
   if (choose && rope_producer) {
