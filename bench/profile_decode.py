@@ -4,7 +4,8 @@
   ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum,launch__grid_size \
       python3 bench/profile_decode.py build/libjitattn.so
 
-TILES=BQxBKVxWARPSxSTAGES forces jitattn's tiles (as bench_decode.py --tiles).
+TILES=BQxBKVxWARPSxSTAGES forces jitattn's tiles (as bench_decode.py --tiles); SHAPES=16x32768,1x1024 picks
+the (batch, KV length) pairs.
 """
 import ctypes, os, sys
 import torch
@@ -16,7 +17,8 @@ from jitattn_ctypes import BF16, I32, KVCacheArgs, default_options, load, tensor
 lib = load(sys.argv[1] if len(sys.argv) > 1 else "build/libjitattn.so")
 tiles = os.environ.get("TILES", "")
 stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-for batch, kv in [(1, 1024), (1, 32768), (16, 1024), (16, 32768), (64, 1024), (64, 32768)]:
+shapes = os.environ.get("SHAPES", "1x1024,1x32768,16x1024,16x32768,64x1024,64x32768")
+for batch, kv in [tuple(int(x) for x in shape.split("x")) for shape in shapes.split(",")]:
     q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(batch, kv, 8, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
