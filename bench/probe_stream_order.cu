@@ -13,7 +13,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-__device__ __forceinline__ unsigned su32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+#include "../templates/ptx.cuh"  // the kernels' own PTX wrappers
+using namespace jitattn;
 constexpr int kChunk = 8192, kWarps = 4, kStages = 2;
 template <int layout>
 __global__ void __launch_bounds__(128) stream(const char* k, const char* v, int heads, int seqlen, long long total_rows,
@@ -44,17 +46,17 @@ __global__ void __launch_bounds__(128) stream(const char* k, const char* v, int 
     for (int j = lane; j < kChunk / 16; j += 32) {
       const long long r = j / pieces_per_row, pc = j % pieces_per_row;
       const long long off = base_row + (c * chunk_rows + r) * row_stride + pc * 16;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(su32(s + j * 16)), "l"(k + off));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(su32(s + kChunk + j * 16)), "l"(v + off));
+      cp_async_16(smem_u32(s + j * 16), k + off, true);
+      cp_async_16(smem_u32(s + kChunk + j * 16), v + off, true);
     }
-    asm volatile("cp.async.commit_group;");
+    cp_async_commit();
   };
-  if (count > 0) issue(0); else asm volatile("cp.async.commit_group;");
+  if (count > 0) issue(0); else cp_async_commit();
   unsigned acc = 0;
   for (long long i = 0; i < count; ++i) {
     __syncwarp();
-    if (i + 1 < count) issue(i + 1); else asm volatile("cp.async.commit_group;");
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    if (i + 1 < count) issue(i + 1); else cp_async_commit();
+    cp_async_wait<1>();
     __syncwarp();
     const unsigned char* s = st + (i % kStages) * 2 * kChunk;
     acc ^= *(const unsigned*)(s + lane * 256) ^ *(const unsigned*)(s + kChunk + lane * 256);

@@ -7,13 +7,16 @@
 //   nvcc -O3 -arch=sm_90a -o /tmp/probe_tc bench/probe_stream_tensor_copies.cu
 //   /tmp/probe_tc BATCH HEADS SEQLEN ROWS STAGES   (ROWS x STAGES: 32x4 32x6 64x2 64x3 64x4 128x2 128x3 16x8)
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "../templates/ptx.cuh"  // the kernels' own PTX wrappers
+using namespace jitattn;
 constexpr int kD = 128;
-__device__ __forceinline__ unsigned su32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 template <int ROWS, int STAGES>
 __global__ void __launch_bounds__(128) stream_tma(const __grid_constant__ CUtensorMap km, const __grid_constant__ CUtensorMap vm,
                                                  int heads, int seqlen, unsigned* sink) {
@@ -23,26 +26,20 @@ __global__ void __launch_bounds__(128) stream_tma(const __grid_constant__ CUtens
   constexpr int kBox = ROWS * kD * 2;
   const int count = seqlen / ROWS;
   if (threadIdx.x != 0) return;
-  for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(su32(&full[s])));
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  for (int s = 0; s < STAGES; ++s) mbarrier_init(smem_u32(&full[s]), 1);
+  fence_barrier_init();
   auto issue = [&](int i) {
-    const unsigned bar = su32(&full[i % STAGES]);
-    unsigned char* st = smem + (i % STAGES) * 2 * kBox;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * kBox) : "memory");
+    const unsigned bar = smem_u32(&full[i % STAGES]);
+    const unsigned st = smem_u32(smem + (i % STAGES) * 2 * kBox);
+    mbarrier_arrive_expect_bytes(bar, 2 * kBox);
     const int row = batch * seqlen + i * ROWS;
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
-                 ::"r"(su32(st)), "l"(&km), "r"(0), "r"(head), "r"(row), "r"(bar) : "memory");
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
-                 ::"r"(su32(st + kBox)), "l"(&vm), "r"(0), "r"(head), "r"(row), "r"(bar) : "memory");
+    tensor_copy_3d(st, &km, bar, 0, head, row);
+    tensor_copy_3d(st + kBox, &vm, bar, 0, head, row);
   };
   for (int i = 0; i < STAGES && i < count; ++i) issue(i);
   unsigned acc = 0;
   for (int i = 0; i < count; ++i) {
-    const unsigned bar = su32(&full[i % STAGES]);
-    unsigned done = 0;
-    while (!done)
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done) : "r"(bar), "r"((i / STAGES) & 1) : "memory");
+    mbarrier_wait(smem_u32(&full[i % STAGES]), (i / STAGES) & 1);
     const unsigned char* st = smem + (i % STAGES) * 2 * kBox;
     acc ^= *(const volatile unsigned*)st ^ *(const volatile unsigned*)(st + kBox);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -50,8 +47,7 @@ __global__ void __launch_bounds__(128) stream_tma(const __grid_constant__ CUtens
   }
   if (acc == 0x12345678u) sink[0] = acc;
 }
-using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static EncodeFn encode;
+static PFN_cuTensorMapEncodeTiled_v12000 encode;
 CUtensorMap make_map(void* base, int batch, int heads, int seqlen, int rows) {
   CUtensorMap m;
   cuuint64_t dims[3] = {kD, (cuuint64_t)heads, (cuuint64_t)batch * seqlen};

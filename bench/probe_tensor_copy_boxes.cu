@@ -7,12 +7,15 @@
 //   nvcc -O3 -arch=sm_90a -o /tmp/probe_boxes bench/probe_tensor_copy_boxes.cu
 //   /tmp/probe_boxes MBYTES BOX_ROWS ISSUERS GRID STAGES_PER_CTA     (e.g. 16 16 8 132 1000)
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-__device__ __forceinline__ unsigned su32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+#include "../templates/ptx.cuh"  // the kernels' own PTX wrappers
+using namespace jitattn;
 constexpr int kStageBytes = 32768, kStages = 4;
 __global__ void __launch_bounds__(128) boxes(const __grid_constant__ CUtensorMap map, int box_rows, int issuers, long long rows_total,
                                             int stages_total, unsigned* sink) {
@@ -20,30 +23,25 @@ __global__ void __launch_bounds__(128) boxes(const __grid_constant__ CUtensorMap
   __shared__ __align__(8) unsigned long long full[kStages];
   const int lane = threadIdx.x;
   if (threadIdx.x >= 32) return;
-  if (lane == 0) for (int s = 0; s < kStages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(su32(&full[s])));
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  if (lane == 0) for (int s = 0; s < kStages; ++s) mbarrier_init(smem_u32(&full[s]), 1);
+  fence_barrier_init();
   __syncwarp();
   const int box_bytes = box_rows * 128, boxes_per_stage = kStageBytes / box_bytes;
   auto issue = [&](int i) {
-    const unsigned bar = su32(&full[i % kStages]);
-    if (lane == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStageBytes) : "memory");
+    const unsigned bar = smem_u32(&full[i % kStages]);
+    if (lane == 0) mbarrier_arrive_expect_bytes(bar, kStageBytes);
     __syncwarp();
     for (int b = lane; b < boxes_per_stage; b += issuers) {
       if (lane >= issuers) break;
       // rows: spread over the tensor so consecutive boxes are not adjacent (as pages)
       const long long row = ((long long)(blockIdx.x * 7919 + i * boxes_per_stage + b) * 104729 % (rows_total / box_rows)) * box_rows;
-      asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                   ::"r"(su32(smem + (i % kStages) * kStageBytes + b * box_bytes)), "l"(&map), "r"(0), "r"((int)row), "r"(bar) : "memory");
+      tensor_copy_3d(smem_u32(smem + (i % kStages) * kStageBytes + b * box_bytes), &map, bar, 0, (int)row, 0);
     }
   };
   for (int i = 0; i < kStages; ++i) issue(i);
   unsigned acc = 0;
   for (int i = 0; i < stages_total; ++i) {
-    const unsigned bar = su32(&full[i % kStages]);
-    unsigned done = 0;
-    while (!done)
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                   : "=r"(done) : "r"(bar), "r"((i / kStages) & 1) : "memory");
+    mbarrier_wait(smem_u32(&full[i % kStages]), (i / kStages) & 1);
     acc ^= *(const volatile unsigned*)(smem + (i % kStages) * kStageBytes + lane * 4);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncwarp();
@@ -51,20 +49,17 @@ __global__ void __launch_bounds__(128) boxes(const __grid_constant__ CUtensorMap
   }
   if (acc == 0x12345678u) sink[0] = acc;
 }
-using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                              const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 int main(int argc, char** argv) {
   if (argc != 6) { std::printf("usage: %s MBYTES BOX_ROWS ISSUERS GRID STAGES_PER_CTA\n", argv[0]); return 2; }
   const long long mbytes = atoll(argv[1]); const int box_rows = atoi(argv[2]), issuers = atoi(argv[3]), grid = atoi(argv[4]),
                   stages_total = atoi(argv[5]);
-  EncodeFn encode; cudaDriverEntryPointQueryResult q;
+  PFN_cuTensorMapEncodeTiled_v12000 encode; cudaDriverEntryPointQueryResult q;
   cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &q);
   const long long bytes = mbytes << 20, rows = bytes / 128;
   void* buf; unsigned* sink; cudaMalloc(&buf, bytes); cudaMalloc(&sink, 4); cudaMemset(buf, 1, bytes);
-  CUtensorMap m; cuuint64_t dims[2] = {64, (cuuint64_t)rows}; cuuint64_t strides[1] = {128};
-  cuuint32_t box[2] = {64, (cuuint32_t)box_rows}; cuuint32_t es[2] = {1, 1};
-  if (encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, buf, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  CUtensorMap m; cuuint64_t dims[3] = {64, (cuuint64_t)rows, 1}; cuuint64_t strides[2] = {128, (cuuint64_t)bytes};
+  cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1}; cuuint32_t es[3] = {1, 1, 1};
+  if (encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, buf, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
     std::printf("encode failed\n"); return 1; }
   const int smem = kStages * kStageBytes;
