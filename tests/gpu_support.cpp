@@ -412,6 +412,10 @@ std::vector<std::string> warm_all(Runtime& runtime, const std::vector<std::strin
   return failures;
 }
 
+void warm_or_fail(const std::vector<std::string>& specs) {
+  for (const auto& failure : warm_all(gpu_tests_runtime(), specs, current_arch())) FAIL_CHECK(failure);
+}
+
 double max_deviation(const std::vector<double>& reference, const std::vector<float>& values) {
   double worst = 0;
   for (size_t i = 0; i < values.size(); ++i) {

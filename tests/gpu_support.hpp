@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <thread>
 #include <cstdint>
 #include <string>
@@ -99,6 +100,20 @@ bool sm90a_or_skip(const char* feature);
 // Compiles (or finds in the cache) every spec, in parallel, so tests are not
 // serialized behind NVRTC. Returns one message per failure.
 std::vector<std::string> warm_all(Runtime& runtime, const std::vector<std::string>& specs, const std::string& arch);
+// warm_all on the GPU tests' runtime for the current device, failing the test
+// case once per kernel that does not build.
+void warm_or_fail(const std::vector<std::string>& specs);
+// warm_or_fail for the distinct kernels a list of cases plans: spec_of(case)
+// is the spec text, or "" for a case whose call is meant to be rejected.
+template <class Cases, class SpecOf>
+void warm_cases(const Cases& cases, SpecOf&& spec_of) {
+  std::set<std::string> unique;
+  for (const auto& c : cases) {
+    std::string spec = spec_of(c);
+    if (!spec.empty()) unique.insert(std::move(spec));
+  }
+  warm_or_fail(std::vector<std::string>(unique.begin(), unique.end()));
+}
 
 // max |values − reference|; a NaN counts as infinity.
 double max_deviation(const std::vector<double>& reference, const std::vector<float>& values);

@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -141,17 +140,6 @@ std::string spec_of(const Case& c) {
   } catch (const std::exception&) {
     return {};
   }
-}
-
-// Compiles every kernel the cases will need up front, in parallel.
-void warm_cases(const std::vector<Case>& cases) {
-  std::set<std::string> unique;
-  for (const auto& c : cases) {
-    const std::string spec = spec_of(c);
-    if (!spec.empty()) unique.insert(spec);
-  }
-  const std::vector<std::string> specs(unique.begin(), unique.end());
-  for (const auto& failure : warm_all(gpu_tests_runtime(), specs, current_arch())) FAIL_CHECK(failure);
 }
 
 struct KernelRun {
@@ -326,7 +314,7 @@ TEST_CASE("features: every head dim (multiples of 8 up to 256), causal and not, 
       }
     }
   }
-  warm_cases(cases);
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
   check_cases(cases, rng, seed);
 }
 
@@ -369,7 +357,7 @@ TEST_CASE("features: sliding windows, one- and two-sided, with causal, tiny and 
       }
     }
   }
-  warm_cases(cases);
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
   const std::vector<size_t> empty = check_cases(cases, rng, seed);
   size_t empty_rows = 0;  // in the (512, 256) cases
   for (size_t i = 0; i < cases.size(); ++i) empty_rows += cases[i].shape.seqlen_q == 512 ? empty[i] : 0;
@@ -414,7 +402,7 @@ TEST_CASE("features: softcap 50, and softcap 5 on large logits, causal and not")
     const ReferenceOutput uncapped = attention_exact(uncapped_shape, in.q, in.k, in.v);
     CHECK_MESSAGE(max_deviation(uncapped.out, capped.out) > 0.1, describe(c, "softcap sanity", seed));
   }
-  warm_cases(cases);
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
   check_cases(cases, rng, seed);
 }
 
@@ -456,7 +444,7 @@ TEST_CASE("features: ALiBi slopes per head and per batch x head, causal and not,
     all.shape.alibi_slopes = random_slopes(2 * 8, rng);
     cases.push_back(all);
   }
-  warm_cases(cases);
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
   check_cases(cases, rng, seed);
 }
 

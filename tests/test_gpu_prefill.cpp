@@ -7,8 +7,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <thread>
@@ -20,19 +18,6 @@ using namespace jitattn;
 using namespace jitattn::test;
 
 namespace {
-
-uint64_t fresh_seed() {
-  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
-}
-
-Runtime& test_runtime() {
-  static Runtime runtime([] {
-    Config config = Config::from_env();
-    if (std::getenv("JITATTN_CACHE_DIR") == nullptr) config.cache_dir = (std::filesystem::temp_directory_path() / "jitattn-gpu-tests").string();
-    return config;
-  }());
-  return runtime;
-}
 
 enum class Layout { contiguous, padded, heads_major };
 
@@ -96,8 +81,8 @@ KernelRun run_kernel(const Problem& problem, const Inputs& in, TileConfig tiles)
   if (s.scale > 0.f) options.softmax_scale = s.scale;
   options.tiles = tiles;
   KernelRun run;
-  run.spec = test_runtime().spec_for(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, options);
-  test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, options, nullptr);
+  run.spec = gpu_tests_runtime().spec_for(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, options);
+  gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, options, nullptr);
   run.out = out.read();
   run.lse.resize(lse_count);
   lse.download(run.lse.data(), lse_count * 4);
@@ -165,38 +150,6 @@ std::vector<TileConfig> tiles_for(int head_dim) {
   return tiles;
 }
 
-// Compiles every spec a test will use up front, in parallel, so the checks
-// themselves are not serialized behind NVRTC.
-void warm_specs(const std::vector<std::string>& specs, const std::string& arch) {
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> workers;
-  std::vector<std::string> failures(specs.size());
-  const unsigned count = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  for (unsigned w = 0; w < count; ++w) {
-    workers.emplace_back([&] {
-      for (size_t i; (i = next++) < specs.size();) {
-        try {
-          test_runtime().warm(specs[i], arch);
-        } catch (const std::exception& e) {
-          failures[i] = e.what();
-        }
-      }
-    });
-  }
-  for (auto& worker : workers) worker.join();
-  for (const auto& failure : failures) CHECK_MESSAGE(failure.empty(), failure);
-}
-
-std::string device_arch() {
-  const auto& d = detail::driver();
-  CUdevice device = 0;
-  int major = 0, minor = 0;
-  d.cuCtxGetDevice(&device);
-  d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
-  d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
-  return detail::Arch::for_device(major, minor).text();
-}
-
 std::string spec_text(DType dtype, int head_dim, TileConfig t, bool causal) {
   detail::KernelSpec spec;
   spec.dtype = dtype;
@@ -213,7 +166,7 @@ std::string spec_text(DType dtype, int head_dim, TileConfig t, bool causal) {
 TEST_SUITE("gpu") {
 
 TEST_CASE("prefill matches the float64 CPU reference on small shapes, every tile config") {
-  const uint64_t seed = fresh_seed();
+  const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const std::vector<std::pair<int, int>> seqlens = {{1, 1}, {1, 239}, {113, 203}, {128, 217}, {512, 256}, {17, 0}};
   std::vector<std::string> specs;
@@ -221,7 +174,7 @@ TEST_CASE("prefill matches the float64 CPU reference on small shapes, every tile
     for (int head_dim : {64, 128})
       for (bool causal : {false, true})
         for (const auto& tiles : tiles_for(head_dim)) specs.push_back(spec_text(dtype, head_dim, tiles, causal));
-  warm_specs(specs, device_arch());
+  warm_or_fail(specs);
   int index = 0;
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (int head_dim : {64, 128}) {
@@ -243,7 +196,7 @@ TEST_CASE("prefill matches the float64 CPU reference on small shapes, every tile
 }
 
 TEST_CASE("the GPU reference kernel agrees with the float64 CPU reference") {
-  const uint64_t seed = fresh_seed();
+  const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (bool causal : {false, true}) {
@@ -270,7 +223,7 @@ TEST_CASE("the GPU reference kernel agrees with the float64 CPU reference") {
 }
 
 TEST_CASE("prefill matches the GPU reference on large shapes with non-default strides") {
-  const uint64_t seed = fresh_seed();
+  const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const std::vector<std::pair<int, int>> seqlens = {{1023, 1024}, {1024, 1023}, {2048, 2048}};
   const std::vector<TileConfig> tile_choices = {{}, {64, 64, 4}, {128, 128, 8}};
@@ -281,7 +234,7 @@ TEST_CASE("prefill matches the GPU reference on large shapes with non-default st
         for (const auto& tiles : tile_choices) {
           if (tiles.block_q != 0) specs.push_back(spec_text(dtype, head_dim, tiles, causal));
         }
-  warm_specs(specs, device_arch());
+  warm_or_fail(specs);
   int index = 0;
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (int head_dim : {64, 128}) {
@@ -302,7 +255,7 @@ TEST_CASE("prefill matches the GPU reference on large shapes with non-default st
 }
 
 TEST_CASE("softmax_scale is honoured and lse is optional") {
-  const uint64_t seed = fresh_seed();
+  const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   Problem problem;
   problem.shape = {1, 77, 300, 2, 1, 64, true, 0.37f};
@@ -317,13 +270,13 @@ TEST_CASE("softmax_scale is honoured and lse is optional") {
   ForwardOptions options;
   options.causal = true;
   options.softmax_scale = 0.37f;
-  test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, nullptr);
+  gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, nullptr);
   const ReferenceOutput exact = attention_exact(problem.shape, in.q, in.k, in.v);
   CHECK(max_abs_error(exact.out, out.read()) < 2e-2);
 }
 
 TEST_CASE("a rejected call writes nothing") {
-  std::mt19937_64 rng(fresh_seed());
+  std::mt19937_64 rng(clock_seed());
   Problem problem;
   problem.shape = {1, 64, 64, 6, 6, 64, false, 0.f};
   const Inputs in = make_inputs(problem, rng);
@@ -335,13 +288,14 @@ TEST_CASE("a rejected call writes nothing") {
   int64_t strides[4];
   contiguous_strides(q_shape, strides);
   DeviceTensor out(problem.dtype, q_shape, strides);
-  CHECK_THROWS_WITH_AS(test_runtime().forward(in.dq->view(), bad_k.view(), bad_k.view(), out.view(), nullptr, {}, nullptr),
-                       doctest::Contains("heads_kv=4 must divide heads_q=6"), Error);
+  CHECK_THROWS_WITH_AS(
+      gpu_tests_runtime().forward(in.dq->view(), bad_k.view(), bad_k.view(), out.view(), nullptr, {}, nullptr),
+      doctest::Contains("heads_kv=4 must divide heads_q=6"), Error);
   for (uint16_t bits : out.raw()) REQUIRE(bits == 0xffff);
 }
 
 TEST_CASE("a call with no current context uses the primary context") {
-  std::mt19937_64 rng(fresh_seed());
+  std::mt19937_64 rng(clock_seed());
   Problem problem;
   problem.shape = {1, 130, 130, 2, 2, 128, false, 0.f};
   const Inputs in = make_inputs(problem, rng);
@@ -355,7 +309,7 @@ TEST_CASE("a call with no current context uses the primary context") {
       CUcontext current = nullptr;
       detail::driver().cuCtxGetCurrent(&current);
       if (current != nullptr) error = "new thread unexpectedly has a current context";
-      test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, {}, nullptr);
+      gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, {}, nullptr);
       detail::driver().cuCtxSynchronize();
     } catch (const std::exception& e) {
       error = e.what();
@@ -368,7 +322,7 @@ TEST_CASE("a call with no current context uses the primary context") {
 
 TEST_CASE("calls are graph-capturable once warm; compiling during capture is a clear error") {
   const auto& d = detail::driver();
-  std::mt19937_64 rng(fresh_seed());
+  std::mt19937_64 rng(clock_seed());
   Problem problem;
   problem.shape = {2, 200, 333, 4, 4, 64, true, 0.f};
   const Inputs in = make_inputs(problem, rng);
@@ -380,13 +334,14 @@ TEST_CASE("calls are graph-capturable once warm; compiling during capture is a c
   options.causal = true;
   CUstream stream = nullptr;
   REQUIRE(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);  // warm
+  // warm
+  gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);
   REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
   out.buffer.fill_bytes(0xff);
 
   CUgraph graph = nullptr;
   REQUIRE(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
-  test_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);
+  gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);
   REQUIRE(d.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
   CUgraphExec exec = nullptr;
   REQUIRE(d.cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS);
@@ -398,7 +353,7 @@ TEST_CASE("calls are graph-capturable once warm; compiling during capture is a c
   d.cuGraphDestroy(graph);
 
   // A spec never compiled in an empty cache: capture must fail with advice.
-  const std::string empty_cache = (std::filesystem::temp_directory_path() / fmt::format("jitattn-capture-{}", fresh_seed() % 1000000)).string();
+  const std::string empty_cache = (std::filesystem::temp_directory_path() / fmt::format("jitattn-capture-{}", clock_seed() % 1000000)).string();
   Config config;
   config.cache_dir = empty_cache;
   Runtime cold(config);
@@ -426,7 +381,7 @@ TEST_CASE("back-to-back calls on one stream read what the previous call wrote (p
   // previous call appended) with no synchronization between them; outputs
   // start as NaN, so a read that ran ahead would show.
   const auto& d = detail::driver();
-  const uint64_t seed = fresh_seed();
+  const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   CUstream stream = nullptr;
   REQUIRE(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
@@ -455,9 +410,9 @@ TEST_CASE("back-to-back calls on one stream read what the previous call wrote (p
     options.causal = true;
     for (int round = 0; round < 2; ++round) {  // the first round compiles; the second runs warm, back to back
       for (DeviceTensor* out : {out1.get(), out2.get(), out3.get()}) out->buffer.fill_bytes(0xff);
-      test_runtime().forward(q->view(), k->view(), v->view(), out1->view(), nullptr, options, stream);
-      test_runtime().forward(out1->view(), k->view(), v->view(), out2->view(), nullptr, options, stream);
-      test_runtime().forward(out2->view(), k->view(), v->view(), out3->view(), nullptr, options, stream);
+      gpu_tests_runtime().forward(q->view(), k->view(), v->view(), out1->view(), nullptr, options, stream);
+      gpu_tests_runtime().forward(out1->view(), k->view(), v->view(), out2->view(), nullptr, options, stream);
+      gpu_tests_runtime().forward(out2->view(), k->view(), v->view(), out3->view(), nullptr, options, stream);
       REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
     }
     check(shape, *q, *k, *v, *out1, "call 1");
@@ -486,15 +441,17 @@ TEST_CASE("back-to-back calls on one stream read what the previous call wrote (p
                           TensorView::contiguous(seqlens_after.get(), DType::i32, {batch})};
     ForwardOptions options;
     options.causal = true;
-    const size_t bytes = std::max(test_runtime().kvcache_workspace_bytes(q->view(), append_args, out1->view(), nullptr, options),
-                                  test_runtime().kvcache_workspace_bytes(out1->view(), read_args, out2->view(), nullptr, options));
+    Runtime& runtime = gpu_tests_runtime();
+    const size_t bytes =
+        std::max(runtime.kvcache_workspace_bytes(q->view(), append_args, out1->view(), nullptr, options),
+                 runtime.kvcache_workspace_bytes(out1->view(), read_args, out2->view(), nullptr, options));
     DeviceBuffer workspace(std::max<size_t>(bytes, 256));
     for (int round = 0; round < 2; ++round) {
       out1->buffer.fill_bytes(0xff);
       out2->buffer.fill_bytes(0xff);
-      test_runtime().forward_kvcache(q->view(), append_args, out1->view(), nullptr, options, workspace.get(),
+      gpu_tests_runtime().forward_kvcache(q->view(), append_args, out1->view(), nullptr, options, workspace.get(),
                                      workspace.bytes(), stream);
-      test_runtime().forward_kvcache(out1->view(), read_args, out2->view(), nullptr, options, workspace.get(),
+      gpu_tests_runtime().forward_kvcache(out1->view(), read_args, out2->view(), nullptr, options, workspace.get(),
                                      workspace.bytes(), stream);
       REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
     }

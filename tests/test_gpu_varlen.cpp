@@ -24,7 +24,6 @@
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -244,17 +243,6 @@ std::string spec_of(const Case& c) {
   } catch (const std::exception&) {
     return {};
   }
-}
-
-// Compiles every kernel the cases will need up front, in parallel.
-void warm_cases(const std::vector<Case>& cases) {
-  std::set<std::string> unique;
-  for (const auto& c : cases) {
-    const std::string spec = spec_of(c);
-    if (!spec.empty()) unique.insert(spec);
-  }
-  const std::vector<std::string> specs(unique.begin(), unique.end());
-  for (const auto& failure : warm_all(gpu_tests_runtime(), specs, current_arch())) FAIL_CHECK(failure);
 }
 
 struct KernelRun {
@@ -478,7 +466,7 @@ TEST_CASE("varlen: random packed batches, f16/bf16, head dims 64/128/80, MHA/GQA
       cases.push_back(c);
     }
   }
-  warm_cases(cases);
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
   const std::vector<size_t> empty = check_cases(cases, rng, seed);
   size_t edge_empty_rows = 0;  // causal edge batches: (5, 0), (300, 1) and (700, 120) leave rows without keys
   for (size_t i = edge_first; i < cases.size(); ++i) edge_empty_rows += cases[i].shape.common.causal ? empty[i] : 0;
@@ -501,7 +489,7 @@ TEST_CASE("varlen: q, k and v as slices of one packed qkv buffer (row stride (he
       }
     }
   }
-  warm_cases(cases);
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
   check_cases(cases, rng, seed);
 }
 
@@ -571,7 +559,7 @@ TEST_CASE("varlen: sliding windows, softcap, ALiBi per head and per sequence, se
       add(c);
     }
   }
-  warm_cases(cases);
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
   check_cases(cases, rng, seed);
 }
 
@@ -646,7 +634,7 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
   long_keys.tiles = {128, 128, 8, 2, true, true};
   long_keys.sm_limit = 5;
   cases.push_back(long_keys);
-  warm_cases(cases);
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
   check_cases(cases, rng, seed);
 }
 
@@ -670,7 +658,7 @@ TEST_CASE("varlen: long sequences (~1500) against the GPU reference, per sequenc
     add_slopes(features, true, rng);
     cases.push_back(features);
   }
-  warm_cases(cases);
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
   check_cases(cases, rng, seed);
 }
 
