@@ -13,12 +13,10 @@
 //   nvcc -O3 -arch=sm_90a -o /tmp/probe bench/probe_stream_bandwidth.cu
 //   /tmp/probe BATCH HEADS SEQLEN STAGES MODE
 // Prints TB/s of K+V read (median of 20 runs).
-#include <cuda_runtime.h>
-
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
+
+#include "probe_kv.cuh"
 
 constexpr int kHeadDim = 128;
 constexpr int kRowBytes = kHeadDim * 2;
@@ -124,25 +122,8 @@ template <int MODE, int STAGES>
 float run(const char* k, const char* v, int batch, int heads, int seqlen, unsigned* sink) {
   const int smem = kWarps * STAGES * 2 * kChunkBytes;
   cudaFuncSetAttribute(stream_kv<MODE, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> times;
-  for (int r = 0; r < 23; ++r) {
-    cudaEventRecord(start);
-    stream_kv<MODE, STAGES><<<batch * heads, kWarps * 32, smem>>>(k, v, heads, seqlen, sink);
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float ms;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (r >= 3) times.push_back(ms);
-  }
-  if (cudaGetLastError() != cudaSuccess) {
-    std::printf("launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-    std::exit(1);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median_launch_ms(
+      [&] { stream_kv<MODE, STAGES><<<batch * heads, kWarps * 32, smem>>>(k, v, heads, seqlen, sink); });
 }
 
 int main(int argc, char** argv) {
@@ -152,17 +133,10 @@ int main(int argc, char** argv) {
   }
   const int batch = std::atoi(argv[1]), heads = std::atoi(argv[2]), seqlen = std::atoi(argv[3]);
   const int stages = std::atoi(argv[4]), mode = std::atoi(argv[5]);
-  const size_t bytes = static_cast<size_t>(batch) * seqlen * heads * kRowBytes;
-  char *k, *v;
-  unsigned* sink;
-  cudaMalloc(&k, bytes);
-  cudaMalloc(&v, bytes);
-  cudaMalloc(&sink, 4);
-  cudaMemset(k, 1, bytes);
-  cudaMemset(v, 2, bytes);
+  const ProbeCache cache = make_probe_cache(static_cast<size_t>(batch) * seqlen * heads * kRowBytes);
   float ms = 0;
 #define CASE(M, S) \
-  if (mode == M && stages == S) ms = run<M, S>(k, v, batch, heads, seqlen, sink);
+  if (mode == M && stages == S) ms = run<M, S>(cache.k, cache.v, batch, heads, seqlen, cache.sink);
   CASE(0, 2) CASE(0, 3) CASE(1, 2) CASE(1, 3)
 #undef CASE
   if (ms == 0) {
@@ -170,6 +144,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf("batch %d heads %d seqlen %d stages %d mode %s: %.4f ms, %.2f TB/s\n", batch, heads, seqlen, stages,
-              mode ? "bulk" : "cp.async", ms, 2.0 * bytes / (ms * 1e-3) / 1e12);
+              mode ? "bulk" : "cp.async", ms, kv_tbps(cache, ms));
   return 0;
 }

@@ -8,13 +8,11 @@
 //
 //   nvcc -O3 -arch=sm_90a -o /tmp/probe_order bench/probe_stream_order.cu
 //   /tmp/probe_order BATCH HEADS SEQLEN LAYOUT GRID DELAY      (GRID is used by layout 1 only)
-#include <cuda_runtime.h>
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
 #include "../templates/ptx.cuh"  // the kernels' own PTX wrappers
+#include "probe_kv.cuh"
 using namespace jitattn;
 constexpr int kChunk = 8192, kWarps = 4, kStages = 2;
 template <int layout>
@@ -68,25 +66,14 @@ int main(int argc, char** argv) {
   if (argc != 7) { std::printf("usage: %s BATCH HEADS SEQLEN LAYOUT GRID DELAY\n", argv[0]); return 2; }
   const int batch = atoi(argv[1]), heads = atoi(argv[2]), seqlen = atoi(argv[3]), layout = atoi(argv[4]), grid_arg = atoi(argv[5]),
             delay = atoi(argv[6]);
-  const size_t bytes = (size_t)batch * seqlen * heads * 256;
-  char *k, *v; unsigned* sink;
-  cudaMalloc(&k, bytes); cudaMalloc(&v, bytes); cudaMalloc(&sink, 4);
-  cudaMemset(k, 1, bytes); cudaMemset(v, 2, bytes);
+  const ProbeCache cache = make_probe_cache((size_t)batch * seqlen * heads * 256);
   const int grid = layout != 1 ? batch * heads : grid_arg;
   auto kernel = layout == 0 ? stream<0> : layout == 1 ? stream<1> : stream<2>;
   const int smem = kWarps * kStages * 2 * kChunk;
   { cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); if (e) std::printf("attr: %s\n", cudaGetErrorString(e)); }
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int r = 0; r < 23; ++r) {
-    cudaEventRecord(a);
-    kernel<<<grid, 128, smem>>>(k, v, heads, seqlen, (long long)batch * seqlen, grid, delay, sink);
-    cudaEventRecord(b); cudaEventSynchronize(b);
-    float ms; cudaEventElapsedTime(&ms, a, b); if (r >= 3) t.push_back(ms);
-  }
-  { cudaError_t e = cudaGetLastError(); if (e != cudaSuccess) { std::printf("launch failed: %s\n", cudaGetErrorString(e)); return 1; } }
-  std::sort(t.begin(), t.end());
-  const float ms = t[t.size() / 2];
+  const float ms = median_launch_ms([&] {
+    kernel<<<grid, 128, smem>>>(cache.k, cache.v, heads, seqlen, (long long)batch * seqlen, grid, delay, cache.sink);
+  });
   std::printf("layout %d grid %d delay %d: batch %d heads %d seqlen %d: %.4f ms, %.2f TB/s\n", layout, grid, delay, batch, heads,
-              seqlen, ms, 2.0 * bytes / (ms * 1e-3) / 1e12);
+              seqlen, ms, kv_tbps(cache, ms));
 }

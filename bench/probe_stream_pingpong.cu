@@ -17,14 +17,11 @@
 //   nvcc -O3 -arch=sm_90a -o /tmp/probe_pingpong bench/probe_stream_pingpong.cu
 //   /tmp/probe_pingpong BATCH HEADS SEQLEN MODE BLOCK BUFFERS DELAY
 // Prints TB/s of K+V read (median of 20 launches).
-#include <cuda_runtime.h>
-
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
 #include "../templates/ptx.cuh"  // the kernels' own PTX wrappers
+#include "probe_kv.cuh"
 using namespace jitattn;
 
 constexpr int kRowBytes = 256, kThreads = 128;
@@ -138,14 +135,7 @@ int main(int argc, char** argv) {
     std::printf("BUFFERS must be 2, 4 or 6\n");
     return 2;
   }
-  const size_t bytes = static_cast<size_t>(batch) * seqlen * heads * kRowBytes;
-  char *k, *v;
-  unsigned* sink;
-  cudaMalloc(&k, bytes);
-  cudaMalloc(&v, bytes);
-  cudaMalloc(&sink, 4);
-  cudaMemset(k, 1, bytes);
-  cudaMemset(v, 2, bytes);
+  const ProbeCache cache = make_probe_cache(static_cast<size_t>(batch) * seqlen * heads * kRowBytes);
   const int grid = batch * heads;
   const int smem = mode % 3 == 0 ? 4 * 2 * 2 * 32 * kRowBytes : buffers * block * kRowBytes;
   const bool panels = mode >= 3;
@@ -159,29 +149,13 @@ int main(int argc, char** argv) {
                                      : (panels ? cta_blocks<true, 256> : cta_blocks<false, 256>);
   cudaFuncSetAttribute(warp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaFuncSetAttribute(block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> times;
-  for (int r = 0; r < 23; ++r) {
-    cudaEventRecord(start);
+  const float ms = median_launch_ms([&] {
     if (mode % 3 == 0) {
-      warp_kernel<<<grid, kThreads, smem>>>(k, v, heads, seqlen, delay, sink);
+      warp_kernel<<<grid, kThreads, smem>>>(cache.k, cache.v, heads, seqlen, delay, cache.sink);
     } else {
-      block_kernel<<<grid, kThreads, smem>>>(k, v, heads, seqlen, buffers, delay, sink);
+      block_kernel<<<grid, kThreads, smem>>>(cache.k, cache.v, heads, seqlen, buffers, delay, cache.sink);
     }
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float ms;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (r >= 3) times.push_back(ms);
-  }
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
-    std::printf("launch failed: %s\n", cudaGetErrorString(e));
-    return 1;
-  }
-  std::sort(times.begin(), times.end());
-  const float ms = times[times.size() / 2];
+  });
   std::printf("mode %d block %d buffers %d delay %d: batch %d heads %d seqlen %d: %.4f ms, %.2f TB/s\n", mode, block,
-              mode % 3 == 0 ? 0 : buffers, delay, batch, heads, seqlen, ms, 2.0 * bytes / (ms * 1e-3) / 1e12);
+              mode % 3 == 0 ? 0 : buffers, delay, batch, heads, seqlen, ms, kv_tbps(cache, ms));
 }

@@ -8,13 +8,11 @@
 //   /tmp/probe_tc BATCH HEADS SEQLEN ROWS STAGES   (ROWS x STAGES: 32x4 32x6 64x2 64x3 64x4 128x2 128x3 16x8)
 #include <cuda.h>
 #include <cudaTypedefs.h>
-#include <cuda_runtime.h>
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
 #include "../templates/ptx.cuh"  // the kernels' own PTX wrappers
+#include "probe_kv.cuh"
 using namespace jitattn;
 constexpr int kD = 128;
 template <int ROWS, int STAGES>
@@ -63,31 +61,19 @@ template <int ROWS, int STAGES>
 float run(CUtensorMap km, CUtensorMap vm, int grid, int heads, int seqlen, unsigned* sink) {
   const int smem = STAGES * 2 * ROWS * kD * 2;
   cudaFuncSetAttribute(stream_tma<ROWS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int r = 0; r < 23; ++r) {
-    cudaEventRecord(a);
-    stream_tma<ROWS, STAGES><<<grid, 128, smem>>>(km, vm, heads, seqlen, sink);
-    cudaEventRecord(b); cudaEventSynchronize(b);
-    float ms; cudaEventElapsedTime(&ms, a, b); if (r >= 3) t.push_back(ms);
-  }
-  if (cudaGetLastError() != cudaSuccess) { std::printf("launch failed\n"); std::exit(1); }
-  std::sort(t.begin(), t.end()); return t[t.size() / 2];
+  return median_launch_ms([&] { stream_tma<ROWS, STAGES><<<grid, 128, smem>>>(km, vm, heads, seqlen, sink); });
 }
 int main(int argc, char** argv) {
   if (argc != 6) { std::printf("usage: %s BATCH HEADS SEQLEN ROWS STAGES\n", argv[0]); return 2; }
   const int batch = atoi(argv[1]), heads = atoi(argv[2]), seqlen = atoi(argv[3]), rows = atoi(argv[4]), stages = atoi(argv[5]);
   cudaDriverEntryPointQueryResult q;
   cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &q);
-  const size_t bytes = (size_t)batch * seqlen * heads * kD * 2;
-  char *k, *v; unsigned* sink;
-  cudaMalloc(&k, bytes); cudaMalloc(&v, bytes); cudaMalloc(&sink, 4);
-  cudaMemset(k, 1, bytes); cudaMemset(v, 2, bytes);
-  CUtensorMap km = make_map(k, batch, heads, seqlen, rows), vm = make_map(v, batch, heads, seqlen, rows);
+  const ProbeCache cache = make_probe_cache((size_t)batch * seqlen * heads * kD * 2);
+  CUtensorMap km = make_map(cache.k, batch, heads, seqlen, rows), vm = make_map(cache.v, batch, heads, seqlen, rows);
   float ms = 0;
-#define C(R, S) if (rows == R && stages == S) ms = run<R, S>(km, vm, batch * heads, heads, seqlen, sink);
+#define C(R, S) if (rows == R && stages == S) ms = run<R, S>(km, vm, batch * heads, heads, seqlen, cache.sink);
   C(32, 2) C(32, 4) C(32, 6) C(64, 2) C(64, 3) C(64, 4) C(128, 2) C(128, 3) C(16, 8)
   if (ms == 0) { std::printf("unsupported\n"); return 2; }
   std::printf("tma batch %d heads %d seqlen %d rows %d stages %d: %.4f ms, %.2f TB/s\n", batch, heads, seqlen, rows, stages, ms,
-              2.0 * bytes / (ms * 1e-3) / 1e12);
+              kv_tbps(cache, ms));
 }
