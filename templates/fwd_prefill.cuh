@@ -1123,8 +1123,8 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       mbarrier_arrive(ring.k_ready(s));
     }
     if (i + kStages - 1 < blocks) {
-      issue_k(i + kStages - 1, i + kStages - 1 == 0);
-      if constexpr (!kVLate) issue_v(i + kStages - 1, i + kStages - 1 == 0);
+      issue_k(i + kStages - 1);
+      if constexpr (!kVLate) issue_v(i + kStages - 1);
     }
     if constexpr (kVLate) issue_v(i, i == 0);
   }
