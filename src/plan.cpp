@@ -20,12 +20,14 @@ std::string shape_text(const TensorView& t) {
   return text + "]";
 }
 
-// The generated head dims; any other multiple of 8 runs on the next one up,
-// zero-padded inside the kernel (the caller's tensors are not copied).
+// The generated head dims; any other head dim runs on the next one up,
+// zero-padded inside the kernel (the caller's tensors are not copied). Head
+// dims that are not a multiple of 8 take the 4-warp kernels' element-wise
+// copies (KernelSpec::unaligned_dim).
 constexpr int kKernelHeadDims[] = {32, 64, 96, 128, 192, 256};
 
 int kernel_head_dim(int64_t head_dim) {
-  if (head_dim % 8 != 0 || head_dim < 8) reject(fmt::format("q: head_dim={} must be a multiple of 8", head_dim));
+  if (head_dim < 1) reject(fmt::format("q: head_dim={} must be at least 1", head_dim));
   for (int dim : kKernelHeadDims) {
     if (head_dim <= dim) return dim;
   }
@@ -48,10 +50,12 @@ long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads) {
   return per_batch_head ? slopes.strides[0] : 0;
 }
 
-// A 16-bit tensor of rows that cp.async reads in 16-byte chunks: dense
-// [batch, seqlen, heads, head_dim] (4-D) or packed varlen [total, heads,
-// head_dim] (3-D).
-void check_rows(const char* name, const TensorView& t, int ndim) {
+// A 16-bit tensor of rows: dense [batch, seqlen, heads, head_dim] (4-D) or
+// packed varlen [total, heads, head_dim] (3-D). Where head_dim is a multiple
+// of 8, cp.async reads the rows in 16-byte chunks, so they must be 16-byte
+// aligned. Other head dims (`any_head_dim`: forward and forward_varlen) are
+// read element by element, from any 2-byte boundary.
+void check_rows(const char* name, const TensorView& t, int ndim, bool any_head_dim = false) {
   const char* layout = ndim == 4 ? "[batch, seqlen, heads, head_dim]" : "[total_q, heads, head_dim]";
   if (t.ndim != ndim) reject(fmt::format("{}: must have {} dimensions {}, got {}", name, ndim, layout, t.ndim));
   if (t.dtype != DType::f16 && t.dtype != DType::bf16) {
@@ -68,7 +72,13 @@ void check_rows(const char* name, const TensorView& t, int ndim) {
   if (t.strides[ndim - 1] != 1) {
     reject(fmt::format("{}: head_dim stride is {}; the last dimension must be contiguous (stride 1)", name, t.strides[ndim - 1]));
   }
-  for (int axis = 0; axis < ndim - 1; ++axis) {
+  const int64_t head_dim = t.shape[ndim - 1];
+  const bool unaligned = head_dim % 8 != 0;
+  if (unaligned && !any_head_dim) {
+    reject(fmt::format("{}: head_dim={} must be a multiple of 8 for KV-cache calls (forward and forward_varlen take "
+                       "any head_dim up to 256)", name, head_dim));
+  }
+  for (int axis = 0; axis < ndim - 1 && !unaligned; ++axis) {
     if (t.strides[axis] % 8 != 0) {
       reject(fmt::format("{}: {} stride {} must be a multiple of 8 elements (16-byte aligned rows)", name, names[axis],
                          t.strides[axis]));
@@ -77,7 +87,10 @@ void check_rows(const char* name, const TensorView& t, int ndim) {
   bool empty = false;
   for (int axis = 0; axis < ndim; ++axis) empty = empty || (axis != ndim - 2 && t.shape[axis] == 0);
   if (t.data == nullptr && !empty) reject(fmt::format("{}: data is null", name));
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) reject(fmt::format("{}: data pointer must be 16-byte aligned", name));
+  if (reinterpret_cast<uintptr_t>(t.data) % (unaligned ? 2 : 16) != 0) {
+    reject(fmt::format("{}: data pointer must be {}-byte aligned{}", name, unaligned ? 2 : 16,
+                       unaligned ? "" : " (head_dim a multiple of 8)"));
+  }
 }
 
 // An i32 vector in device memory of `length` elements (cu_seqlens, seqused_k).
@@ -532,7 +545,19 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   plan.spec.local = local;
   plan.spec.softcap = options.softcap > 0.f;
   plan.spec.alibi = options.alibi_slopes != nullptr;
-  plan.spec.padded = kernel_dim != head_dim;
+  // Head dims that are not a multiple of 8: element-wise rows in the 4-warp
+  // kernels (KernelSpec::unaligned_dim), never the producer or wgmma ones.
+  const bool unaligned = head_dim % 8 != 0;
+  plan.spec.unaligned_dim = unaligned ? static_cast<int>(head_dim) : 0;
+  plan.spec.padded = kernel_dim != head_dim && !unaligned;
+  if (unaligned) {
+    if (options.tiles.stages != 0) {
+      reject(fmt::format("options.tiles.stages={}: head_dim={} (not a multiple of 8) runs on the 4-warp kernels, "
+                         "which have no stages", options.tiles.stages, head_dim));
+    }
+    plan.spec.stages = 0;
+    tiles.stages = 0;
+  }
   plan.spec.varlen = varlen;
   if (has_rope) {
     plan.spec.rope = rope.style == RopeStyle::rotate_half ? RopeKind::half : RopeKind::interleaved;
@@ -608,8 +633,9 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // measured over a cache, so 128) (H200, docs/PERFORMANCE.md).
   const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && problem.num_splits <= 1 &&
                              (plan.spec.pack_gqa ? seqlen_q * group : seqlen_q) > 64;
-  const bool choose = !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper;
-  std::optional<TileConfig> wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
+  const bool choose =
+      !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper && !unaligned;
+  std::optional<TileConfig> wgmma = unaligned ? std::nullopt : wgmma_tiles(kernel_dim, has_rope, arch);
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
   // unless their producer rotates K (RoPE without a KV cache); views a
   // tensor map cannot describe keep the mma.sync kernels. A paged cache's
@@ -843,10 +869,10 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
 ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView* lse, const ForwardOptions& options,
                          const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
-  check_rows("q", q, 4);
-  check_rows("k", k, 4);
-  check_rows("v", v, 4);
-  check_rows("out", out, 4);
+  check_rows("q", q, 4, true);
+  check_rows("k", k, 4, true);
+  check_rows("v", v, 4, true);
+  check_rows("out", out, 4, true);
   check_matching(q, k, v, out);
   if (k.shape[0] != q.shape[0]) reject(fmt::format("k: batch={} must equal q's batch={}", k.shape[0], q.shape[0]));
   Problem problem = problem_of(q, k, v, out);
@@ -865,10 +891,10 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
 ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                 const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
                                 const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
-  check_rows("q", q, 3);
-  check_rows("k", k, 3);
-  check_rows("v", v, 3);
-  check_rows("out", out, 3);
+  check_rows("q", q, 3, true);
+  check_rows("k", k, 3, true);
+  check_rows("v", v, 3, true);
+  check_rows("out", out, 3, true);
   check_matching(q, k, v, out);
   const int64_t batch = varlen.cu_seqlens_q.ndim == 1 ? varlen.cu_seqlens_q.shape[0] - 1 : -1;
   if (batch < 0) reject("cu_seqlens_q: shape must be [batch + 1] (at least one element)");

@@ -137,7 +137,7 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("kvcache", spec.kvcache ? "true" : "false"), fmt::arg("paged", spec.paged ? "true" : "false"),
       fmt::arg("split", spec.split ? "true" : "false"), fmt::arg("stages", spec.stages),
       fmt::arg("wgmma", spec.wgmma ? "true" : "false"), fmt::arg("persistent", spec.persistent ? "true" : "false"),
-      fmt::arg("smem_bytes", spec.smem_bytes()),
+      fmt::arg("unaligned_dim", spec.unaligned_dim), fmt::arg("smem_bytes", spec.smem_bytes()),
       fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;

@@ -193,6 +193,7 @@ std::string KernelSpec::text() const {
   if (split) out += ".split";
   if (padded) out += ".padded";
   if (varlen) out += ".varlen";
+  if (unaligned_dim != 0) out += fmt::format(".unaligned_d{}", unaligned_dim);
   return out;
 }
 
@@ -232,6 +233,10 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     first_flag = 7;  // a fwd spec with a producer warpgroup and its ring's stages
   }
   for (size_t i = first_flag; i < fields.size(); ++i) {
+    if (parse_field(fields[i], "unaligned_d", spec.unaligned_dim)) {
+      if (decode) bad_spec(text, "flag 'unaligned_dN' does not apply to a decode spec");
+      continue;
+    }
     const bool half = parse_field(fields[i], "rope_half_r", spec.rotary_dim);
     if (half || parse_field(fields[i], "rope_interleaved_r", spec.rotary_dim)) {
       if (spec.rope != RopeKind::none) bad_spec(text, "more than one rope field");
@@ -259,7 +264,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     }
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, softcap, alibi, rope_half_rN, "
-                                 "rope_interleaved_rN, rope_tables, packgqa, kvcache, paged, split, padded, varlen)",
+                                 "rope_interleaved_rN, rope_tables, packgqa, kvcache, paged, split, padded, varlen, unaligned_dN)",
                                  fields[i]));
     }
     *flag = true;
@@ -286,7 +291,25 @@ void KernelSpec::validate() const {
     fail(ErrorCode::unsupported,
          fmt::format("rotary_dim={} must be a multiple of 16 between 16 and head_dim={}", rotary_dim, head_dim));
   }
-  if (family == Family::decode) return validate_decode(fail);
+  if (family == Family::decode) {
+    if (unaligned_dim != 0) fail(ErrorCode::unsupported, "unaligned_dN does not apply to a decode spec");
+    return validate_decode(fail);
+  }
+  if (unaligned_dim != 0) {
+    // FwdConfig::kUnaligned: element-wise copies in the 4-warp kernels.
+    if (unaligned_dim < 1 || unaligned_dim % 8 == 0 || unaligned_dim >= head_dim) {
+      fail(ErrorCode::invalid_argument,
+           fmt::format("unaligned_d{} must be below head_dim={} and not a multiple of 8", unaligned_dim, head_dim));
+    }
+    if (stages != 0 || kvcache || split || padded) {
+      fail(ErrorCode::unsupported, "unaligned_dN (element-wise rows) needs the 4-warp kernels (no sN) without kvcache, "
+                                   "split or padded");
+    }
+    if (rotary_dim > unaligned_dim) {
+      fail(ErrorCode::unsupported,
+           fmt::format("rotary_dim={} is above the caller's head dim {}", rotary_dim, unaligned_dim));
+    }
+  }
   if (stages != 0) {
     // The producer layout (templates/fwd_prefill.cuh, FwdConfig::kProducer):
     // two warpgroups of MMA warps (or three with wgmma), a producer
@@ -416,9 +439,10 @@ uint64_t KernelSpec::packed() const {
   key = key << 4 | static_cast<uint64_t>(dtype);
   // fwd and decode keys stay below bit 60, where combine and append put
   // their family.
-  key = key << 9 | static_cast<uint64_t>(head_dim);
-  key = key << 8 | static_cast<uint64_t>(block_q / 16);  // multiples of 16 up to 256
-  key = key << 8 | static_cast<uint64_t>(block_kv);
+  key = key << 6 | static_cast<uint64_t>(head_dim / 8);    // multiples of 8 up to 256
+  key = key << 8 | static_cast<uint64_t>(block_q / 16);     // multiples of 16 up to 256
+  key = key << 4 | static_cast<uint64_t>(block_kv / 16);    // 16 up to 128
+  key = key << 8 | static_cast<uint64_t>(unaligned_dim);   // below 256
   key = key << 4 | static_cast<uint64_t>(warps);
   key = key << 4 | static_cast<uint64_t>(stages);
   key = key << 1 | static_cast<uint64_t>(wgmma);

@@ -63,6 +63,12 @@ struct KernelSpec {
   // (two Q buffers; text .persistent after .wgmma; FwdConfig::kPersistent).
   // The grid is then FwdParams' tile count capped by the host, not the tiles.
   bool persistent = false;
+  // fwd: the caller's head dim where it is not a multiple of 8 (0 otherwise;
+  // text .unaligned_dN last). Its rows start on any 2-byte boundary, so the
+  // kernel reads and writes them element by element and zero-pads the tiles
+  // up to head_dim, the next generated size (FwdConfig::kUnaligned). Only the
+  // 4-warp mma.sync kernels without a KV cache take it.
+  int unaligned_dim = 0;
 
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
   static KernelSpec combine(DType state_dtype, DType out_dtype);
@@ -71,7 +77,7 @@ struct KernelSpec {
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order wgmma, persistent, causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
-  // rope_tables, packgqa, kvcache, paged, split, padded, varlen), "combine.f32.bf16".
+  // rope_tables, packgqa, kvcache, paged, split, padded, varlen, unaligned_dN), "combine.f32.bf16".
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.
   static KernelSpec parse(std::string_view text);

@@ -9,7 +9,8 @@ using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /
                                   /*VARLEN=*/{varlen}, /*PACK_GQA=*/{pack_gqa}, /*ROPE=*/jitattn::{rope},
                                   /*ROTARY_DIM=*/{rotary_dim}, /*ROPE_TABLES=*/{rope_tables},
                                   /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged}, /*SPLIT=*/{split},
-                                  /*STAGES=*/{stages}, /*WGMMA=*/{wgmma}, /*PERSISTENT=*/{persistent}>;
+                                  /*STAGES=*/{stages}, /*WGMMA=*/{wgmma}, /*PERSISTENT=*/{persistent},
+                                  /*UNALIGNED_DIM=*/{unaligned_dim}>;
 // The host launches with KernelSpec::smem_bytes(); the two must agree.
 static_assert(Config::kSmemBytes == {smem_bytes}, "shared memory: the kernel's layout and the host's size differ");
 

@@ -23,10 +23,22 @@ enum MaskKind : int {
 
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE,
-          bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false, bool PERSISTENT = false>
+          bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false, bool PERSISTENT = false,
+          int UNALIGNED_DIM = 0>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
+  // UNALIGNED_DIM > 0: the caller's head dim, not a multiple of 8, so its
+  // rows start on any 2-byte boundary, which cp.async's 16-byte copies cannot
+  // read. Rows are then read and written element by element (copy_chunk,
+  // store_output) up to kColumns, and the tiles are zero past it, as for
+  // PADDED. Only the 4-warp mma.sync kernels, without a KV cache, take it
+  // (KernelSpec::validate).
+  static constexpr bool kUnaligned = UNALIGNED_DIM > 0;
+  static constexpr int kColumns = kUnaligned ? UNALIGNED_DIM : HEAD_DIM;
+  static_assert(!kUnaligned || (UNALIGNED_DIM % 8 != 0 && UNALIGNED_DIM < HEAD_DIM && STAGES == 0 && !KVCACHE &&
+                                !SPLIT && !PADDED),
+                "unaligned head dims: a non-multiple of 8 below HEAD_DIM, 4-warp kernels without a KV cache");
   static constexpr int kBlockQ = BLOCK_Q;
   static constexpr int kBlockKV = BLOCK_KV;
   static constexpr int kWarps = WARPS;  // MMA warps: each owns kRowsPerWarp query rows
@@ -211,6 +223,28 @@ __device__ __forceinline__ unsigned fragment_address(unsigned row_base, unsigned
   }
 }
 
+// Copies 16-byte chunk `chunk` of a row into shared memory: by cp.async, or
+// where rows are unaligned (FwdConfig::kUnaligned) by 2-byte loads, zero past
+// the head dim, and one 16-byte store. That copy completes before the
+// function returns, so the kernel's cp.async waits and barriers order it as
+// they order the copies it replaces. A false `valid` writes zeros.
+template <class Cfg>
+__device__ __forceinline__ void copy_chunk(unsigned destination, const unsigned short* source, bool valid, int chunk) {
+  if constexpr (Cfg::kUnaligned) {
+    unsigned words[4] = {0u, 0u, 0u, 0u};
+    if (valid) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (chunk * 8 + e < Cfg::kColumns) words[e / 2] |= static_cast<unsigned>(__ldg(source + e)) << (16 * (e & 1));
+      }
+    }
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(destination), "r"(words[0]), "r"(words[1]),
+                 "r"(words[2]), "r"(words[3]));
+  } else {
+    cp_async_16(destination, source, valid);
+  }
+}
+
 // Copies rows [row0, row0 + ROWS) of a [seqlen, head_dim] slice into a
 // swizzled tile. Rows at or past `rows_valid`, and chunks at or past
 // `chunks_valid` (a caller's head dim below the kernel's), are zero-filled.
@@ -224,7 +258,19 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
   constexpr int kRowsPerPass =
       Cfg::kWgmma ? Cfg::kLoadThreads / Cfg::kChunksPerRow / 8 * 8 : Cfg::kLoadThreads / Cfg::kChunksPerRow;
   constexpr int kActiveThreads = kRowsPerPass * Cfg::kChunksPerRow;
-  if constexpr ((Cfg::kLoadThreads % Cfg::kChunksPerRow == 0 || Cfg::kWgmma) && kRowsPerPass > 0 &&
+  if constexpr (Cfg::kUnaligned) {
+    // Element-wise copies hold a register per element until stored, so one
+    // chunk at a time: unrolled by 2 or 4 the kernels spilled up to 156
+    // bytes more (ptxas, NVRTC 13.0; test_compile bounds it).
+    constexpr int kChunks = ROWS * Cfg::kChunksPerRow;
+#pragma unroll 1
+    for (int index = threadIdx.x; index < kChunks; index += Cfg::kLoadThreads) {
+      const int row = index / Cfg::kChunksPerRow, chunk = index % Cfg::kChunksPerRow;
+      const bool valid = row0 + row < rows_valid && chunk < chunks_valid;
+      copy_chunk<Cfg>(tile + swizzled_bytes<Cfg, ROWS>(row, chunk),
+                      valid ? global + static_cast<long long>(row0 + row) * row_stride + chunk * 8 : global, valid, chunk);
+    }
+  } else if constexpr ((Cfg::kLoadThreads % Cfg::kChunksPerRow == 0 || Cfg::kWgmma) && kRowsPerPass > 0 &&
                 kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0) {
     // Each thread copies one fixed chunk column in whole 8-row steps: one
     // pointer walked by a fixed step and one row count compared against
@@ -243,7 +289,7 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
 #pragma unroll
     for (int pass = 0; pass < ROWS / kRowsPerPass; ++pass) {
       const bool valid = pass * kRowsPerPass < rows_left;
-      cp_async_16(destination + pass * kRowsPerPass * Cfg::kRowStride, valid ? source : global, valid);
+      copy_chunk<Cfg>(destination + pass * kRowsPerPass * Cfg::kRowStride, valid ? source : global, valid, chunk);
       source += step;
     }
   } else {
@@ -255,8 +301,8 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
         const int row = index / Cfg::kChunksPerRow;
         const int chunk = index % Cfg::kChunksPerRow;
         const bool valid = row0 + row < rows_valid && chunk < chunks_valid;
-        cp_async_16(tile + swizzled_bytes<Cfg, ROWS>(row, chunk), valid ? global + (row0 + row) * row_stride + chunk * 8 : global,
-                    valid);
+        copy_chunk<Cfg>(tile + swizzled_bytes<Cfg, ROWS>(row, chunk),
+                        valid ? global + (row0 + row) * row_stride + chunk * 8 : global, valid, chunk);
       }
     }
   }
@@ -591,8 +637,20 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
     const int column_chunk = chunk % Cfg::kChunksPerRow;
     if (q0 + row < rows && column_chunk < chunks_valid) {
       const uint4 value = *reinterpret_cast<const uint4*>(staging + swizzled_bytes<Cfg, Cfg::kBlockQ>(row, column_chunk));
-      *reinterpret_cast<uint4*>(out + row_offset<Cfg>(q0 + row, group, out_row_stride, out_head_stride) +
-                                column_chunk * 8) = value;
+      unsigned short* const destination =
+          out + row_offset<Cfg>(q0 + row, group, out_row_stride, out_head_stride) + column_chunk * 8;
+      if constexpr (Cfg::kUnaligned) {
+        // Unaligned rows: element by element, up to the head dim.
+        const unsigned words[4] = {value.x, value.y, value.z, value.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if (column_chunk * 8 + e < Cfg::kColumns) {
+            destination[e] = static_cast<unsigned short>(words[e / 2] >> (16 * (e & 1)));
+          }
+        }
+      } else {
+        *reinterpret_cast<uint4*>(destination) = value;
+      }
     }
   }
 }
@@ -694,7 +752,7 @@ __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned shor
       const int chunk = index % Cfg::kChunksPerRow;
       const bool valid = q0 + row < rows && chunk < chunks_valid;
       const unsigned short* source = valid ? q + row_offset<Cfg>(q0 + row, group, row_stride, head_stride) + chunk * 8 : q;
-      cp_async_16(tile + swizzled_bytes<Cfg, Cfg::kBlockQ>(row, chunk), source, valid);
+      copy_chunk<Cfg>(tile + swizzled_bytes<Cfg, Cfg::kBlockQ>(row, chunk), source, valid, chunk);
     }
   }
 }
@@ -1437,7 +1495,7 @@ __device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJ
   job.batch = batch, job.head = head, job.q0 = q0, job.seqlen_q = seqlen_q, job.seqlen_k = seqlen_k;
   // Rows of this sequence's (packed) Q: queries × heads of the group.
   job.rows = seqlen_q * group, job.group = group;
-  job.chunks_valid = Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
+  job.chunks_valid = Cfg::kUnaligned ? (Cfg::kColumns + 7) / 8 : Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
   job.q = static_cast<const unsigned short*>(p.q) + q_start + head * p.q_head_stride;
   job.k = static_cast<const unsigned short*>(p.k) + k_start + kv_head * p.k_head_stride;
   job.v = static_cast<const unsigned short*>(p.v) + v_start + kv_head * p.v_head_stride;

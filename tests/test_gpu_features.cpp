@@ -292,7 +292,7 @@ TEST_CASE("the GPU reference kernel agrees with the CPU references with windows,
   }
 }
 
-TEST_CASE("features: every head dim (multiples of 8 up to 256), causal and not, GQA/MQA") {
+TEST_CASE("features: every head dim (multiples of 8 up to 256, and 59 and 111), causal and not, GQA/MQA") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const std::vector<std::pair<int, int>> seqlens = {{113, 203}, {128, 217}, {1, 239}, {512, 256}};
@@ -300,7 +300,9 @@ TEST_CASE("features: every head dim (multiples of 8 up to 256), causal and not, 
   std::vector<Case> cases;
   int index = 0;
   for (DType dtype : kDTypes) {
-    for (int head_dim : {32, 40, 64, 80, 96, 104, 128, 160, 192, 224, 256}) {
+    // 59 and 111 (FlashAttention's test grid): rows start on 2-byte
+    // boundaries, read element by element (KernelSpec::unaligned_dim).
+    for (int head_dim : {32, 40, 59, 64, 80, 96, 104, 111, 128, 160, 192, 224, 256}) {
       for (bool causal : {false, true}) {
         for (const auto& [seqlen_q, seqlen_k] : seqlens) {
           Case c;

@@ -233,7 +233,8 @@ TEST_CASE("rope: both styles, rotary fractions 0.5 and 1, theta / linear / Llama
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const std::pair<int, int> seqlens[] = {{113, 203}, {128, 217}, {1, 239}, {3, 799}, {256, 512}, {1024, 1024}};
-  const int head_dims[] = {64, 128, 96, 80, 256, 32};
+  // 59: element-wise rows (KernelSpec::unaligned_dim), rotary dims 16 and 48.
+  const int head_dims[] = {64, 128, 96, 80, 256, 32, 59};
   const Angles angle_kinds[] = {Angles::theta, Angles::tables, Angles::llama3, Angles::linear};
   std::vector<Case> cases;
   int index = 0;
@@ -243,7 +244,7 @@ TEST_CASE("rope: both styles, rotary fractions 0.5 and 1, theta / linear / Llama
         for (Offsets offsets : {Offsets::none, Offsets::keys, Offsets::both}) {
           for (int variant = 0; variant < 2; ++variant, ++index) {
             const auto& [seqlen_q, seqlen_k] = seqlens[index % 6];
-            const int head_dim = head_dims[index % 6];
+            const int head_dim = head_dims[index % 7];
             Case c;
             c.dtype = dtype;
             c.shape = AttentionShape::dense(seqlen_q >= 1024 ? 1 : 2, seqlen_q, seqlen_k, 6, index % 3 == 0 ? 6 : 2, head_dim,

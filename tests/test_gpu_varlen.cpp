@@ -431,14 +431,14 @@ const DType kDTypes[] = {DType::f16, DType::bf16};
 
 TEST_SUITE("gpu") {
 
-TEST_CASE("varlen: random packed batches, f16/bf16, head dims 64/128/80, MHA/GQA/MQA, causal and not") {
+TEST_CASE("varlen: random packed batches, f16/bf16, head dims 64/128/80/59, MHA/GQA/MQA, causal and not") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const std::pair<int, int> heads[] = {{6, 6}, {6, 2}, {6, 1}};
   std::vector<Case> cases;
   int index = 0;
   for (DType dtype : kDTypes) {
-    for (int head_dim : {64, 128, 80}) {
+    for (int head_dim : {64, 128, 80, 59}) {
       for (const auto& [heads_q, heads_kv] : heads) {
         for (bool causal : {false, true}) {
           Case c;
@@ -479,7 +479,7 @@ TEST_CASE("varlen: q, k and v as slices of one packed qkv buffer (row stride (he
   std::vector<Case> cases;
   for (DType dtype : kDTypes) {
     for (bool causal : {false, true}) {
-      for (const auto& [heads_q, heads_kv, head_dim] : {std::tuple{6, 2, 128}, std::tuple{4, 4, 64}}) {
+      for (const auto& [heads_q, heads_kv, head_dim] : {std::tuple{6, 2, 128}, std::tuple{4, 4, 64}, std::tuple{6, 2, 111}}) {
         Case c;
         c.dtype = dtype;
         c.layout = Layout::qkv;

@@ -704,7 +704,7 @@ TEST_CASE("every rule is enforced with a message naming the argument") {
   { Call c; c.lse.shape[2] = 101; rejects(c, "lse: shape [2, 8, 101] must be [batch, heads_q, seqlen_q] = [2, 8, 100]"); }
   { Call c; c.options.softmax_scale = -1.f; rejects(c, "options.softmax_scale=-1 must be positive and finite"); }
   { Call c; c.options.softmax_scale = NAN; rejects(c, "options.softmax_scale"); }
-  { Call c; c.q.shape[3] = c.k.shape[3] = c.v.shape[3] = c.out.shape[3] = 36; rejects(c, "q: head_dim=36 must be a multiple of 8"); }
+  { Call c; c.q.shape[3] = c.k.shape[3] = c.v.shape[3] = c.out.shape[3] = 0; rejects(c, "q: head_dim=0 must be at least 1"); }
   { Call c; c.options.window_left = -2; rejects(c, "options.window_left=-2 must be -1 (unbounded) or >= 0"); }
   { Call c; c.options.window_right = -5; rejects(c, "options.window_right=-5"); }
   { Call c; c.options.softcap = -1.f; rejects(c, "options.softcap=-1 must be >= 0"); }
@@ -738,6 +738,81 @@ TEST_CASE("head dims map to the next generated one, padded in the kernel") {
     *t = TensorView::contiguous(t->data, DType::bf16, {t->shape[0], t->shape[1], t->shape[2], 264});
   }
   CHECK_THROWS_WITH_AS(c.plan(), doctest::Contains("head_dim=264 is above the largest supported, 256"), Error);
+}
+
+TEST_CASE("head dims that are not a multiple of 8 take element-wise rows in the 4-warp kernels") {
+  // Contiguous rows of 59 or 111 elements start on 2-byte boundaries.
+  auto call_for = [](int64_t d) {
+    Call c;
+    for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) {
+      *t = TensorView::contiguous(t->data, DType::bf16, {t->shape[0], t->shape[1], t->shape[2], d});
+    }
+    return c;
+  };
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    Call c = call_for(59);
+    c.options.causal = true;
+    ForwardPlan plan = c.plan(true, 227 * 1024, arch);
+    CHECK(plan.spec.text() == "fwd.bf16.d64.br64.bc64.w4.causal.unaligned_d59");
+    CHECK(plan.params.head_dim == 59);
+    CHECK(plan.params.scale == doctest::Approx(1 / std::sqrt(59.0)));
+    CHECK(plan.params.q_row_stride == 8 * 59);
+  }
+  // Long enough for the wgmma tiles at a multiple of 8; still the 4-warp ones.
+  Call longer = call_for(111);
+  longer.q.shape[1] = longer.out.shape[1] = longer.lse.shape[2] = 4096;
+  longer.k.shape[1] = longer.v.shape[1] = 4096;
+  ForwardPlan plan = longer.plan();
+  CHECK(plan.spec.head_dim == 128);
+  CHECK(plan.spec.unaligned_dim == 111);
+  CHECK(plan.spec.stages == 0);
+  CHECK_FALSE(plan.spec.wgmma);
+  CHECK_FALSE(plan.spec.padded);
+  // Any element stride and 2-byte alignment: a packed qkv view [B, S, 3, H, 59].
+  Call packed = call_for(59);
+  packed.k.shape[2] = packed.v.shape[2] = 8;
+  packed.q.strides[1] = packed.k.strides[1] = packed.v.strides[1] = 3 * 8 * 59;
+  packed.q.data = address(0x10002);
+  CHECK(packed.plan().spec.unaligned_dim == 59);
+  packed.k.data = address(0x20001);
+  CHECK_THROWS_WITH_AS(packed.plan(), doctest::Contains("k: data pointer must be 2-byte aligned"), Error);
+  // Rules: no producer stages; the rotary dim fits the caller's head dim.
+  Call staged = call_for(59);
+  staged.options.tiles.stages = 2;
+  CHECK_THROWS_WITH_AS(staged.plan(), doctest::Contains("options.tiles.stages=2: head_dim=59 (not a multiple of 8)"), Error);
+  Call rope = call_for(59);
+  rope.options.rope.style = RopeStyle::rotate_half;
+  CHECK_THROWS_WITH_AS(rope.plan(), doctest::Contains("options.rope.rotary_dim=0 (0 = head_dim = 59)"), Error);
+  rope.options.rope.rotary_dim = 48;
+  const KernelSpec rope_spec = rope.plan().spec;
+  CHECK(rope_spec.text().find(".w4.rope_half_r48.unaligned_d59") != std::string::npos);
+  CHECK(rope_spec.stages == 0);
+  // The spec text round-trips and its rules hold without a planner.
+  const KernelSpec parsed = KernelSpec::parse("fwd.f16.d128.br128.bc64.w4.local.varlen.unaligned_d111");
+  CHECK(parsed.unaligned_dim == 111);
+  CHECK(parsed.packed() != KernelSpec::parse("fwd.f16.d128.br128.bc64.w4.local.varlen").packed());
+  CHECK(parsed.packed() != KernelSpec::parse("fwd.f16.d128.br128.bc64.w4.local.varlen.unaligned_d109").packed());
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4.unaligned_d56"),
+                       doctest::Contains("unaligned_d56 must be below head_dim=64 and not a multiple of 8"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4.unaligned_d67"),
+                       doctest::Contains("unaligned_d67 must be below head_dim=64"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w8.s2.unaligned_d59"),
+                       doctest::Contains("needs the 4-warp kernels"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br64.bc64.w4.packgqa.kvcache.unaligned_d59"),
+                       doctest::Contains("needs the 4-warp kernels"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br64.bc64.w4.rope_half_r64.unaligned_d59"),
+                       doctest::Contains("rotary_dim=64 is above the caller's head dim 59"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d64.br16.bc32.w4.s4.unaligned_d59"),
+                       doctest::Contains("unaligned_dN"), Error);
+  // KV-cache calls keep 16-byte rows (FlashAttention's with_kvcache pads a copy of the cache instead).
+  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 8, 59});
+  KVCacheArgs args;
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {1, 256, 8, 59});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {1, 256, 8, 59});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {1});
+  CHECK_THROWS_WITH_AS(plan_kvcache(q, args, q, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"),
+                                    227 * 1024, 132),
+                       doctest::Contains("q: head_dim=59 must be a multiple of 8 for KV-cache calls"), Error);
 }
 
 TEST_CASE("windows, softcap and ALiBi select kernel features and runtime bounds") {

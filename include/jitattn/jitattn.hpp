@@ -245,6 +245,9 @@ class JITATTN_API Runtime {
   //   k,v: [batch, seqlen_k, heads_kv, head_dim]  same dtype; heads_q % heads_kv == 0
   //   out: like q
   //   lse: optional [batch, heads_q, seqlen_q] f32 (natural log); nullptr to skip.
+  // head_dim 1..256. A multiple of 8 needs 16-byte aligned rows (strides in
+  // multiples of 8 elements); any other head_dim takes any strides and 2-byte
+  // alignment, on slower element-wise kernels (docs/PERFORMANCE.md).
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const TensorView* lse = nullptr, const ForwardOptions& options = {},
                Stream stream = nullptr);
@@ -259,7 +262,8 @@ class JITATTN_API Runtime {
   // KV-cache attention (decoding, speculative decoding, chunked prefill).
   //   q:   [batch, seqlen_q, heads_q, head_dim]; out like q; lse optional
   //        [batch, heads_q, seqlen_q] f32. Options as forward() (RoPE offsets
-  //        excepted: positions come from cache_seqlens).
+  //        excepted: positions come from cache_seqlens). head_dim a multiple
+  //        of 8 up to 256.
   // workspace: device memory of at least kvcache_workspace_bytes() for the
   // same arguments (0 bytes when no split is needed); the library allocates
   // nothing, so for fixed shapes the launches can be captured in a graph.
