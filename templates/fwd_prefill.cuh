@@ -245,6 +245,25 @@ __device__ __forceinline__ void copy_chunk(unsigned destination, const unsigned 
   }
 }
 
+// load_tile in a loop that is not unrolled: for copies made at most once
+// per tile on a producer with few registers (the varlen V block that ends
+// past its sequence: the unrolled passes spilled 12 bytes in the
+// three-warpgroup producer's 32 registers), and for every tile of unaligned
+// rows, whose element-wise copies hold a register per element until stored
+// (unrolled by 2 or 4 those kernels spilled up to 156 bytes more; ptxas,
+// NVRTC 13.0; test_compile bounds it).
+template <class Cfg, int ROWS>
+__device__ __forceinline__ void load_tile_rolled(unsigned tile, const unsigned short* global, long long row_stride,
+                                                 int row0, int rows_valid, int chunks_valid) {
+#pragma unroll 1
+  for (int index = threadIdx.x % Cfg::kLoadThreads; index < ROWS * Cfg::kChunksPerRow; index += Cfg::kLoadThreads) {
+    const int row = index / Cfg::kChunksPerRow, chunk = index % Cfg::kChunksPerRow;
+    const bool valid = row0 + row < rows_valid && chunk < chunks_valid;
+    copy_chunk<Cfg>(tile + swizzled_bytes<Cfg, ROWS>(row, chunk),
+                    valid ? global + static_cast<long long>(row0 + row) * row_stride + chunk * 8 : global, valid, chunk);
+  }
+}
+
 // Copies rows [row0, row0 + ROWS) of a [seqlen, head_dim] slice into a
 // swizzled tile. Rows at or past `rows_valid`, and chunks at or past
 // `chunks_valid` (a caller's head dim below the kernel's), are zero-filled.
@@ -259,17 +278,7 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
       Cfg::kWgmma ? Cfg::kLoadThreads / Cfg::kChunksPerRow / 8 * 8 : Cfg::kLoadThreads / Cfg::kChunksPerRow;
   constexpr int kActiveThreads = kRowsPerPass * Cfg::kChunksPerRow;
   if constexpr (Cfg::kUnaligned) {
-    // Element-wise copies hold a register per element until stored, so one
-    // chunk at a time: unrolled by 2 or 4 the kernels spilled up to 156
-    // bytes more (ptxas, NVRTC 13.0; test_compile bounds it).
-    constexpr int kChunks = ROWS * Cfg::kChunksPerRow;
-#pragma unroll 1
-    for (int index = threadIdx.x; index < kChunks; index += Cfg::kLoadThreads) {
-      const int row = index / Cfg::kChunksPerRow, chunk = index % Cfg::kChunksPerRow;
-      const bool valid = row0 + row < rows_valid && chunk < chunks_valid;
-      copy_chunk<Cfg>(tile + swizzled_bytes<Cfg, ROWS>(row, chunk),
-                      valid ? global + static_cast<long long>(row0 + row) * row_stride + chunk * 8 : global, valid, chunk);
-    }
+    load_tile_rolled<Cfg, ROWS>(tile, global, row_stride, row0, rows_valid, chunks_valid);
   } else if constexpr ((Cfg::kLoadThreads % Cfg::kChunksPerRow == 0 || Cfg::kWgmma) && kRowsPerPass > 0 &&
                 kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0) {
     // Each thread copies one fixed chunk column in whole 8-row steps: one
@@ -308,21 +317,6 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
   }
 }
 
-// load_tile in a loop that is not unrolled, for copies made at most once
-// per tile on a producer with few registers (the varlen V block that ends
-// past its sequence): the unrolled passes spilled 12 bytes in the
-// three-warpgroup producer's 32 registers (ptxas, NVRTC 13.0).
-template <class Cfg, int ROWS>
-__device__ __forceinline__ void load_tile_rolled(unsigned tile, const unsigned short* global, long long row_stride,
-                                                 int row0, int rows_valid, int chunks_valid) {
-#pragma unroll 1
-  for (int index = threadIdx.x % Cfg::kLoadThreads; index < ROWS * Cfg::kChunksPerRow; index += Cfg::kLoadThreads) {
-    const int row = index / Cfg::kChunksPerRow, chunk = index % Cfg::kChunksPerRow;
-    const bool valid = row0 + row < rows_valid && chunk < chunks_valid;
-    cp_async_16(tile + swizzled_bytes<Cfg, ROWS>(row, chunk),
-                valid ? global + static_cast<long long>(row0 + row) * row_stride + chunk * 8 : global, valid);
-  }
-}
 
 // S = Q Kᵀ for this warp's rows, with K [BLOCK_KV][HEAD_DIM] in shared memory
 // and Q's A fragments from `q_fragment(m, ks, a)` (16-row tile m, k-step ks).
