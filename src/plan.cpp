@@ -545,18 +545,17 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   plan.spec.local = local;
   plan.spec.softcap = options.softcap > 0.f;
   plan.spec.alibi = options.alibi_slopes != nullptr;
-  // Head dims that are not a multiple of 8: element-wise rows in the 4-warp
-  // kernels (KernelSpec::unaligned_dim), never the producer or wgmma ones.
+  // Head dims that are not a multiple of 8 (KernelSpec::unaligned_dim):
+  // element-wise rows in the 4-warp kernels, or on sm_90a the wgmma tiles of
+  // two warpgroups, whose producer copies aligned blocks and shifts them
+  // (chosen below); never persistent or three warpgroups.
   const bool unaligned = head_dim % 8 != 0;
   plan.spec.unaligned_dim = unaligned ? static_cast<int>(head_dim) : 0;
   plan.spec.padded = kernel_dim != head_dim && !unaligned;
-  if (unaligned) {
-    if (options.tiles.stages != 0) {
-      reject(fmt::format("options.tiles.stages={}: head_dim={} (not a multiple of 8) runs on the 4-warp kernels, "
-                         "which have no stages", options.tiles.stages, head_dim));
-    }
-    plan.spec.stages = 0;
-    tiles.stages = 0;
+  if (unaligned && options.tiles.stages != 0 && (!options.tiles.wgmma || options.tiles.persistent)) {
+    reject(fmt::format("options.tiles.stages={}: head_dim={} (not a multiple of 8) runs on the 4-warp kernels, or "
+                       "with stages on ordinary-grid wgmma tiles (options.tiles.wgmma, not persistent)",
+                       options.tiles.stages, head_dim));
   }
   plan.spec.varlen = varlen;
   if (has_rope) {
@@ -635,7 +634,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                              (plan.spec.pack_gqa ? seqlen_q * group : seqlen_q) > 64;
   const bool choose =
       !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper && !unaligned;
-  std::optional<TileConfig> wgmma = unaligned ? std::nullopt : wgmma_tiles(kernel_dim, has_rope, arch);
+  std::optional<TileConfig> wgmma;
+  if (!unaligned) wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
   // unless their producer rotates K (RoPE without a KV cache); views a
   // tensor map cannot describe keep the mma.sync kernels. A paged cache's
@@ -666,7 +666,16 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   if (problem.paged && page_rows < kMinTensorCopyPageRows) wgmma.reset();
   const bool rope_producer =
       has_rope && !problem.kvcache && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
-  if (choose && rope_producer) {
+  // Unaligned head dims on sm_90a: 128-row wgmma tiles of two warpgroups
+  // (the producer shifts rows into them: FwdConfig::kStagedRows), under the
+  // rules of the aligned ones; 64-key blocks above head dim 64, where 128
+  // with the staging slots would not fit in shared memory.
+  const bool unaligned_wgmma = !tiles_forced && options.tiles.stages == 0 && !problem.kvcache && hopper &&
+                               unaligned && kernel_dim <= 128 && (has_rope || long_keys) && ctas_of(128) >= kMinCtas;
+  if (unaligned_wgmma) {
+    tiles = {128, kernel_dim <= 64 ? 128 : 64, 8, 2, true};
+    apply_tiles(plan.spec, tiles);
+  } else if (choose && rope_producer) {
     tiles = {256, 64, 8, 3};
     apply_tiles(plan.spec, tiles);
   } else if (choose && wgmma && (problem.kvcache ? long_keys && maps_possible : has_rope || (long_keys && maps_possible)) &&

@@ -301,9 +301,14 @@ void KernelSpec::validate() const {
       fail(ErrorCode::invalid_argument,
            fmt::format("unaligned_d{} must be below head_dim={} and not a multiple of 8", unaligned_dim, head_dim));
     }
-    if (stages != 0 || kvcache || split || padded) {
-      fail(ErrorCode::unsupported, "unaligned_dN (element-wise rows) needs the 4-warp kernels (no sN) without kvcache, "
-                                   "split or padded");
+    if (kvcache || split || padded || persistent) {
+      fail(ErrorCode::unsupported, "unaligned_dN does not combine with kvcache, split, padded or persistent");
+    }
+    // With a producer (sN) the rows go through its staging slots
+    // (FwdConfig::kStagedRows): wgmma tiles of two warpgroups, 128 rows.
+    if (stages != 0 && (!wgmma || warps != 8)) {
+      fail(ErrorCode::unsupported, fmt::format("unaligned_d{} with s{} needs wgmma tiles of w=8 (not w={}{})",
+                                               unaligned_dim, stages, warps, wgmma ? "" : ", mma.sync"));
     }
     if (rotary_dim > unaligned_dim) {
       fail(ErrorCode::unsupported,
@@ -425,9 +430,19 @@ size_t KernelSpec::smem_bytes() const {
     // per Q tile when persistent; FwdConfig::kSmemBytes, Ring). The rendered
     // entry asserts that the kernel's layout has this size.
     const int q_tiles = persistent ? 2 : 1;
+    const size_t tiles = static_cast<size_t>(q_tiles * block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype);
+    if (unaligned_dim != 0) {
+      // Unaligned rows: two more barriers per staging slot and "Q staged",
+      // then (at a 16-byte boundary) three slots of a K and a V block's
+      // staging rows, a 16-byte block more than the row's chunks each
+      // (FwdConfig::kStagedRows).
+      constexpr int kStagingSlots = 3;
+      const size_t barriers = static_cast<size_t>(5 * stages + 1 + 2 * kStagingSlots + 1) * 8;
+      const size_t staging_row = static_cast<size_t>((unaligned_dim + 7) / 8 + 1) * 16;
+      return (tiles + barriers + 15) / 16 * 16 + kStagingSlots * 2 * static_cast<size_t>(block_kv) * staging_row;
+    }
     const int barriers = 5 * stages + (persistent ? 4 : 1);
-    return static_cast<size_t>(q_tiles * block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype) +
-           static_cast<size_t>(barriers) * 8;
+    return tiles + static_cast<size_t>(barriers) * 8;
   }
   return static_cast<size_t>(block_q + 2 * block_kv) * row_elems * dtype_size(dtype);
 }

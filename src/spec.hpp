@@ -90,9 +90,10 @@ struct KernelSpec {
   // cache): K and V blocks arrive by tensor copies whose maps the launch
   // encodes (FwdConfig::kTensorCopies, ForwardPlan::k_map; varlen: 3-D maps
   // over the packed rows; paged: over the pages, a box per page shorter
-  // than a block), except in the one variant where they would spill.
+  // than a block), except in the one variant where they would spill, and
+  // for unaligned rows (staged by the producer instead).
   bool tensor_copies() const {
-    return family == Family::fwd && wgmma && (rope == RopeKind::none || kvcache) &&
+    return family == Family::fwd && wgmma && (rope == RopeKind::none || kvcache) && unaligned_dim == 0 &&
            !(warps == 12 && persistent && local);
   }
 

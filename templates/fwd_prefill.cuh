@@ -30,15 +30,18 @@ struct FwdConfig {
   static constexpr int kHeadDim = HEAD_DIM;
   // UNALIGNED_DIM > 0: the caller's head dim, not a multiple of 8, so its
   // rows start on any 2-byte boundary, which cp.async's 16-byte copies cannot
-  // read. Rows are then read and written element by element (copy_chunk,
-  // store_output) up to kColumns, and the tiles are zero past it, as for
-  // PADDED. Only the 4-warp mma.sync kernels, without a KV cache, take it
-  // (KernelSpec::validate).
+  // read. The 4-warp mma.sync kernels then read rows element by element
+  // (copy_chunk); the wgmma tiles of two warpgroups have their producer copy
+  // the aligned blocks that cover each row and shift them into the tiles
+  // (kStagedRows, produce_tiles_unaligned). The output is written element
+  // by element (store_output) up to kColumns, and the tiles are zero past
+  // it, as for PADDED. Never with a KV cache (KernelSpec::validate).
   static constexpr bool kUnaligned = UNALIGNED_DIM > 0;
   static constexpr int kColumns = kUnaligned ? UNALIGNED_DIM : HEAD_DIM;
-  static_assert(!kUnaligned || (UNALIGNED_DIM % 8 != 0 && UNALIGNED_DIM < HEAD_DIM && STAGES == 0 && !KVCACHE &&
-                                !SPLIT && !PADDED),
-                "unaligned head dims: a non-multiple of 8 below HEAD_DIM, 4-warp kernels without a KV cache");
+  static_assert(!kUnaligned || (UNALIGNED_DIM % 8 != 0 && UNALIGNED_DIM < HEAD_DIM && !KVCACHE && !SPLIT &&
+                                !PADDED && !PERSISTENT && (STAGES == 0 || (WGMMA && WARPS == 8))),
+                "unaligned head dims: a non-multiple of 8 below HEAD_DIM, without a KV cache; 4-warp kernels, or "
+                "ordinary-grid wgmma tiles of two warpgroups");
   static constexpr int kBlockQ = BLOCK_Q;
   static constexpr int kBlockKV = BLOCK_KV;
   static constexpr int kWarps = WARPS;  // MMA warps: each owns kRowsPerWarp query rows
@@ -135,7 +138,7 @@ struct FwdConfig {
   // Not with three persistent warpgroups and a window: there the producer's
   // 32 registers spill 4-8 bytes (ptxas, NVRTC 13.0), and the cp.async
   // copies do not (KernelSpec::tensor_copies says the same).
-  static constexpr bool kTensorCopies = WGMMA && (ROPE == 0 || KVCACHE) &&
+  static constexpr bool kTensorCopies = WGMMA && (ROPE == 0 || KVCACHE) && UNALIGNED_DIM == 0 &&
                                         !(WARPS == 12 && PERSISTENT && MASK == kMaskLocal);
   // Pages shorter than this many rows are copied by cp.async: a page's box
   // must fill whole 1024-byte swizzle atoms of a 128-byte-swizzled panel.
@@ -171,7 +174,24 @@ struct FwdConfig {
   static constexpr int kRingStages = kProducer ? kStages : 1;
   static constexpr int kBarrierOffset = (kQBuffers * kSmemQ + kRingStages * (kSmemK + kSmemV)) * 2;
   static constexpr int kQBarriers = kPersistent ? 4 : 1;
-  static constexpr int kSmemBytes = kBarrierOffset + (kProducer ? (5 * kStages + kQBarriers) * 8 : 0);
+  // Unaligned rows with the producer (produce_tiles_unaligned): cp.async
+  // copies the 16-byte-aligned blocks that cover each row into staging rows,
+  // and the producer shifts them into the tiles. kStagingSlots slots of a K
+  // block's rows then a V block's, so copies run kStagingSlots - 1 blocks
+  // ahead of the shifts, independently of the ring's stages; the last slot
+  // stages Q first. Each staging row has room for one block more than the
+  // row's chunks: a chunk at any 2-byte offset spans two blocks. Barriers
+  // after the ring's: "K staged" and "V staged" per slot, then "Q staged".
+  static constexpr bool kStagedRows = kUnaligned && kProducer;
+  static constexpr int kChunksUsed = kUnaligned ? (kColumns + 7) / 8 : kChunksPerRow;
+  static constexpr int kStagingSlots = kStagedRows ? 3 : 0;
+  static constexpr int kStagingRowBytes = (kChunksUsed + 1) * 16;
+  static constexpr int kStagingSlotBytes = 2 * BLOCK_KV * kStagingRowBytes;
+  static constexpr int kProducerBarriers = kProducer ? 5 * kStages + kQBarriers + 2 * kStagingSlots + kStagedRows : 0;
+  static constexpr int kStagingOffset = (kBarrierOffset + kProducerBarriers * 8 + 15) / 16 * 16;
+  static constexpr int kSmemBytes =
+      kStagedRows ? kStagingOffset + kStagingSlots * kStagingSlotBytes : kBarrierOffset + kProducerBarriers * 8;
+  static_assert(!kStagedRows || 2 * BLOCK_KV >= BLOCK_Q, "Q is staged in one slot's K and V rows");
 
   // Whether the next K block is requested before this block's softmax (more
   // time to hide its latency, longer register live ranges) or after it.
@@ -317,6 +337,165 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
   }
 }
 
+
+// Unaligned rows with the producer (Cfg::kStagedRows), step 1: copies the
+// 16-byte-aligned blocks that cover rows [0, ROWS) into staging rows of
+// Cfg::kStagingRowBytes, by cp.async. row_at(row) is the row's first element,
+// or nullptr for a row past the sequence (left uncopied: shift_rows writes
+// zeros there). Only blocks holding a byte of the row are read; an aligned
+// block never straddles a page, so no copy touches memory outside the pages
+// that hold the caller's rows. The producer's threads share each row where
+// the rows are fewer than they are.
+template <class Cfg, int ROWS, class RowAt>
+__device__ __forceinline__ void stage_rows(unsigned staging, const RowAt& row_at) {
+  constexpr int kThreadsPerRow = Cfg::kProducerThreads > ROWS ? Cfg::kProducerThreads / ROWS : 1;
+  constexpr int kBlocks = Cfg::kChunksUsed + 1;
+  const int thread = threadIdx.x % Cfg::kProducerThreads;
+#pragma unroll 1
+  for (int row = thread / kThreadsPerRow; row < ROWS; row += Cfg::kProducerThreads / kThreadsPerRow) {
+    const unsigned short* first = row_at(row);
+    if (first == nullptr) continue;
+    const unsigned long long address = reinterpret_cast<unsigned long long>(first);
+    const unsigned long long end = address + 2 * Cfg::kColumns;
+    const unsigned long long block0 = address & ~15ull;
+    const unsigned destination = staging + row * Cfg::kStagingRowBytes;
+#pragma unroll
+    for (int j = 0; j < (kBlocks + kThreadsPerRow - 1) / kThreadsPerRow; ++j) {
+      const int block = j * kThreadsPerRow + thread % kThreadsPerRow;
+      if (block < kBlocks && block0 + 16 * block < end) {
+        cp_async_16(destination + 16 * block, reinterpret_cast<const void*>(block0 + 16 * block), true);
+      }
+    }
+  }
+}
+
+// Step 2, once the staged copies have landed: writes chunk c of each row to
+// the tile as staging bytes [m + 16c, m + 16c + 16), m = the row's address
+// mod 16 (even): five 4-byte loads from m rounded down to 4, and a 2-byte
+// shift by byte permutes where m mod 4 = 2. Elements past the head dim are
+// zeroed; rows past the sequence are written as zeros. Chunks at or past
+// Cfg::kChunksUsed are not written (zero_unused_chunks).
+template <class Cfg, int ROWS, class RowAt>
+__device__ __forceinline__ void shift_rows(unsigned tile, unsigned staging, const RowAt& row_at) {
+  constexpr int kTail = Cfg::kColumns % 8;  // elements in the last chunk
+#pragma unroll 1
+  for (int index = threadIdx.x % Cfg::kProducerThreads; index < ROWS * Cfg::kChunksUsed;
+       index += Cfg::kProducerThreads) {
+    const int row = index / Cfg::kChunksUsed, chunk = index % Cfg::kChunksUsed;
+    const unsigned short* first = row_at(row);
+    unsigned words[4] = {0u, 0u, 0u, 0u};
+    if (first != nullptr) {
+      const unsigned offset = static_cast<unsigned>(reinterpret_cast<unsigned long long>(first)) & 15u;
+      const unsigned source = staging + row * Cfg::kStagingRowBytes + chunk * 16 + (offset & 12u);
+      unsigned staged[5];
+#pragma unroll
+      for (int k = 0; k < 5; ++k) {
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(staged[k]) : "r"(source + 4 * k));
+      }
+      const unsigned selector = (offset & 2u) != 0u ? 0x5432u : 0x3210u;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        words[j] = __byte_perm(staged[j], staged[j + 1], selector);
+        if (kTail != 0 && chunk == Cfg::kChunksUsed - 1) {
+          words[j] &= 2 * j + 1 < kTail ? 0xffffffffu : 2 * j < kTail ? 0x0000ffffu : 0u;
+        }
+      }
+    }
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + swizzled_bytes<Cfg, ROWS>(row, chunk)),
+                 "r"(words[0]), "r"(words[1]), "r"(words[2]), "r"(words[3]));
+  }
+}
+
+// stage_rows and shift_rows for rows at a fixed stride (K and V blocks,
+// unpacked Q): row r at rows + r · row_stride, for r < rows_valid. Rows 8
+// apart start at the same offset mod 16 (8 rows of 2-byte elements span a
+// multiple of 16 bytes), so each thread takes one column (a staging block,
+// or a chunk) of rows 8k apart in whole 8-row passes: its offset, the
+// bytes of its block its rows hold and its addresses are set up once, and
+// each row costs a copy, or five loads, four permutes and a store. Copies
+// are coalesced along a row and zero-fill past a row's last byte and for
+// rows past the sequence, so the shift runs without masks or branches (with
+// them, 3-7% slower at head dim 59 on the H200; per-chunk addressing, as in
+// stage_rows / shift_rows, was 1.8× slower).
+template <class Cfg, int ROWS>
+__device__ __forceinline__ void stage_strided_rows(unsigned staging, const unsigned short* rows, long long row_stride,
+                                                   int rows_valid) {
+  constexpr int kBlocks = Cfg::kChunksUsed + 1;
+  // At most 16 threads a row (head dims 121-127 have 17 blocks: one thread
+  // of each row takes two), so that passes have 8 rows.
+  constexpr int kThreadsPerRow = kBlocks < 16 ? kBlocks : 16;
+  constexpr int kRowsPerPass = Cfg::kProducerThreads / kThreadsPerRow / 8 * 8;
+  static_assert(kRowsPerPass >= 8, "whole 8-row passes");
+  const int thread = threadIdx.x % Cfg::kProducerThreads;
+  if (thread >= kRowsPerPass * kThreadsPerRow) return;
+  const int row = thread / kThreadsPerRow;
+  const unsigned long long first = reinterpret_cast<unsigned long long>(rows + row * row_stride);
+  const long long step = kRowsPerPass * row_stride;
+  const int rows_left = rows_valid - row;
+#pragma unroll
+  for (int block = thread % kThreadsPerRow; block < kBlocks; block += kThreadsPerRow) {
+    // The bytes of this block that belong to this thread's rows (the same
+    // for all of them): the copy zeroes the rest, so the staged rows read
+    // as zeros past the head dim, and blocks past a row's end are zeros.
+    const int bytes = min(max(static_cast<int>(first & 15ull) + 2 * Cfg::kColumns - 16 * block, 0), 16);
+    const unsigned short* source = reinterpret_cast<const unsigned short*>((first & ~15ull) + 16 * block);
+    const unsigned destination = staging + row * Cfg::kStagingRowBytes + 16 * block;
+#pragma unroll
+    for (int pass = 0; pass < (ROWS + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
+      if (ROWS % kRowsPerPass != 0 && row + pass * kRowsPerPass >= ROWS) break;
+      // Rows past the sequence are staged as zeros too (no read), so the
+      // shift runs without a branch.
+      const bool valid = pass * kRowsPerPass < rows_left && bytes != 0;
+      cp_async_16_prefix(destination + pass * kRowsPerPass * Cfg::kStagingRowBytes, valid ? source : rows,
+                         valid ? bytes : 0);
+      source += step;
+    }
+  }
+}
+
+// (Tile and staging by generic pointers into shared memory: plain loads and
+// stores, which the compiler may interleave across passes. As volatile asm,
+// kept in order, each pass waited for its own loads: 5% slower at head
+// dim 59 on the H200.)
+template <class Cfg, int ROWS>
+__device__ __forceinline__ void shift_strided_rows(unsigned char* tile, const unsigned char* staging,
+                                                   const unsigned short* rows, long long row_stride) {
+  constexpr int kRowsPerPass = Cfg::kProducerThreads / Cfg::kChunksUsed / 8 * 8;
+  static_assert(kRowsPerPass >= 8, "whole 8-row passes");
+  const int thread = threadIdx.x % Cfg::kProducerThreads;
+  if (thread >= kRowsPerPass * Cfg::kChunksUsed) return;
+  const int row = thread / Cfg::kChunksUsed, chunk = thread % Cfg::kChunksUsed;
+  const unsigned offset = static_cast<unsigned>(reinterpret_cast<unsigned long long>(rows + row * row_stride)) & 15u;
+  const unsigned selector = (offset & 2u) != 0u ? 0x5432u : 0x3210u;
+  const unsigned* source =
+      reinterpret_cast<const unsigned*>(staging + row * Cfg::kStagingRowBytes + chunk * 16 + (offset & 12u));
+  // Rows 8k apart keep (row & 7), so the swizzled address steps linearly.
+  uint4* destination = reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg, ROWS>(row, chunk));
+#pragma unroll
+  for (int pass = 0; pass < (ROWS + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
+    if (ROWS % kRowsPerPass != 0 && row + pass * kRowsPerPass >= ROWS) break;
+    const unsigned* at = source + pass * kRowsPerPass * Cfg::kStagingRowBytes / 4;
+    destination[pass * kRowsPerPass * Cfg::kRowStride / 16] =
+        make_uint4(__byte_perm(at[0], at[1], selector), __byte_perm(at[1], at[2], selector),
+                   __byte_perm(at[2], at[3], selector), __byte_perm(at[3], at[4], selector));
+  }
+}
+
+// Zeroes chunks [Cfg::kChunksUsed, Cfg::kChunksPerRow) of a tile (head dims
+// such as 111 on 128-wide tiles). shift_rows never writes them, so once per
+// tile buffer is enough.
+template <class Cfg, int ROWS>
+__device__ __forceinline__ void zero_unused_chunks(unsigned tile) {
+  constexpr int kUnused = Cfg::kChunksPerRow - Cfg::kChunksUsed;
+  if constexpr (kUnused > 0) {
+#pragma unroll 1
+    for (int index = threadIdx.x % Cfg::kProducerThreads; index < ROWS * kUnused; index += Cfg::kProducerThreads) {
+      const int row = index / kUnused, chunk = Cfg::kChunksUsed + index % kUnused;
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(tile + swizzled_bytes<Cfg, ROWS>(row, chunk)),
+                   "r"(0u));
+    }
+  }
+}
 
 // S = Q Kᵀ for this warp's rows, with K [BLOCK_KV][HEAD_DIM] in shared memory
 // and Q's A fragments from `q_fragment(m, ks, a)` (16-row tile m, k-step ks).
@@ -993,6 +1172,19 @@ struct Ring {
   __device__ __forceinline__ unsigned v_free(int s) const { return barrier(4 * Cfg::kStages + s); }
   __device__ __forceinline__ unsigned q_landed(int b) const { return barrier(5 * Cfg::kStages + b); }
   __device__ __forceinline__ unsigned q_free(int b) const { return barrier(5 * Cfg::kStages + 2 + b); }
+  // Unaligned rows (Cfg::kStagedRows): the staging slots and their barriers.
+  __device__ __forceinline__ unsigned staging(int slot) const {
+    return base + Cfg::kStagingOffset + slot * Cfg::kStagingSlotBytes;
+  }
+  __device__ __forceinline__ unsigned k_staged(int slot) const {
+    return barrier(5 * Cfg::kStages + Cfg::kQBarriers + slot);
+  }
+  __device__ __forceinline__ unsigned v_staged(int slot) const {
+    return barrier(5 * Cfg::kStages + Cfg::kQBarriers + Cfg::kStagingSlots + slot);
+  }
+  __device__ __forceinline__ unsigned q_staged() const {
+    return barrier(5 * Cfg::kStages + Cfg::kQBarriers + 2 * Cfg::kStagingSlots);
+  }
 
   // Every barrier, by thread 0 before the CTA's first __syncthreads.
   __device__ __forceinline__ void init() const {
@@ -1007,6 +1199,13 @@ struct Ring {
     for (int b = 0; b < Cfg::kQBuffers; ++b) {
       mbarrier_init(q_landed(b), Cfg::kProducerThreads);
       if (Cfg::kPersistent) mbarrier_init(q_free(b), Cfg::kWarps * 32);
+    }
+    if constexpr (Cfg::kStagedRows) {
+      for (int slot = 0; slot < Cfg::kStagingSlots; ++slot) {
+        mbarrier_init(k_staged(slot), Cfg::kProducerThreads);
+        mbarrier_init(v_staged(slot), Cfg::kProducerThreads);
+      }
+      mbarrier_init(q_staged(), Cfg::kProducerThreads);
     }
     if constexpr (Cfg::kTensorCopies) fence_barrier_init();
   }
@@ -1183,6 +1382,95 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   // The last copies complete before the producer's threads exit (a
   // persistent producer waits once, after its last tile).
   if constexpr (!Cfg::kPersistent) cp_async_wait<0>();
+}
+
+// produce_tiles for unaligned rows (Cfg::kStagedRows): each K/V block's
+// covering blocks are copied into staging slot i % kStagingSlots, which runs
+// kStagingSlots - 1 blocks ahead; once a slot's copies have landed, the
+// producer shifts K (and rotates it, RoPE) into its stage when that is free,
+// then V, and hands each over with one arrival per thread. Q goes the same
+// way through the last slot before the first block. Ordinary grids only.
+template <class Cfg>
+__device__ __forceinline__ void produce_tiles_unaligned(const FwdParams& p, const TileJob& job, const Ring<Cfg>& ring,
+                                                        unsigned char* shared_bytes) {
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kSlots = Cfg::kStagingSlots;
+  constexpr int kVStagingBytes = Cfg::kBlockKV * Cfg::kStagingRowBytes;  // V's rows follow K's in a slot
+  const int blocks = job.end_block - job.first_block;
+  auto key0_of = [&](int i) { return (job.end_block - 1 - i) * Cfg::kBlockKV; };
+  auto k_rows = [&](int i) { return job.k + static_cast<long long>(key0_of(i)) * p.k_row_stride; };
+  auto v_rows = [&](int i) { return job.v + static_cast<long long>(key0_of(i)) * p.v_row_stride; };
+  // Packed GQA: Q's rows are not at one stride (row_offset).
+  auto query_rows = [&](int row) -> const unsigned short* {
+    return job.q0 + row < job.rows ? job.q + row_offset<Cfg>(job.q0 + row, job.group, p.q_row_stride, p.q_head_stride)
+                                   : nullptr;
+  };
+  const unsigned short* const q_rows = job.q + static_cast<long long>(job.q0) * p.q_row_stride;
+  auto bytes = [&](unsigned address) { return shared_bytes + (address - ring.base); };
+  auto stage_block = [&](int i) {
+    const unsigned slot = ring.staging(i % kSlots);
+    stage_strided_rows<Cfg, Cfg::kBlockKV>(slot, k_rows(i), p.k_row_stride, job.seqlen_k - key0_of(i));
+    cp_async_mbarrier_arrive(ring.k_staged(i % kSlots));
+    stage_strided_rows<Cfg, Cfg::kBlockKV>(slot + kVStagingBytes, v_rows(i), p.v_row_stride, job.seqlen_k - key0_of(i));
+    cp_async_mbarrier_arrive(ring.v_staged(i % kSlots));
+    cp_async_commit();
+  };
+  if constexpr (Cfg::kPackGqa) {
+    stage_rows<Cfg, Cfg::kBlockQ>(ring.staging(kSlots - 1), query_rows);
+  } else {
+    stage_strided_rows<Cfg, Cfg::kBlockQ>(ring.staging(kSlots - 1), q_rows, p.q_row_stride, job.seqlen_q - job.q0);
+  }
+  cp_async_mbarrier_arrive(ring.q_staged());
+  cp_async_commit();
+  for (int i = 0; i < kSlots - 1 && i < blocks; ++i) stage_block(i);
+  zero_unused_chunks<Cfg, Cfg::kBlockQ>(ring.q_tile(0));
+  for (int s = 0; s < kStages; ++s) {
+    zero_unused_chunks<Cfg, Cfg::kBlockKV>(ring.k_stage(s));
+    zero_unused_chunks<Cfg, Cfg::kBlockKV>(ring.v_stage(s));
+  }
+  mbarrier_wait(ring.q_staged(), 0);
+  if constexpr (Cfg::kPackGqa) {
+    shift_rows<Cfg, Cfg::kBlockQ>(ring.q_tile(0), ring.staging(kSlots - 1), query_rows);
+  } else {
+    shift_strided_rows<Cfg, Cfg::kBlockQ>(bytes(ring.q_tile(0)), bytes(ring.staging(kSlots - 1)), q_rows,
+                                          p.q_row_stride);
+  }
+  // wgmma reads the tiles through the async proxy: every store before the
+  // hand-over is ordered before those reads.
+  fence_async_shared();
+  mbarrier_arrive(ring.q_landed(0));
+  int key_position0 = 0, query_position0 = 0;
+  if constexpr (Cfg::kRope != kRopeNone) {
+    rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
+  }
+  ProducerKeyRotation<Cfg> key_rotation(p, threadIdx.x % Cfg::kProducerThreads);
+  for (int i = 0; i < blocks; ++i) {
+    const int slot = i % kSlots, s = i % kStages;
+    const unsigned staged_phase = (i / kSlots) & 1, free_phase = (i / kStages - 1) & 1;
+    mbarrier_wait(ring.k_staged(slot), staged_phase);
+    if (i >= kStages) mbarrier_wait(ring.k_free(s), free_phase);
+    shift_strided_rows<Cfg, Cfg::kBlockKV>(bytes(ring.k_stage(s)), bytes(ring.staging(slot)), k_rows(i),
+                                           p.k_row_stride);
+    if constexpr (Cfg::kRotateKeys) {
+      // Rotation units span chunks that other threads shifted.
+      named_barrier_sync<Cfg::kProducerBarrier, Cfg::kProducerThreads>();
+      key_rotation.rotate(shared_bytes + (ring.k_stage(s) - ring.base), p, key_position0 + key0_of(i), i);
+    }
+    fence_async_shared();
+    mbarrier_arrive(ring.k_ready(s));
+    mbarrier_wait(ring.v_staged(slot), staged_phase);
+    if (i >= kStages) mbarrier_wait(ring.v_free(s), free_phase);
+    shift_strided_rows<Cfg, Cfg::kBlockKV>(bytes(ring.v_stage(s)), bytes(ring.staging(slot) + kVStagingBytes),
+                                           v_rows(i), p.v_row_stride);
+    fence_async_shared();
+    mbarrier_arrive(ring.v_landed(s));
+    if (i + kSlots - 1 < blocks) {
+      // Block i + kSlots - 1 goes to the slot block i - 1 (or Q) came from:
+      // every thread is done reading it once all are past this barrier.
+      named_barrier_sync<Cfg::kProducerBarrier, Cfg::kProducerThreads>();
+      stage_block(i + kSlots - 1);
+    }
+  }
 }
 
 template <class Cfg>
@@ -1517,7 +1805,11 @@ __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, cons
   __syncthreads();
   if (threadIdx.x < Cfg::kProducerThreads) {
     warpgroup_registers_release<Cfg::kProducerRegisters>();
-    produce_tiles<Cfg>(p, job, ring, shared_bytes);
+    if constexpr (Cfg::kStagedRows) {
+      produce_tiles_unaligned<Cfg>(p, job, ring, shared_bytes);
+    } else {
+      produce_tiles<Cfg>(p, job, ring, shared_bytes);
+    }
   } else {
     warpgroup_registers_claim<Cfg::kMmaRegisters>();
     if constexpr (Cfg::kWgmma) {

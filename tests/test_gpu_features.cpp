@@ -456,19 +456,20 @@ TEST_CASE("features: a rejected call writes nothing") {
   INFO("seed=", seed);
   const DType dtype = DType::bf16;
 
-  // head_dim 36: rows padded to 40 elements so only head_dim itself is wrong.
+  // head_dim 264 (any head dim up to 256 runs): rows padded to 272 elements
+  // so only head_dim itself is wrong.
   {
-    const int64_t shape[4] = {1, 64, 2, 36};
-    const int64_t strides[4] = {64 * 2 * 40, 2 * 40, 40, 1};
-    DeviceTensor q(random_values(64 * 2 * 36, dtype, rng), dtype, shape, strides);
-    DeviceTensor k(random_values(64 * 2 * 36, dtype, rng), dtype, shape, strides);
-    DeviceTensor v(random_values(64 * 2 * 36, dtype, rng), dtype, shape, strides);
+    const int64_t shape[4] = {1, 64, 2, 264};
+    const int64_t strides[4] = {64 * 2 * 272, 2 * 272, 272, 1};
+    DeviceTensor q(random_values(64 * 2 * 264, dtype, rng), dtype, shape, strides);
+    DeviceTensor k(random_values(64 * 2 * 264, dtype, rng), dtype, shape, strides);
+    DeviceTensor v(random_values(64 * 2 * 264, dtype, rng), dtype, shape, strides);
     DeviceTensor out(dtype, shape, strides);
     DeviceBuffer lse(64 * 2 * 4);
     lse.fill_bytes(0xff);
     const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {1, 2, 64});
     CHECK_THROWS_WITH_AS(gpu_tests_runtime().forward(q.view(), k.view(), v.view(), out.view(), &lse_view, {}, nullptr),
-                         doctest::Contains("head_dim=36 must be a multiple of 8"), Error);
+                         doctest::Contains("head_dim=264 is above the largest supported, 256"), Error);
     for (uint16_t bits : out.raw()) REQUIRE(bits == 0xffff);
     std::vector<uint32_t> lse_bits(64 * 2);
     lse.download(lse_bits.data(), lse_bits.size() * 4);

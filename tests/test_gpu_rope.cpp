@@ -348,6 +348,31 @@ TEST_CASE("wgmma (sm_90a): RoPE and plain, both styles, masks, softcap, ALiBi, G
   });
 }
 
+TEST_CASE("wgmma with head dims that are not a multiple of 8 (sm_90a): staged rows, RoPE and plain, masks, GQA") {
+  // The producer copies the 16-byte blocks that cover each row into staging
+  // slots and shifts them into the tiles (FwdConfig::kStagedRows). The
+  // layouts' odd strides start rows at every 2-byte offset; 111 and 125 leave
+  // whole chunks of the 128-wide tiles past the head dim, 20 and 90 fall in
+  // 32- and 96-wide ones; keys cross the 3 staging slots and 2-3 stages (2 above head dim 64).
+  if (!sm90a_or_skip("wgmma")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const int head_dims[] = {59, 111, 20, 90, 125, 37};
+  std::vector<Case> cases;
+  for (int index = 0; index < 24; ++index) {
+    const int head_dim = head_dims[(index / 6 + index) % 6];
+    Case c = producer_grid_case(index, head_dim, index % 3 != 2);
+    // Staging slots and 128-key blocks would not fit in shared memory above 64.
+    const int block_kv = head_dim > 64 || index % 3 == 0 ? 64 : 128;
+    c.tiles = {128, block_kv, 8, head_dim > 64 ? 2 : 2 + index % 2, true};
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    CHECK_MESSAGE(run.spec.find(fmt::format(".w8.s{}.wgmma", c.tiles.stages)) != std::string::npos, run.spec);
+    CHECK_MESSAGE(run.spec.find(fmt::format(".unaligned_d{}", c.shape.head_dim)) != std::string::npos, run.spec);
+  });
+}
+
 TEST_CASE("wgmma with three warpgroups (sm_90a, 192-row tiles): RoPE and plain, masks, softcap, ALiBi, GQA packing") {
   // Three MMA warpgroups and a producer left 32 or 72 registers
   // (FwdConfig::kProducerRegisters); 192 rows per tile end mid-tile at every length below, and block

@@ -740,7 +740,7 @@ TEST_CASE("head dims map to the next generated one, padded in the kernel") {
   CHECK_THROWS_WITH_AS(c.plan(), doctest::Contains("head_dim=264 is above the largest supported, 256"), Error);
 }
 
-TEST_CASE("head dims that are not a multiple of 8 take element-wise rows in the 4-warp kernels") {
+TEST_CASE("head dims that are not a multiple of 8: element-wise rows in 4-warp kernels, staged rows in wgmma ones") {
   // Contiguous rows of 59 or 111 elements start on 2-byte boundaries.
   auto call_for = [](int64_t d) {
     Call c;
@@ -758,16 +758,21 @@ TEST_CASE("head dims that are not a multiple of 8 take element-wise rows in the 
     CHECK(plan.params.scale == doctest::Approx(1 / std::sqrt(59.0)));
     CHECK(plan.params.q_row_stride == 8 * 59);
   }
-  // Long enough for the wgmma tiles at a multiple of 8; still the 4-warp ones.
+  // Long enough for the wgmma tiles: on sm_90a the 128-row ones of two
+  // warpgroups, whose producer stages and shifts the rows (64-key blocks
+  // above head dim 64, for shared memory); on sm_80 still the 4-warp ones.
   Call longer = call_for(111);
   longer.q.shape[1] = longer.out.shape[1] = longer.lse.shape[2] = 4096;
   longer.k.shape[1] = longer.v.shape[1] = 4096;
   ForwardPlan plan = longer.plan();
-  CHECK(plan.spec.head_dim == 128);
-  CHECK(plan.spec.unaligned_dim == 111);
-  CHECK(plan.spec.stages == 0);
-  CHECK_FALSE(plan.spec.wgmma);
+  CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc64.w8.s2.wgmma.unaligned_d111");
+  CHECK(plan.spec.smem_bytes() <= 227 * 1024);
   CHECK_FALSE(plan.spec.padded);
+  CHECK(longer.plan(true, 163 * 1024, "sm_80").spec.text() == "fwd.bf16.d128.br128.bc64.w4.unaligned_d111");
+  Call longer59 = call_for(59);
+  longer59.q.shape[1] = longer59.out.shape[1] = longer59.lse.shape[2] = 4096;
+  longer59.k.shape[1] = longer59.v.shape[1] = 4096;
+  CHECK(longer59.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s2.wgmma.unaligned_d59");
   // Any element stride and 2-byte alignment: a packed qkv view [B, S, 3, H, 59].
   Call packed = call_for(59);
   packed.k.shape[2] = packed.v.shape[2] = 8;
@@ -776,10 +781,15 @@ TEST_CASE("head dims that are not a multiple of 8 take element-wise rows in the 
   CHECK(packed.plan().spec.unaligned_dim == 59);
   packed.k.data = address(0x20001);
   CHECK_THROWS_WITH_AS(packed.plan(), doctest::Contains("k: data pointer must be 2-byte aligned"), Error);
-  // Rules: no producer stages; the rotary dim fits the caller's head dim.
+  // Rules: producer stages only with wgmma tiles of an ordinary grid; the
+  // rotary dim fits the caller's head dim.
   Call staged = call_for(59);
   staged.options.tiles.stages = 2;
   CHECK_THROWS_WITH_AS(staged.plan(), doctest::Contains("options.tiles.stages=2: head_dim=59 (not a multiple of 8)"), Error);
+  staged.options.tiles = {128, 64, 8, 3, true};
+  CHECK(staged.plan().spec.text() == "fwd.bf16.d64.br128.bc64.w8.s3.wgmma.unaligned_d59");
+  staged.options.tiles.persistent = true;
+  CHECK_THROWS_WITH_AS(staged.plan(), doctest::Contains("ordinary-grid wgmma tiles"), Error);
   Call rope = call_for(59);
   rope.options.rope.style = RopeStyle::rotate_half;
   CHECK_THROWS_WITH_AS(rope.plan(), doctest::Contains("options.rope.rotary_dim=0 (0 = head_dim = 59)"), Error);
@@ -797,9 +807,13 @@ TEST_CASE("head dims that are not a multiple of 8 take element-wise rows in the 
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4.unaligned_d67"),
                        doctest::Contains("unaligned_d67 must be below head_dim=64"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w8.s2.unaligned_d59"),
-                       doctest::Contains("needs the 4-warp kernels"), Error);
+                       doctest::Contains("unaligned_d59 with s2 needs wgmma tiles of w=8"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br192.bc64.w12.s2.wgmma.unaligned_d59"),
+                       doctest::Contains("needs wgmma tiles of w=8 (not w=12)"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w8.s2.wgmma.persistent.unaligned_d59"),
+                       doctest::Contains("does not combine with kvcache, split, padded or persistent"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br64.bc64.w4.packgqa.kvcache.unaligned_d59"),
-                       doctest::Contains("needs the 4-warp kernels"), Error);
+                       doctest::Contains("does not combine with kvcache"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br64.bc64.w4.rope_half_r64.unaligned_d59"),
                        doctest::Contains("rotary_dim=64 is above the caller's head dim 59"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d64.br16.bc32.w4.s4.unaligned_d59"),

@@ -247,7 +247,8 @@ class JITATTN_API Runtime {
   //   lse: optional [batch, heads_q, seqlen_q] f32 (natural log); nullptr to skip.
   // head_dim 1..256. A multiple of 8 needs 16-byte aligned rows (strides in
   // multiples of 8 elements); any other head_dim takes any strides and 2-byte
-  // alignment, on slower element-wise kernels (docs/PERFORMANCE.md).
+  // alignment, on kernels that shift the rows into place (sm_90a, long enough
+  // calls) or read them element by element (docs/PERFORMANCE.md).
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const TensorView* lse = nullptr, const ForwardOptions& options = {},
                Stream stream = nullptr);
