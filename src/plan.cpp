@@ -557,6 +557,12 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                        "with stages on ordinary-grid wgmma tiles (options.tiles.wgmma, not persistent)",
                        options.tiles.stages, head_dim));
   }
+  if (unaligned && options.tiles.stages == 0) {
+    // Not a tuned producer layout of the mma.sync kernels either (the wgmma
+    // tiles are chosen below).
+    plan.spec.stages = 0;
+    tiles.stages = 0;
+  }
   plan.spec.varlen = varlen;
   if (has_rope) {
     plan.spec.rope = rope.style == RopeStyle::rotate_half ? RopeKind::half : RopeKind::interleaved;
