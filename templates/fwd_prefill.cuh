@@ -1454,7 +1454,7 @@ __device__ __forceinline__ void produce_tiles_unaligned(const FwdParams& p, cons
     if constexpr (Cfg::kRotateKeys) {
       // Rotation units span chunks that other threads shifted.
       named_barrier_sync<Cfg::kProducerBarrier, Cfg::kProducerThreads>();
-      key_rotation.rotate(shared_bytes + (ring.k_stage(s) - ring.base), p, key_position0 + key0_of(i), i);
+      key_rotation.rotate(bytes(ring.k_stage(s)), p, key_position0 + key0_of(i), i);
     }
     fence_async_shared();
     mbarrier_arrive(ring.k_ready(s));

@@ -742,10 +742,12 @@ TEST_CASE("head dims map to the next generated one, padded in the kernel") {
 
 TEST_CASE("head dims that are not a multiple of 8: element-wise rows in 4-warp kernels, staged rows in wgmma ones") {
   // Contiguous rows of 59 or 111 elements start on 2-byte boundaries.
-  auto call_for = [](int64_t d) {
+  // Head dim d; seqlen > 0 sets the query and key lengths.
+  auto call_for = [](int64_t d, int64_t seqlen = 0) {
     Call c;
+    if (seqlen > 0) c.lse.shape[2] = seqlen;
     for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) {
-      *t = TensorView::contiguous(t->data, DType::bf16, {t->shape[0], t->shape[1], t->shape[2], d});
+      *t = TensorView::contiguous(t->data, DType::bf16, {t->shape[0], seqlen > 0 ? seqlen : t->shape[1], t->shape[2], d});
     }
     return c;
   };
@@ -761,18 +763,13 @@ TEST_CASE("head dims that are not a multiple of 8: element-wise rows in 4-warp k
   // Long enough for the wgmma tiles: on sm_90a the 128-row ones of two
   // warpgroups, whose producer stages and shifts the rows (64-key blocks
   // above head dim 64, for shared memory); on sm_80 still the 4-warp ones.
-  Call longer = call_for(111);
-  longer.q.shape[1] = longer.out.shape[1] = longer.lse.shape[2] = 4096;
-  longer.k.shape[1] = longer.v.shape[1] = 4096;
+  const Call longer = call_for(111, 4096);
   ForwardPlan plan = longer.plan();
   CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc64.w8.s2.wgmma.unaligned_d111");
   CHECK(plan.spec.smem_bytes() <= 227 * 1024);
   CHECK_FALSE(plan.spec.padded);
   CHECK(longer.plan(true, 163 * 1024, "sm_80").spec.text() == "fwd.bf16.d128.br128.bc64.w4.unaligned_d111");
-  Call longer59 = call_for(59);
-  longer59.q.shape[1] = longer59.out.shape[1] = longer59.lse.shape[2] = 4096;
-  longer59.k.shape[1] = longer59.v.shape[1] = 4096;
-  CHECK(longer59.plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s2.wgmma.unaligned_d59");
+  CHECK(call_for(59, 4096).plan().spec.text() == "fwd.bf16.d64.br128.bc128.w8.s2.wgmma.unaligned_d59");
   // Any element stride and 2-byte alignment: a packed qkv view [B, S, 3, H, 59].
   Call packed = call_for(59);
   packed.k.shape[2] = packed.v.shape[2] = 8;
