@@ -338,7 +338,16 @@ TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int
 }
 
 std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch) {
-  if (head_dim > 128 || arch.major != 9 || arch.minor != 0 || !arch.arch_specific) return std::nullopt;
+  if (arch.major != 9 || arch.minor != 0 || !arch.arch_specific) return std::nullopt;
+  if (head_dim > 128) {
+    // A 128-row Q tile and two stages of the longest key blocks that fit in
+    // shared memory: 96 keys at 192 (192 KB), 80 at 256 (224 KB). Against
+    // 64-key blocks (three stages at 192) they measured 4-14% faster at 192
+    // and 0-6% at 256 (H200, docs/PERFORMANCE.md). RoPE keeps the mma.sync
+    // kernels there (KernelSpec::validate).
+    if (rope) return std::nullopt;
+    return TileConfig{128, head_dim == 192 ? 96 : 80, 8, 2, true};
+  }
   // Without RoPE at head dims up to 64: 192-row tiles, three MMA warpgroups.
   // Measured on the H200 (docs/PERFORMANCE.md) against 128 rows: 1.10-1.13×
   // at head_dim 64 causal from N 2048, 1.00-1.07× without a mask (0.99× at
@@ -374,7 +383,7 @@ std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal,
     set.push_back(*wgmma);
     TileConfig persistent = *wgmma;
     persistent.persistent = true;
-    set.push_back(persistent);
+    if (head_dim <= 128) set.push_back(persistent);
   }
   return set;
 }
@@ -641,7 +650,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const bool choose =
       !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper && !unaligned;
   std::optional<TileConfig> wgmma;
-  if (!unaligned) wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
+  // Above head_dim 128 the wgmma kernels take no KV cache (KernelSpec::validate).
+  if (!unaligned && !(problem.kvcache && kernel_dim > 128)) wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
   // unless their producer rotates K (RoPE without a KV cache); views a
   // tensor map cannot describe keep the mma.sync kernels. A paged cache's
@@ -711,7 +721,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                                            : seqlen_k <= 4096 && (tile_count <= kPersistentMaxWaves * problem.sm_count ||
                                                                   seqlen_k <= 512))
                              : seqlen_k <= (small_head ? 4096 : 1024);
-    plan.spec.persistent = !spills && !problem.kvcache && pays && tile_count > problem.sm_count;
+    plan.spec.persistent = !spills && !problem.kvcache && kernel_dim <= 128 && pays && tile_count > problem.sm_count;
   }
   plan.spec.validate();
   // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at

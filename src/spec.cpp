@@ -329,13 +329,22 @@ void KernelSpec::validate() const {
   }
   if (wgmma) {
     // FwdConfig::kWgmma: one 64-row wgmma tile per warpgroup of MMA warps,
-    // with N = bc for S and N = head_dim for O (wgmma.cuh: N up to 128).
+    // with N = bc for S and N = head_dim for O (wgmma.cuh: N up to 128, so
+    // wider heads take one instruction per 128 columns).
     if (stages == 0) fail(ErrorCode::unsupported, "wgmma needs the producer layout (sN)");
     if (block_q != 16 * warps) {
       fail(ErrorCode::unsupported, fmt::format("wgmma needs br = 16 × w (64 rows per warpgroup), not br={} w={}",
                                                block_q, warps));
     }
-    if (head_dim > 128) fail(ErrorCode::unsupported, fmt::format("wgmma supports head_dim up to 128, not {}", head_dim));
+    // Above head_dim 128 the MMA warps hold 96-128 output accumulators, and
+    // the producer is left 32 registers (FwdConfig::kProducerRegisters): its
+    // K rotation, a KV cache's page walk and the persistent tile walk spill
+    // there (248-2136 bytes at head_dim 256; ptxas, NVRTC 13.0), and a third
+    // MMA warpgroup's registers would not hold O.
+    if (head_dim > 128 && (warps != 8 || persistent || kvcache || rope != RopeKind::none)) {
+      fail(ErrorCode::unsupported,
+           fmt::format("wgmma at head_dim {} (above 128) takes w=8 and no persistent, kvcache or rope", head_dim));
+    }
     // Three MMA warpgroups (w=12) share the registers of 512 threads: 160
     // each beside a 32-register producer, which holds 96 accumulators (S and
     // O) and P without spills; 128 (head_dim 128 with bc=128) spill 316 bytes
@@ -354,8 +363,11 @@ void KernelSpec::validate() const {
     fail(ErrorCode::unsupported,
          fmt::format("br={} is not one of 64, 128 (256 with a producer, sN; 192 with wgmma)", block_q));
   }
-  if (block_kv != 32 && block_kv != 64 && block_kv != 128) {
-    fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128", block_kv));
+  // wgmma's S = Q Kᵀ is one instruction of N = bc (wgmma.cuh), so its
+  // tiles also take 80 and 96: the key blocks that fill shared memory above
+  // head_dim 128.
+  if (block_kv != 32 && block_kv != 64 && block_kv != 128 && !(wgmma && (block_kv == 80 || block_kv == 96))) {
+    fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128 (80, 96 with wgmma)", block_kv));
   }
   if (warps != 4 && warps != 8 && !(wgmma && warps == 12)) {
     fail(ErrorCode::unsupported, fmt::format("w={} is not one of 4, 8 (12 with wgmma)", warps));

@@ -73,9 +73,14 @@ struct FwdConfig {
   // 84-128 bytes (ptxas, NVRTC 13.0). Three wgmma warpgroups (WARPS = 12)
   // need 160 each for 96 accumulators (S and O), which leaves the producer 32
   // (RoPE then spills 4 bytes); with at most 64 accumulators 144 suffice and
-  // the producer gets 72, which ran RoPE 6% faster than 56.
+  // the producer gets 72, which ran RoPE 6% faster than 56. Above head_dim
+  // 128 (tensor copies only: KernelSpec::validate) the MMA warps hold 96-128
+  // output accumulators and take 232; at 240 (producer 24) the varlen
+  // kernel spilled 36 bytes, at 224 (56) every masked one more (ptxas,
+  // NVRTC 13.0).
   static constexpr int kConsumerGroups = WARPS / 4;  // warpgroups of MMA warps (producer layout)
   static constexpr int kProducerRegisters = !WGMMA                              ? (HEAD_DIM <= 64 ? 56 : 40)
+                                            : HEAD_DIM > 128                    ? 24
                                             : kConsumerGroups == 2              ? 88
                                             : (HEAD_DIM + BLOCK_KV) / 2 <= 64 ? 72
                                                                                 : 32;
@@ -1601,8 +1606,25 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     for (int ks = 0; ks < Cfg::kBlockKV / 16; ++ks) {
       // Keys 16ks..16ks+15: two 8-row groups of every panel; panels (64
       // columns of V each) are kBlockKV rows apart.
-      wgmma_rs<Element, Cfg::kHeadDim>(o[0], probabilities[0][ks],
-                                       wgmma_descriptor(ring.v_stage(stage) + ks * 16 * 128, Cfg::kBlockKV * 128));
+      const unsigned v_keys = ring.v_stage(stage) + ks * 16 * 128;
+      constexpr unsigned kPanelBytes = Cfg::kBlockKV * 128;
+      if constexpr (Cfg::kHeadDim <= 128) {
+        wgmma_rs<Element, Cfg::kHeadDim>(o[0], probabilities[0][ks], wgmma_descriptor(v_keys, kPanelBytes));
+      } else {
+        // Wider heads: 128 columns (two panels) an instruction, then what is
+        // left (192: 64). Each chunk starts on a panel, where the swizzle
+        // atoms of V's N-major tile start.
+#pragma unroll
+        for (int c = 0; c < Cfg::kHeadDim / 128; ++c) {
+          wgmma_rs<Element, 128>(*reinterpret_cast<float(*)[16][4]>(&o[0][c * 16]), probabilities[0][ks],
+                                 wgmma_descriptor(v_keys + 2 * c * kPanelBytes, kPanelBytes));
+        }
+        if constexpr (Cfg::kHeadDim % 128 != 0) {
+          constexpr int kLast = Cfg::kHeadDim % 128, kFirstTile = Cfg::kHeadDim / 128 * 16;
+          wgmma_rs<Element, kLast>(*reinterpret_cast<float(*)[kLast / 8][4]>(&o[0][kFirstTile]), probabilities[0][ks],
+                                   wgmma_descriptor(v_keys + Cfg::kHeadDim / 128 * 2 * kPanelBytes, kPanelBytes));
+        }
+      }
     }
     wgmma_commit();
   };

@@ -104,6 +104,22 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor))
 
+#define JITATTN_WGMMA_SS_N80(TYPES, C, SCALE_D) \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n80k16.f32" TYPES " " \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, " \
+               "%40, %41, p, 1, 1, 0, 0; }\n" \
+               : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9) \
+               : "l"(a_descriptor), "l"(b_descriptor))
+
+#define JITATTN_WGMMA_RS_N80(TYPES, C, SCALE_D) \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n80k16.f32" TYPES " " \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, " \
+               "{%40, %41, %42, %43}, %44, p, 1, 1, 1; }\n" \
+               : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor))
+
 #define JITATTN_WGMMA_SS_N96(TYPES, C, SCALE_D) \
   asm volatile("{ .reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n96k16.f32" TYPES " " \
@@ -141,9 +157,10 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
 #define JITATTN_WGMMA_PICK(FORM, TYPES, C, SCALE_D)              \
   if constexpr (N == 32) FORM##_N32(TYPES, C, SCALE_D);          \
   else if constexpr (N == 64) FORM##_N64(TYPES, C, SCALE_D);     \
+  else if constexpr (N == 80) FORM##_N80(TYPES, C, SCALE_D);     \
   else if constexpr (N == 96) FORM##_N96(TYPES, C, SCALE_D);     \
   else if constexpr (N == 128) FORM##_N128(TYPES, C, SCALE_D);   \
-  else static_assert(N == 32, "wgmma N must be 32, 64, 96 or 128");
+  else static_assert(N == 32, "wgmma N must be 32, 64, 80, 96 or 128");
 
 // d (+)= A·B for a 64×N tile: A (64×16, K-major) and B (N×16, K-major) from
 // shared memory. ACCUMULATE false overwrites d (write-only registers, so no

@@ -348,6 +348,33 @@ TEST_CASE("wgmma (sm_90a): RoPE and plain, both styles, masks, softcap, ALiBi, G
   });
 }
 
+TEST_CASE("wgmma above head dim 128 (sm_90a): 192 and 256, padded 136-248, masks, softcap, ALiBi, GQA packing") {
+  // O takes one wgmma per 128 columns (192: then 64), over V's 3-4 panels;
+  // 160, 200, 224 and 248 run padded on the 192- and 256-wide tiles (the
+  // tensor copies zero-fill their last panel). No RoPE there
+  // (KernelSpec::validate).
+  if (!sm90a_or_skip("wgmma")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const int head_dims[] = {256, 192, 160, 224, 248, 136};
+  std::vector<Case> cases;
+  for (int index = 0; index < 24; ++index) {
+    const int head_dim = head_dims[(index / 6 + index) % 6];
+    Case c = producer_grid_case(index, head_dim, /*rope=*/false);
+    // Key blocks of 64 (three stages too at 192), 80 and 96 (the planner's
+    // at 256 and 192): S = Q Kᵀ with N = 80 and 96.
+    const int kernel_dim = head_dim > 192 ? 256 : 192;
+    const int block_kv = kernel_dim == 192 ? (index % 3 == 0 ? 96 : index % 3 == 1 ? 64 : 80) : (index % 2 ? 80 : 64);
+    c.tiles = {128, block_kv, 8, block_kv == 64 && kernel_dim == 192 ? 2 + index % 2 : 2, true};
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    const int kernel_dim = c.shape.head_dim > 192 ? 256 : 192;
+    CHECK_MESSAGE(run.spec.find(fmt::format("d{}.br128.bc{}.w8.s{}.wgmma", kernel_dim, c.tiles.block_kv,
+                                            c.tiles.stages)) != std::string::npos, run.spec);
+  });
+}
+
 TEST_CASE("wgmma with head dims that are not a multiple of 8 (sm_90a): staged rows, RoPE and plain, masks, GQA") {
   // The producer copies the 16-byte blocks that cover each row into staging
   // slots and shifts them into the tiles (FwdConfig::kStagedRows). The

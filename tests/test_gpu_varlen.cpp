@@ -573,7 +573,8 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
   int index = 0;
   for (DType dtype : kDTypes) {
     // 59 and 111: rows staged and shifted by the producer (FwdConfig::kStagedRows).
-    for (int head_dim : {64, 128, 80, 59, 111}) {
+    // 192 and 256: O in 128-column wgmmas, no RoPE (KernelSpec::validate).
+    for (int head_dim : {64, 128, 80, 59, 111, 192, 256}) {
       for (bool causal : {false, true}) {
         const bool unaligned = head_dim % 8 != 0;
         Case c;
@@ -584,7 +585,7 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
         if (index % 5 == 2) c.shape.common.softcap = 30.f;
         if (index % 3 == 2) add_slopes(c, index % 2 == 0, rng);
         if (index % 4 == 3) c.shape.seqused_k = random_seqused(c.shape, rng);
-        if (index % 2 == 1) {
+        if (index % 2 == 1 && head_dim <= 128) {
           // RoPE, full or half rotation, both styles (the producer rotates
           // each sequence's K blocks from its own first key).
           RopeReference rope;
@@ -592,10 +593,12 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
           rope.rotary_dim = index % 3 == 0 ? head_dim / 16 * 16 : head_dim / 2 / 16 * 16;
           c.rope = rope;
         }
-        // Two 64 KB stages fill shared memory at head dims above 64.
-        c.tiles = index % 6 == 5 && !unaligned
+        // Two 64 KB stages fill shared memory at head dims above 64 (the
+        // planner's 96- and 80-key blocks at 192 and 256).
+        c.tiles = index % 6 == 5 && !unaligned && head_dim <= 128
                       ? TileConfig{256, 64, 8, 3}
-                      : TileConfig{128, head_dim > 64 && !unaligned ? 128 : 64, 8, head_dim > 64 ? 2 : 2 + index % 3, true};
+                      : TileConfig{128, head_dim > 128 ? (head_dim == 192 ? 96 : 80) : head_dim > 64 && !unaligned ? 128 : 64,
+                                   8, head_dim > 64 ? 2 : 2 + index % 3, true};
         cases.push_back(c);
         ++index;
       }
@@ -624,7 +627,8 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
   const size_t ordinary = cases.size();
   for (size_t i = 0; i < ordinary; ++i) {
     Case c = cases[i];
-    if (!c.tiles.wgmma || c.shape.common.head_dim % 8 != 0) continue;  // unaligned rows: ordinary grids only
+    // Unaligned rows and head dims above 128: ordinary grids only.
+    if (!c.tiles.wgmma || c.shape.common.head_dim % 8 != 0 || c.shape.common.head_dim > 128) continue;
     c.tiles.persistent = true;
     c.sm_limit = 1 + static_cast<int>(i % 5);
     cases.push_back(c);

@@ -203,7 +203,7 @@ TEST_CASE("the planner runs the wgmma tiles persistent with more tiles than SMs 
   CHECK(call.plan().spec.block_q == 128);
 }
 
-TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles fill the GPU") {
+TEST_CASE("sm_90a takes the wgmma family once its tiles fill the GPU (above head dim 128 without RoPE)") {
   Call call;
   const auto resize = [&](int64_t batch, int64_t seqlen, int64_t head_dim) {
     call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
@@ -265,8 +265,7 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles f
   resize(8, 2048, 80);
   CHECK(call.plan().spec.text() == "fwd.bf16.d96.br128.bc128.w8.s2.wgmma.padded");
   // Too few tiles (1 · 16 · 512 / 128 = 64 CTAs), too few keys per CTA
-  // without RoPE, head dims above 128, other architectures: the mma.sync
-  // kernels.
+  // without RoPE, other architectures: the mma.sync kernels.
   resize(1, 512, 128);
   CHECK_FALSE(call.plan().spec.wgmma);
   resize(32, 512, 128);
@@ -290,7 +289,20 @@ TEST_CASE("sm_90a takes the wgmma family at head dims up to 128 once its tiles f
   CHECK(call.plan().spec.wgmma);  // 512 keys at head_dim 32
   resize(64, 256, 32);
   CHECK_FALSE(call.plan().spec.wgmma);  // 256
+  // Above head dim 128: two stages of the longest key blocks that fit, never
+  // persistent (short causal calls included), and no RoPE.
   resize(8, 2048, 256);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d256.br128.bc80.w8.s2.wgmma");
+  resize(8, 2048, 200);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d256.br128.bc80.w8.s2.wgmma.padded");
+  call.options.causal = true;
+  resize(32, 1024, 192);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d192.br128.bc96.w8.s2.wgmma.causal");
+  call.options.rope.style = RopeStyle::rotate_half;
+  CHECK_FALSE(call.plan().spec.wgmma);
+  call.options.rope.style = RopeStyle::none;
+  call.options.causal = false;
+  resize(1, 512, 256);  // 64 CTAs
   CHECK_FALSE(call.plan().spec.wgmma);
   resize(8, 2048, 128);
   CHECK_FALSE(call.plan(true, 227 * 1024, "sm_90").spec.wgmma);

@@ -174,8 +174,16 @@ TEST_CASE("wgmma fwd specs: text, packing and rules") {
                        doctest::Contains("wgmma needs the producer layout"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br256.bc64.w8.s2.wgmma"), doctest::Contains("br = 16 × w"),
                        Error);
-  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d256.br128.bc64.w8.s2.wgmma"),
-                       doctest::Contains("head_dim up to 128"), Error);
+  // Above head dim 128: two MMA warpgroups, no persistent grid, KV cache or
+  // RoPE. 64 KB of Q and two 64 KB stages at 256.
+  const KernelSpec wide = KernelSpec::parse("fwd.bf16.d256.br128.bc64.w8.s2.wgmma.causal.packgqa.varlen");
+  CHECK(wide.smem_bytes() == (128 + 2 * 2 * 64) * 256 * 2 + 11 * 8);
+  CHECK(wide.tensor_copies());
+  for (const char* text : {"fwd.bf16.d256.br128.bc64.w8.s2.wgmma.persistent", "fwd.bf16.d192.br128.bc64.w8.s3.wgmma.kvcache",
+                           "fwd.bf16.d256.br128.bc64.w8.s2.wgmma.rope_half_r64",
+                           "fwd.bf16.d192.br192.bc32.w12.s2.wgmma"}) {
+    CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains("(above 128) takes w=8 and no persistent"), Error);
+  }
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.wgmma"),
                        doctest::Contains("repeated flag 'wgmma'"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s3.wgmma"),
