@@ -343,85 +343,23 @@ __device__ __forceinline__ void load_tile(unsigned tile, const unsigned short* g
 }
 
 
-// Unaligned rows with the producer (Cfg::kStagedRows), step 1: copies the
-// 16-byte-aligned blocks that cover rows [0, ROWS) into staging rows of
-// Cfg::kStagingRowBytes, by cp.async. row_at(row) is the row's first element,
-// or nullptr for a row past the sequence (left uncopied: shift_rows writes
-// zeros there). Only blocks holding a byte of the row are read; an aligned
-// block never straddles a page, so no copy touches memory outside the pages
-// that hold the caller's rows. The producer's threads share each row where
-// the rows are fewer than they are.
-template <class Cfg, int ROWS, class RowAt>
-__device__ __forceinline__ void stage_rows(unsigned staging, const RowAt& row_at) {
-  constexpr int kThreadsPerRow = Cfg::kProducerThreads > ROWS ? Cfg::kProducerThreads / ROWS : 1;
-  constexpr int kBlocks = Cfg::kChunksUsed + 1;
-  const int thread = threadIdx.x % Cfg::kProducerThreads;
-#pragma unroll 1
-  for (int row = thread / kThreadsPerRow; row < ROWS; row += Cfg::kProducerThreads / kThreadsPerRow) {
-    const unsigned short* first = row_at(row);
-    if (first == nullptr) continue;
-    const unsigned long long address = reinterpret_cast<unsigned long long>(first);
-    const unsigned long long end = address + 2 * Cfg::kColumns;
-    const unsigned long long block0 = address & ~15ull;
-    const unsigned destination = staging + row * Cfg::kStagingRowBytes;
-#pragma unroll
-    for (int j = 0; j < (kBlocks + kThreadsPerRow - 1) / kThreadsPerRow; ++j) {
-      const int block = j * kThreadsPerRow + thread % kThreadsPerRow;
-      if (block < kBlocks && block0 + 16 * block < end) {
-        cp_async_16(destination + 16 * block, reinterpret_cast<const void*>(block0 + 16 * block), true);
-      }
-    }
-  }
-}
-
-// Step 2, once the staged copies have landed: writes chunk c of each row to
-// the tile as staging bytes [m + 16c, m + 16c + 16), m = the row's address
-// mod 16 (even): five 4-byte loads from m rounded down to 4, and a 2-byte
-// shift by byte permutes where m mod 4 = 2. Elements past the head dim are
-// zeroed; rows past the sequence are written as zeros. Chunks at or past
-// Cfg::kChunksUsed are not written (zero_unused_chunks).
-template <class Cfg, int ROWS, class RowAt>
-__device__ __forceinline__ void shift_rows(unsigned tile, unsigned staging, const RowAt& row_at) {
-  constexpr int kTail = Cfg::kColumns % 8;  // elements in the last chunk
-#pragma unroll 1
-  for (int index = threadIdx.x % Cfg::kProducerThreads; index < ROWS * Cfg::kChunksUsed;
-       index += Cfg::kProducerThreads) {
-    const int row = index / Cfg::kChunksUsed, chunk = index % Cfg::kChunksUsed;
-    const unsigned short* first = row_at(row);
-    unsigned words[4] = {0u, 0u, 0u, 0u};
-    if (first != nullptr) {
-      const unsigned offset = static_cast<unsigned>(reinterpret_cast<unsigned long long>(first)) & 15u;
-      const unsigned source = staging + row * Cfg::kStagingRowBytes + chunk * 16 + (offset & 12u);
-      unsigned staged[5];
-#pragma unroll
-      for (int k = 0; k < 5; ++k) {
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(staged[k]) : "r"(source + 4 * k));
-      }
-      const unsigned selector = (offset & 2u) != 0u ? 0x5432u : 0x3210u;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        words[j] = __byte_perm(staged[j], staged[j + 1], selector);
-        if (kTail != 0 && chunk == Cfg::kChunksUsed - 1) {
-          words[j] &= 2 * j + 1 < kTail ? 0xffffffffu : 2 * j < kTail ? 0x0000ffffu : 0u;
-        }
-      }
-    }
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + swizzled_bytes<Cfg, ROWS>(row, chunk)),
-                 "r"(words[0]), "r"(words[1]), "r"(words[2]), "r"(words[3]));
-  }
-}
-
-// stage_rows and shift_rows for rows at a fixed stride (K and V blocks,
-// unpacked Q): row r at rows + r · row_stride, for r < rows_valid. Rows 8
-// apart start at the same offset mod 16 (8 rows of 2-byte elements span a
-// multiple of 16 bytes), so each thread takes one column (a staging block,
-// or a chunk) of rows 8k apart in whole 8-row passes: its offset, the
-// bytes of its block its rows hold and its addresses are set up once, and
-// each row costs a copy, or five loads, four permutes and a store. Copies
-// are coalesced along a row and zero-fill past a row's last byte and for
-// rows past the sequence, so the shift runs without masks or branches (with
-// them, 3-7% slower at head dim 59 on the H200; per-chunk addressing, as in
-// stage_rows / shift_rows, was 1.8× slower).
+// Unaligned rows with the producer (Cfg::kStagedRows): stage_strided_rows
+// copies, by cp.async, the 16-byte-aligned blocks that cover rows [0, ROWS)
+// into staging rows of Cfg::kStagingRowBytes; once they have landed,
+// shift_strided_rows writes chunk c of each row to the tile as staging bytes
+// [m + 16c, m + 16c + 16), m = the row's address mod 16 (even). Row r is at
+// rows + r · row_stride, for r < rows_valid (K and V blocks, unpacked Q).
+// Only blocks holding a byte of the row are read; an aligned block never
+// straddles a page, so no copy touches a page that holds none of the
+// caller's rows. Rows 8 apart start at the same offset mod 16 (8 rows of
+// 2-byte elements span a multiple of 16 bytes), so each thread takes one
+// column (a staging block, or a chunk) of rows 8k apart in whole 8-row
+// passes: its offset, the bytes of its block its rows hold and its
+// addresses are set up once, and each row costs a copy, or five loads, four
+// permutes and a store. Copies are coalesced along a row and zero-fill past
+// a row's last byte and for rows past the sequence, so the shift runs
+// without masks or branches (with them, 3-7% slower at head dim 59 on the
+// H200; per-chunk addressing was 1.8× slower).
 template <class Cfg, int ROWS>
 __device__ __forceinline__ void stage_strided_rows(unsigned staging, const unsigned short* rows, long long row_stride,
                                                    int rows_valid) {
@@ -487,8 +425,8 @@ __device__ __forceinline__ void shift_strided_rows(unsigned char* tile, const un
 }
 
 // Zeroes chunks [Cfg::kChunksUsed, Cfg::kChunksPerRow) of a tile (head dims
-// such as 111 on 128-wide tiles). shift_rows never writes them, so once per
-// tile buffer is enough.
+// such as 111 on 128-wide tiles). shift_strided_rows never writes them, so
+// once per tile buffer is enough.
 template <class Cfg, int ROWS>
 __device__ __forceinline__ void zero_unused_chunks(unsigned tile) {
   constexpr int kUnused = Cfg::kChunksPerRow - Cfg::kChunksUsed;
@@ -1394,7 +1332,8 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
 // kStagingSlots - 1 blocks ahead; once a slot's copies have landed, the
 // producer shifts K (and rotates it, RoPE) into its stage when that is free,
 // then V, and hands each over with one arrival per thread. Q goes the same
-// way through the last slot before the first block. Ordinary grids only.
+// way through the last slot before the first block (packed GQA: element by
+// element, load_packed_q). Ordinary grids only.
 template <class Cfg>
 __device__ __forceinline__ void produce_tiles_unaligned(const FwdParams& p, const TileJob& job, const Ring<Cfg>& ring,
                                                         unsigned char* shared_bytes) {
@@ -1405,11 +1344,6 @@ __device__ __forceinline__ void produce_tiles_unaligned(const FwdParams& p, cons
   auto key0_of = [&](int i) { return (job.end_block - 1 - i) * Cfg::kBlockKV; };
   auto k_rows = [&](int i) { return job.k + static_cast<long long>(key0_of(i)) * p.k_row_stride; };
   auto v_rows = [&](int i) { return job.v + static_cast<long long>(key0_of(i)) * p.v_row_stride; };
-  // Packed GQA: Q's rows are not at one stride (row_offset).
-  auto query_rows = [&](int row) -> const unsigned short* {
-    return job.q0 + row < job.rows ? job.q + row_offset<Cfg>(job.q0 + row, job.group, p.q_row_stride, p.q_head_stride)
-                                   : nullptr;
-  };
   const unsigned short* const q_rows = job.q + static_cast<long long>(job.q0) * p.q_row_stride;
   auto bytes = [&](unsigned address) { return shared_bytes + (address - ring.base); };
   auto stage_block = [&](int i) {
@@ -1420,23 +1354,24 @@ __device__ __forceinline__ void produce_tiles_unaligned(const FwdParams& p, cons
     cp_async_mbarrier_arrive(ring.v_staged(i % kSlots));
     cp_async_commit();
   };
-  if constexpr (Cfg::kPackGqa) {
-    stage_rows<Cfg, Cfg::kBlockQ>(ring.staging(kSlots - 1), query_rows);
-  } else {
+  // Packed GQA: Q's rows are not at one stride (row_offset); they are read
+  // element by element below (load_packed_q, once per tile) instead.
+  if constexpr (!Cfg::kPackGqa) {
     stage_strided_rows<Cfg, Cfg::kBlockQ>(ring.staging(kSlots - 1), q_rows, p.q_row_stride, job.seqlen_q - job.q0);
+    cp_async_mbarrier_arrive(ring.q_staged());
+    cp_async_commit();
   }
-  cp_async_mbarrier_arrive(ring.q_staged());
-  cp_async_commit();
   for (int i = 0; i < kSlots - 1 && i < blocks; ++i) stage_block(i);
   zero_unused_chunks<Cfg, Cfg::kBlockQ>(ring.q_tile(0));
   for (int s = 0; s < kStages; ++s) {
     zero_unused_chunks<Cfg, Cfg::kBlockKV>(ring.k_stage(s));
     zero_unused_chunks<Cfg, Cfg::kBlockKV>(ring.v_stage(s));
   }
-  mbarrier_wait(ring.q_staged(), 0);
   if constexpr (Cfg::kPackGqa) {
-    shift_rows<Cfg, Cfg::kBlockQ>(ring.q_tile(0), ring.staging(kSlots - 1), query_rows);
+    load_packed_q<Cfg>(ring.q_tile(0), job.q, p.q_row_stride, p.q_head_stride, job.q0, job.rows, job.group,
+                       job.chunks_valid);
   } else {
+    mbarrier_wait(ring.q_staged(), 0);
     shift_strided_rows<Cfg, Cfg::kBlockQ>(bytes(ring.q_tile(0)), bytes(ring.staging(kSlots - 1)), q_rows,
                                           p.q_row_stride);
   }
