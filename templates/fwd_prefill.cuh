@@ -75,9 +75,9 @@ struct FwdConfig {
   // (RoPE then spills 4 bytes); with at most 64 accumulators 144 suffice and
   // the producer gets 72, which ran RoPE 6% faster than 56. Above head_dim
   // 128 (tensor copies only: KernelSpec::validate) the MMA warps hold 96-128
-  // output accumulators and take 232; at 240 (producer 24) the varlen
-  // kernel spilled 36 bytes, at 224 (56) every masked one more (ptxas,
-  // NVRTC 13.0).
+  // output accumulators and take 240, the producer 24: with 80-key blocks
+  // (the planner's at 256) the kernels spilled 40-72 bytes there, against
+  // 68-120 at 232 (ptxas, NVRTC 13.0).
   static constexpr int kConsumerGroups = WARPS / 4;  // warpgroups of MMA warps (producer layout)
   static constexpr int kProducerRegisters = !WGMMA                              ? (HEAD_DIM <= 64 ? 56 : 40)
                                             : HEAD_DIM > 128                    ? 24
