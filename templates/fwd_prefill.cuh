@@ -1541,25 +1541,8 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     for (int ks = 0; ks < Cfg::kBlockKV / 16; ++ks) {
       // Keys 16ks..16ks+15: two 8-row groups of every panel; panels (64
       // columns of V each) are kBlockKV rows apart.
-      const unsigned v_keys = ring.v_stage(stage) + ks * 16 * 128;
-      constexpr unsigned kPanelBytes = Cfg::kBlockKV * 128;
-      if constexpr (Cfg::kHeadDim <= 128) {
-        wgmma_rs<Element, Cfg::kHeadDim>(o[0], probabilities[0][ks], wgmma_descriptor(v_keys, kPanelBytes));
-      } else {
-        // Wider heads: 128 columns (two panels) an instruction, then what is
-        // left (192: 64). Each chunk starts on a panel, where the swizzle
-        // atoms of V's N-major tile start.
-#pragma unroll
-        for (int c = 0; c < Cfg::kHeadDim / 128; ++c) {
-          wgmma_rs<Element, 128>(*reinterpret_cast<float(*)[16][4]>(&o[0][c * 16]), probabilities[0][ks],
-                                 wgmma_descriptor(v_keys + 2 * c * kPanelBytes, kPanelBytes));
-        }
-        if constexpr (Cfg::kHeadDim % 128 != 0) {
-          constexpr int kLast = Cfg::kHeadDim % 128, kFirstTile = Cfg::kHeadDim / 128 * 16;
-          wgmma_rs<Element, kLast>(*reinterpret_cast<float(*)[kLast / 8][4]>(&o[0][kFirstTile]), probabilities[0][ks],
-                                   wgmma_descriptor(v_keys + Cfg::kHeadDim / 128 * 2 * kPanelBytes, kPanelBytes));
-        }
-      }
+      wgmma_rs_panels<Element, Cfg::kHeadDim>(o[0], probabilities[0][ks], ring.v_stage(stage) + ks * 16 * 128,
+                                              Cfg::kBlockKV * 128);
     }
     wgmma_commit();
   };

@@ -197,6 +197,19 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const unsigned (&
 #endif
 }
 
+// d += A·B over an N-major B of panels (V's tile: 64 columns a panel,
+// panel_bytes apart) for a 64×HEAD_DIM output: one wgmma per 128 columns,
+// the widest spelled out above, then what is left (192: 64). Each
+// instruction starts on a panel, where B's swizzle atoms start.
+template <class Element, int HEAD_DIM, int FIRST = 0>
+__device__ __forceinline__ void wgmma_rs_panels(float (&d)[HEAD_DIM / 8][4], const unsigned (&a)[4], unsigned b_address,
+                                                unsigned panel_bytes) {
+  constexpr int kColumns = HEAD_DIM - FIRST < 128 ? HEAD_DIM - FIRST : 128;
+  wgmma_rs<Element, kColumns>(*reinterpret_cast<float(*)[kColumns / 8][4]>(&d[FIRST / 8]), a,
+                              wgmma_descriptor(b_address + FIRST / 64 * panel_bytes, panel_bytes));
+  if constexpr (FIRST + 128 < HEAD_DIM) wgmma_rs_panels<Element, HEAD_DIM, FIRST + 128>(d, a, b_address, panel_bytes);
+}
+
 #undef JITATTN_WGMMA_PICK
 
 }  // namespace jitattn

@@ -212,11 +212,11 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
 TEST_CASE("wgmma specs above head dim 128 compile with their features, without serialized wgmma (sm_90a)") {
   // O in 128-column wgmmas (192: then 64), S with N = bc of 64, 80 or 96;
   // features cycled as above without RoPE (KernelSpec::validate), varlen on
-  // every other. The MMA warps' 232-240 registers hold 96-128 output
+  // every other. The MMA warps' 240 registers hold 96-128 output
   // accumulators: nothing spills at 192, and at 256 the masked and varlen
-  // kernels spill 36-72 bytes beside 80-key blocks (ptxas, NVRTC 13.0; the
-  // planner's 128 × 80 tiles measured 2-6% faster than 128 × 64 all the
-  // same, docs/PERFORMANCE.md). More would mean the register split moved.
+  // kernels spill 36-72 bytes (ptxas, NVRTC 13.0; the planner's 128 × 80
+  // tiles measured 0-6% faster than 128 × 64 all the same,
+  // docs/PERFORMANCE.md). More would mean the register split moved.
   struct Tiles {
     int head_dim, block_kv, stages;
   };
