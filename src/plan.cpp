@@ -343,9 +343,7 @@ std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch)
     // A 128-row Q tile and two stages of the longest key blocks that fit in
     // shared memory: 96 keys at 192 (192 KB), 80 at 256 (224 KB). Against
     // 64-key blocks (three stages at 192) they measured 4-14% faster at 192
-    // and 0-6% at 256 (H200, docs/PERFORMANCE.md). RoPE keeps the mma.sync
-    // kernels there (KernelSpec::validate).
-    if (rope) return std::nullopt;
+    // and 0-6% at 256 (H200, docs/PERFORMANCE.md). RoPE takes the same.
     return TileConfig{128, head_dim == 192 ? 96 : 80, 8, 2, true};
   }
   // Without RoPE at head dims up to 64: 192-row tiles, three MMA warpgroups.
@@ -653,8 +651,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // Above head_dim 128 the wgmma kernels take no KV cache (KernelSpec::validate).
   if (!unaligned && !(problem.kvcache && kernel_dim > 128)) wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
-  // unless their producer rotates K (RoPE without a KV cache); views a
-  // tensor map cannot describe keep the mma.sync kernels. A paged cache's
+  // unless their producer rotates K (RoPE without a KV cache) at head dims
+  // up to 128; views a tensor map cannot describe keep the mma.sync kernels. A paged cache's
   // copies read a block, or a page where pages are shorter (one copy per
   // page: no per-row table lookups, so small pages cost little).
   const int64_t page_rows = problem.paged ? int64_t{1} << problem.page_shift : 0;
@@ -694,7 +692,9 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   } else if (choose && rope_producer) {
     tiles = {256, 64, 8, 3};
     apply_tiles(plan.spec, tiles);
-  } else if (choose && wgmma && (problem.kvcache ? long_keys && maps_possible : has_rope || (long_keys && maps_possible)) &&
+  } else if (choose && wgmma &&
+             (problem.kvcache ? long_keys && maps_possible
+                              : (has_rope && (kernel_dim <= 128 || maps_possible)) || (long_keys && maps_possible)) &&
              ctas_of(wgmma->block_q) >= kMinCtas) {
     tiles = *wgmma;
     apply_tiles(plan.spec, tiles);

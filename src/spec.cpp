@@ -337,15 +337,16 @@ void KernelSpec::validate() const {
                                                block_q, warps));
     }
     // Above head_dim 128 the MMA warps hold 96-128 output accumulators, and
-    // the producer is left 24 registers (FwdConfig::kProducerRegisters): its
-    // K rotation, a paged KV cache's page walk and the persistent tile walk
-    // spill there (728-2136 bytes at head_dim 256; ptxas, NVRTC 13.0; with
-    // more for the producer the MMA warps spill instead; contiguous caches go
-    // with paged ones, unmeasured), and a third MMA warpgroup's registers
-    // would not hold O.
-    if (head_dim > 128 && (warps != 8 || persistent || kvcache || rope != RopeKind::none)) {
+    // the producer is left 24-40 registers (FwdConfig::kProducerRegisters):
+    // a paged KV cache's page walk and the persistent tile walk spill there
+    // (728-2136 bytes at head_dim 256; ptxas, NVRTC 13.0; with more for the
+    // producer the MMA warps spill instead; contiguous caches go with paged
+    // ones, unmeasured), and a third MMA warpgroup's registers would not hold
+    // O. RoPE fits: K arrives by tensor copies, and the rotation keeps two
+    // pairs' angles a thread (ProducerKeyPieces).
+    if (head_dim > 128 && (warps != 8 || persistent || kvcache)) {
       fail(ErrorCode::unsupported,
-           fmt::format("wgmma at head_dim {} (above 128) takes w=8 and no persistent, kvcache or rope", head_dim));
+           fmt::format("wgmma at head_dim {} (above 128) takes w=8 and no persistent or kvcache", head_dim));
     }
     // Three MMA warpgroups (w=12) share the registers of 512 threads: 160
     // each beside a 32-register producer, which holds 96 accumulators (S and

@@ -93,7 +93,7 @@ struct KernelSpec {
   // than a block), except in the one variant where they would spill, and
   // for unaligned rows (staged by the producer instead).
   bool tensor_copies() const {
-    return family == Family::fwd && wgmma && (rope == RopeKind::none || kvcache) && unaligned_dim == 0 &&
+    return family == Family::fwd && wgmma && (rope == RopeKind::none || kvcache || head_dim > 128) && unaligned_dim == 0 &&
            !(warps == 12 && persistent && local);
   }
 

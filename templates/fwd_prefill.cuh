@@ -77,10 +77,17 @@ struct FwdConfig {
   // 128 (tensor copies only: KernelSpec::validate) the MMA warps hold 96-128
   // output accumulators and take 240, the producer 24: with 80-key blocks
   // (the planner's at 256) the kernels spilled 40-72 bytes there, against
-  // 68-120 at 232 (ptxas, NVRTC 13.0).
+  // 68-120 at 232 (ptxas, NVRTC 13.0). A producer that rotates K takes more:
+  // 56 at 192 (the MMA warps' 224 still hold S, O and P without spills),
+  // 40 at 256 (their 232 spill 90-190 bytes). At 24 its rotation spilled
+  // 500+ bytes and ran RoPE 1.5-1.7 times slower at 256, and 32 measured
+  // 2-5% slower than 40 (H200, docs/PERFORMANCE.md).
+  static constexpr bool kRotateKeysAbove128 = HEAD_DIM > 128 && ROPE != 0 && !KVCACHE;
   static constexpr int kConsumerGroups = WARPS / 4;  // warpgroups of MMA warps (producer layout)
   static constexpr int kProducerRegisters = !WGMMA                              ? (HEAD_DIM <= 64 ? 56 : 40)
-                                            : HEAD_DIM > 128                    ? 24
+                                            : HEAD_DIM > 128                    ? (!kRotateKeysAbove128 ? 24
+                                                                                   : HEAD_DIM <= 192 ? 56
+                                                                                                     : 40)
                                             : kConsumerGroups == 2              ? 88
                                             : (HEAD_DIM + BLOCK_KV) / 2 <= 64 ? 72
                                                                                 : 32;
@@ -143,7 +150,7 @@ struct FwdConfig {
   // Not with three persistent warpgroups and a window: there the producer's
   // 32 registers spill 4-8 bytes (ptxas, NVRTC 13.0), and the cp.async
   // copies do not (KernelSpec::tensor_copies says the same).
-  static constexpr bool kTensorCopies = WGMMA && (ROPE == 0 || KVCACHE) && UNALIGNED_DIM == 0 &&
+  static constexpr bool kTensorCopies = WGMMA && (ROPE == 0 || KVCACHE || HEAD_DIM > 128) && UNALIGNED_DIM == 0 &&
                                         !(WARPS == 12 && PERSISTENT && MASK == kMaskLocal);
   // Pages shorter than this many rows are copied by cp.async: a page's box
   // must fill whole 1024-byte swizzle atoms of a 128-byte-swizzled panel.
@@ -938,13 +945,23 @@ __device__ __forceinline__ void rotate_k_tile(unsigned char* k_tile, const FwdPa
 // the same was 2-5% slower at head_dim 64 although its SASS has no more
 // instructions a block (not understood), so those evaluate sincos per block
 // and run (rotate_consecutive_rows), as before.
+//
+// Above head_dim 128 the producer is left 40-56 registers
+// (FwdConfig::kProducerRegisters): each thread steps the angles of two pairs
+// (4-byte pieces of rotate-half, 8-byte ones interleaved) down runs of rows
+// that split the block evenly, and threads past them idle (rotary dims such
+// as 192 do not split 128 threads evenly).
 template <class Cfg>
 struct ProducerKeyPieces {
+  static constexpr bool kNarrowRegisters = Cfg::kWgmma && Cfg::kHeadDim > 128;
   static constexpr bool kLongWideRuns =
       RunLayout<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads, 4>::kRun >= 8;
-  static constexpr int kWords = Cfg::kWgmma && kLongWideRuns ? 4 : 1;
-  using Layout = RunLayout<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads, kWords>;
-  static constexpr bool kStepped = Cfg::kRotateKeys && !Cfg::kRopeTables && Layout::kWhole && kWords == 4;
+  static constexpr int kWords = kNarrowRegisters ? (Cfg::kRope == kRopeHalf ? 1 : 2)
+                                : Cfg::kWgmma && kLongWideRuns ? 4
+                                                               : 1;
+  using Layout = RunLayout<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads, kWords, kNarrowRegisters>;
+  static constexpr bool kStepped =
+      Cfg::kRotateKeys && !Cfg::kRopeTables && Layout::kWhole && (kWords == 4 || kNarrowRegisters);
 };
 
 template <class Cfg, bool STEPPED = ProducerKeyPieces<Cfg>::kStepped>
@@ -961,16 +978,28 @@ struct ProducerKeyRotation {
 
 template <class Cfg>
 struct ProducerKeyRotation<Cfg, true> {
-  SteppedKeyRotation<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads, 4>
+  using Pieces = ProducerKeyPieces<Cfg>;
+  SteppedKeyRotation<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads,
+                     Pieces::kWords, Pieces::kNarrowRegisters>
       stepped;
   __device__ __forceinline__ ProducerKeyRotation(const FwdParams& p, int thread) : stepped(p, thread) {}
   __device__ __forceinline__ void rotate(unsigned char* k_tile, const FwdParams& p, int position0, int tile_index) {
-    stepped.rotate(
-        p,
-        [&](int row, int unit) {
-          return reinterpret_cast<uint4*>(k_tile + swizzled_bytes<Cfg, Cfg::kBlockKV>(row, unit));
-        },
-        position0, tile_index);
+    if constexpr (Pieces::kNarrowRegisters) {
+      constexpr int kPerChunk = 4 / Pieces::kWords;  // pieces of a swizzled 16-byte chunk
+      stepped.template rotate_swizzled<Cfg::kRowStride>(
+          p, k_tile,
+          [&](int row, int unit) {
+            return swizzled_bytes<Cfg, Cfg::kBlockKV>(row, unit / kPerChunk) + unit % kPerChunk * 4 * Pieces::kWords;
+          },
+          position0, tile_index);
+    } else {
+      stepped.rotate(
+          p,
+          [&](int row, int unit) {
+            return reinterpret_cast<uint4*>(k_tile + swizzled_bytes<Cfg, Cfg::kBlockKV>(row, unit));
+          },
+          position0, tile_index);
+    }
   }
 };
 
@@ -1132,9 +1161,10 @@ struct Ring {
   // Every barrier, by thread 0 before the CTA's first __syncthreads.
   __device__ __forceinline__ void init() const {
     for (int s = 0; s < Cfg::kStages; ++s) {
-      // Tensor copies: one arrival (with the bytes to expect) per phase.
-      mbarrier_init(k_ready(s), Cfg::kTensorCopies ? 1 : Cfg::kProducerThreads);
-      mbarrier_init(k_landed(s), Cfg::kProducerThreads);
+      // Tensor copies: one arrival (with the bytes to expect) per phase, on
+      // "K landed" where the producer rotates K and then arrives on "K ready".
+      mbarrier_init(k_ready(s), Cfg::kTensorCopies && !Cfg::kRotateKeys ? 1 : Cfg::kProducerThreads);
+      mbarrier_init(k_landed(s), Cfg::kTensorCopies && Cfg::kRotateKeys ? 1 : Cfg::kProducerThreads);
       mbarrier_init(k_free(s), Cfg::kWarps * 32);
       mbarrier_init(v_landed(s), Cfg::kTensorCopies ? 1 : Cfg::kProducerThreads);
       mbarrier_init(v_free(s), Cfg::kWarps * 32);
@@ -1226,7 +1256,7 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
     const unsigned stage = values ? ring.v_stage(s) : ring.k_stage(s);
     if constexpr (Cfg::kTensorCopies) {
       constexpr int kPanels = Cfg::kRowElems / 64;
-      const unsigned barrier = values ? ring.v_landed(s) : ring.k_ready(s);
+      const unsigned barrier = values ? ring.v_landed(s) : Cfg::kRotateKeys ? ring.k_landed(s) : ring.k_ready(s);
       const int kv_head = job.head / p.heads_per_kv;
       if (by_threads) {
         if constexpr (Cfg::kVarlen) {

@@ -163,14 +163,30 @@ struct RowPiece<1> {
 //     8 and their swizzled 4-byte pieces fall in different bank columns;
 //   - kRun steps of kRunners rows span the tile, so one more step from a
 //     run's last row lands on the same run's row in the next tile.
-template <int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS>
+//
+// EVEN_RUNS takes the most runners, a power of two, that split the rows
+// evenly, and leaves the threads past them idle (kWhole then holds for any
+// row count). A power of two keeps a run's rows within few swizzle phases
+// (SteppedKeyRotation::rotate_swizzled): five runners of a 24-unit row
+// spilled 116 bytes in the producer at head_dim 192, four none.
+template <int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, bool EVEN_RUNS = false>
 struct RunLayout {
   static constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / (4 * WORDS) : ROTARY_DIM / (2 * WORDS);
   static constexpr int kPairs = STYLE == kRopeHalf ? 2 * WORDS : WORDS;
   // (No rotation, ROTARY_DIM 0: no units, no runs.)
-  static constexpr int kRunners = kUnitsPerRow == 0 ? 0 : THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;
+  static constexpr int kMostRunners =
+      kUnitsPerRow == 0 ? 0 : THREADS / kUnitsPerRow > ROWS ? ROWS : THREADS / kUnitsPerRow;
+  __host__ __device__ static constexpr int even_runners(int most) {
+    int runners = 1;
+    while (runners * 2 <= most && ROWS % (runners * 2) == 0) runners *= 2;
+    return runners;
+  }
+  static constexpr int kRunners = EVEN_RUNS ? even_runners(kMostRunners) : kMostRunners;
   static constexpr int kRun = kRunners > 0 ? ROWS / kRunners : 0;
-  static constexpr bool kWhole = kRunners > 0 && THREADS % kUnitsPerRow == 0 && ROWS % kRunners == 0;
+  static constexpr bool kWhole =
+      kRunners > 0 && (EVEN_RUNS || THREADS % kUnitsPerRow == 0) && ROWS % kRunners == 0;
+  // Rows whose loads are batched (rotate_run): up to four, whole batches.
+  static constexpr int kBatch = kRun < 4 ? kRun : kRun % 4 == 0 ? 4 : kRun % 2 == 0 ? 2 : 1;
   __device__ static constexpr int row_step(bool spread) { return spread ? kRunners : 1; }
   __device__ static __forceinline__ int first_row(int run, bool spread) {
     if (!spread) return run * kRun;
@@ -317,9 +333,9 @@ __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, Piec
 // longest runs) instead of twice per pair and run: at rotary_dim 128 they
 // were about a fifth of the rotation's instructions, and they share the
 // special-function unit with the MMA warps' exponentials.
-template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS>
+template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, bool EVEN_RUNS = false>
 struct SteppedKeyRotation {
-  using Layout = RunLayout<STYLE, ROTARY_DIM, ROWS, THREADS, WORDS>;
+  using Layout = RunLayout<STYLE, ROTARY_DIM, ROWS, THREADS, WORDS, EVEN_RUNS>;
   static_assert(Layout::kWhole, "whole runs");
   static constexpr int kAnchorTiles = Layout::kRun >= 64 ? 1 : 64 / Layout::kRun;
   SteppedAngles<Layout::kPairs> angles;
@@ -342,9 +358,45 @@ struct SteppedKeyRotation {
     if (tile_index % kAnchorTiles == 0) {
       angles.start(p, unit * Layout::kPairs, position0 + row0 + (Layout::kRun - 1) * Layout::kRunners);
     }
-    constexpr int kBatch = Layout::kRun < 4 ? Layout::kRun : 4;
-    rotate_run<Element, STYLE, WORDS, Layout::kRun, kBatch, /*BACK=*/true, /*STEP_PAST_END=*/true, /*PACKED=*/true>(
+    rotate_run<Element, STYLE, WORDS, Layout::kRun, Layout::kBatch, /*BACK=*/true, /*STEP_PAST_END=*/true,
+               /*PACKED=*/true>(
         [&](int r, int piece) { return piece_at(row0 + r * Layout::kRunners, unit + piece * Layout::kUnitsPerRow); },
+        angles);
+  }
+
+  // The same for a tile whose 16-byte chunks are swizzled by row % 8, rows
+  // ROW_BYTES apart (wgmma's panels): `offset_of(row, unit)` is the piece's
+  // byte offset in `tile`. A run's rows repeat their swizzle every kPeriod
+  // rows, so the thread keeps kPeriod offsets per piece and reaches the
+  // others by constant steps. The compiler holds one address per row from
+  // tile to tile otherwise, which spilled 1.7-2.2 KB in a 24-register
+  // producer above head_dim 128 (ptxas, NVRTC 13.0).
+  template <int ROW_BYTES, typename OffsetOf>
+  __device__ __forceinline__ void rotate_swizzled(const FwdParams& p, unsigned char* tile, OffsetOf&& offset_of,
+                                                  int position0, int tile_index) {
+    if (!active) return;
+    if (tile_index % kAnchorTiles == 0) {
+      angles.start(p, unit * Layout::kPairs, position0 + row0 + (Layout::kRun - 1) * Layout::kRunners);
+    }
+    using Piece = typename RowPiece<WORDS>::type;
+    constexpr int kRunners = Layout::kRunners;
+    constexpr int kPeriod = kRunners % 8 == 0 ? 1 : kRunners % 4 == 0 ? 2 : kRunners % 2 == 0 ? 4 : 8;
+    constexpr int kPieces = STYLE == kRopeHalf ? 2 : 1;
+    unsigned addresses[kPeriod][kPieces];
+    const unsigned base = opaque(smem_u32(tile));
+#pragma unroll
+    for (int r = 0; r < kPeriod; ++r) {
+#pragma unroll
+      for (int piece = 0; piece < kPieces; ++piece) {
+        addresses[r][piece] = base + offset_of(row0 + r * kRunners, unit + piece * Layout::kUnitsPerRow);
+      }
+    }
+    rotate_run<Element, STYLE, WORDS, Layout::kRun, Layout::kBatch, /*BACK=*/true, /*STEP_PAST_END=*/true,
+               /*PACKED=*/true>(
+        [&](int r, int piece) {
+          return reinterpret_cast<Piece*>(__cvta_shared_to_generic(
+              addresses[r % kPeriod][piece] + r / kPeriod * kPeriod * kRunners * ROW_BYTES));
+        },
         angles);
   }
 };

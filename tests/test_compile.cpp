@@ -211,12 +211,15 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
 
 TEST_CASE("wgmma specs above head dim 128 compile with their features, without serialized wgmma (sm_90a)") {
   // O in 128-column wgmmas (192: then 64), S with N = bc of 64, 80 or 96;
-  // features cycled as above without RoPE (KernelSpec::validate), varlen on
-  // every other. The MMA warps' 240 registers hold 96-128 output
-  // accumulators: nothing spills at 192, and at 256 the masked and varlen
-  // kernels spill 36-72 bytes (ptxas, NVRTC 13.0; the planner's 128 × 80
-  // tiles measured 0-6% faster than 128 × 64 all the same,
-  // docs/PERFORMANCE.md). More would mean the register split moved.
+  // features cycled as above (RoPE styles, partial rotation and tables
+  // included), varlen on every other. The MMA warps' 240 registers hold
+  // 96-128 output accumulators: nothing spills at 192, and at 256 the masked
+  // and varlen kernels spill 36-72 bytes (ptxas, NVRTC 13.0; the planner's
+  // 128 × 80 tiles measured 0-6% faster than 128 × 64 all the same,
+  // docs/PERFORMANCE.md). With RoPE the producer takes 56 registers at 192
+  // (nothing spills) and 40 at 256, where the MMA warps' 232 spill up to
+  // 236 bytes, with ALiBi (FwdConfig::kProducerRegisters). More would mean
+  // the register split moved.
   struct Tiles {
     int head_dim, block_kv, stages;
   };
@@ -228,8 +231,7 @@ TEST_CASE("wgmma specs above head dim 128 compile with their features, without s
       KernelSpec spec{Family::fwd, variant % 2 ? DType::f16 : DType::bf16, t.head_dim, 128, t.block_kv, 8};
       spec.stages = t.stages;
       spec.wgmma = true;
-      set_feature_variant(spec, variant);
-      spec.rope = RopeKind::none, spec.rotary_dim = 0, spec.rope_tables = false;
+      if (!set_feature_variant(spec, variant)) continue;
       spec.varlen = variant % 2 == 1;
       spec.padded = variant % 7 == 3;
       spec.validate();
@@ -240,7 +242,8 @@ TEST_CASE("wgmma specs above head dim 128 compile with their features, without s
   const auto errors = compile_all(specs, Arch::parse("sm_90a"), [](const KernelSpec& spec, const std::string& log) -> std::string {
     if (log.find("Potential Performance Loss") != std::string::npos) return "wgmma serialized";
     const int spilled = spill_store_bytes(log);
-    if (spilled > (spec.head_dim == 192 ? 0 : 128)) return fmt::format("spills {} bytes", spilled);
+    const int bound = spec.head_dim == 192 ? 0 : spec.rope != RopeKind::none ? 256 : 128;
+    if (spilled > bound) return fmt::format("spills {} bytes", spilled);
     return "";
   });
   for (const auto& e : errors) FAIL_CHECK(e);

@@ -348,11 +348,13 @@ TEST_CASE("wgmma (sm_90a): RoPE and plain, both styles, masks, softcap, ALiBi, G
   });
 }
 
-TEST_CASE("wgmma above head dim 128 (sm_90a): 192 and 256, padded 136-248, masks, softcap, ALiBi, GQA packing") {
+TEST_CASE("wgmma above head dim 128 (sm_90a): 192 and 256, padded 136-248, RoPE and plain, masks, GQA packing") {
   // O takes one wgmma per 128 columns (192: then 64), over V's 3-4 panels;
   // 160, 200, 224 and 248 run padded on the 192- and 256-wide tiles (the
-  // tensor copies zero-fill their last panel). No RoPE there
-  // (KernelSpec::validate).
+  // tensor copies zero-fill their last panel). RoPE: K lands by tensor
+  // copies and the 24-register producer rotates it in runs that split the
+  // block evenly, with threads left idle where the rotary dim does not
+  // split 128 (192, 96; ProducerKeyPieces); tables rotate row by row.
   if (!sm90a_or_skip("wgmma")) return;
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
@@ -360,7 +362,7 @@ TEST_CASE("wgmma above head dim 128 (sm_90a): 192 and 256, padded 136-248, masks
   std::vector<Case> cases;
   for (int index = 0; index < 24; ++index) {
     const int head_dim = head_dims[(index / 6 + index) % 6];
-    Case c = producer_grid_case(index, head_dim, /*rope=*/false);
+    Case c = producer_grid_case(index, head_dim, /*rope=*/index % 3 != 2);
     // Key blocks of 64 (three stages too at 192), 80 and 96 (the planner's
     // at 256 and 192): S = Q Kᵀ with N = 80 and 96.
     const int kernel_dim = head_dim > 192 ? 256 : 192;
@@ -472,12 +474,15 @@ TEST_CASE("persistent wgmma (sm_90a): CTAs walking many tiles, RoPE and plain, m
 TEST_CASE("rope: 8192 keys at offsets up to 3000, both styles, partial rotation") {
   // K's angles are stepped along runs of rows with the angle-sum identities
   // (rope.cuh); positions past 10k check them where fp32 angles are coarse.
+  // 192 and 256 on sm_90a: the wgmma tiles (forced: these grids are small),
+  // whose producer steps two pairs a thread down runs of 40-48 rows.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   std::vector<Case> cases;
   int index = 0;
+  const bool wide_wgmma = current_arch() == "sm_90a";
   for (RopeStyle style : {RopeStyle::rotate_half, RopeStyle::interleaved}) {
-    for (int head_dim : {64, 128}) {
+    for (int head_dim : {64, 128, 192, 256}) {
       for (bool causal : {true, false}) {
         Case c;
         c.dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
@@ -486,6 +491,7 @@ TEST_CASE("rope: 8192 keys at offsets up to 3000, both styles, partial rotation"
         c.rotation.rotary_dim = index % 4 == 3 ? head_dim / 2 : head_dim;
         c.angles = Angles::theta;
         c.offsets = index % 2 == 0 ? Offsets::keys : Offsets::both;
+        if (head_dim > 128 && wide_wgmma) c.tiles = {128, head_dim == 192 ? 96 : 80, 8, 2, true};
         cases.push_back(c);
         ++index;
       }

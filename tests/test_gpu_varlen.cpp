@@ -573,7 +573,8 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
   int index = 0;
   for (DType dtype : kDTypes) {
     // 59 and 111: rows staged and shifted by the producer (FwdConfig::kStagedRows).
-    // 192 and 256: O in 128-column wgmmas, no RoPE (KernelSpec::validate).
+    // 192 and 256: O in 128-column wgmmas; K and V by tensor copies, RoPE
+    // included (the producer rotates K once it has landed).
     for (int head_dim : {64, 128, 80, 59, 111, 192, 256}) {
       for (bool causal : {false, true}) {
         const bool unaligned = head_dim % 8 != 0;
@@ -585,7 +586,7 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
         if (index % 5 == 2) c.shape.common.softcap = 30.f;
         if (index % 3 == 2) add_slopes(c, index % 2 == 0, rng);
         if (index % 4 == 3) c.shape.seqused_k = random_seqused(c.shape, rng);
-        if (index % 2 == 1 && head_dim <= 128) {
+        if (index % 2 == 1) {
           // RoPE, full or half rotation, both styles (the producer rotates
           // each sequence's K blocks from its own first key).
           RopeReference rope;

@@ -203,7 +203,7 @@ TEST_CASE("the planner runs the wgmma tiles persistent with more tiles than SMs 
   CHECK(call.plan().spec.block_q == 128);
 }
 
-TEST_CASE("sm_90a takes the wgmma family once its tiles fill the GPU (above head dim 128 without RoPE)") {
+TEST_CASE("sm_90a takes the wgmma family once its tiles fill the GPU (above head dim 128 too)") {
   Call call;
   const auto resize = [&](int64_t batch, int64_t seqlen, int64_t head_dim) {
     call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
@@ -290,7 +290,7 @@ TEST_CASE("sm_90a takes the wgmma family once its tiles fill the GPU (above head
   resize(64, 256, 32);
   CHECK_FALSE(call.plan().spec.wgmma);  // 256
   // Above head dim 128: two stages of the longest key blocks that fit, never
-  // persistent (short causal calls included), and no RoPE.
+  // persistent (short causal calls included); RoPE included, by tensor maps.
   resize(8, 2048, 256);
   CHECK(call.plan().spec.text() == "fwd.bf16.d256.br128.bc80.w8.s2.wgmma");
   resize(8, 2048, 200);
@@ -299,6 +299,15 @@ TEST_CASE("sm_90a takes the wgmma family once its tiles fill the GPU (above head
   resize(32, 1024, 192);
   CHECK(call.plan().spec.text() == "fwd.bf16.d192.br128.bc96.w8.s2.wgmma.causal");
   call.options.rope.style = RopeStyle::rotate_half;
+  ForwardPlan rope_plan = call.plan();
+  CHECK(rope_plan.spec.text() == "fwd.bf16.d192.br128.bc96.w8.s2.wgmma.causal.rope_half_r192");
+  CHECK(rope_plan.k_map.rank == 4);
+  // Short keys too, as at head dims up to 128 (the mma.sync kernels rotate
+  // K on their MMA warps).
+  resize(64, 256, 256);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d256.br128.bc80.w8.s2.wgmma.causal.rope_half_r256");
+  // A view no tensor map describes keeps the mma.sync kernels there.
+  call.k.strides[0] = 0;
   CHECK_FALSE(call.plan().spec.wgmma);
   call.options.rope.style = RopeStyle::none;
   call.options.causal = false;
