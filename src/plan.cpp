@@ -652,9 +652,10 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   if (!unaligned && !(problem.kvcache && kernel_dim > 128)) wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
   // unless their producer rotates K (RoPE without a KV cache) at head dims
-  // up to 128; views a tensor map cannot describe keep the mma.sync kernels. A paged cache's
-  // copies read a block, or a page where pages are shorter (one copy per
-  // page: no per-row table lookups, so small pages cost little).
+  // up to 128; views a tensor map cannot describe keep the mma.sync
+  // kernels. A paged cache's copies read a block, or a page where pages are
+  // shorter (one copy per page: no per-row table lookups, so small pages
+  // cost little).
   const int64_t page_rows = problem.paged ? int64_t{1} << problem.page_shift : 0;
   auto kv_map = [&](const void* data, const int64_t (&strides)[3], int block_kv) {
     const int box_rows = problem.paged ? static_cast<int>(std::min<int64_t>(block_kv, page_rows)) : block_kv;

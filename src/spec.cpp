@@ -337,8 +337,9 @@ void KernelSpec::validate() const {
                                                block_q, warps));
     }
     // Above head_dim 128 the MMA warps hold 96-128 output accumulators, and
-    // the producer is left 24-40 registers (FwdConfig::kProducerRegisters):
-    // a paged KV cache's page walk and the persistent tile walk spill there
+    // the producer is left 24 registers (FwdConfig::kProducerRegisters; 40-56
+    // where it rotates K): a paged KV cache's page walk and the persistent
+    // tile walk spill there
     // (728-2136 bytes at head_dim 256; ptxas, NVRTC 13.0; with more for the
     // producer the MMA warps spill instead; contiguous caches go with paged
     // ones, unmeasured), and a third MMA warpgroup's registers would not hold

@@ -87,14 +87,15 @@ struct KernelSpec {
   uint64_t hash() const;
 
   // fwd with wgmma, unless its producer rotates K (RoPE without a KV
-  // cache): K and V blocks arrive by tensor copies whose maps the launch
-  // encodes (FwdConfig::kTensorCopies, ForwardPlan::k_map; varlen: 3-D maps
-  // over the packed rows; paged: over the pages, a box per page shorter
-  // than a block), except in the one variant where they would spill, and
-  // for unaligned rows (staged by the producer instead).
+  // cache) at head dims up to 128: K and V blocks arrive by tensor copies
+  // whose maps the launch encodes (FwdConfig::kTensorCopies,
+  // ForwardPlan::k_map; varlen: 3-D maps over the packed rows; paged: over
+  // the pages, a box per page shorter than a block), except in the one
+  // variant where they would spill, and for unaligned rows (staged by the
+  // producer instead).
   bool tensor_copies() const {
-    return family == Family::fwd && wgmma && (rope == RopeKind::none || kvcache || head_dim > 128) && unaligned_dim == 0 &&
-           !(warps == 12 && persistent && local);
+    return family == Family::fwd && wgmma && (rope == RopeKind::none || kvcache || head_dim > 128) &&
+           unaligned_dim == 0 && !(warps == 12 && persistent && local);
   }
 
   int threads() const;

@@ -79,7 +79,7 @@ struct FwdConfig {
   // (the planner's at 256) the kernels spilled 40-72 bytes there, against
   // 68-120 at 232 (ptxas, NVRTC 13.0). A producer that rotates K takes more:
   // 56 at 192 (the MMA warps' 224 still hold S, O and P without spills),
-  // 40 at 256 (their 232 spill 90-190 bytes). At 24 its rotation spilled
+  // 40 at 256 (their 232 spill 90-236 bytes). At 24 its rotation spilled
   // 500+ bytes and ran RoPE 1.5-1.7 times slower at 256, and 32 measured
   // 2-5% slower than 40 (H200, docs/PERFORMANCE.md).
   static constexpr bool kRotateKeysAbove128 = HEAD_DIM > 128 && ROPE != 0 && !KVCACHE;

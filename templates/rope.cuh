@@ -349,15 +349,20 @@ struct SteppedKeyRotation {
     angles.set_step(p, unit * Layout::kPairs, Layout::kRunners);
   }
 
+  // Re-evaluates the angles at the run's last row every kAnchorTiles tiles.
+  __device__ __forceinline__ void anchor(const FwdParams& p, int position0, int tile_index) {
+    if (tile_index % kAnchorTiles == 0) {
+      angles.start(p, unit * Layout::kPairs, position0 + row0 + (Layout::kRun - 1) * Layout::kRunners);
+    }
+  }
+
   // Rotates the tile whose row 0 is at position0, the tile_index-th of the
   // sequence (0: the first rotated); `piece_at(row, unit)` as in
   // rotate_consecutive_rows.
   template <typename PieceAt>
   __device__ __forceinline__ void rotate(const FwdParams& p, PieceAt&& piece_at, int position0, int tile_index) {
     if (!active) return;
-    if (tile_index % kAnchorTiles == 0) {
-      angles.start(p, unit * Layout::kPairs, position0 + row0 + (Layout::kRun - 1) * Layout::kRunners);
-    }
+    anchor(p, position0, tile_index);
     rotate_run<Element, STYLE, WORDS, Layout::kRun, Layout::kBatch, /*BACK=*/true, /*STEP_PAST_END=*/true,
                /*PACKED=*/true>(
         [&](int r, int piece) { return piece_at(row0 + r * Layout::kRunners, unit + piece * Layout::kUnitsPerRow); },
@@ -367,17 +372,16 @@ struct SteppedKeyRotation {
   // The same for a tile whose 16-byte chunks are swizzled by row % 8, rows
   // ROW_BYTES apart (wgmma's panels): `offset_of(row, unit)` is the piece's
   // byte offset in `tile`. A run's rows repeat their swizzle every kPeriod
-  // rows, so the thread keeps kPeriod offsets per piece and reaches the
-  // others by constant steps. The compiler holds one address per row from
-  // tile to tile otherwise, which spilled 1.7-2.2 KB in a 24-register
-  // producer above head_dim 128 (ptxas, NVRTC 13.0).
+  // rows, so the thread computes kPeriod shared-memory addresses per piece
+  // (from an opaque base, so once per tile) and reaches the other rows by
+  // constant offsets. Unrolled with one address per row, the compiler held
+  // all 40-48 of them from tile to tile, which spilled 1.7-2.2 KB in a
+  // 24-register producer above head_dim 128 (ptxas, NVRTC 13.0).
   template <int ROW_BYTES, typename OffsetOf>
   __device__ __forceinline__ void rotate_swizzled(const FwdParams& p, unsigned char* tile, OffsetOf&& offset_of,
                                                   int position0, int tile_index) {
     if (!active) return;
-    if (tile_index % kAnchorTiles == 0) {
-      angles.start(p, unit * Layout::kPairs, position0 + row0 + (Layout::kRun - 1) * Layout::kRunners);
-    }
+    anchor(p, position0, tile_index);
     using Piece = typename RowPiece<WORDS>::type;
     constexpr int kRunners = Layout::kRunners;
     constexpr int kPeriod = kRunners % 8 == 0 ? 1 : kRunners % 4 == 0 ? 2 : kRunners % 2 == 0 ? 4 : 8;
