@@ -337,13 +337,16 @@ TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int
   }
 }
 
-std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch) {
+std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch, bool paged) {
   if (arch.major != 9 || arch.minor != 0 || !arch.arch_specific) return std::nullopt;
   if (head_dim > 128) {
     // A 128-row Q tile and two stages of the longest key blocks that fit in
     // shared memory: 96 keys at 192 (192 KB), 80 at 256 (224 KB). Against
     // 64-key blocks (three stages at 192) they measured 4-14% faster at 192
-    // and 0-6% at 256 (H200, docs/PERFORMANCE.md). RoPE takes the same.
+    // and 0-6% at 256 (H200, docs/PERFORMANCE.md). RoPE takes the same. A
+    // paged cache takes 64-key blocks, which tile its pages
+    // (KernelSpec::validate): three stages at 192, two at 256.
+    if (paged) return TileConfig{128, 64, 8, head_dim == 192 ? 3 : 2, true};
     return TileConfig{128, head_dim == 192 ? 96 : 80, 8, 2, true};
   }
   // Without RoPE at head dims up to 64: 192-row tiles, three MMA warpgroups.
@@ -642,14 +645,14 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // are the dense ones (192 rows at head dims up to 64 without RoPE, where
   // they do not pad much more than 128: level with 128 rows on a contiguous
   // cache, 4-13% faster with pages of 16; with RoPE 192 rows were not
-  // measured over a cache, so 128) (H200, docs/PERFORMANCE.md).
+  // measured over a cache, so 128; above head_dim 128 a paged cache takes
+  // 64-key blocks, which tile its pages) (H200, docs/PERFORMANCE.md).
   const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && problem.num_splits <= 1 &&
                              (plan.spec.pack_gqa ? seqlen_q * group : seqlen_q) > 64;
   const bool choose =
       !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper && !unaligned;
   std::optional<TileConfig> wgmma;
-  // Above head_dim 128 the wgmma kernels take no KV cache (KernelSpec::validate).
-  if (!unaligned && !(problem.kvcache && kernel_dim > 128)) wgmma = wgmma_tiles(kernel_dim, has_rope, arch);
+  if (!unaligned) wgmma = wgmma_tiles(kernel_dim, has_rope, arch, problem.paged);
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
   // unless their producer rotates K (RoPE without a KV cache) at head dims
   // up to 128; views a tensor map cannot describe keep the mma.sync

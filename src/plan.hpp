@@ -55,9 +55,10 @@ class TuningTable;
 // The built-in tile configuration for a shape class (from tuning on the H200),
 // used when neither the caller nor a tuning table chooses.
 TileConfig default_tiles(DType dtype, int head_dim, bool causal, const Arch& arch, int seqlen_bucket);
-// The wgmma family's tiles for a class on `arch` (sm_90a, head dims up to
-// 128), which the planner takes once they fill the GPU; none elsewhere.
-std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch);
+// The wgmma family's tiles for a class on `arch` (sm_90a; `paged`: over a
+// paged KV cache, whose pages the key blocks must tile), which the planner
+// takes once they fill the GPU; none elsewhere.
+std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch, bool paged = false);
 // Every distinct default_tiles() choice over the seqlen buckets, and the
 // wgmma tiles where they apply (ordinary and persistent): what warming a (dtype, head_dim, causal) class
 // must compile so no call compiles later.

@@ -337,17 +337,23 @@ void KernelSpec::validate() const {
                                                block_q, warps));
     }
     // Above head_dim 128 the MMA warps hold 96-128 output accumulators, and
-    // the producer is left 24 registers (FwdConfig::kProducerRegisters; 40-56
-    // where it rotates K): a paged KV cache's page walk and the persistent
-    // tile walk spill there
-    // (728-2136 bytes at head_dim 256; ptxas, NVRTC 13.0; with more for the
-    // producer the MMA warps spill instead; contiguous caches go with paged
-    // ones, unmeasured), and a third MMA warpgroup's registers would not hold
-    // O. RoPE fits: K arrives by tensor copies, and the rotation keeps two
-    // pairs' angles a thread (ProducerKeyPieces).
-    if (head_dim > 128 && (warps != 8 || persistent || kvcache)) {
+    // the producer is left 24-56 registers (FwdConfig::kProducerRegisters:
+    // 40-56 where it rotates K or walks a paged cache's block table): the
+    // persistent tile walk spills there (728-2136 bytes at head_dim 256 with
+    // 24; ptxas, NVRTC 13.0; with more for the producer the MMA warps spill
+    // instead), and a third MMA warpgroup's registers would not hold O.
+    if (head_dim > 128 && (warps != 8 || persistent)) {
       fail(ErrorCode::unsupported,
-           fmt::format("wgmma at head_dim {} (above 128) takes w=8 and no persistent or kvcache", head_dim));
+           fmt::format("wgmma at head_dim {} (above 128) takes w=8 and no persistent", head_dim));
+    }
+    // A paged cache's tensor copies read whole pages or whole key blocks
+    // (one box per page when pages are shorter than a block), so blocks
+    // must tile pages (power-of-two sizes): 80- and 96-key blocks would
+    // straddle them.
+    if (paged && (block_kv & (block_kv - 1)) != 0) {
+      fail(ErrorCode::unsupported,
+           fmt::format("bc={} with paged: key blocks of a paged cache tile its pages (a power of two: bc=64 or 128)",
+                       block_kv));
     }
     // Three MMA warpgroups (w=12) share the registers of 512 threads: 160
     // each beside a 32-register producer, which holds 96 accumulators (S and

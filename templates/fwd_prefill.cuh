@@ -83,9 +83,16 @@ struct FwdConfig {
   // 500+ bytes and ran RoPE 1.5-1.7 times slower at 256, and 32 measured
   // 2-5% slower than 40 (H200, docs/PERFORMANCE.md).
   static constexpr bool kRotateKeysAbove128 = HEAD_DIM > 128 && ROPE != 0 && !KVCACHE;
+  // Above 128 a paged KV cache's producer, which walks the block table
+  // (and copies the last block a row at a time: load_paged_rows), takes
+  // what one that rotates K does; with 24 it spilled 92-100 bytes at 256.
+  // A contiguous cache keeps 24: at 192 it ran chunked prefill 1-4% faster
+  // than 56 (H200, docs/PERFORMANCE.md), and at 256 it spilled 68 bytes
+  // against 140 at 40 (ptxas, NVRTC 13.0).
+  static constexpr bool kWideProducerWork = kRotateKeysAbove128 || (HEAD_DIM > 128 && PAGED);
   static constexpr int kConsumerGroups = WARPS / 4;  // warpgroups of MMA warps (producer layout)
   static constexpr int kProducerRegisters = !WGMMA                              ? (HEAD_DIM <= 64 ? 56 : 40)
-                                            : HEAD_DIM > 128                    ? (!kRotateKeysAbove128 ? 24
+                                            : HEAD_DIM > 128                    ? (!kWideProducerWork ? 24
                                                                                    : HEAD_DIM <= 192 ? 56
                                                                                                      : 40)
                                             : kConsumerGroups == 2              ? 88
@@ -779,6 +786,34 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
 }
 
 
+// Copies K or V rows [key0, key0 + BLOCK_KV) of a paged sequence into a
+// tile, each row through its own block-table entry: pages shorter than a
+// tile, and (above head_dim 128, FwdConfig::kProducerRegisters) the block
+// that ends past the sequence whatever the page size. Rows past the
+// sequence read no table entry (those may be unset) and are zero-filled.
+// Not unrolled: this path must not raise the register count of the
+// kernel's main path.
+template <class Cfg>
+__device__ __forceinline__ void load_paged_rows(unsigned tile, const unsigned short* rows, long long row_stride,
+                                                long long page_stride, const int* pages, int page_shift, int key0,
+                                                int seqlen_k, int chunks_valid) {
+  constexpr int kChunks = Cfg::kBlockKV * Cfg::kChunksPerRow;
+  const int in_page = (1 << page_shift) - 1;
+#pragma unroll 1
+  for (int i = 0; i < (kChunks + Cfg::kLoadThreads - 1) / Cfg::kLoadThreads; ++i) {
+    const int index = i * Cfg::kLoadThreads + threadIdx.x;
+    if (kChunks % Cfg::kLoadThreads == 0 || index < kChunks) {
+      const int row = index / Cfg::kChunksPerRow;
+      const int chunk = index % Cfg::kChunksPerRow;
+      const int key = key0 + row;
+      const bool valid = key < seqlen_k && chunk < chunks_valid;
+      const unsigned short* source = rows;
+      if (valid) source = rows + pages[key >> page_shift] * page_stride + (key & in_page) * row_stride + chunk * 8;
+      cp_async_16(tile + swizzled_bytes<Cfg, Cfg::kBlockKV>(row, chunk), source, valid);
+    }
+  }
+}
+
 // Copies K or V rows [key0, key0 + BLOCK_KV) of one sequence and head into a
 // tile: rows at a fixed stride, or (paged) through the block table.
 template <class Cfg>
@@ -787,35 +822,15 @@ __device__ __forceinline__ void load_kv_tile(unsigned tile, const unsigned short
                                              int seqlen_k, int chunks_valid, int page = -1) {
   if constexpr (!Cfg::kPaged) {
     load_tile<Cfg, Cfg::kBlockKV>(tile, rows, row_stride, key0, seqlen_k, chunks_valid);
+  } else if ((Cfg::kBlockKV >> page_shift) <= 1) {
+    // Pages at least a tile long (power-of-two sizes, so tiles never
+    // straddle pages): one lookup (done ahead by the caller when it can),
+    // then the strided copy.
+    if (page < 0) page = pages[key0 >> page_shift];
+    const unsigned short* first = rows + page * page_stride + (key0 & ((1 << page_shift) - 1)) * row_stride;
+    load_tile<Cfg, Cfg::kBlockKV>(tile, first, row_stride, 0, seqlen_k - key0, chunks_valid);
   } else {
-    if ((Cfg::kBlockKV >> page_shift) <= 1) {
-      // Pages at least a tile long (power-of-two sizes, so tiles never
-      // straddle pages): one lookup (done ahead by the caller when it can),
-      // then the strided copy.
-      if (page < 0) page = pages[key0 >> page_shift];
-      const unsigned short* first = rows + page * page_stride + (key0 & ((1 << page_shift) - 1)) * row_stride;
-      load_tile<Cfg, Cfg::kBlockKV>(tile, first, row_stride, 0, seqlen_k - key0, chunks_valid);
-    } else {
-      // Small pages: each row looks up its own. Rows past the sequence read
-      // no table entry (those may be unset).
-      constexpr int kChunks = Cfg::kBlockKV * Cfg::kChunksPerRow;
-      const int in_page = (1 << page_shift) - 1;
-      // Not unrolled: this path must not raise the register count of the
-      // kernel's main path (pages of a tile or more).
-#pragma unroll 1
-      for (int i = 0; i < (kChunks + Cfg::kLoadThreads - 1) / Cfg::kLoadThreads; ++i) {
-        const int index = i * Cfg::kLoadThreads + threadIdx.x;
-        if (kChunks % Cfg::kLoadThreads == 0 || index < kChunks) {
-          const int row = index / Cfg::kChunksPerRow;
-          const int chunk = index % Cfg::kChunksPerRow;
-          const int key = key0 + row;
-          const bool valid = key < seqlen_k && chunk < chunks_valid;
-          const unsigned short* source = rows;
-          if (valid) source = rows + pages[key >> page_shift] * page_stride + (key & in_page) * row_stride + chunk * 8;
-          cp_async_16(tile + swizzled_bytes<Cfg, Cfg::kBlockKV>(row, chunk), source, valid);
-        }
-      }
-    }
+    load_paged_rows<Cfg>(tile, rows, row_stride, page_stride, pages, page_shift, key0, seqlen_k, chunks_valid);
   }
 }
 
@@ -1266,6 +1281,13 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
                                          static_cast<long long>(k_row0) * p.v_row_stride + kv_head * p.v_head_stride;
           load_tile_rolled<Cfg, Cfg::kBlockKV>(stage, v_rows, p.v_row_stride, key0_of(i), job.seqlen_k,
                                                job.chunks_valid);
+        } else if constexpr (Cfg::kPaged && Cfg::kHeadDim > 128) {
+          // A row at a time whatever the page size: the producer's 40-56
+          // registers (FwdConfig::kProducerRegisters) spilled 540 bytes
+          // with the strided copy of whole pages unrolled beside it.
+          load_paged_rows<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
+                               values ? p.v_batch_stride : p.k_batch_stride, pages, p.page_shift, key0_of(i),
+                               job.seqlen_k, job.chunks_valid);
         } else if constexpr (Cfg::kPaged) {
           load_kv_tile<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
                             values ? p.v_batch_stride : p.k_batch_stride, pages, p.page_shift, key0_of(i),

@@ -540,6 +540,63 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
   check_cases(cases, rng, seed);
 }
 
+TEST_CASE("kvcache on the wgmma producer layout above head dim 128: contiguous and paged, appends, RoPE, GQA") {
+  // Head dims 192 and 256 (and 160, 224 padded onto them): 128-row tiles of
+  // 96 or 80 keys over a contiguous cache, 64 keys over a paged one (blocks
+  // must tile pages), two or three stages. The producer walks the block
+  // table with 40-56 registers; the last block past a sequence is copied a
+  // row at a time (load_paged_rows), pages shorter than 8 rows always are.
+  if (!sm90a_or_skip("the wgmma family")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const std::pair<int, int> seqlens[] = {{64, 800}, {300, 2048}, {200, 339}, {129, 4000}};
+  const int head_dims[] = {192, 256, 160, 224};
+  const int page_sizes[] = {0, 16, 64, 256, 8, 4};
+  const RopeStyle styles[] = {RopeStyle::none, RopeStyle::rotate_half, RopeStyle::interleaved};
+  std::vector<Case> cases;
+  int index = 0;
+  for (const auto& [seqlen_q, seqlen_k] : seqlens) {
+    for (int variant = 0; variant < 4; ++variant, ++index) {
+      Case c;
+      c.dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
+      c.seqlen_q = seqlen_q;
+      c.seqlen_k = seqlen_k;
+      c.batch = 2;
+      const int kv_heads[] = {6, 2, 1};
+      c.heads_kv = kv_heads[index % 3];
+      c.head_dim = head_dims[(index + index / 4) % 4];
+      c.causal = index % 4 != 1;
+      if (index % 5 == 3) c.window_left = 100;
+      c.append = variant >= 2 && seqlen_q <= seqlen_k / 2;
+      c.rope = styles[index % 3];
+      c.rotary_fraction = index % 5 < 3 ? 1.0 : 0.5;
+      c.tables = index % 4 == 3;
+      c.page_size = page_sizes[index % 6];
+      c.batch_index = c.page_size == 0 && index % 3 == 1;
+      const int kernel_dim = c.head_dim <= 192 ? 192 : 256;
+      c.tiles = c.page_size != 0 ? TileConfig{128, 64, 8, kernel_dim == 192 ? 3 : 2, true}
+                                 : TileConfig{128, kernel_dim == 192 ? 96 : 80, 8, 2, true};
+      cases.push_back(c);
+    }
+  }
+  // The planner's own choice for chunks that fill the GPU (test_plan).
+  Case chunk;
+  chunk.seqlen_q = 1024;
+  chunk.seqlen_k = 3000;
+  chunk.batch = 3;
+  chunk.causal = true;
+  chunk.head_dim = 256;
+  chunk.page_size = 64;
+  chunk.rope = RopeStyle::rotate_half;
+  cases.push_back(chunk);
+  chunk.head_dim = 192;
+  chunk.page_size = 0;
+  chunk.rope = RopeStyle::none;
+  chunk.dtype = DType::f16;
+  cases.push_back(chunk);
+  check_cases(cases, rng, seed);
+}
+
 TEST_CASE("kvcache: warm calls are graph-capturable (append, RoPE, splits and combine; every kernel)") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);

@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -608,6 +609,43 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
       plain.rope.style = RopeStyle::rotate_half;
       CHECK(plan_kvcache(chunk64, small, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132)
                 .attention.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64.kvcache");
+    }
+    // Above head dim 128: the dense tiles over a contiguous cache (128 × 96
+    // at 192, 128 × 80 at 256), 64-key blocks over a paged one, whose blocks
+    // must tile its pages; padded head dims take the next kernel.
+    {
+      ForwardOptions wide = causal;
+      for (const int head_dim : {160, 192, 256}) {
+        CAPTURE(head_dim);
+        const int kernel_dim = head_dim <= 192 ? 192 : 256;
+        TensorView wide_chunk = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1024, 32, head_dim});
+        KVCacheArgs contiguous = args;
+        contiguous.k_cache = contiguous.v_cache =
+            TensorView::contiguous(address(0x30000), DType::bf16, {2, 8192, 8, head_dim});
+        const std::string padded = head_dim != kernel_dim ? ".padded" : "";
+        wide.rope.style = RopeStyle::none;
+        CHECK(plan_kvcache(wide_chunk, contiguous, wide_chunk, nullptr, wide, nullptr, 0, true, arch, 227 * 1024, 132)
+                  .attention.spec.text() ==
+              fmt::format("fwd.bf16.d{}.br128.bc{}.w8.s2.wgmma.causal.kvcache{}", kernel_dim,
+                          kernel_dim == 192 ? 96 : 80, padded));
+        TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192 / 16});
+        KVCacheArgs wide_paged = args;
+        wide_paged.block_table = &table;
+        wide_paged.k_cache = wide_paged.v_cache =
+            TensorView::contiguous(address(0x30000), DType::bf16, {2 * 8192 / 16, 16, 8, head_dim});
+        wide.rope.style = RopeStyle::rotate_half;
+        const KVCachePlan wide_plan =
+            plan_kvcache(wide_chunk, wide_paged, wide_chunk, nullptr, wide, nullptr, 0, true, arch, 227 * 1024, 132);
+        CHECK(wide_plan.attention.spec.text() ==
+              fmt::format("fwd.bf16.d{}.br128.bc64.w8.s{}.wgmma.causal.rope_half_r{}.kvcache.paged{}", kernel_dim,
+                          kernel_dim == 192 ? 3 : 2, head_dim, padded));
+        CHECK(wide_plan.attention.k_map.box[1] == 16);
+        ForwardOptions straddling = wide;
+        straddling.tiles = {128, 80, 8, 2, true};
+        CHECK_THROWS_WITH_AS(
+            plan_kvcache(wide_chunk, wide_paged, wide_chunk, nullptr, straddling, nullptr, 0, true, arch, 227 * 1024, 132),
+            doctest::Contains("key blocks of a paged cache tile its pages"), Error);
+      }
     }
     TensorView small_table = TensorView::contiguous(address(0x70000), DType::i32, {2, 2048});
     paged.block_table = &small_table;

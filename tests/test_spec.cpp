@@ -174,7 +174,7 @@ TEST_CASE("wgmma fwd specs: text, packing and rules") {
                        doctest::Contains("wgmma needs the producer layout"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br256.bc64.w8.s2.wgmma"), doctest::Contains("br = 16 × w"),
                        Error);
-  // Above head dim 128: two MMA warpgroups, no persistent grid or KV cache.
+  // Above head dim 128: two MMA warpgroups, no persistent grid.
   // 64 KB of Q and two 64 KB stages at 256. K and V arrive by tensor copies,
   // with RoPE too (the producer rotates K once it has landed).
   const KernelSpec wide = KernelSpec::parse("fwd.bf16.d256.br128.bc64.w8.s2.wgmma.causal.packgqa.varlen");
@@ -184,10 +184,19 @@ TEST_CASE("wgmma fwd specs: text, packing and rules") {
   CHECK(KernelSpec::parse("fwd.bf16.d192.br128.bc96.w8.s2.wgmma.causal.rope_interleaved_r192.rope_tables")
             .tensor_copies());
   CHECK_FALSE(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.rope_half_r128").tensor_copies());
-  for (const char* text : {"fwd.bf16.d256.br128.bc64.w8.s2.wgmma.persistent", "fwd.bf16.d192.br128.bc64.w8.s3.wgmma.kvcache",
+  for (const char* text : {"fwd.bf16.d256.br128.bc64.w8.s2.wgmma.persistent",
                            "fwd.bf16.d256.br128.bc64.w8.s2.wgmma.persistent.rope_half_r64",
                            "fwd.bf16.d192.br192.bc32.w12.s2.wgmma"}) {
     CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains("(above 128) takes w=8 and no persistent"), Error);
+  }
+  // KV caches too (chunked prefill), by tensor copies; a paged cache's key
+  // blocks tile its pages, so 80 and 96 keys are refused there.
+  CHECK(KernelSpec::parse("fwd.bf16.d192.br128.bc64.w8.s3.wgmma.kvcache.paged").tensor_copies());
+  CHECK(KernelSpec::parse("fwd.bf16.d256.br128.bc80.w8.s2.wgmma.causal.rope_half_r256.kvcache").tensor_copies());
+  for (const char* text : {"fwd.bf16.d256.br128.bc80.w8.s2.wgmma.kvcache.paged",
+                           "fwd.bf16.d192.br128.bc96.w8.s2.wgmma.causal.packgqa.kvcache.paged"}) {
+    CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains("key blocks of a paged cache tile its pages"),
+                         Error);
   }
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.wgmma"),
                        doctest::Contains("repeated flag 'wgmma'"), Error);
