@@ -20,39 +20,43 @@ std::vector<AttentionShape> all_generated_shapes() {
   return shapes;
 }
 
-// The kernels forward_kvcache plans for one-token decoding of `shape` (up to
-// 16 query heads per KV head): for one sequence (one CTA per SM) and for many
-// (two per SM), a contiguous cache and pages of 16 and 64 rows, one split and
-// several, with new keys appended; and the combine kernel.
+// The kernels forward_kvcache plans for `shape` (32 query heads over 8 KV
+// heads, new keys appended): one-token decoding of one sequence (one CTA
+// per SM) and of many (two per SM), one split and several; chunked prefill
+// of 2048 tokens over 8192 cached ones; a contiguous cache and pages of 16
+// and 64 rows each; and the combine kernel.
 void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
   // Opt-in shared memory per block: Hopper 227 KB, A100 163 KB, other sm_8x 99 KB.
   const int max_smem = arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
-  const int heads_kv = 8, heads_q = 32, capacity = 4096;
+  const int heads_kv = 8, heads_q = 32;
   auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
-  for (int64_t batch : {1, 64}) {
+  struct Calls {
+    int64_t batch, seqlen_q, capacity;
+    int splits;
+  };
+  const Calls calls[] = {{1, 1, 4096, 1}, {1, 1, 4096, 3}, {64, 1, 4096, 1}, {64, 1, 4096, 3}, {1, 2048, 8192, 1}};
+  for (const auto& [batch, seqlen_q, capacity, splits] : calls) {
     for (int page : {0, 16, 64}) {
-      for (int splits : {1, 3}) {
-        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, 1, heads_q, shape.head_dim});
-        const TensorView k_new = TensorView::contiguous(address(0x20000), shape.dtype, {batch, 1, heads_kv, shape.head_dim});
-        const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
-        KVCacheArgs args;
-        args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), shape.dtype, {batch, capacity, heads_kv, shape.head_dim})
-                                 : TensorView::contiguous(address(0x40000), shape.dtype,
-                                                          {batch * capacity / page, page, heads_kv, shape.head_dim});
-        args.v_cache = args.k_cache;
-        args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
-        args.block_table = page == 0 ? nullptr : &table;
-        args.k_new = args.v_new = &k_new;
-        args.num_splits = splits;
-        ForwardOptions options;
-        options.causal = shape.causal;
-        if (shape.local) options.window_left = capacity / 2;
-        if (shape.softcap) options.softcap = 50.f;
-        const detail::KVCachePlan plan =
-            detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem, 132);
-        specs.push_back(plan.attention.spec);
-        specs.push_back(plan.append.spec);
-      }
+      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen_q, heads_q, shape.head_dim});
+      const TensorView k_new = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen_q, heads_kv, shape.head_dim});
+      const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
+      KVCacheArgs args;
+      args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), shape.dtype, {batch, capacity, heads_kv, shape.head_dim})
+                               : TensorView::contiguous(address(0x40000), shape.dtype,
+                                                        {batch * capacity / page, page, heads_kv, shape.head_dim});
+      args.v_cache = args.k_cache;
+      args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+      args.block_table = page == 0 ? nullptr : &table;
+      args.k_new = args.v_new = &k_new;
+      args.num_splits = splits;
+      ForwardOptions options;
+      options.causal = shape.causal;
+      if (shape.local) options.window_left = capacity / 2;
+      if (shape.softcap) options.softcap = 50.f;
+      const detail::KVCachePlan plan =
+          detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem, 132);
+      specs.push_back(plan.attention.spec);
+      specs.push_back(plan.append.spec);
     }
   }
   specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
