@@ -475,19 +475,17 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
   check_cases(cases, rng, seed);
 }
 
-TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, contiguous and paged, appends, RoPE, GQA") {
-  // Many queries over a cache: the producer copies the cache's blocks by
-  // tensor copies (a box per block, or per page where pages are shorter;
-  // a last block past the sequence by zero-filling cp.async)
-  // and the MMA warpgroups rotate q at positions cache_seqlens + i.
-  if (!sm90a_or_skip("the wgmma family")) return;
-  const uint64_t seed = clock_seed();
-  std::mt19937_64 rng(seed);
-  const std::pair<int, int> seqlens[] = {{64, 800}, {128, 128}, {300, 2048}, {3, 1024}, {200, 339}, {129, 4000}};
-  // Pages from 8 rows are read a page per tensor copy; pages of 4 rows (not
-  // whole swizzle atoms) by the producer's per-row cp.async.
-  const int page_sizes[] = {0, 16, 64, 256, 8, 4};
+namespace {
+
+// The chunked-prefill grid of the wgmma cases: four variants per (seqlen_q,
+// seqlen_k) pair, cycling dtype, KV heads, masks, appends (variants 2 and 3,
+// where the chunk fits), RoPE style, fraction and tables over a running
+// index; `finish(c, index, variant)` sets the head dim, pages and tiles.
+// A contiguous cache reads through cache_batch_idx in a third of them.
+template <class Finish>
+std::vector<Case> wgmma_cache_grid(const std::vector<std::pair<int, int>>& seqlens, int batch, Finish finish) {
   const RopeStyle styles[] = {RopeStyle::none, RopeStyle::rotate_half, RopeStyle::interleaved};
+  const int kv_heads[] = {6, 2, 1};
   std::vector<Case> cases;
   int index = 0;
   for (const auto& [seqlen_q, seqlen_k] : seqlens) {
@@ -496,25 +494,44 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
       c.dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
       c.seqlen_q = seqlen_q;
       c.seqlen_k = seqlen_k;
-      c.batch = 3;
-      const int kv_heads[] = {6, 2, 1};
+      c.batch = batch;
       c.heads_kv = kv_heads[index % 3];
-      c.head_dim = variant % 2 == 0 ? 128 : 64;
       c.causal = index % 4 != 1;
       if (index % 5 == 3) c.window_left = 100;
       c.append = variant >= 2 && seqlen_q <= seqlen_k / 2;
       c.rope = styles[index % 3];
       c.rotary_fraction = index % 5 < 3 ? 1.0 : 0.5;
       c.tables = index % 4 == 3;
-      c.page_size = page_sizes[(index / 2) % 6];
+      finish(c, index, variant);
       c.batch_index = c.page_size == 0 && index % 3 == 1;
-      c.num_splits = index % 2;  // 1, or the heuristic (which the producer layout never splits)
-      // Head dim 64: mostly three MMA warpgroups (192-row tiles).
-      c.tiles = c.head_dim <= 64 && index % 3 != 2 ? TileConfig{192, 128, 12, 4, true}
-                                                   : TileConfig{128, 128, 8, c.head_dim > 64 ? 2 : 4, true};
       cases.push_back(c);
     }
   }
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, contiguous and paged, appends, RoPE, GQA") {
+  // Many queries over a cache: the producer copies the cache's blocks by
+  // tensor copies (a box per block, or per page where pages are shorter;
+  // a last block past the sequence by zero-filling cp.async)
+  // and the MMA warpgroups rotate q at positions cache_seqlens + i.
+  if (!sm90a_or_skip("the wgmma family")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const std::vector<std::pair<int, int>> seqlens = {{64, 800}, {128, 128}, {300, 2048}, {3, 1024}, {200, 339}, {129, 4000}};
+  // Pages from 8 rows are read a page per tensor copy; pages of 4 rows (not
+  // whole swizzle atoms) by the producer's per-row cp.async.
+  const int page_sizes[] = {0, 16, 64, 256, 8, 4};
+  std::vector<Case> cases = wgmma_cache_grid(seqlens, 3, [&](Case& c, int index, int variant) {
+    c.head_dim = variant % 2 == 0 ? 128 : 64;
+    c.page_size = page_sizes[(index / 2) % 6];
+    c.num_splits = index % 2;  // 1, or the heuristic (which the producer layout never splits)
+    // Head dim 64: mostly three MMA warpgroups (192-row tiles).
+    c.tiles = c.head_dim <= 64 && index % 3 != 2 ? TileConfig{192, 128, 12, 4, true}
+                                                 : TileConfig{128, 128, 8, c.head_dim > 64 ? 2 : 4, true};
+  });
   // The planner's own choice for a chunk long enough to fill the GPU
   // (3 × 6 heads × 8 query tiles): the wgmma tiles (test_plan).
   Case chunk;
@@ -549,36 +566,16 @@ TEST_CASE("kvcache on the wgmma producer layout above head dim 128: contiguous a
   if (!sm90a_or_skip("the wgmma family")) return;
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
-  const std::pair<int, int> seqlens[] = {{64, 800}, {300, 2048}, {200, 339}, {129, 4000}};
+  const std::vector<std::pair<int, int>> seqlens = {{64, 800}, {300, 2048}, {200, 339}, {129, 4000}};
   const int head_dims[] = {192, 256, 160, 224};
   const int page_sizes[] = {0, 16, 64, 256, 8, 4};
-  const RopeStyle styles[] = {RopeStyle::none, RopeStyle::rotate_half, RopeStyle::interleaved};
-  std::vector<Case> cases;
-  int index = 0;
-  for (const auto& [seqlen_q, seqlen_k] : seqlens) {
-    for (int variant = 0; variant < 4; ++variant, ++index) {
-      Case c;
-      c.dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
-      c.seqlen_q = seqlen_q;
-      c.seqlen_k = seqlen_k;
-      c.batch = 2;
-      const int kv_heads[] = {6, 2, 1};
-      c.heads_kv = kv_heads[index % 3];
-      c.head_dim = head_dims[(index + index / 4) % 4];
-      c.causal = index % 4 != 1;
-      if (index % 5 == 3) c.window_left = 100;
-      c.append = variant >= 2 && seqlen_q <= seqlen_k / 2;
-      c.rope = styles[index % 3];
-      c.rotary_fraction = index % 5 < 3 ? 1.0 : 0.5;
-      c.tables = index % 4 == 3;
-      c.page_size = page_sizes[index % 6];
-      c.batch_index = c.page_size == 0 && index % 3 == 1;
-      const int kernel_dim = c.head_dim <= 192 ? 192 : 256;
-      c.tiles = c.page_size != 0 ? TileConfig{128, 64, 8, kernel_dim == 192 ? 3 : 2, true}
-                                 : TileConfig{128, kernel_dim == 192 ? 96 : 80, 8, 2, true};
-      cases.push_back(c);
-    }
-  }
+  std::vector<Case> cases = wgmma_cache_grid(seqlens, 2, [&](Case& c, int index, int) {
+    c.head_dim = head_dims[(index + index / 4) % 4];
+    c.page_size = page_sizes[index % 6];
+    const int kernel_dim = c.head_dim <= 192 ? 192 : 256;
+    c.tiles = c.page_size != 0 ? TileConfig{128, 64, 8, kernel_dim == 192 ? 3 : 2, true}
+                               : TileConfig{128, kernel_dim == 192 ? 96 : 80, 8, 2, true};
+  });
   // The planner's own choice for chunks that fill the GPU (test_plan).
   Case chunk;
   chunk.seqlen_q = 1024;
