@@ -26,19 +26,25 @@ int next_power_of_two(int64_t value) {
   return power;
 }
 
-// A tensor the kernel reads or writes in 16-byte vectors: 16-byte aligned
-// base, and every stride of a dimension longer than 1 a whole number of
-// vectors. `strides`/`extents` list the dimensions above head_dim.
-void check_vectors(const char* name, const void* data, DType dtype, const int64_t* strides, const int64_t* extents,
-                   const char* const* axis_names, int axes, bool empty) {
-  if (data == nullptr && !empty) reject(fmt::format("{}: data is null", name));
-  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) reject(fmt::format("{}: data pointer must be 16-byte aligned", name));
+// Whether the kernel can read or write a tensor in 16-byte vectors: a
+// 16-byte aligned base, and every stride of a dimension longer than 1 a
+// whole number of vectors. `strides`/`extents` list the dimensions above
+// head_dim. Otherwise it takes the elementwise kernel (KernelSpec::elementwise).
+bool vectors_fit(const void* data, DType dtype, const int64_t* strides, const int64_t* extents, int axes) {
+  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) return false;
   const int64_t vector = static_cast<int64_t>(16 / dtype_size(dtype));
   for (int axis = 0; axis < axes; ++axis) {
-    if (extents[axis] > 1 && strides[axis] % vector != 0) {
-      reject(fmt::format("{}: {} stride {} must be a multiple of {} elements (16-byte aligned {} rows)", name,
-                         axis_names[axis], strides[axis], vector, dtype_name(dtype)));
-    }
+    if (extents[axis] > 1 && strides[axis] % vector != 0) return false;
+  }
+  return true;
+}
+
+// A tensor of states or outputs: its data (unless there is nothing to
+// read), aligned to its element.
+void check_elements(const char* name, const void* data, DType dtype, bool empty) {
+  if (data == nullptr && !empty) reject(fmt::format("{}: data is null", name));
+  if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) != 0) {
+    reject(fmt::format("{}: data pointer must be {}-byte aligned ({})", name, dtype_size(dtype), dtype_name(dtype)));
   }
 }
 
@@ -56,7 +62,7 @@ void check_floats(const char* name, const void* data, bool empty) {
 // weights: either one pair per CTA, or state_lanes × kCombineStatesInFlight
 // >= num_states and pairs_per_block × state_lanes × chunk_lanes = kCombineThreads.
 void choose_layout(CombineParams& p) {
-  p.chunk_lanes = next_power_of_two(p.head_dim / 8);
+  p.chunk_lanes = next_power_of_two((p.head_dim + 7) / 8);  // the last chunk may be partial (elementwise)
   const int batches = (p.num_states + kCombineStatesInFlight - 1) / kCombineStatesInFlight;
   p.state_lanes = std::min(next_power_of_two(batches), kCombineThreads / p.chunk_lanes);
   p.pairs_per_block = kCombineThreads / (p.chunk_lanes * p.state_lanes);
@@ -117,9 +123,7 @@ CombinePlan plan_combine(const CombineProblem& problem) {
     throw Error(ErrorCode::unsupported, fmt::format("{}: num_states={} is above the most one merge supports, {}",
                                                     q.states_name, q.num_states, kCombineMaxStates));
   }
-  if (q.head_dim < 8 || q.head_dim % 8 != 0) {
-    reject(fmt::format("{}: head_dim={} must be a positive multiple of 8", q.states_name, q.head_dim));
-  }
+  if (q.head_dim < 1) reject(fmt::format("{}: head_dim={} must be positive", q.states_name, q.head_dim));
   if (q.head_dim > kCombineMaxHeadDim) {
     throw Error(ErrorCode::unsupported, fmt::format("{}: head_dim={} is above the largest supported, {}", q.states_name,
                                                     q.head_dim, kCombineMaxHeadDim));
@@ -141,23 +145,27 @@ CombinePlan plan_combine(const CombineProblem& problem) {
     reject(fmt::format("{}: a separate second state needs num_states=2, got {}", q.states_b_name, q.num_states));
   }
 
-  static const char* const state_axes[4] = {"state", "batch", "row", "head"};
-  static const char* const row_axes[3] = {"batch", "row", "head"};
   const int64_t state_extents[4] = {split_b ? 1 : q.num_states, q.batch, q.seqlen, q.heads};
   const int64_t row_extents[3] = {q.batch, q.seqlen, q.heads};
-  check_vectors(q.states_name, q.states, q.state_dtype, q.states_strides, state_extents, state_axes, 4, empty);
+  check_elements(q.states_name, q.states, q.state_dtype, empty);
   check_floats(q.lse_name, q.lse, empty);
-  check_vectors("out", q.out, q.out_dtype, q.out_strides, row_extents, row_axes, 3, empty);
+  check_elements("out", q.out, q.out_dtype, empty);
   if (q.out_lse != nullptr) check_floats("out_lse", q.out_lse, empty);
   if (split_b) {
     if (q.states_b == nullptr && !empty) reject(fmt::format("{}: data is null", q.states_b_name));
     if (q.lse_b == nullptr && !empty) reject(fmt::format("{}: data is null", q.lse_b_name));
-    check_vectors(q.states_b_name, q.states_b, q.state_dtype, q.states_b_strides, row_extents, row_axes, 3, empty);
+    check_elements(q.states_b_name, q.states_b, q.state_dtype, empty);
     check_floats(q.lse_b_name, q.lse_b, empty);
   }
+  // 16-byte vectors where every row allows them; element by element where
+  // a head dim is not a multiple of 8 or a row starts between vectors.
+  const bool vectors = q.head_dim % 8 == 0 &&
+                       vectors_fit(q.states, q.state_dtype, q.states_strides, state_extents, 4) &&
+                       vectors_fit(q.out, q.out_dtype, q.out_strides, row_extents, 3) &&
+                       (!split_b || vectors_fit(q.states_b, q.state_dtype, q.states_b_strides, row_extents, 3));
 
   CombinePlan plan;
-  plan.spec = KernelSpec::combine(q.state_dtype, q.out_dtype);
+  plan.spec = KernelSpec::combine(q.state_dtype, q.out_dtype, /*elementwise=*/!vectors);
   plan.spec.validate();
   CombineParams& p = plan.params;
   p.states = q.states;

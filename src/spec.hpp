@@ -69,15 +69,20 @@ struct KernelSpec {
   // up to head_dim, the next generated size (FwdConfig::kUnaligned). Only the
   // 4-warp mma.sync kernels without a KV cache take it.
   int unaligned_dim = 0;
+  // combine: states and output read and written element by element (text
+  // .elementwise): head dims that are not a multiple of 8, or rows that do
+  // not start on 16-byte boundaries. Otherwise 16-byte vectors.
+  bool elementwise = false;
 
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
-  static KernelSpec combine(DType state_dtype, DType out_dtype);
+  static KernelSpec combine(DType state_dtype, DType out_dtype, bool elementwise = false);
   // An append spec (RoPE and paging as in the attention call it serves).
   static KernelSpec append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool paged);
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order wgmma, persistent, causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
-  // rope_tables, packgqa, kvcache, paged, split, padded, varlen, unaligned_dN), "combine.f32.bf16".
+  // rope_tables, packgqa, kvcache, paged, split, padded, varlen, unaligned_dN), "combine.f32.bf16"
+  // (".elementwise" last where set).
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.
   static KernelSpec parse(std::string_view text);

@@ -18,6 +18,10 @@
 // state with e_s == 0 (LSE -inf, or far below the max) never enters the sum,
 // so a split that saw no key may leave anything in its O_s, NaN included;
 // a pair whose every state is empty writes out = 0 and lse = -inf.
+// ELEMENTWISE: lanes read and write their chunks one element at a time, and
+// the last chunk of a head dim that is not a multiple of 8 holds only the
+// elements below it (rows on any element boundary); otherwise 16-byte
+// vectors.
 #pragma once
 
 #include "combine_params.h"
@@ -105,6 +109,44 @@ struct Eight<f16> {
   }
 };
 
+// Elements [0, valid) of a chunk read one at a time into the raw vectors
+// Eight<T>::to_float takes, the rest zeros (ELEMENTWISE).
+template <class T>
+__device__ __forceinline__ void load_elements(const char* address, int valid, uint4 (&raw)[Eight<T>::kVectors]) {
+  unsigned words[4 * Eight<T>::kVectors];
+#pragma unroll
+  for (int w = 0; w < 4 * Eight<T>::kVectors; ++w) words[w] = 0u;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (e < valid) {
+      if constexpr (Eight<T>::kBytes == 4) {
+        words[e] = __ldg(reinterpret_cast<const unsigned*>(address) + e);
+      } else {
+        words[e / 2] |= static_cast<unsigned>(__ldg(reinterpret_cast<const unsigned short*>(address) + e)) << (16 * (e % 2));
+      }
+    }
+  }
+#pragma unroll
+  for (int v = 0; v < Eight<T>::kVectors; ++v) {
+    raw[v] = uint4{words[4 * v], words[4 * v + 1], words[4 * v + 2], words[4 * v + 3]};
+  }
+}
+
+// Elements [0, valid) of a chunk written one at a time (ELEMENTWISE).
+template <class T>
+__device__ __forceinline__ void store_elements(char* address, const float (&x)[8], int valid) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (e < valid) {
+      if constexpr (Eight<T>::kBytes == 4) {
+        reinterpret_cast<float*>(address)[e] = x[e];
+      } else {
+        reinterpret_cast<unsigned short*>(address)[e] = static_cast<unsigned short>(pack2<T>(x[e], 0.f) & 0xffffu);
+      }
+    }
+  }
+}
+
 // x reduced (max, or sum) over a group of `group` consecutive threads, group
 // a power of two; every thread of the group gets the same value. Every
 // thread of the CTA must call it (groups above a warp meet in shared memory).
@@ -128,7 +170,7 @@ __device__ __forceinline__ float group_reduce(float x, int group, float* scratch
 
 }  // namespace combine_io
 
-template <class State, class Out>
+template <class State, class Out, bool ELEMENTWISE>
 __device__ __forceinline__ void combine_states(const CombineParams& p) {
   using In = combine_io::Eight<State>;
   using Result = combine_io::Eight<Out>;
@@ -150,6 +192,7 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
   const int pair = blockIdx.x * p.pairs_per_block + slot;
   const bool active = pair < p.pairs;
   const bool has_chunk = active && chunk * 8 < p.head_dim;
+  const int chunk_elements = min(p.head_dim - chunk * 8, 8);  // ELEMENTWISE: the last chunk may hold fewer
   const int num_states = p.num_states;
 
   int b = 0, r = 0, h = 0;
@@ -180,9 +223,13 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
       const int s = first + i * p.state_lanes;
       const bool load = has_chunk && s < num_states && (known_weights == nullptr || known_weights[s] > 0.f);
       const char* address = s == 1 ? state_1 : state_0 + s * state_step;
+      if constexpr (ELEMENTWISE) {
+        combine_io::load_elements<State>(address, load ? chunk_elements : 0, raw[i]);
+      } else {
 #pragma unroll
-      for (int v = 0; v < In::kVectors; ++v) {
-        raw[i][v] = load ? combine_io::load_once_16(address + 16 * v) : uint4{0u, 0u, 0u, 0u};
+        for (int v = 0; v < In::kVectors; ++v) {
+          raw[i][v] = load ? combine_io::load_once_16(address + 16 * v) : uint4{0u, 0u, 0u, 0u};
+        }
       }
     }
   };
@@ -250,7 +297,11 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
     for (int j = 0; j < 8; ++j) acc[j] *= inverse;
     char* out = static_cast<char*>(p.out) +
                 (b * p.out_batch_stride + r * p.out_row_stride + h * p.out_head_stride + chunk * 8) * Result::kBytes;
-    Result::store(out, acc);
+    if constexpr (ELEMENTWISE) {
+      combine_io::store_elements<Out>(out, acc, chunk_elements);
+    } else {
+      Result::store(out, acc);
+    }
   }
   if (active && lane == 0 && p.out_lse != nullptr) {
     p.out_lse[b * p.out_lse_batch_stride + r * p.out_lse_row_stride + h * p.out_lse_head_stride] =

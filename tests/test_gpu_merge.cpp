@@ -317,13 +317,16 @@ MergeVerdict judge(const States& s, const Expected& e, DType out_dtype, const st
 }
 
 // How the tensors of a merge_states case are stored.
-enum class Layout { contiguous, padded, permuted };
+// unaligned: padded by one element, so rows start off 16-byte boundaries
+// (the elementwise kernel).
+enum class Layout { contiguous, padded, permuted, unaligned };
 
 const char* layout_name(Layout layout) {
   switch (layout) {
     case Layout::contiguous: return "contiguous";
     case Layout::padded: return "padded";
     case Layout::permuted: return "permuted";
+    case Layout::unaligned: return "unaligned";
   }
   return "?";
 }
@@ -352,6 +355,7 @@ struct Storage {
 Storage storage_of(Layout layout) {
   Storage s{identity_order(4), identity_order(3), identity_order(3), identity_order(2), 0, 0};
   if (layout == Layout::padded) s.vector_pad = 8, s.scalar_pad = 3;
+  if (layout == Layout::unaligned) s.vector_pad = 1, s.scalar_pad = 1;
   if (layout == Layout::permuted) {
     s.states_order = {1, 2, 0, 3};
     s.lse_order = {2, 1, 0};
@@ -399,8 +403,9 @@ const DType kDTypes[] = {DType::f32, DType::f16, DType::bf16};
 
 void warm_combine_specs() {
   std::vector<std::string> specs;
-  for (DType state : kDTypes)
-    for (DType out : kDTypes) specs.push_back(detail::KernelSpec::combine(state, out).text());
+  for (bool elementwise : {false, true})
+    for (DType state : kDTypes)
+      for (DType out : kDTypes) specs.push_back(detail::KernelSpec::combine(state, out, elementwise).text());
   warm_or_fail(specs);
 }
 
@@ -455,12 +460,40 @@ TEST_CASE("merge_states: up to 1024 states, head dims 8 to 512") {
   }
 }
 
+TEST_CASE("merge_states element by element: head dims that are not a multiple of 8, rows off 16-byte boundaries") {
+  // The elementwise kernel: the last chunk of a row holds 1-7 elements, and
+  // stores past it would land in the stride gaps, which must stay poison.
+  warm_combine_specs();
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  int index = 0;
+  for (int num_states : {1, 2, 5, 33, 130}) {
+    for (int head_dim : {59, 111, 1, 3, 13, 509, 64}) {
+      for (DType state_dtype : kDTypes) {
+        Case c;
+        c.num_states = num_states;
+        c.head_dim = head_dim;
+        c.state_dtype = state_dtype;
+        c.out_dtype = kDTypes[(index + index / 3) % 3];
+        c.rows = std::uniform_int_distribution<int>(2, 9)(rng);
+        c.heads = std::uniform_int_distribution<int>(1, 4)(rng);
+        // Head dim 64 only unaligned; the others in every layout.
+        const Layout layouts[] = {Layout::unaligned, Layout::contiguous, Layout::padded, Layout::permuted};
+        c.layout = head_dim == 64 ? Layout::unaligned : layouts[index % 4];
+        c.with_lse = index % 5 != 4;
+        check_merge_states(c, rng, seed, num_states > 128 ? 3e-5 : 1e-5);
+        ++index;
+      }
+    }
+  }
+}
+
 TEST_CASE("merge_state: two states in separate buffers with their own strides") {
   warm_combine_specs();
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   int index = 0;
-  for (int head_dim : {64, 128, 256, 40}) {
+  for (int head_dim : {64, 128, 256, 40, 59}) {  // 59: element by element
     for (DType state_dtype : kDTypes) {
       for (DType out_dtype : {DType::f32, DType::bf16, DType::f16}) {
         if (index++ % 2 == 1 && state_dtype != out_dtype) continue;  // every dtype still meets every head dim
@@ -606,7 +639,18 @@ TEST_CASE("merge_states throughput (reported, not checked)") {
                           {128, 64, 32, 128, DType::f32, DType::bf16},
                           {8, 1024, 32, 128, DType::f32, DType::bf16},
                           {2, 16384, 32, 128, DType::bf16, DType::bf16},  // cascade: prefix + suffix
-                          {4, 512, 8, 256, DType::f32, DType::f32}};
+                          {4, 512, 8, 256, DType::f32, DType::f32},
+                          // element by element (head dims that are not a multiple of 8)
+                          {8, 1024, 32, 111, DType::f32, DType::bf16},
+                          {2, 16384, 32, 111, DType::bf16, DType::bf16}};
+  // Random values, and LSEs within ±1 of each other so that every state is read.
+  std::mt19937_64 rng(clock_seed());
+  auto random_values = [&](size_t count, float low, float high) {
+    std::uniform_real_distribution<float> value(low, high);
+    std::vector<float> values(count);
+    for (float& v : values) v = value(rng);
+    return values;
+  };
   CUevent start = nullptr, stop = nullptr;
   REQUIRE(drv.cuEventCreate(&start, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
   REQUIRE(drv.cuEventCreate(&stop, CU_EVENT_DEFAULT) == CUDA_SUCCESS);
@@ -617,8 +661,8 @@ TEST_CASE("merge_states throughput (reported, not checked)") {
     DeviceArray states(shape.state_dtype, states_shape, layout_strides(states_shape, {0, 1, 2, 3}, 0));
     DeviceArray lse(DType::f32, lse_shape, layout_strides(lse_shape, {0, 1, 2}, 0));
     DeviceArray out(shape.out_dtype, out_shape, layout_strides(out_shape, {0, 1, 2}, 0));
-    detail::check_cuda(drv.cuMemsetD8(reinterpret_cast<CUdeviceptr>(states.data()), 0, states.count() * element_bytes(shape.state_dtype)), "memset");
-    detail::check_cuda(drv.cuMemsetD8(reinterpret_cast<CUdeviceptr>(lse.data()), 0, lse.count() * 4), "memset");  // every state read
+    states.upload(random_values(states.count(), -2.f, 2.f));
+    lse.upload(random_values(lse.count(), -1.f, 1.f));
     auto run = [&] { gpu_tests_runtime().merge_states(states.view(), lse.view(), out.view(), nullptr); };
     for (int i = 0; i < 3; ++i) run();
     const int reps = 20;

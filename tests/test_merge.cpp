@@ -142,9 +142,10 @@ TEST_CASE("plan_combine takes split-KV partials on two row levels") {
   empty.out = nullptr;
   CHECK(plan_combine(empty).grid == 0);  // nothing to merge: null pointers are fine
 
+  CHECK_FALSE(plan.spec.elementwise);
   CombineProblem bad = q;
-  bad.states_strides[1] = 102;  // not a whole number of 16-byte vectors of f32
-  CHECK_THROWS_WITH_AS(plan_combine(bad), doctest::Contains("states: batch stride 102 must be a multiple of 4 elements"), Error);
+  bad.states_strides[1] = 102;  // not a whole number of 16-byte vectors of f32: element by element
+  CHECK(plan_combine(bad).spec.text() == "combine.f32.bf16.elementwise");
   bad = q;
   bad.batch = 1;
   bad.states_strides[1] = 3;  // the stride of a dimension of extent 1 is never used
@@ -213,22 +214,31 @@ TEST_CASE("merge_states rejects shape mismatches naming the argument and the exp
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("states: rows=-1 is negative"), Error);
 }
 
-TEST_CASE("merge_states rejects a non-contiguous last dimension and misaligned vectors") {
+TEST_CASE("merge_states rejects a non-contiguous last dimension and misaligned elements; rows off 16 bytes go elementwise") {
   MergeCall call;
   call.states.strides[3] = 2;
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("states: head_dim stride is 2; the last dimension must be contiguous"), Error);
   call = MergeCall();
   call.out.strides[2] = 2;
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("out: head_dim stride is 2; the last dimension must be contiguous"), Error);
+  // Rows that do not start on 16 bytes take the elementwise kernel.
+  CHECK_FALSE(MergeCall().plan().spec.elementwise);
   call = MergeCall();
-  call.out.strides[0] = 3 * 128 + 4;  // bf16 rows must start on 16 bytes
-  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("out: row stride 388 must be a multiple of 8 elements"), Error);
+  call.out.strides[0] = 3 * 128 + 4;
+  CHECK(call.plan().spec.elementwise);
   call = MergeCall();
   call.states.strides[0] = 7 * 3 * 128 + 2;
-  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("states: state stride 2690 must be a multiple of 4 elements"), Error);
+  CHECK(call.plan().spec.elementwise);
   call = MergeCall();
   call.states.data = address(0x100008);
-  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("states: data pointer must be 16-byte aligned"), Error);
+  CHECK(call.plan().spec.elementwise);
+  // A pointer must still hold whole elements.
+  call = MergeCall();
+  call.states.data = address(0x100002);
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("states: data pointer must be 4-byte aligned (f32)"), Error);
+  call = MergeCall();
+  call.out.data = address(0x300001);
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("out: data pointer must be 2-byte aligned (bf16)"), Error);
   call = MergeCall();
   call.lse.data = address(0x200002);
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("lse: data pointer must be 4-byte aligned"), Error);
@@ -261,8 +271,21 @@ TEST_CASE("merge_states rejects state counts and head dims the kernel does not s
     CHECK(e.code() == ErrorCode::unsupported);
   }
   call = MergeCall();
-  call.states.shape[3] = call.out.shape[2] = 100;
-  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("states: head_dim=100 must be a positive multiple of 8"), Error);
+  call.states.shape[3] = call.out.shape[2] = 0;
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("states: head_dim=0 must be positive"), Error);
+  // Head dims that are not a multiple of 8 are merged element by element.
+  call = MergeCall();
+  call.states = TensorView::contiguous(address(0x100000), DType::f32, {5, 7, 3, 59});
+  call.out = TensorView::contiguous(address(0x300000), DType::bf16, {7, 3, 59});
+  CHECK(call.plan().spec.text() == "combine.f32.bf16.elementwise");
+  CHECK(call.plan().params.head_dim == 59);
+  // Chunk lanes cover the partial last chunk too.
+  for (const auto& [head_dim, lanes] : {std::pair<int, int>{59, 8}, {13, 2}, {3, 1}, {17, 4}, {509, 64}}) {
+    CAPTURE(head_dim);
+    call.states = TensorView::contiguous(address(0x100000), DType::f32, {5, 7, 3, head_dim});
+    call.out = TensorView::contiguous(address(0x300000), DType::bf16, {7, 3, head_dim});
+    CHECK(call.plan().params.chunk_lanes == lanes);
+  }
   call = MergeCall();
   call.states = TensorView::contiguous(address(0x100000), DType::f32, {5, 7, 3, 520});
   call.out = TensorView::contiguous(address(0x300000), DType::bf16, {7, 3, 520});
@@ -324,10 +347,13 @@ TEST_CASE("merge_state rejects mismatched inputs naming a, b, lse_a, lse_b") {
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("lse_b: data is null"), Error);
   call = PairCall();
   call.a.data = address(0x100004);
-  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("a: data pointer must be 16-byte aligned"), Error);
+  CHECK(call.plan().spec.elementwise);
   call = PairCall();
   call.b.strides[0] = 4 * 64 + 4;
-  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("b: row stride 260 must be a multiple of 8 elements"), Error);
+  CHECK(call.plan().spec.elementwise);
+  call = PairCall();
+  call.b.data = address(0x100003);
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("b: data pointer must be"), Error);
   call = PairCall();
   call.a.ndim = 4;
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("a: must have 3 dimensions [rows, heads, head_dim], got 4"), Error);

@@ -290,22 +290,25 @@ TEST_CASE("bad spec text is rejected naming the field") {
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128"), doctest::Contains("expected family.dtype"), Error);
 }
 
-TEST_CASE("combine specs: text is combine.<state>.<out>, round-trips, and packs apart from every other spec") {
+TEST_CASE("combine specs: text is combine.<state>.<out>[.elementwise], round-trips, and packs apart from every other spec") {
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   std::vector<uint64_t> keys;
-  for (DType state : dtypes)
-    for (DType out : dtypes) {
-      const KernelSpec spec = KernelSpec::combine(state, out);
-      CHECK(spec.family == Family::combine);
-      CHECK(spec.text() == std::string("combine.") + dtype_name(state) + "." + dtype_name(out));
-      const KernelSpec parsed = KernelSpec::parse(spec.text());
-      CHECK(parsed == spec);
-      CHECK(parsed.text() == spec.text());
-      CHECK(parsed.hash() == spec.hash());
-      CHECK(spec.threads() == 128);
-      CHECK(spec.smem_bytes() == 0);
-      keys.push_back(spec.packed());
-    }
+  for (bool elementwise : {false, true})
+    for (DType state : dtypes)
+      for (DType out : dtypes) {
+        const KernelSpec spec = KernelSpec::combine(state, out, elementwise);
+        CHECK(spec.family == Family::combine);
+        CHECK(spec.elementwise == elementwise);
+        CHECK(spec.text() == std::string("combine.") + dtype_name(state) + "." + dtype_name(out) +
+                                 (elementwise ? ".elementwise" : ""));
+        const KernelSpec parsed = KernelSpec::parse(spec.text());
+        CHECK(parsed == spec);
+        CHECK(parsed.text() == spec.text());
+        CHECK(parsed.hash() == spec.hash());
+        CHECK(spec.threads() == 128);
+        CHECK(spec.smem_bytes() == 0);
+        keys.push_back(spec.packed());
+      }
   CHECK(KernelSpec::combine(DType::f32, DType::bf16).text() == "combine.f32.bf16");
   // Fields the combine family does not use do not split its keys.
   KernelSpec noisy = KernelSpec::combine(DType::f32, DType::f16);
@@ -337,6 +340,8 @@ TEST_CASE("bad combine spec text is rejected naming the field") {
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.i32"), doctest::Contains("out dtype 'i32'"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32"), doctest::Contains("expected combine.<state dtype>.<out dtype>"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.d128"), doctest::Contains("expected combine.<state dtype>.<out dtype>"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.elementwise.elementwise"),
+                       doctest::Contains("[.elementwise]"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine"), doctest::Contains("expected combine."), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combiner.f32.bf16.d1.br1.bc1"), doctest::Contains("unknown family 'combiner' (known: fwd, decode, combine, append)"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::combine(DType::i32, DType::f32).validate(), doctest::Contains("combine.i32.f32"), Error);

@@ -285,8 +285,10 @@ class JITATTN_API Runtime {
   //   lse:     [num_states, rows, heads]            f32
   //   out:     [rows, heads, head_dim]              f32, f16 or bf16
   //   out_lse: optional [rows, heads]               f32
-  // head_dim a multiple of 8 up to 512; any strides with a contiguous head_dim
-  // (16-byte aligned vectors: states/out strides multiples of 16 bytes).
+  // head_dim 1..512; any strides with a contiguous head_dim. Rows of 16-byte
+  // vectors (head_dim a multiple of 8, 16-byte aligned data and strides) are
+  // read and written in vectors, others element by element (a second kernel,
+  // "combine.<state>.<out>.elementwise").
   void merge_states(const TensorView& states, const TensorView& lse, const TensorView& out,
                     const TensorView* out_lse = nullptr, Stream stream = nullptr);
 
