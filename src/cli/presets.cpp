@@ -30,11 +30,11 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
   const int max_smem = arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
   const int heads_kv = 8, heads_q = 32;
   auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
-  struct Calls {
+  struct Call {
     int64_t batch, seqlen_q, capacity;
     int splits;
   };
-  const Calls calls[] = {{1, 1, 4096, 1}, {1, 1, 4096, 3}, {64, 1, 4096, 1}, {64, 1, 4096, 3}, {1, 2048, 8192, 1}};
+  const Call calls[] = {{1, 1, 4096, 1}, {1, 1, 4096, 3}, {64, 1, 4096, 1}, {64, 1, 4096, 3}, {1, 2048, 8192, 1}};
   for (const auto& [batch, seqlen_q, capacity, splits] : calls) {
     for (int page : {0, 16, 64}) {
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen_q, heads_q, shape.head_dim});
