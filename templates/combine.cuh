@@ -122,7 +122,8 @@ __device__ __forceinline__ void load_elements(const char* address, int valid, ui
       if constexpr (Eight<T>::kBytes == 4) {
         words[e] = __ldg(reinterpret_cast<const unsigned*>(address) + e);
       } else {
-        words[e / 2] |= static_cast<unsigned>(__ldg(reinterpret_cast<const unsigned short*>(address) + e)) << (16 * (e % 2));
+        const unsigned short element = __ldg(reinterpret_cast<const unsigned short*>(address) + e);
+        words[e / 2] |= static_cast<unsigned>(element) << (16 * (e % 2));
       }
     }
   }

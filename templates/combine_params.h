@@ -13,7 +13,7 @@ namespace jitattn {
 
 constexpr int kCombineThreads = 128;     // threads per CTA
 constexpr int kCombineMaxStates = 1024;  // states one call may merge
-constexpr int kCombineMaxHeadDim = 512;  // head_dim: a multiple of 8 up to this
+constexpr int kCombineMaxHeadDim = 512;  // head_dim: up to this (a multiple of 8 in 16-byte vectors)
 // States a lane loads before it uses any (combine.cuh); the host gives each
 // lane at most this many when there are few states.
 constexpr int kCombineStatesInFlight = 4;
