@@ -39,19 +39,13 @@ bool vectors_fit(const void* data, DType dtype, const int64_t* strides, const in
   return true;
 }
 
-// A tensor of states or outputs: its data (unless there is nothing to
-// read), aligned to its element.
+// A tensor the kernel reads or writes (states, LSEs, outputs): its data
+// (unless there is nothing to read), aligned to its element.
 void check_elements(const char* name, const void* data, DType dtype, bool empty) {
   if (data == nullptr && !empty) reject(fmt::format("{}: data is null", name));
   if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) != 0) {
     reject(fmt::format("{}: data pointer must be {}-byte aligned ({})", name, dtype_size(dtype), dtype_name(dtype)));
   }
-}
-
-// An f32 tensor read or written one element at a time.
-void check_floats(const char* name, const void* data, bool empty) {
-  if (data == nullptr && !empty) reject(fmt::format("{}: data is null", name));
-  if (reinterpret_cast<uintptr_t>(data) % 4 != 0) reject(fmt::format("{}: data pointer must be 4-byte aligned", name));
 }
 
 // The thread layout of CombineParams: enough chunk lanes to cover head_dim in
@@ -148,14 +142,14 @@ CombinePlan plan_combine(const CombineProblem& problem) {
   const int64_t state_extents[4] = {split_b ? 1 : q.num_states, q.batch, q.seqlen, q.heads};
   const int64_t row_extents[3] = {q.batch, q.seqlen, q.heads};
   check_elements(q.states_name, q.states, q.state_dtype, empty);
-  check_floats(q.lse_name, q.lse, empty);
+  check_elements(q.lse_name, q.lse, DType::f32, empty);
   check_elements("out", q.out, q.out_dtype, empty);
-  if (q.out_lse != nullptr) check_floats("out_lse", q.out_lse, empty);
+  if (q.out_lse != nullptr) check_elements("out_lse", q.out_lse, DType::f32, empty);
   if (split_b) {
     if (q.states_b == nullptr && !empty) reject(fmt::format("{}: data is null", q.states_b_name));
     if (q.lse_b == nullptr && !empty) reject(fmt::format("{}: data is null", q.lse_b_name));
     check_elements(q.states_b_name, q.states_b, q.state_dtype, empty);
-    check_floats(q.lse_b_name, q.lse_b, empty);
+    check_elements(q.lse_b_name, q.lse_b, DType::f32, empty);
   }
   // 16-byte vectors where every row allows them; element by element where
   // a head dim is not a multiple of 8 or a row starts between vectors.
