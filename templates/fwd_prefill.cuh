@@ -788,8 +788,8 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
 
 // Copies K or V rows [key0, key0 + BLOCK_KV) of a paged sequence into a
 // tile, each row through its own block-table entry: pages shorter than a
-// tile, and (above head_dim 128, FwdConfig::kProducerRegisters) the block
-// that ends past the sequence whatever the page size. Rows past the
+// tile, and the wgmma producer's copies by thread (the block that ends past
+// the sequence, pages too short for tensor copies). Rows past the
 // sequence read no table entry (those may be unset) and are zero-filled.
 // Not unrolled: this path must not raise the register count of the
 // kernel's main path.
@@ -1281,17 +1281,14 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
                                          static_cast<long long>(k_row0) * p.v_row_stride + kv_head * p.v_head_stride;
           load_tile_rolled<Cfg, Cfg::kBlockKV>(stage, v_rows, p.v_row_stride, key0_of(i), job.seqlen_k,
                                                job.chunks_valid);
-        } else if constexpr (Cfg::kPaged && Cfg::kHeadDim > 128) {
-          // A row at a time whatever the page size: the producer's 40-56
-          // registers (FwdConfig::kProducerRegisters) spilled 540 bytes
-          // with the strided copy of whole pages unrolled beside it.
+        } else if constexpr (Cfg::kPaged) {
+          // A row at a time whatever the page size (the block that ends
+          // past the sequence, and pages too short for a tensor copy): the
+          // strided copy of whole pages, unrolled beside the producer's
+          // 40-56 registers above head_dim 128, spilled 540 bytes.
           load_paged_rows<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
                                values ? p.v_batch_stride : p.k_batch_stride, pages, p.page_shift, key0_of(i),
                                job.seqlen_k, job.chunks_valid);
-        } else if constexpr (Cfg::kPaged) {
-          load_kv_tile<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
-                            values ? p.v_batch_stride : p.k_batch_stride, pages, p.page_shift, key0_of(i),
-                            job.seqlen_k, job.chunks_valid);
         } else {
           load_tile_rolled<Cfg, Cfg::kBlockKV>(stage, job.v, p.v_row_stride, key0_of(i), job.seqlen_k,
                                                job.chunks_valid);
