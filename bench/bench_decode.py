@@ -3,12 +3,12 @@
 Issue grid (the defaults): bf16, 32 query heads, 8 KV heads, head_dim 128 (--head-dim), one query token;
 batch 1, 16, 64 x KV length 1k, 4k, 16k, 32k. Reported: bytes of K and V read
 per second (batch x KV length x 8 heads x head_dim x 2 bytes x 2 tensors / time).
-jitattn runs on a contiguous cache and on a paged one (page 64, pages
+jitattn runs on a contiguous cache and on a paged one (page 64 or --page, pages
 shuffled); PyTorch on the same contiguous K/V in [B, H, S, D] form. The outputs
 are checked against the FA2 backend before timing. CUDA events, warm-up,
 median; several KV buffers rotate when they would fit in L2.
 
-  python3 bench/bench_decode.py --lib build/libjitattn.so [--json FILE] [--tiles 16x16x4x4] [--head-dim D]
+  python3 bench/bench_decode.py --lib build/libjitattn.so [--json FILE] [--tiles 16x16x4x4] [--head-dim D] [--page P]
 """
 import argparse
 import ctypes
@@ -37,15 +37,16 @@ def main():
                              "BQxBKVxWARPSxSTAGES (decode kernel, e.g. 16x16x4x4; BQ 0 = planner's)")
     parser.add_argument("--splits", type=int, default=0)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--page", type=int, default=64, help="rows per page of the paged cache")
     parser.add_argument("--heads-kv", type=int, default=8,
                         help="KV heads (query heads = 4 x this); changes the grid's CTA count at a given batch")
     args = parser.parse_args()
     lib = load(args.lib)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    heads_kv, head_dim, page = args.heads_kv, args.head_dim, 64
+    heads_kv, head_dim, page = args.heads_kv, args.head_dim, args.page
     heads_q = 4 * heads_kv
     print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}")
-    print(f"{'batch':>5} {'KV':>6} | {'jitattn':>8} {'paged64':>8} {'cuDNN':>8} {'FA2':>8} TB/s | {'vs cuDNN':>8} "
+    print(f"{'batch':>5} {'KV':>6} | {'jitattn':>8} {'paged' + str(page):>8} {'cuDNN':>8} {'FA2':>8} TB/s | {'vs cuDNN':>8} "
           f"{'paged/contig':>12}")
     rows = []
     for batch in [int(x) for x in args.batches.split(",")]:
