@@ -130,26 +130,40 @@ constexpr size_t kSmemPerSm = 228 * 1024;
 // persistent (plan_problem).
 constexpr int64_t kPersistentMaxWaves = 12;
 
-// The decode kernel (templates/fwd_decode.cuh): chunks of 32 keys per warp
-// (16 for pages of 16 rows), four warps, and each warp's pipeline as deep as
-// kDecodePipelineBytes allows (2-8 stages). Chunks never straddle pages, so
-// paged caches need pages of at least a chunk. Measured on the H200
-// (docs/PERFORMANCE.md): per-chunk instructions, not bytes in flight, bound
-// a warp, so larger chunks beat deeper pipelines. When the tiles alone fill
-// every SM twice, two CTAs per SM (16-key chunks, a 96 KB pipeline) overlap
-// one CTA's start (Q and first chunks in flight) with another's stream.
+// The decode kernel (templates/fwd_decode.cuh): chunks of 8 KB of K per warp
+// (32 keys of 256-byte rows, head dims 96-128; 64 keys of 128-byte rows,
+// head dims up to 64; fewer above 128 and for pages shorter than a chunk),
+// four warps, and each warp's pipeline as deep as kDecodePipelineBytes allows
+// (2-8 stages). Chunks never straddle pages, so paged caches need pages of
+// at least a chunk. Measured on the H200 (docs/PERFORMANCE.md): per-chunk
+// instructions, not bytes in flight, bound a warp, so larger chunks beat
+// deeper pipelines (32-key chunks of 128-byte rows took up to 1.37x the
+// time at head dim 32, batch 64, and 1.02x at 64). When the tiles alone fill
+// every SM twice, two CTAs per SM overlap one CTA's start (Q and first
+// chunks in flight) with another's stream, in a 96 KB pipeline: chunks of 16
+// keys of 256-byte rows; for 128-byte rows two warps of 64-key chunks, and
+// only up to kDecodeShareSmMaxKeys keys (with 4096-32768 keys they took
+// 1.10-1.32x the time of one CTA of four warps at head dim 32, 0.99-1.03x
+// at 64; with 1024 keys one CTA took 1.08-1.15x theirs).
 constexpr int kDecodeChunkKeys = 32;
+constexpr int kDecodeChunkBytes = kDecodeChunkKeys * 256;
 constexpr int kDecodeMinChunkKeys = 16;
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodePipelineBytes = 128 * 1024;
-constexpr int kDecodeShareSmChunkKeys = 16;
 constexpr int kDecodeShareSmPipelineBytes = 96 * 1024;
+constexpr int64_t kDecodeShareSmMaxKeys = 2048;
+// Splits of the decode kernel are counted in blocks of at least this many
+// keys: one 64-key step per split (16-key chunks above head dim 128, pages
+// of 16) measured 7% slower than two (head dim 256, one sequence of 1024
+// keys: 16 splits 0.73 TB/s, 8 splits 0.79; H200, docs/PERFORMANCE.md).
+constexpr int kMinSplitKeys = 128;
 
 // Fills the decode fields of `spec` (rows: packed query rows of the call;
 // page_shift: log2 of the page size, -1 when not paged; tiles: CTAs before
-// any split), from `forced` where the caller set them.
+// any split; seqlen_k: the longest sequence, or the cache's capacity), from
+// `forced` where the caller set them.
 void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t rows, int page_shift, int max_smem_bytes,
-                         int64_t tiles, int sm_count) {
+                         int64_t tiles, int sm_count, int64_t seqlen_k) {
   spec.family = Family::decode;
   spec.pack_gqa = true;
   spec.block_q = forced.block_q != 0 ? forced.block_q : rows <= 16 ? 16 : 32;
@@ -158,13 +172,15 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
     reject(fmt::format("options.tiles: decode chunks of bc={} keys need pages of at least that many rows; "
                        "page_size is {}", smallest_chunk, 1 << page_shift));
   }
-  const bool share_sm = tiles >= 2 * static_cast<int64_t>(sm_count);
-  const int chunk_keys = share_sm ? kDecodeShareSmChunkKeys : kDecodeChunkKeys;
+  const int row_bytes = (spec.head_dim + 63) / 64 * 64 * static_cast<int>(dtype_size(spec.dtype));
+  const bool short_rows = row_bytes < kDecodeChunkBytes / kDecodeChunkKeys;
+  const bool share_sm =
+      tiles >= 2 * static_cast<int64_t>(sm_count) && (!short_rows || seqlen_k <= kDecodeShareSmMaxKeys);
+  const int chunk_keys = short_rows ? kDecodeChunkBytes / row_bytes : share_sm ? kDecodeChunkKeys / 2 : kDecodeChunkKeys;
   spec.block_kv = forced.block_kv != 0 ? forced.block_kv
                  : page_shift >= 0    ? std::min(chunk_keys, 1 << page_shift)
                                       : chunk_keys;
-  spec.warps = forced.warps != 0 ? forced.warps : kDecodeWarps;
-  const int row_bytes = (spec.head_dim + 63) / 64 * 64 * static_cast<int>(dtype_size(spec.dtype));
+  spec.warps = forced.warps != 0 ? forced.warps : share_sm && short_rows ? kDecodeWarps / 2 : kDecodeWarps;
   const int room = max_smem_bytes - spec.block_q * row_bytes;
   auto stage_bytes = [&] { return spec.warps * 2 * spec.block_kv * row_bytes; };
   // Large head dims (192-256) leave no room for two stages of the chosen
@@ -597,7 +613,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                                       (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys))) {
       const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
       choose_decode_tiles(plan.spec, options.tiles, seqlen_q * group, problem.paged ? problem.page_shift : -1,
-                          max_smem_bytes, decode_tiles, problem.sm_count);
+                          max_smem_bytes, decode_tiles, problem.sm_count, seqlen_k);
       tiles = {plan.spec.block_q, plan.spec.block_kv, plan.spec.warps, plan.spec.stages};
     } else if (!tiles_forced && rows <= 64) {
       // Longer packed tiles (speculative decoding, chunked prefill): one
@@ -845,13 +861,15 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     // for the decode kernel.
     const int64_t step = plan.spec.family == Family::decode ? plan.spec.block_kv * plan.spec.warps : plan.spec.block_kv;
     const int64_t kv_blocks = std::max<int64_t>(1, (seqlen_k + step - 1) / step);
+    const int64_t split_keys = plan.spec.family == Family::decode ? std::max<int64_t>(step, kMinSplitKeys) : step;
+    const int64_t split_blocks = std::max<int64_t>(1, (seqlen_k + split_keys - 1) / split_keys);
     int splits = problem.num_splits;
     // The producer layout (chunked prefill on wgmma tiles) does not split.
     if (splits == 0 && plan.spec.family == Family::fwd && plan.spec.stages > 0) splits = 1;
     if (splits == 0) {
       const int ctas_per_sm = static_cast<int>(std::max<size_t>(
           1, std::min<size_t>(kSmemPerSm / (plan.spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
-      splits = num_splits_heuristic(grid, problem.sm_count, ctas_per_sm, kv_blocks, kMaxSplits);
+      splits = num_splits_heuristic(grid, problem.sm_count, ctas_per_sm, split_blocks, kMaxSplits);
     }
     splits = static_cast<int>(std::min<int64_t>(splits, kv_blocks));
     if (splits > 1) {

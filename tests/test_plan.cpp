@@ -491,6 +491,58 @@ TEST_CASE("kvcache: decode tiles fit every architecture's shared memory, up to h
                        doctest::Contains("shared memory"), Error);
 }
 
+TEST_CASE("kvcache: decode chunks hold 8 KB of K, and splits at least 128 keys") {
+  const Arch arch = Arch::parse("sm_90a");
+  // One token of 32 query heads over 8 KV heads; `page` 0 for a contiguous cache.
+  auto plan_decode = [&](int64_t head_dim, int64_t batch, int64_t keys, int page = 0) {
+    const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 32, head_dim});
+    KVCacheArgs args;
+    const TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {batch, keys / std::max(page, 1)});
+    if (page != 0) {
+      args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {batch * keys / page, page, 8, head_dim});
+      args.block_table = &table;
+    } else {
+      args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {batch, keys, 8, head_dim});
+    }
+    args.v_cache = args.k_cache;
+    args.v_cache.data = address(0x40000);
+    args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+    ForwardOptions options;
+    return plan_kvcache(q, args, q, nullptr, options, nullptr, 0, true, arch, 227 * 1024, 132).attention;
+  };
+  // 256-byte rows: 32-key chunks; 16 with two CTAs per SM (tiles fill every SM twice).
+  CHECK(plan_decode(128, 16, 4096).spec.text() == "decode.bf16.d128.br16.bc32.w4.s2");
+  CHECK(plan_decode(128, 64, 32768).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3");
+  // 128-byte rows (head dims up to 64): 64-key chunks; two CTAs per SM only
+  // for short caches, with two warps each.
+  for (int64_t head_dim : {32, 64}) {
+    CAPTURE(head_dim);
+    const std::string dim = fmt::format("decode.bf16.d{}.br16.bc64", head_dim);
+    CHECK(plan_decode(head_dim, 16, 4096).spec.text() == dim + ".w4.s2");
+    CHECK(plan_decode(head_dim, 64, 1024).spec.text() == dim + ".w2.s3");
+    CHECK(plan_decode(head_dim, 64, 2048).spec.text() == dim + ".w2.s3");
+    CHECK(plan_decode(head_dim, 64, 4096).spec.text() == dim + ".w4.s2");
+    CHECK(plan_decode(head_dim, 64, 4096, 32).spec.block_kv == 32);
+  }
+  // Splits take whole steps (warps × chunk) of at least 128 keys: head dim
+  // 256 steps 64 keys (16-key chunks), so 1024 keys split 8 ways, not 16.
+  const ForwardPlan wide = plan_decode(256, 1, 1024);
+  CHECK(wide.spec.block_kv * wide.spec.warps == 64);
+  CHECK(wide.num_splits == 8);
+  CHECK(wide.params.blocks_per_split == 2);
+  // Pages of 16 at head dim 128 split like the contiguous cache's 128-key steps.
+  CHECK(plan_decode(128, 1, 1024).num_splits == 8);
+  const ForwardPlan paged16 = plan_decode(128, 1, 1024, 16);
+  CHECK(paged16.spec.block_kv == 16);
+  CHECK(paged16.num_splits == 8);
+  CHECK(paged16.params.blocks_per_split == 2);
+  // Longer caches: the wave rule alone (the fewest splits whose 8 × splits
+  // CTAs fill 85% of the best wave: 14), in whole 64-key steps.
+  const ForwardPlan longer = plan_decode(256, 1, 32768);
+  CHECK(longer.num_splits == 14);
+  CHECK(longer.params.blocks_per_split == (32768 / 64 + 13) / 14);
+}
+
 TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans append and combine") {
   TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 32, 128});
   TensorView out = TensorView::contiguous(address(0x20000), DType::bf16, {2, 1, 32, 128});
