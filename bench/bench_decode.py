@@ -6,7 +6,8 @@ per second (batch x KV length x 8 heads x head_dim x 2 bytes x 2 tensors / time)
 jitattn runs on a contiguous cache and on a paged one (page 64 or --page, pages
 shuffled); PyTorch on the same contiguous K/V in [B, H, S, D] form. The outputs
 are checked against the FA2 backend before timing. CUDA events, warm-up,
-median; several KV buffers rotate when they would fit in L2.
+median; calls rotate over copies of the KV cache that add up to 256 MB or more (4x L2), so every call reads
+its cache from HBM.
 
   python3 bench/bench_decode.py --lib build/libjitattn.so [--json FILE] [--tiles 16x16x4x4] [--head-dim D] [--page P]
 """
@@ -52,7 +53,9 @@ def main():
     for batch in [int(x) for x in args.batches.split(",")]:
         for kv in [int(x) for x in args.kv_lengths.split(",")]:
             kv_bytes = batch * kv * heads_kv * head_dim * 2 * 2
-            copies = max(1, min(4, (200 << 20) // kv_bytes))  # rotate buffers that fit in L2 (60 MB)
+            # Calls rotate over enough copies of the cache that each reads it from HBM, as a decoding step
+            # does between other layers' work: at least 256 MB in all, four times the H200's L2 (60 MB).
+            copies = max(1, min(256, -(-(256 << 20) // kv_bytes)))
             gen = torch.Generator(device="cuda").manual_seed(batch * kv)
             q = torch.randn(batch, 1, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
             caches = [(torch.randn(batch, kv, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen),
