@@ -47,8 +47,8 @@ def main():
     heads_kv, head_dim, page = args.heads_kv, args.head_dim, args.page
     heads_q = 4 * heads_kv
     print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}")
-    print(f"{'batch':>5} {'KV':>6} | {'jitattn':>8} {'paged' + str(page):>8} {'cuDNN':>8} {'FA2':>8} TB/s | {'vs cuDNN':>8} "
-          f"{'paged/contig':>12}")
+    print(f"{'batch':>5} {'KV':>6} | {'jitattn':>8} {'paged' + str(page):>8} {'cuDNN':>8} {'FA2':>8} TB/s | "
+          f"{'vs cuDNN':>8} {'paged/contig':>12}")
     rows = []
     for batch in [int(x) for x in args.batches.split(",")]:
         for kv in [int(x) for x in args.kv_lengths.split(",")]:

@@ -153,9 +153,9 @@ constexpr int kDecodePipelineBytes = 128 * 1024;
 constexpr int kDecodeShareSmPipelineBytes = 96 * 1024;
 constexpr int64_t kDecodeShareSmMaxKeys = 2048;
 // Splits of the decode kernel are counted in blocks of at least this many
-// keys: one 64-key step per split (16-key chunks above head dim 128, pages
-// of 16) measured 7% slower than two (head dim 256, one sequence of 1024
-// keys: 16 splits 0.73 TB/s, 8 splits 0.79; H200, docs/PERFORMANCE.md).
+// keys: splits of one 64-key step (16-key chunks above head dim 128, pages
+// of 16) took 1.08x the time of splits of two (head dim 256, one sequence of
+// 1024 keys: 16 splits 0.73 TB/s, 8 splits 0.79; H200, docs/PERFORMANCE.md).
 constexpr int kMinSplitKeys = 128;
 
 // Fills the decode fields of `spec` (rows: packed query rows of the call;
@@ -176,7 +176,9 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
   const bool short_rows = row_bytes < kDecodeChunkBytes / kDecodeChunkKeys;
   const bool share_sm =
       tiles >= 2 * static_cast<int64_t>(sm_count) && (!short_rows || seqlen_k <= kDecodeShareSmMaxKeys);
-  const int chunk_keys = short_rows ? kDecodeChunkBytes / row_bytes : share_sm ? kDecodeChunkKeys / 2 : kDecodeChunkKeys;
+  const int chunk_keys = short_rows ? kDecodeChunkBytes / row_bytes
+                         : share_sm ? kDecodeChunkKeys / 2
+                                    : kDecodeChunkKeys;
   spec.block_kv = forced.block_kv != 0 ? forced.block_kv
                  : page_shift >= 0    ? std::min(chunk_keys, 1 << page_shift)
                                       : chunk_keys;
@@ -858,7 +860,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     p.page_shift = problem.page_shift;
     // Split-KV when the tiles alone leave the GPU underused.
     // Splits are counted in key blocks: one CTA step (every warp one chunk)
-    // for the decode kernel.
+    // for the decode kernel. The heuristic sees blocks of at least
+    // kMinSplitKeys; a split still spans whole steps.
     const int64_t step = plan.spec.family == Family::decode ? plan.spec.block_kv * plan.spec.warps : plan.spec.block_kv;
     const int64_t kv_blocks = std::max<int64_t>(1, (seqlen_k + step - 1) / step);
     const int64_t split_keys = plan.spec.family == Family::decode ? std::max<int64_t>(step, kMinSplitKeys) : step;
