@@ -828,6 +828,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
       p.rope_sin = static_cast<const float*>(rope.sin->data);
       p.rope_table_stride = rope.cos->strides[0];
       p.rope_table_rows = static_cast<int>(rope.cos->shape[0]);
+      p.rope_table_vectors = (reinterpret_cast<uintptr_t>(rope.cos->data) | reinterpret_cast<uintptr_t>(rope.sin->data) |
+                              static_cast<uintptr_t>(rope.cos->strides[0] * 4)) % 16 == 0;
     } else {
       // Frequencies depend only on the options: remember the last set, so a
       // model's calls do not recompute them.

@@ -70,6 +70,9 @@ struct FwdParams {
   const float* rope_sin;
   long long rope_table_stride;
   int rope_table_rows;  // positions past the tables read their last row
+  // Nonzero when both tables and their row stride are 16-byte aligned:
+  // four pairs' cos (or sin) come in one load.
+  int rope_table_vectors;
   // Positions: key j of sequence b is at j + rope_k_offsets[b] (0 when null);
   // query i at i + rope_q_offsets[b], or when null at i + seqlen_k - seqlen_q
   // + the key offset (the bottom-right alignment of the causal mask).

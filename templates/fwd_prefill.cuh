@@ -902,7 +902,9 @@ __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned shor
 template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, bool PACKED, typename PositionOf>
 __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams& p, PositionOf&& position_of,
                                             int first_row, int thread) {
-  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, THREADS, PACKED>(
+  constexpr int kTableUnitsInFlight = Cfg::kWgmma && Cfg::kHeadDim > 128 ? 1 : 2;
+  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, THREADS, PACKED,
+              kTableUnitsInFlight>(
       p,
       [&](int row, int chunk) {
         return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg, TILE_ROWS>(first_row + row, chunk));

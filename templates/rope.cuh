@@ -82,6 +82,35 @@ __device__ __forceinline__ void rotate_half_words(unsigned& x, unsigned& y, floa
   }
 }
 
+// cos and sin of pairs [pair, pair + N) at `position` from the tables (pair
+// a multiple of 4): by 16-byte loads where the tables allow them, which
+// rotate_rows issues for two units at a time. (Read pair by pair, one
+// round trip to L2 per unit bounded the producer: tables took about twice
+// the time of angles from theta at head_dim 128, docs/PERFORMANCE.md.)
+template <int N>
+__device__ __forceinline__ void table_angles(const FwdParams& p, int position, int pair, float (&sine)[N],
+                                             float (&cosine)[N]) {
+  static_assert(N % 4 == 0, "whole 16-byte pieces of a table row");
+  const long long row = min(max(position, 0), p.rope_table_rows - 1);
+  const float* cos_row = p.rope_cos + row * p.rope_table_stride + pair;
+  const float* sin_row = p.rope_sin + row * p.rope_table_stride + pair;
+  if (p.rope_table_vectors) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 c = __ldg(reinterpret_cast<const float4*>(cos_row + i));
+      const float4 s = __ldg(reinterpret_cast<const float4*>(sin_row + i));
+      cosine[i] = c.x, cosine[i + 1] = c.y, cosine[i + 2] = c.z, cosine[i + 3] = c.w;
+      sine[i] = s.x, sine[i + 1] = s.y, sine[i + 2] = s.z, sine[i + 3] = s.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      cosine[i] = __ldg(cos_row + i);
+      sine[i] = __ldg(sin_row + i);
+    }
+  }
+}
+
 template <class Element, bool TABLES, bool PACKED>
 __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams& p, int position, int pair) {
   float sine, cosine;
@@ -96,14 +125,13 @@ __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams
 // `position_of(row)` the row's position. The caller brackets this with
 // barriers: the tile must have landed, and readers must wait for the writes.
 template <class Element, int STYLE, int ROTARY_DIM, bool TABLES, int ROWS, int THREADS, bool PACKED,
-          typename ChunkAt, typename PositionOf>
+          int TABLE_UNITS_IN_FLIGHT = 2, typename ChunkAt, typename PositionOf>
 __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_at, PositionOf&& position_of,
                                             int thread) {
   static_assert(ROTARY_DIM % 16 == 0, "rotary_dim is a multiple of 16");
   constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / 16 : ROTARY_DIM / 8;
   constexpr int kUnits = ROWS * kUnitsPerRow;
-#pragma unroll 1
-  for (int index = thread; index < kUnits; index += THREADS) {
+  auto rotate_unit = [&](int index) {
     const int row = index / kUnitsPerRow;
     const int unit = index % kUnitsPerRow;
     const int position = position_of(row);
@@ -113,24 +141,52 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
       uint4 a = *first, b = *second;
       unsigned* av = reinterpret_cast<unsigned*>(&a);
       unsigned* bv = reinterpret_cast<unsigned*>(&b);
+      if constexpr (TABLES) {
+        float s[8], c[8];
+        table_angles<8>(p, position, unit * 8, s, c);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        float s0, c0, s1, c1;
-        rope_angle<TABLES>(p, position, unit * 8 + 2 * w, s0, c0);
-        rope_angle<TABLES>(p, position, unit * 8 + 2 * w + 1, s1, c1);
-        rotate_half_words<Element, PACKED>(av[w], bv[w], s0, c0, s1, c1);
+        for (int w = 0; w < 4; ++w) {
+          rotate_half_words<Element, PACKED>(av[w], bv[w], s[2 * w], c[2 * w], s[2 * w + 1], c[2 * w + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          float s0, c0, s1, c1;
+          rope_angle<false>(p, position, unit * 8 + 2 * w, s0, c0);
+          rope_angle<false>(p, position, unit * 8 + 2 * w + 1, s1, c1);
+          rotate_half_words<Element, PACKED>(av[w], bv[w], s0, c0, s1, c1);
+        }
       }
       *first = a;
       *second = b;
     } else {
       uint4* chunk = chunk_at(row, unit);
       uint4 a = *chunk;
-      a.x = rotate_pair<Element, TABLES, PACKED>(a.x, p, position, unit * 4);
-      a.y = rotate_pair<Element, TABLES, PACKED>(a.y, p, position, unit * 4 + 1);
-      a.z = rotate_pair<Element, TABLES, PACKED>(a.z, p, position, unit * 4 + 2);
-      a.w = rotate_pair<Element, TABLES, PACKED>(a.w, p, position, unit * 4 + 3);
+      if constexpr (TABLES) {
+        float s[4], c[4];
+        table_angles<4>(p, position, unit * 4, s, c);
+        a.x = rotate_interleaved<Element, PACKED>(a.x, s[0], c[0]);
+        a.y = rotate_interleaved<Element, PACKED>(a.y, s[1], c[1]);
+        a.z = rotate_interleaved<Element, PACKED>(a.z, s[2], c[2]);
+        a.w = rotate_interleaved<Element, PACKED>(a.w, s[3], c[3]);
+      } else {
+        a.x = rotate_pair<Element, false, PACKED>(a.x, p, position, unit * 4);
+        a.y = rotate_pair<Element, false, PACKED>(a.y, p, position, unit * 4 + 1);
+        a.z = rotate_pair<Element, false, PACKED>(a.z, p, position, unit * 4 + 2);
+        a.w = rotate_pair<Element, false, PACKED>(a.w, p, position, unit * 4 + 3);
+      }
       *chunk = a;
     }
+  };
+  if constexpr (TABLES) {
+    // Several units' table loads in flight at once (one where registers
+    // are few: two spilled 16-72 bytes more in the producers above head_dim
+    // 128, ptxas, NVRTC 13.0).
+#pragma unroll TABLE_UNITS_IN_FLIGHT
+    for (int index = thread; index < kUnits; index += THREADS) rotate_unit(index);
+  } else {
+#pragma unroll 1
+    for (int index = thread; index < kUnits; index += THREADS) rotate_unit(index);
   }
 }
 

@@ -36,6 +36,9 @@ struct Case {
   TileConfig tiles;          // forced tiles (zeros: the planner's)
   int sm_limit = 0;          // ForwardOptions::sm_limit (persistent grids)
   bool gpu_reference = false;  // unused: RoPE references are CPU ones (check_in_groups wants the field)
+  // Tables stored with a NaN between rows: a row stride that is not a
+  // multiple of 16 bytes (the kernels' pair-by-pair table loads).
+  bool table_gap = false;
 };
 
 const char* angles_name(Angles a) {
@@ -56,7 +59,8 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch, s.seqlen_q, s.seqlen_k,
       s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.softcap, !s.alibi_slopes.empty(),
       !c.rope ? "off" : c.rotation.style == RopeStyle::rotate_half ? "rotate_half" : "interleaved",
-      c.rotation.rotary_dim, angles_name(c.angles), static_cast<int>(c.offsets),
+      c.rotation.rotary_dim, fmt::format("{}{}", angles_name(c.angles), c.table_gap ? "+gap" : ""),
+      static_cast<int>(c.offsets),
       c.pack_gqa ? (*c.pack_gqa ? "on" : "off") : "auto", c.heads_major, c.sm_limit, seed);
 }
 
@@ -104,8 +108,18 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   }
   if (c.rope && c.angles == Angles::tables) {
     in.tables = rope_tables(c.rotation, s.head_dim, s.seqlen_k + s.seqlen_q + 3001);
-    in.cos = upload(in.tables.cos.data(), in.tables.cos.size() * 4);
-    in.sin = upload(in.tables.sin.data(), in.tables.sin.size() * 4);
+    const int stride = in.tables.pairs + (c.table_gap ? 1 : 0);
+    auto stored = [&](const std::vector<float>& table) {
+      std::vector<float> rows(static_cast<size_t>(in.tables.positions) * stride, std::nanf(""));
+      for (int position = 0; position < in.tables.positions; ++position) {
+        std::copy_n(table.begin() + static_cast<size_t>(position) * in.tables.pairs, in.tables.pairs,
+                    rows.begin() + static_cast<size_t>(position) * stride);
+      }
+      return rows;
+    };
+    const std::vector<float> cos_rows = stored(in.tables.cos), sin_rows = stored(in.tables.sin);
+    in.cos = upload(cos_rows.data(), cos_rows.size() * 4);
+    in.sin = upload(sin_rows.data(), sin_rows.size() * 4);
   }
   if (!s.alibi_slopes.empty()) in.slopes = upload(s.alibi_slopes.data(), s.alibi_slopes.size() * 4);
   return in;
@@ -144,6 +158,7 @@ void fill_options(const Case& c, const Inputs& in, CallViews& views) {
   if (in.cos) {
     views.cos = TensorView::contiguous(in.cos->get(), DType::f32, {in.tables.positions, in.tables.pairs});
     views.sin = TensorView::contiguous(in.sin->get(), DType::f32, {in.tables.positions, in.tables.pairs});
+    if (c.table_gap) views.cos.strides[0] = views.sin.strides[0] = in.tables.pairs + 1;
     r.cos = &views.cos;
     r.sin = &views.sin;
   }
@@ -253,6 +268,7 @@ TEST_CASE("rope: both styles, rotary fractions 0.5 and 1, theta / linear / Llama
             c.rotation.style = style;
             c.rotation.rotary_dim = rotary_dim_for(fraction, head_dim);
             c.angles = angle_kinds[index % 4];
+            c.table_gap = c.angles == Angles::tables && index / 4 % 2 == 1;
             if (c.angles == Angles::linear) c.rotation.linear_scaling = 4.0;
             if (c.angles == Angles::llama3) {
               c.rotation.theta = 500000.0;
@@ -301,6 +317,7 @@ Case producer_grid_case(int index, int head_dim, bool rope) {
   c.rotation.rotary_dim = rotary_dim_for(index % 4 == 1 ? 0.5 : 1.0, head_dim);
   c.rope = rope && c.rotation.rotary_dim > 0;
   c.angles = index % 7 == 4 ? Angles::tables : Angles::theta;
+  c.table_gap = c.angles == Angles::tables && index % 2 == 1;
   c.offsets = index % 3 == 1 ? Offsets::both : Offsets::none;
   if (index % 5 == 4) c.pack_gqa = true;
   c.heads_major = index % 4 == 2;

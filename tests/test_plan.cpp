@@ -431,6 +431,15 @@ TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tabl
   CHECK(plan.params.rope_cos == cos.data);
   CHECK(plan.params.rope_table_stride == 80);
   CHECK(plan.params.rope_table_rows == 400);
+  // 16-byte rows: four pairs a load. A row stride, or a table, off 16 bytes:
+  // pair by pair.
+  CHECK(plan.params.rope_table_vectors);
+  cos.strides[0] = sin.strides[0] = 81;
+  CHECK_FALSE(call.plan().params.rope_table_vectors);
+  cos.strides[0] = sin.strides[0] = 80;
+  sin.data = address(0x80004);
+  CHECK_FALSE(call.plan().params.rope_table_vectors);
+  sin.data = address(0x80000);
   cos.shape[0] = sin.shape[0] = 299;  // the keys reach position 299
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("options.rope.cos: 299 positions"), Error);
 }
