@@ -179,9 +179,10 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
     }
   };
   if constexpr (TABLES) {
-    // Several units' table loads in flight at once (one where registers
-    // are few: two spilled 16-72 bytes more in the producers above head_dim
-    // 128, ptxas, NVRTC 13.0).
+    // Several units' table loads in flight at once: two (four took up to
+    // 1.4x the time at head_dim 64, H200), or one where registers are few
+    // (two spilled 16-72 bytes more in the producers above head_dim 128,
+    // ptxas, NVRTC 13.0).
 #pragma unroll TABLE_UNITS_IN_FLIGHT
     for (int index = thread; index < kUnits; index += THREADS) rotate_unit(index);
   } else {
