@@ -28,14 +28,19 @@ enum RopeStyle : int {
   kRopeInterleaved = 2,  // pairs (2p, 2p + 1)
 };
 
+// The table row of `position`. Positions outside the tables are a caller
+// error the kernel cannot report; clamping keeps the reads inside the tables.
+template <class Params>
+__device__ __forceinline__ long long table_row(const Params& p, int position) {
+  return min(max(position, 0), p.rope_table_rows - 1);
+}
+
 // cos and sin of pair `pair` at `position`. Params: FwdParams or
 // AppendParams (both carry rope_inv_freq and the table fields).
 template <bool TABLES, class Params>
 __device__ __forceinline__ void rope_angle(const Params& p, int position, int pair, float& sine, float& cosine) {
   if constexpr (TABLES) {
-    // Positions outside the tables are a caller error the kernel cannot
-    // report; clamping keeps the reads inside the tables.
-    const long long row = min(max(position, 0), p.rope_table_rows - 1);
+    const long long row = table_row(p, position);
     cosine = __ldg(p.rope_cos + row * p.rope_table_stride + pair);
     sine = __ldg(p.rope_sin + row * p.rope_table_stride + pair);
   } else {
@@ -91,7 +96,7 @@ template <int N>
 __device__ __forceinline__ void table_angles(const FwdParams& p, int position, int pair, float (&sine)[N],
                                              float (&cosine)[N]) {
   static_assert(N % 4 == 0, "whole 16-byte pieces of a table row");
-  const long long row = min(max(position, 0), p.rope_table_rows - 1);
+  const long long row = table_row(p, position);
   const float* cos_row = p.rope_cos + row * p.rope_table_stride + pair;
   const float* sin_row = p.rope_sin + row * p.rope_table_stride + pair;
   if (p.rope_table_vectors) {
