@@ -618,9 +618,10 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                           max_smem_bytes, decode_tiles, problem.sm_count, seqlen_k);
       tiles = {plan.spec.block_q, plan.spec.block_kv, plan.spec.warps, plan.spec.stages};
     } else if (!tiles_forced && rows <= 64) {
-      // Longer packed tiles (speculative decoding, chunked prefill): one
-      // 64-row tile of four warps; the key loop is memory-bound. Measured on
-      // the H200 (docs/PERFORMANCE.md).
+      // Longer packed tiles (speculative decoding, chunked prefill) where
+      // the wgmma tiles below do not take them (before sm_90a, short caches,
+      // pages of fewer than 8 rows): one 64-row tile of four warps; the key
+      // loop is memory-bound. Measured on the H200 (docs/PERFORMANCE.md).
       // 128-key blocks keep more bytes in flight; a paged cache keeps them
       // only when a block fits in one page (smaller pages take the per-row
       // copy, which costs more than the larger block gains).
@@ -655,18 +656,30 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const int64_t keys_per_cta = masked_like_causal ? seqlen_k / 2 : seqlen_k;
   const bool long_keys = keys_per_cta >= (kernel_dim <= 32 ? 512 : 256);
   const bool hopper = arch.major == 9 && arch.minor == 0 && arch.arch_specific;
-  // A KV cache (chunked prefill: more than 64 packed query rows; the
-  // decode kernel and the memory-bound 64-row tiles above take the rest)
-  // gets the wgmma tiles under the same rules where one split suffices: the
-  // producer layout does not split, and it needs tensor maps of the cache.
+  // A KV cache with more packed query rows than the decode kernel takes
+  // (speculative decoding, chunked prefill) gets the wgmma tiles where its
+  // keys are long enough and tensor maps can describe the cache, however few
+  // the tiles: splits fill the GPU (the heuristic below). The exception is
+  // up to 64 packed rows over a contiguous cache whose 64-row mma.sync tiles
+  // fill every SM twice (two of those CTAs fit an SM, one wgmma CTA does).
+  // Measured on the H200 against the 64-row tiles (docs/PERFORMANCE.md):
+  // 16 query tokens x 4 heads at head dim 128, batch 1: 0.92x at 1k keys,
+  // 1.06-1.07x from 4k; batch 16: 1.03-1.30x; batch 64: 0.87-1.02x, and
+  // 0.82-0.86x at head dim 64 (so those keep mma.sync); pages of 16 or 64:
+  // 1.05-1.43x at every batch; 8 tokens at head dim 256 (above the decode
+  // kernel's 16 rows): 1.55-2.05x. Beyond 64 rows the wgmma tiles used to
+  // need 128 CTAs without splitting; with splits, batch 1 runs 1.2-2.1x
+  // faster.
   // Its keys are rotated already, so RoPE rotates only q there. Its tiles
   // are the dense ones (192 rows at head dims up to 64 without RoPE, where
   // they do not pad much more than 128: level with 128 rows on a contiguous
   // cache, 4-13% faster with pages of 16; with RoPE 192 rows were not
   // measured over a cache, so 128; above head_dim 128 a paged cache takes
   // 64-key blocks, which tile its pages) (H200, docs/PERFORMANCE.md).
-  const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && problem.num_splits <= 1 &&
-                             (plan.spec.pack_gqa ? seqlen_q * group : seqlen_q) > 64;
+  const int64_t packed_rows_per_sequence = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
+  const bool cache_keeps_mma_sync = !problem.paged && packed_rows_per_sequence <= 64 &&
+                                    ctas_of(64) >= 2 * static_cast<int64_t>(problem.sm_count);
+  const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && !cache_keeps_mma_sync;
   const bool choose =
       !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper && !unaligned;
   std::optional<TileConfig> wgmma;
@@ -717,7 +730,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   } else if (choose && wgmma &&
              (problem.kvcache ? long_keys && maps_possible
                               : (has_rope && (kernel_dim <= 128 || maps_possible)) || (long_keys && maps_possible)) &&
-             ctas_of(wgmma->block_q) >= kMinCtas) {
+             (problem.kvcache || ctas_of(wgmma->block_q) >= kMinCtas)) {
     tiles = *wgmma;
     apply_tiles(plan.spec, tiles);
     // Persistent (FwdConfig::kPersistent) where it measured faster on the
@@ -869,8 +882,6 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     const int64_t split_keys = plan.spec.family == Family::decode ? std::max<int64_t>(step, kMinSplitKeys) : step;
     const int64_t split_blocks = std::max<int64_t>(1, (seqlen_k + split_keys - 1) / split_keys);
     int splits = problem.num_splits;
-    // The producer layout (chunked prefill on wgmma tiles) does not split.
-    if (splits == 0 && plan.spec.family == Family::fwd && plan.spec.stages > 0) splits = 1;
     if (splits == 0) {
       const int ctas_per_sm = static_cast<int>(std::max<size_t>(
           1, std::min<size_t>(kSmemPerSm / (plan.spec.smem_bytes() + 1024), kDecodeCtasPerSm)));

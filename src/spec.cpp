@@ -323,13 +323,14 @@ void KernelSpec::validate() const {
     // The producer layout (templates/fwd_prefill.cuh, FwdConfig::kProducer):
     // two warpgroups of MMA warps (or three with wgmma), a producer
     // warpgroup, registers moved to the MMA warps (sm_90a); keys dense,
-    // varlen or from a KV cache (contiguous or paged), not split.
+    // varlen or from a KV cache (contiguous or paged); split only with wgmma
+    // (its consumer stores the partial results; the mma.sync one does not).
     if (stages < 2 || stages > 4) fail(ErrorCode::unsupported, fmt::format("s={} is not between 2 and 4", stages));
     if (warps != 8 && !(wgmma && warps == 12)) {
       fail(ErrorCode::unsupported,
            fmt::format("s={} (a producer warpgroup) needs w=8 (or w=12 with wgmma), not w={}", stages, warps));
     }
-    if (split) fail(ErrorCode::unsupported, "s (a producer warpgroup) does not combine with split");
+    if (split && !wgmma) fail(ErrorCode::unsupported, "s (a producer warpgroup) combines with split only with wgmma");
   }
   if (wgmma) {
     // FwdConfig::kWgmma: one 64-row wgmma tile per warpgroup of MMA warps,
@@ -372,7 +373,7 @@ void KernelSpec::validate() const {
   // FwdConfig::kPersistent: the wgmma consumer is the one that walks a
   // CTA's tiles through the ring (dense or varlen keys, no split).
   if (persistent && !wgmma) fail(ErrorCode::unsupported, "persistent needs wgmma");
-  if (persistent && kvcache) fail(ErrorCode::unsupported, "persistent does not combine with kvcache");
+  if (persistent && (kvcache || split)) fail(ErrorCode::unsupported, "persistent does not combine with kvcache or split");
   if (block_q != 64 && block_q != 128 && !(stages > 0 && block_q == 256) && !(wgmma && block_q == 192)) {
     fail(ErrorCode::unsupported,
          fmt::format("br={} is not one of 64, 128 (256 with a producer, sN; 192 with wgmma)", block_q));

@@ -1120,6 +1120,7 @@ struct TileJob {
   float* lse;
   int batch, head, q0, seqlen_q, seqlen_k, rows, group, chunks_valid;
   int diagonal_offset, first_block, end_block;
+  int split;  // Split-KV: which slice of the keys (0 without)
 };
 
 // The producer layout (Cfg::kProducer): warps 0-3 copy Q and each K/V block
@@ -1708,6 +1709,13 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   for (; i < blocks; ++i) skip_block(i);
   // A persistent CTA lets the next grid in after its last tile.
   if constexpr (!Cfg::kPersistent) allow_dependent_launch();
+  if constexpr (Cfg::kSplit) {
+    // Split-KV (a KV cache's packed rows over few tiles): the partial result
+    // goes straight from the accumulators, with no staging in Q's rows.
+    store_partial<Cfg>(o, row_max, row_sum, p, job.split, job.batch, job.head, job.q0, warp_row0, job.rows,
+                       job.group, lane);
+    return;
+  }
   // Each warp stages its output in its own Q rows; the warpgroup's wgmma
   // reads of Q (all four warps' rows) have completed once all four are here.
   named_barrier_sync(2 + (consumer >> 7), 128);
@@ -1727,9 +1735,9 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
 // cover every query head of the group. False when the tile is past its
 // sequence's rows (varlen: the grid covers the longest sequence).
 template <class Cfg>
-__device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJob& job, int& split) {
+__device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJob& job) {
   const int q_block = Cfg::kCausal ? p.num_q_blocks - 1 - index % p.num_q_blocks : index % p.num_q_blocks;
-  split = Cfg::kSplit ? index / p.num_q_blocks % p.num_splits : 0;
+  const int split = Cfg::kSplit ? index / p.num_q_blocks % p.num_splits : 0;
   const int batch_head = index / p.num_q_blocks / (Cfg::kSplit ? p.num_splits : 1);
   const int group = Cfg::kPackGqa ? p.heads_per_kv : 1;
   const int grid_heads = Cfg::kPackGqa ? p.heads_kv : p.heads_q;
@@ -1766,6 +1774,7 @@ __device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJ
     v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
   }
   job.batch = batch, job.head = head, job.q0 = q0, job.seqlen_q = seqlen_q, job.seqlen_k = seqlen_k;
+  job.split = split;
   // Rows of this sequence's (packed) Q: queries × heads of the group.
   job.rows = seqlen_q * group, job.group = group;
   job.chunks_valid = Cfg::kUnaligned ? (Cfg::kColumns + 7) / 8 : Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
@@ -1835,8 +1844,7 @@ __device__ __forceinline__ void walk_persistent_tiles(const FwdParams& p, const 
     // The grid index of the linear-th tile (causal: query block major).
     const int index = Cfg::kCausal ? linear % grid_heads() * p.num_q_blocks + linear / grid_heads() : linear;
     TileJob job;
-    int split;
-    if (locate_tile<Cfg>(p, index, job, split)) {
+    if (locate_tile<Cfg>(p, index, job)) {
       work(job, at);
       ++at.tile;
       at.block += job.end_block - job.first_block;
@@ -1882,8 +1890,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
     return;
   }
   TileJob job;
-  int split;
-  if (!locate_tile<Cfg>(p, static_cast<int>(blockIdx.x), job, split)) return;
+  if (!locate_tile<Cfg>(p, static_cast<int>(blockIdx.x), job)) return;
   if constexpr (Cfg::kProducer) {
     fwd_prefill_specialized<Cfg>(p, job, shared_bytes);
     return;
@@ -2004,7 +2011,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
   cp_async_wait<0>();
   __syncthreads();
   if constexpr (Cfg::kSplit) {
-    store_partial<Cfg>(o, row_max, row_sum, p, split, batch, head, q0, warp_row0, rows, group, lane);
+    store_partial<Cfg>(o, row_max, row_sum, p, job.split, batch, head, q0, warp_row0, rows, group, lane);
     return;
   }
   store_output<Cfg>(o, row_max, row_sum, shared_bytes, job.out, p.o_row_stride, p.o_head_stride, job.lse,

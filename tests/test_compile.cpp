@@ -182,11 +182,13 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
         spec.padded = variant % 7 == 3;
         if (set_feature_variant(spec, variant++) && spec.smem_bytes() <= 227 * 1024) specs.push_back(spec);
       }
-  // Chunked prefill over a KV cache (contiguous or paged; q rotated at the
-  // cache's positions).
+  // Chunked prefill and speculative decoding over a KV cache (contiguous or
+  // paged; q rotated at the cache's positions; split where the tiles are few).
   for (const char* text : {"fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.packgqa.kvcache.paged",
                            "fwd.f16.d64.br128.bc64.w8.s4.wgmma.local.softcap.alibi.kvcache.paged",
-                           "fwd.bf16.d128.br128.bc64.w8.s4.wgmma.causal.rope_interleaved_r64.rope_tables.kvcache"}) {
+                           "fwd.bf16.d128.br128.bc64.w8.s4.wgmma.causal.rope_interleaved_r64.rope_tables.kvcache",
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.packgqa.kvcache.paged.split",
+                           "fwd.f16.d64.br128.bc128.w8.s4.wgmma.local.softcap.alibi.packgqa.kvcache.split"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   REQUIRE(specs.size() >= 14);
@@ -226,7 +228,8 @@ TEST_CASE("wgmma specs above head dim 128 compile with their features, without s
   const Tiles tiles[] = {{192, 64, 2}, {192, 64, 3}, {192, 80, 2}, {192, 96, 2}, {256, 64, 2}, {256, 80, 2}};
   std::vector<KernelSpec> specs;
   // Chunked prefill over a KV cache: the planner's tiles, contiguous (96 or
-  // 80 keys) and paged (64), q rotated at the cache's positions. A paged
+  // 80 keys) and paged (64), q rotated at the cache's positions, split
+  // where the tiles are few (speculative decoding). A paged
   // cache's producer takes 56 registers at 192 and 40 at 256; a contiguous
   // one keeps 24, where RoPE tables spill 44 bytes at 192.
   for (const char* text : {"fwd.bf16.d192.br128.bc96.w8.s2.wgmma.causal.rope_tables.rope_half_r192.kvcache",
@@ -234,7 +237,9 @@ TEST_CASE("wgmma specs above head dim 128 compile with their features, without s
                            "fwd.bf16.d256.br128.bc80.w8.s2.wgmma.causal.packgqa.kvcache",
                            "fwd.bf16.d256.br128.bc80.w8.s2.wgmma.local.alibi.rope_interleaved_r128.rope_tables.kvcache",
                            "fwd.bf16.d256.br128.bc64.w8.s2.wgmma.causal.rope_half_r256.kvcache.paged",
-                           "fwd.f16.d256.br128.bc64.w8.s2.wgmma.local.softcap.packgqa.kvcache.paged.padded"}) {
+                           "fwd.f16.d256.br128.bc64.w8.s2.wgmma.local.softcap.packgqa.kvcache.paged.padded",
+                           "fwd.bf16.d256.br128.bc80.w8.s2.wgmma.causal.packgqa.kvcache.split",
+                           "fwd.f16.d192.br128.bc64.w8.s3.wgmma.causal.rope_half_r192.packgqa.kvcache.paged.split"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   int variant = 0;
@@ -283,7 +288,8 @@ TEST_CASE("wgmma specs with three MMA warpgroups (w12, 192 rows) compile with th
   // 64 without RoPE), contiguous and paged.
   for (const char* text : {"fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal.kvcache.paged",
                            "fwd.f16.d32.br192.bc128.w12.s4.wgmma.local.softcap.packgqa.kvcache",
-                           "fwd.f16.d64.br192.bc128.w12.s4.wgmma.local.softcap.alibi.kvcache.paged.padded"}) {
+                           "fwd.f16.d64.br192.bc128.w12.s4.wgmma.local.softcap.alibi.kvcache.paged.padded",
+                           "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal.packgqa.kvcache.split"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   REQUIRE(specs.size() >= 12);

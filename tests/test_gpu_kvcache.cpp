@@ -482,6 +482,9 @@ namespace {
 // where the chunk fits), RoPE style, fraction and tables over a running
 // index; `finish(c, index, variant)` sets the head dim, pages and tiles.
 // A contiguous cache reads through cache_batch_idx in a third of them.
+// Split counts the wgmma grids cycle through: one, the heuristic's, three.
+constexpr int kSplitChoices[] = {1, 0, 3};
+
 template <class Finish>
 std::vector<Case> wgmma_cache_grid(const std::vector<std::pair<int, int>>& seqlens, int batch, Finish finish) {
   const RopeStyle styles[] = {RopeStyle::none, RopeStyle::rotate_half, RopeStyle::interleaved};
@@ -527,7 +530,8 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
   std::vector<Case> cases = wgmma_cache_grid(seqlens, 3, [&](Case& c, int index, int variant) {
     c.head_dim = variant % 2 == 0 ? 128 : 64;
     c.page_size = page_sizes[(index / 2) % 6];
-    c.num_splits = index % 2;  // 1, or the heuristic (which the producer layout never splits)
+    // One split, the heuristic's (most of these grids are few tiles), or 3.
+    c.num_splits = kSplitChoices[(index / 2) % 3];
     // Head dim 64: mostly three MMA warpgroups (192-row tiles).
     c.tiles = c.head_dim <= 64 && index % 3 != 2 ? TileConfig{192, 128, 12, 4, true}
                                                  : TileConfig{128, 128, 8, c.head_dim > 64 ? 2 : 4, true};
@@ -554,6 +558,25 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
   chunk.page_size = 0;
   chunk.dtype = DType::bf16;
   cases.push_back(chunk);
+  // Speculative decoding: 16 tokens of 3 query heads per KV head (48 rows,
+  // beyond the decode kernel) in two sequences: the planner's wgmma tiles,
+  // split to fill the GPU; appended and rotated, contiguous and paged.
+  Case drafts;
+  drafts.seqlen_q = 16;
+  drafts.seqlen_k = 5000;
+  drafts.append = true;
+  drafts.rope = RopeStyle::rotate_half;
+  cases.push_back(drafts);
+  drafts.page_size = 64;
+  drafts.rope = RopeStyle::interleaved;
+  drafts.dtype = DType::f16;
+  cases.push_back(drafts);
+  drafts.page_size = 8;
+  drafts.append = false;
+  drafts.rope = RopeStyle::none;
+  drafts.head_dim = 64;
+  drafts.window_left = 700;
+  cases.push_back(drafts);
   check_cases(cases, rng, seed);
 }
 
@@ -575,6 +598,7 @@ TEST_CASE("kvcache on the wgmma producer layout above head dim 128: contiguous a
     const int kernel_dim = c.head_dim <= 192 ? 192 : 256;
     c.tiles = c.page_size != 0 ? TileConfig{128, 64, 8, kernel_dim == 192 ? 3 : 2, true}
                                : TileConfig{128, kernel_dim == 192 ? 96 : 80, 8, 2, true};
+    c.num_splits = kSplitChoices[index % 3];
   });
   // The planner's own choice for chunks that fill the GPU (test_plan).
   Case chunk;

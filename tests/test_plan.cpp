@@ -586,8 +586,9 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
   {
     // Chunked prefill: 1024 queries of 32 heads over 8192 cached keys fill
     // the GPU with 128-row tiles: the wgmma producer layout, one split, not
-    // persistent (RoPE rotates only q: the same tiles). Forcing splits keeps
-    // the mma.sync kernel; forced wgmma tiles are the producer layout.
+    // persistent (RoPE rotates only q: the same tiles). Forced splits split
+    // those tiles; forced wgmma tiles are the producer layout, split by the
+    // heuristic where they are few.
     TensorView chunk = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1024, 32, 128});
     ForwardOptions causal;
     causal.causal = true;
@@ -599,14 +600,29 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     KVCacheArgs split = args;
     split.num_splits = 4;
     prefill = plan_kvcache(chunk, split, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
-    CHECK_FALSE(prefill.attention.spec.wgmma);
-    CHECK(prefill.attention.spec.split);
+    CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.kvcache.split");
+    CHECK(prefill.attention.num_splits == 4);
+    CHECK(prefill.attention.grid == 4 * 2 * 32 * 8);  // splits × batch × heads × query tiles
     causal.tiles = {128, 128, 8, 3, true};
     prefill = plan_kvcache(q, args, out, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
-    CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s3.wgmma.causal.rope_half_r128.packgqa.kvcache");
-    CHECK(prefill.attention.num_splits == 1);
-    // Short packed chunks (12 tokens × 4 query heads of 64 sequences) stay on
-    // the memory-bound 64-row mma.sync tiles even where they would fill the GPU.
+    CHECK(prefill.attention.spec.text() ==
+          "fwd.bf16.d128.br128.bc128.w8.s3.wgmma.causal.rope_half_r128.packgqa.kvcache.split");
+    // 16 tiles (2 × 8 KV heads): 7 splits are the fewest within 85% of the
+    // best wave efficiency (112 CTAs on 132 SMs).
+    CHECK(prefill.attention.num_splits == 7);
+    CHECK(prefill.attention.workspace_bytes > 0);
+    // Tokens of speculative decoding (4 × 4 query heads = 16 rows would take
+    // the decode kernel; 16 × 4 = 64 rows do not) at batch 2: wgmma tiles,
+    // split to fill the GPU.
+    TensorView drafts16 = TensorView::contiguous(address(0x10000), DType::bf16, {2, 16, 32, 128});
+    ForwardOptions planned_causal;
+    planned_causal.causal = true;
+    prefill = plan_kvcache(drafts16, args, drafts16, nullptr, planned_causal, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.kvcache.split");
+    CHECK(prefill.attention.num_splits == 7);
+    // Short packed chunks (12 tokens × 4 query heads of 64 sequences) whose
+    // 64-row mma.sync tiles fill every SM twice keep those over a contiguous
+    // cache; paged ones take the wgmma tiles.
     TensorView speculative = TensorView::contiguous(address(0x10000), DType::bf16, {64, 12, 32, 128});
     KVCacheArgs many = args;
     many.k_cache = many.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {64, 8192, 8, 128});
@@ -617,9 +633,20 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
         plan_kvcache(speculative, many, speculative, nullptr, planned, nullptr, 0, true, arch, 227 * 1024, 132);
     CHECK_FALSE(drafts.attention.spec.wgmma);
     CHECK(drafts.attention.spec.block_q == 64);
-    // Forced wgmma tiles with forced splits: the producer layout does not split.
-    CHECK_THROWS_WITH_AS(plan_kvcache(q, split, out, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132),
-                         doctest::Contains("does not combine with split"), Error);
+    TensorView pages = TensorView::contiguous(address(0x30000), DType::bf16, {64 * 128, 64, 8, 128});
+    TensorView draft_table = TensorView::contiguous(address(0x70000), DType::i32, {64, 128});
+    KVCacheArgs paged_many = many;
+    paged_many.k_cache = paged_many.v_cache = pages;
+    paged_many.block_table = &draft_table;
+    const KVCachePlan paged_drafts =
+        plan_kvcache(speculative, paged_many, speculative, nullptr, planned, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK(paged_drafts.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.kvcache.paged");
+    // Forced wgmma tiles with forced splits: the producer layout, split.
+    const KVCachePlan forced_split =
+        plan_kvcache(q, split, out, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+    CHECK(forced_split.attention.spec.text() ==
+          "fwd.bf16.d128.br128.bc128.w8.s3.wgmma.causal.rope_half_r128.packgqa.kvcache.split");
+    CHECK(forced_split.attention.num_splits == 4);
     // The wgmma kernel reads the cache by tensor copies: a contiguous
     // cache's map spans its cache batches and capacity, one box per block.
     CHECK(prefill.attention.spec.tensor_copies());
@@ -753,8 +780,9 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
   CHECK(plan.attention.params.seqlen_k_added == 1);
   CHECK(plan.attention.params.rope_q_offsets == args.cache_seqlens.data);
   // Paged: page sizes must be powers of two. Pages of at least a 16-key
-  // chunk take the decode kernel; smaller ones the prefill kernel's per-row
-  // copy (64-key blocks).
+  // chunk take the decode kernel; smaller ones the prefill kernel: on sm_90a
+  // its wgmma tiles (a tensor copy per page of 8 rows), before it the
+  // mma.sync tiles' per-row copy (64-key blocks).
   TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 128});
   args.block_table = &table;
   args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {256, 64, 8, 128});
@@ -773,6 +801,11 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     small.block_table = &table8;
     plan = plan_kvcache(q, small, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
     CHECK(plan.attention.spec.family == Family::fwd);
+    CHECK(plan.attention.spec.wgmma);
+    CHECK(plan.attention.spec.block_kv == 128);
+    plan = plan_kvcache(q, small, out, nullptr, options, nullptr, 0, false, Arch::parse("sm_80"), 163 * 1024, 108);
+    CHECK(plan.attention.spec.family == Family::fwd);
+    CHECK_FALSE(plan.attention.spec.wgmma);
     CHECK(plan.attention.spec.block_kv == 64);
     ForwardOptions forced = options;
     forced.tiles.stages = 2;

@@ -148,14 +148,18 @@ TEST_CASE("producer-layout fwd specs (sN): text, threads, shared memory, packing
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br256.bc64.w8.s5"), doctest::Contains("between 2 and 4"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br256.bc64.w8"), doctest::Contains("br=256"), Error);
   CHECK(KernelSpec::parse("fwd.bf16.d64.br256.bc64.w8.s3.varlen").varlen);  // the producer reads varlen sequences too
-  // A KV cache (chunked prefill), contiguous or paged, but never split;
-  // and not persistent.
+  // A KV cache (chunked prefill), contiguous or paged, split only on wgmma
+  // tiles (the mma.sync consumer stores no partial results); and not
+  // persistent.
   CHECK(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w8.s2.packgqa.kvcache").kvcache);
   CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.kvcache.paged").paged);
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.packgqa.kvcache.paged.split").split);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w8.s2.kvcache.split"),
-                       doctest::Contains("does not combine with split"), Error);
+                       doctest::Contains("combines with split only with wgmma"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.kvcache"),
-                       doctest::Contains("persistent does not combine with kvcache"), Error);
+                       doctest::Contains("persistent does not combine with kvcache or split"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.split"),
+                       doctest::Contains("persistent does not combine with kvcache or split"), Error);
 }
 
 TEST_CASE("wgmma fwd specs: text, packing and rules") {
