@@ -274,9 +274,10 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   // Decoding calls of Llama 3 8B's shape (32 q / 8 kv heads) find every kernel
   // they plan warmed: one sequence and 64, contiguous and paged (16 and 256
   // rows), with and without new keys, the heuristic's split or none; and so
-  // do chunked prefill calls (1 × 2048 and 2 × 1024 new tokens).
+  // do 16 tokens of speculative decoding (one sequence and 64) and chunked
+  // prefill calls (1 × 2048 and 2 × 1024 new tokens).
   auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
-  for (const auto& [batch, seqlen_q] : {std::pair<int64_t, int64_t>{1, 1}, {64, 1}, {1, 2048}, {2, 1024}}) {
+  for (const auto& [batch, seqlen_q] : {std::pair<int64_t, int64_t>{1, 1}, {64, 1}, {1, 16}, {64, 16}, {1, 2048}, {2, 1024}}) {
     for (int page : {0, 16, 256}) {
       for (bool append : {false, true}) {
         for (int splits : {0, 1}) {

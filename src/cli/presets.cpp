@@ -22,9 +22,11 @@ std::vector<AttentionShape> all_generated_shapes() {
 
 // The kernels forward_kvcache plans for `shape` (32 query heads over 8 KV
 // heads, new keys appended): one-token decoding of one sequence (one CTA
-// per SM) and of many (two per SM), one split and several; chunked prefill
-// of 2048 tokens over 8192 cached ones; a contiguous cache and pages of 16
-// and 64 rows each; and the combine kernel.
+// per SM) and of many (two per SM), one split and several; 16 tokens
+// (speculative decoding: 64 packed rows, beyond the decode kernel) of one
+// sequence and of many; chunked prefill of 2048 tokens over 8192 cached
+// ones; a contiguous cache and pages of 16 and 64 rows each; and the
+// combine kernel.
 void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
   // Opt-in shared memory per block: Hopper 227 KB, A100 163 KB, other sm_8x 99 KB.
   const int max_smem = arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
@@ -34,7 +36,8 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
     int64_t batch, seqlen_q, capacity;
     int splits;
   };
-  const Call calls[] = {{1, 1, 4096, 1}, {1, 1, 4096, 3}, {64, 1, 4096, 1}, {64, 1, 4096, 3}, {1, 2048, 8192, 1}};
+  const Call calls[] = {{1, 1, 4096, 1},  {1, 1, 4096, 3},  {64, 1, 4096, 1}, {64, 1, 4096, 3},
+                        {1, 16, 4096, 1}, {1, 16, 4096, 3}, {64, 16, 4096, 1}, {1, 2048, 8192, 1}};
   for (const auto& [batch, seqlen_q, capacity, splits] : calls) {
     for (int page : {0, 16, 64}) {
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen_q, heads_q, shape.head_dim});
