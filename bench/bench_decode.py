@@ -1,6 +1,8 @@
 """Decoding: jitattn's forward_kvcache beside PyTorch's SDPA backends (cuDNN, FlashAttention-2).
 
-Issue grid (the defaults): bf16, 32 query heads, 8 KV heads, head_dim 128 (--head-dim), one query token;
+Issue grid (the defaults): bf16, 32 query heads, 8 KV heads, head_dim 128 (--head-dim), one query token
+(--seqlen-q N: N tokens per sequence, as in speculative decoding; not causal, as PyTorch's is_causal is
+top-left);
 batch 1, 16, 64 x KV length 1k, 4k, 16k, 32k. Reported: bytes of K and V read
 per second (batch x KV length x 8 heads x head_dim x 2 bytes x 2 tensors / time).
 jitattn runs on a contiguous cache and on a paged one (page 64 or --page, pages
@@ -22,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, I32, default_options, load, tensor_of  # noqa: E402
+from jitattn_ctypes import BF16, I32, default_options, force_tiles, load, tensor_of  # noqa: E402
 from jitattn_kvcache import kvcache_call, shuffled_pages  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
@@ -34,10 +36,12 @@ def main():
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--kv-lengths", default="1024,4096,16384,32768")
     parser.add_argument("--tiles", default="",
-                        help="force jitattn tiles: BQxBKVxWARPS (prefill kernel, e.g. 64x128x4) or "
-                             "BQxBKVxWARPSxSTAGES (decode kernel, e.g. 16x16x4x4; BQ 0 = planner's)")
+                        help="force jitattn tiles: BQxBKVxWARPS (prefill kernel, e.g. 64x128x4), "
+                             "BQxBKVxWARPSxSTAGES (decode kernel, e.g. 16x16x4x4; BQ 0 = planner's) or that "
+                             "ending in w (wgmma tiles, e.g. 128x128x8x2w)")
     parser.add_argument("--splits", type=int, default=0)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--seqlen-q", type=int, default=1, help="query tokens per sequence")
     parser.add_argument("--page", type=int, default=64, help="rows per page of the paged cache")
     parser.add_argument("--heads-kv", type=int, default=8,
                         help="KV heads (query heads = 4 x this); changes the grid's CTA count at a given batch")
@@ -46,7 +50,9 @@ def main():
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     heads_kv, head_dim, page = args.heads_kv, args.head_dim, args.page
     heads_q = 4 * heads_kv
-    print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}")
+    seqlen_q = args.seqlen_q
+    print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}"
+          f" | d {head_dim}, {seqlen_q} query token(s)")
     print(f"{'batch':>5} {'KV':>6} | {'jitattn':>8} {'paged' + str(page):>8} {'cuDNN':>8} {'FA2':>8} TB/s | "
           f"{'vs cuDNN':>8} {'paged/contig':>12}")
     rows = []
@@ -57,16 +63,14 @@ def main():
             # does between other layers' work: at least 256 MB in all, four times the H200's L2 (60 MB).
             copies = max(1, min(256, -(-(256 << 20) // kv_bytes)))
             gen = torch.Generator(device="cuda").manual_seed(batch * kv)
-            q = torch.randn(batch, 1, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+            q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
             caches = [(torch.randn(batch, kv, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen),
                        torch.randn(batch, kv, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen))
                       for _ in range(copies)]
             seqlens = torch.full((batch,), kv, device="cuda", dtype=torch.int32)
             out = torch.empty_like(q)
             options = default_options(lib)
-            if args.tiles:
-                fields = [int(x) for x in args.tiles.split("x")] + [0]
-                options.block_q, options.block_kv, options.warps, options.stages = fields[:4]
+            force_tiles(options, args.tiles)
             tq, tout, tseq = tensor_of(q, BF16), tensor_of(out, BF16), tensor_of(seqlens, I32)
 
             # Paged copies: the same rows in shuffled pages.
@@ -95,7 +99,7 @@ def main():
                 if not diff <= 2e-2:
                     print(f"MISMATCH batch={batch} kv={kv} {label}: max |jitattn - FA2| = {diff}")
                     return 1
-            r = {"batch": batch, "kv": kv, "heads_kv": heads_kv, "kv_bytes": kv_bytes}
+            r = {"batch": batch, "kv": kv, "heads_kv": heads_kv, "seqlen_q": seqlen_q, "kv_bytes": kv_bytes}
             r["jitattn_ms"] = median_ms(lambda i: contiguous_calls[i % copies](), 50, 5, with_index=True)
             r["paged_ms"] = median_ms(lambda i: paged_calls[i % copies](), 50, 5, with_index=True)
             for label, backend in (("cudnn_ms", SDPBackend.CUDNN_ATTENTION), ("fa2_ms", SDPBackend.FLASH_ATTENTION)):
