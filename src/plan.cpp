@@ -606,10 +606,12 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const int64_t packed_tiles = (seqlen_q * group + tiles.block_q - 1) / tiles.block_q;
   const bool pack_pays = seqlen_q < tiles.block_q && packed_tiles < unpacked_tiles;
   plan.spec.pack_gqa = group > 1 && options.pack_gqa.value_or(pack_pays);
+  // A sequence's rows as the kernels tile them: every query of each head of
+  // a KV head's group when packed (the decode kernel always packs).
+  auto packed_rows = [&] { return plan.spec.pack_gqa ? seqlen_q * group : seqlen_q; };
   if (problem.kvcache) {
     plan.spec.kvcache = true;
     plan.spec.paged = problem.paged;
-    const int64_t rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
     if ((options.tiles.stages != 0 && !options.tiles.wgmma) || (!tiles_forced && options.pack_gqa.value_or(true) &&
                                       seqlen_q * group <= (kernel_dim > 128 ? 16 : 32) &&
                                       (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys))) {
@@ -617,7 +619,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
       choose_decode_tiles(plan.spec, options.tiles, seqlen_q * group, problem.paged ? problem.page_shift : -1,
                           max_smem_bytes, decode_tiles, problem.sm_count, seqlen_k);
       tiles = {plan.spec.block_q, plan.spec.block_kv, plan.spec.warps, plan.spec.stages};
-    } else if (!tiles_forced && rows <= 64) {
+    } else if (!tiles_forced && packed_rows() <= 64) {
       // Longer packed tiles (speculative decoding, chunked prefill) where
       // the wgmma tiles below do not take them (before sm_90a, short caches,
       // pages of fewer than 8 rows): one 64-row tile of four warps; the key
@@ -676,8 +678,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // cache, 4-13% faster with pages of 16; with RoPE 192 rows were not
   // measured over a cache, so 128; above head_dim 128 a paged cache takes
   // 64-key blocks, which tile its pages) (H200, docs/PERFORMANCE.md).
-  const int64_t packed_rows_per_sequence = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
-  const bool cache_keeps_mma_sync = !problem.paged && packed_rows_per_sequence <= 64 &&
+  const bool cache_keeps_mma_sync = !problem.paged && packed_rows() <= 64 &&
                                     ctas_of(64) >= 2 * static_cast<int64_t>(problem.sm_count);
   const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && !cache_keeps_mma_sync;
   const bool choose =
@@ -704,8 +705,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     // two-thirds empty), 128 rows are faster: 0.79× the time for 256
     // queries over 4096 keys. At 1.125× (512, 1024 queries) 192 rows still
     // measured 1-10% faster (H200, docs/PERFORMANCE.md).
-    const int64_t rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
-    auto padded = [&](int64_t tile) { return (rows + tile - 1) / tile * tile; };
+    auto padded = [&](int64_t tile) { return (packed_rows() + tile - 1) / tile * tile; };
     if (padded(192) * 4 > padded(128) * 5) *wgmma = TileConfig{128, 128, 8, 4, true};
   }
   // Pages shorter than this (not whole 1024-byte swizzle atoms; the
@@ -791,10 +791,9 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     plan.v_map = *v_map;
   }
 
-  // Packed rows: every query of each head of a KV head's group.
-  const int64_t packed_rows = plan.spec.pack_gqa ? seqlen_q * group : seqlen_q;
-  if (packed_rows > INT_MAX) reject(fmt::format("q: seqlen_q × heads_q / heads_kv = {} exceeds 2^31-1", packed_rows));
-  const int64_t num_q_blocks = (packed_rows + tiles.block_q - 1) / tiles.block_q;
+  const int64_t rows = packed_rows();
+  if (rows > INT_MAX) reject(fmt::format("q: seqlen_q × heads_q / heads_kv = {} exceeds 2^31-1", rows));
+  const int64_t num_q_blocks = (rows + tiles.block_q - 1) / tiles.block_q;
   int64_t grid = num_q_blocks * (plan.spec.pack_gqa ? heads_kv : heads_q) * batch;
   if (grid > INT_MAX) reject(fmt::format("q: batch × heads × ceil(seqlen_q / {}) = {} exceeds 2^31-1 blocks", tiles.block_q, grid));
 
