@@ -513,6 +513,21 @@ std::vector<Case> wgmma_cache_grid(const std::vector<std::pair<int, int>>& seqle
   return cases;
 }
 
+// The planner's own choice for a chunk long enough to fill the GPU (3 × 6
+// heads × 8 query tiles; test_plan): the wgmma tiles, one split. 1024
+// queries over 3000 cached keys, causal, pages of 64, rotate-half RoPE.
+Case planner_chunk(int head_dim) {
+  Case chunk;
+  chunk.seqlen_q = 1024;
+  chunk.seqlen_k = 3000;
+  chunk.batch = 3;
+  chunk.causal = true;
+  chunk.head_dim = head_dim;
+  chunk.page_size = 64;
+  chunk.rope = RopeStyle::rotate_half;
+  return chunk;
+}
+
 }  // namespace
 
 TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, contiguous and paged, appends, RoPE, GQA") {
@@ -536,15 +551,7 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
     c.tiles = c.head_dim <= 64 && index % 3 != 2 ? TileConfig{192, 128, 12, 4, true}
                                                  : TileConfig{128, 128, 8, c.head_dim > 64 ? 2 : 4, true};
   });
-  // The planner's own choice for a chunk long enough to fill the GPU
-  // (3 × 6 heads × 8 query tiles): the wgmma tiles (test_plan).
-  Case chunk;
-  chunk.seqlen_q = 1024;
-  chunk.seqlen_k = 3000;
-  chunk.batch = 3;
-  chunk.causal = true;
-  chunk.page_size = 64;
-  chunk.rope = RopeStyle::rotate_half;
+  Case chunk = planner_chunk(128);
   cases.push_back(chunk);
   // Small pages: the same tiles, one tensor copy per page.
   chunk.page_size = 16;
@@ -600,15 +607,7 @@ TEST_CASE("kvcache on the wgmma producer layout above head dim 128: contiguous a
                                : TileConfig{128, kernel_dim == 192 ? 96 : 80, 8, 2, true};
     c.num_splits = kSplitChoices[index % 3];
   });
-  // The planner's own choice for chunks that fill the GPU (test_plan).
-  Case chunk;
-  chunk.seqlen_q = 1024;
-  chunk.seqlen_k = 3000;
-  chunk.batch = 3;
-  chunk.causal = true;
-  chunk.head_dim = 256;
-  chunk.page_size = 64;
-  chunk.rope = RopeStyle::rotate_half;
+  Case chunk = planner_chunk(256);
   cases.push_back(chunk);
   chunk.head_dim = 192;
   chunk.page_size = 0;
