@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdlib>
 #include <mutex>
+#include <type_traits>
 
 #include <jitattn/jitattn.hpp>
 
@@ -154,28 +155,34 @@ struct Runtime::Impl {
     check_cuda(driver().cuLaunchKernelEx(&launch_config, kernel.function, arguments, nullptr), "cuLaunchKernelEx");
   }
 
-  // forward_kvcache: append, attention, combine. Every kernel is loaded
-  // (compiled if need be) before the first launch, so a failure launches
-  // nothing.
-  void run_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out, const TensorView* lse,
-                   const ForwardOptions& options, void* workspace, size_t workspace_bytes, Stream stream) {
+  // Calls of several launches: forward_kvcache (append, attention, combine)
+  // and forward with a workspace (attention, combine). plan(arch,
+  // max_smem_bytes, sm_count, tuning) → a KVCachePlan or SplitForwardPlan.
+  // Every kernel is loaded (compiled if need be) before the first launch,
+  // so a failure launches nothing.
+  template <typename Plan>
+  void run_sequence(Plan&& plan, Stream stream) {
     if (!driver().available) {
-      plan_kvcache(q, args, out, lse, options, workspace, workspace_bytes, false, Arch{9, 0, true}, INT32_MAX, 132);
+      plan(Arch{9, 0, true}, INT32_MAX, 132, nullptr);
       throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", driver().error));
     }
     const ContextRef context = registry.current_context();
     const DeviceInfo& device = registry.device_info(context);
-    KVCachePlan plan = plan_kvcache(q, args, out, lse, options, workspace, workspace_bytes, false, device.arch,
-                                    device.max_smem_per_block, device.sm_count, &tuning);
-    if (plan.attention.grid == 0) return;
+    auto planned = plan(device.arch, device.max_smem_per_block, device.sm_count, &tuning);
+    if (planned.attention.grid == 0) return;
     auto cu_stream = static_cast<CUstream>(stream);
-    const LoadedKernel* append = plan.append.grid ? &registry.get(plan.append.spec, context, device, cu_stream) : nullptr;
-    const LoadedKernel& attention = registry.get(plan.attention.spec, context, device, cu_stream);
-    const LoadedKernel* combine = plan.combine.grid ? &registry.get(plan.combine.spec, context, device, cu_stream) : nullptr;
-    encode_tensor_maps(plan.attention);
-    if (append != nullptr) launch(*append, plan.append.grid, &plan.append.params, device, cu_stream);
-    launch(attention, plan.attention.grid, &plan.attention.params, device, cu_stream);
-    if (combine != nullptr) launch(*combine, plan.combine.grid, &plan.combine.params, device, cu_stream);
+    AppendPlan* append_plan = nullptr;
+    if constexpr (std::is_same_v<decltype(planned), KVCachePlan>) {
+      if (planned.append.grid != 0) append_plan = &planned.append;
+    }
+    const LoadedKernel* append = append_plan ? &registry.get(append_plan->spec, context, device, cu_stream) : nullptr;
+    const LoadedKernel& attention = registry.get(planned.attention.spec, context, device, cu_stream);
+    const LoadedKernel* combine =
+        planned.combine.grid ? &registry.get(planned.combine.spec, context, device, cu_stream) : nullptr;
+    encode_tensor_maps(planned.attention);
+    if (append != nullptr) launch(*append, append_plan->grid, &append_plan->params, device, cu_stream);
+    launch(attention, planned.attention.grid, &planned.attention.params, device, cu_stream);
+    if (combine != nullptr) launch(*combine, planned.combine.grid, &planned.combine.params, device, cu_stream);
   }
 
   // What calls that only plan (no launch) plan for: the current device, or
@@ -210,6 +217,23 @@ void Runtime::forward(const TensorView& q, const TensorView& k, const TensorView
   }, stream);
 }
 
+void Runtime::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const TensorView* lse, const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+                      Stream stream) {
+  impl_->run_sequence([&](const Arch& arch, int smem, int sm_count, const TuningTable* tuning) {
+    return plan_forward_split(q, k, v, out, lse, options, workspace, workspace_bytes, false, arch, smem, sm_count,
+                              tuning);
+  }, stream);
+}
+
+size_t Runtime::forward_workspace_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const TensorView& out, const TensorView* lse, const ForwardOptions& options) {
+  const PlanningTarget t = impl_->planning_target();
+  return plan_forward_split(q, k, v, out, lse, options, nullptr, 0, true, t.arch, t.max_smem_bytes, t.sm_count,
+                            &impl_->tuning)
+      .attention.workspace_bytes;
+}
+
 void Runtime::forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                              const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
                              Stream stream) {
@@ -232,7 +256,9 @@ void Runtime::merge_state(const TensorView& a, const TensorView& lse_a, const Te
 
 void Runtime::forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out, const TensorView* lse,
                               const ForwardOptions& options, void* workspace, size_t workspace_bytes, Stream stream) {
-  impl_->run_kvcache(q, args, out, lse, options, workspace, workspace_bytes, stream);
+  impl_->run_sequence([&](const Arch& arch, int smem, int sm_count, const TuningTable* tuning) {
+    return plan_kvcache(q, args, out, lse, options, workspace, workspace_bytes, false, arch, smem, sm_count, tuning);
+  }, stream);
 }
 
 size_t Runtime::kvcache_workspace_bytes(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
@@ -290,6 +316,17 @@ void configure(const Config& config) {
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const TensorView* lse, const ForwardOptions& options, Stream stream) {
   global_runtime().forward(q, k, v, out, lse, options, stream);
+}
+
+void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+             const TensorView* lse, const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+             Stream stream) {
+  global_runtime().forward(q, k, v, out, lse, options, workspace, workspace_bytes, stream);
+}
+
+size_t forward_workspace_bytes(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                               const TensorView* lse, const ForwardOptions& options) {
+  return global_runtime().forward_workspace_bytes(q, k, v, out, lse, options);
 }
 
 void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,

@@ -83,6 +83,7 @@ struct CallViews {
     options.tiles = {c_options->block_q, c_options->block_kv, c_options->warps, c_options->stages,
                      c_options->wgmma != 0, c_options->persistent != 0};
     options.sm_limit = c_options->sm_limit;
+    options.num_splits = c_options->num_splits;
     jitattn::RopeOptions& rope = options.rope;
     rope.style = static_cast<jitattn::RopeStyle>(c_options->rope_style);
     rope.rotary_dim = c_options->rotary_dim;
@@ -163,6 +164,27 @@ jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_tensor* k, con
   return guarded([&] {
     const CallViews views(q, k, v, out, lse, options);
     jitattn::forward(views.q, views.k, views.v, views.out, views.lse_pointer(), views.options, stream);
+  });
+}
+
+jitattn_status jitattn_fwd_split(const jitattn_tensor* q, const jitattn_tensor* k, const jitattn_tensor* v,
+                                 const jitattn_tensor* out, const jitattn_tensor* lse,
+                                 const jitattn_fwd_options* options, void* workspace, size_t workspace_bytes,
+                                 void* stream) {
+  return guarded([&] {
+    const CallViews views(q, k, v, out, lse, options);
+    jitattn::forward(views.q, views.k, views.v, views.out, views.lse_pointer(), views.options, workspace,
+                     workspace_bytes, stream);
+  });
+}
+
+jitattn_status jitattn_fwd_workspace_bytes(const jitattn_tensor* q, const jitattn_tensor* k, const jitattn_tensor* v,
+                                           const jitattn_tensor* out, const jitattn_tensor* lse,
+                                           const jitattn_fwd_options* options, size_t* bytes) {
+  return guarded([&] {
+    if (bytes == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "bytes: is NULL");
+    const CallViews views(q, k, v, out, lse, options);
+    *bytes = jitattn::forward_workspace_bytes(views.q, views.k, views.v, views.out, views.lse_pointer(), views.options);
   });
 }
 

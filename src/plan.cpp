@@ -439,9 +439,14 @@ struct Problem {
   int page_shift = 0;
   int num_splits = 0;  // requested; 0 = heuristic
   int sm_count = 0;
+  // Split-KV needs the caller's workspace: KV-cache calls always take one;
+  // dense calls only through the workspace overload of forward().
+  bool may_split = false;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  bool sizing_only = false;  // kvcache_workspace_bytes: no workspace yet
+  bool sizing_only = false;  // *_workspace_bytes: no workspace yet
+  const char* workspace_query = "kvcache_workspace_bytes";  // named in errors
+  const char* num_splits_name = "num_splits";
 };
 
 void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
@@ -612,27 +617,33 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   if (problem.kvcache) {
     plan.spec.kvcache = true;
     plan.spec.paged = problem.paged;
-    if ((options.tiles.stages != 0 && !options.tiles.wgmma) || (!tiles_forced && options.pack_gqa.value_or(true) &&
-                                      seqlen_q * group <= (kernel_dim > 128 ? 16 : 32) &&
-                                      (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys))) {
-      const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
-      choose_decode_tiles(plan.spec, options.tiles, seqlen_q * group, problem.paged ? problem.page_shift : -1,
-                          max_smem_bytes, decode_tiles, problem.sm_count, seqlen_k);
-      tiles = {plan.spec.block_q, plan.spec.block_kv, plan.spec.warps, plan.spec.stages};
-    } else if (!tiles_forced && packed_rows() <= 64) {
-      // Longer packed tiles (speculative decoding, chunked prefill) where
-      // the wgmma tiles below do not take them (before sm_90a, short caches,
-      // pages of fewer than 8 rows): one 64-row tile of four warps; the key
-      // loop is memory-bound. Measured on the H200 (docs/PERFORMANCE.md).
-      // 128-key blocks keep more bytes in flight; a paged cache keeps them
-      // only when a block fits in one page (smaller pages take the per-row
-      // copy, which costs more than the larger block gains).
-      const int block_kv = problem.paged && (int64_t{1} << problem.page_shift) < 128 ? 64 : 128;
-      tiles = {64, block_kv, 4};
-      plan.spec.block_q = 64;
-      plan.spec.block_kv = block_kv;
-      plan.spec.warps = 4;
-    }
+  }
+  // Calls that may split over their keys (a KV cache, or a dense call given
+  // a workspace) are sized by splits rather than tiles.
+  const bool may_split = problem.may_split && !varlen;
+  if (problem.kvcache && ((options.tiles.stages != 0 && !options.tiles.wgmma) ||
+                          (!tiles_forced && options.pack_gqa.value_or(true) &&
+                           seqlen_q * group <= (kernel_dim > 128 ? 16 : 32) &&
+                           (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys)))) {
+    const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
+    choose_decode_tiles(plan.spec, options.tiles, seqlen_q * group, problem.paged ? problem.page_shift : -1,
+                        max_smem_bytes, decode_tiles, problem.sm_count, seqlen_k);
+    tiles = {plan.spec.block_q, plan.spec.block_kv, plan.spec.warps, plan.spec.stages};
+  } else if (may_split && !tiles_forced && options.tiles.stages == 0 && !unaligned && packed_rows() <= 64) {
+    // Longer packed tiles (speculative decoding, chunked prefill, short
+    // dense queries) where the wgmma tiles below do not take them (before
+    // sm_90a, short caches, pages of fewer than 8 rows): one 64-row tile of
+    // four warps; the key loop is memory-bound. Measured on the H200
+    // (docs/PERFORMANCE.md). 128-key blocks keep more bytes in flight; a
+    // paged cache keeps them only when a block fits in one page (smaller
+    // pages take the per-row copy, which costs more than the larger block
+    // gains).
+    const int block_kv = problem.paged && (int64_t{1} << problem.page_shift) < 128 ? 64 : 128;
+    tiles = {64, block_kv, 4};
+    plan.spec.block_q = 64;
+    plan.spec.block_kv = block_kv;
+    plan.spec.warps = 4;
+    plan.spec.stages = 0;
   }
   // sm_90a: the wgmma family (FwdConfig::kWgmma, wgmma_tiles): a producer
   // warpgroup copies (and, for RoPE, rotates) K/V into a ring of stages
@@ -661,7 +672,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // A KV cache with more packed query rows than the decode kernel takes
   // (speculative decoding, chunked prefill) gets the wgmma tiles where its
   // keys are long enough and tensor maps can describe the cache, however few
-  // the tiles: splits fill the GPU (the heuristic below). The exception is
+  // the tiles: splits fill the GPU (the heuristic below). So does a dense
+  // call that may split (a workspace was given). The exception is
   // up to 64 packed rows over a contiguous cache whose 64-row mma.sync tiles
   // fill every SM twice (two of those CTAs fit an SM, one wgmma CTA does).
   // Measured on the H200 against the 64-row tiles (docs/PERFORMANCE.md):
@@ -678,9 +690,9 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // cache, 4-13% faster with pages of 16; with RoPE 192 rows were not
   // measured over a cache, so 128; above head_dim 128 a paged cache takes
   // 64-key blocks, which tile its pages) (H200, docs/PERFORMANCE.md).
-  const bool cache_keeps_mma_sync = !problem.paged && packed_rows() <= 64 &&
-                                    ctas_of(64) >= 2 * static_cast<int64_t>(problem.sm_count);
-  const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && !cache_keeps_mma_sync;
+  const bool short_rows_keep_mma_sync = !problem.paged && packed_rows() <= 64 &&
+                                        ctas_of(64) >= 2 * static_cast<int64_t>(problem.sm_count);
+  const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && !short_rows_keep_mma_sync;
   const bool choose =
       !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper && !unaligned;
   std::optional<TileConfig> wgmma;
@@ -730,7 +742,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   } else if (choose && wgmma &&
              (problem.kvcache ? long_keys && maps_possible
                               : (has_rope && (kernel_dim <= 128 || maps_possible)) || (long_keys && maps_possible)) &&
-             (problem.kvcache || ctas_of(wgmma->block_q) >= kMinCtas)) {
+             (problem.kvcache || ctas_of(wgmma->block_q) >= kMinCtas ||
+              (may_split && long_keys && maps_possible && !short_rows_keep_mma_sync))) {
     tiles = *wgmma;
     apply_tiles(plan.spec, tiles);
     // Persistent (FwdConfig::kPersistent) where it measured faster on the
@@ -872,6 +885,16 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     p.block_table = problem.block_table;
     p.block_table_stride = problem.block_table_stride;
     p.page_shift = problem.page_shift;
+  }
+  // The kernels that write partial results: the decode kernel, the 4-warp
+  // mma.sync tiles and the wgmma tiles in an ordinary grid with aligned rows.
+  const bool splittable = plan.spec.family == Family::decode ||
+                          ((plan.spec.stages == 0 || plan.spec.wgmma) && !plan.spec.persistent && !unaligned);
+  if (may_split && !splittable && problem.num_splits > 1) {
+    reject(fmt::format("{}={}: {} does not split (persistent grids, the mma.sync producer layout and head dims that "
+                       "are not a multiple of 8 do not)", problem.num_splits_name, problem.num_splits, plan.spec.text()));
+  }
+  if (may_split && splittable) {
     // Split-KV when the tiles alone leave the GPU underused.
     // Splits are counted in key blocks: one CTA step (every warp one chunk)
     // for the decode kernel. The heuristic sees blocks of at least
@@ -900,8 +923,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
       grid *= splits;
       if (!problem.sizing_only) {
         if (problem.workspace_bytes < plan.workspace_bytes) {
-          reject(fmt::format("workspace: {} bytes given; this call needs {} (ask kvcache_workspace_bytes)",
-                             problem.workspace_bytes, plan.workspace_bytes));
+          reject(fmt::format("workspace: {} bytes given; this call needs {} (ask {})", problem.workspace_bytes,
+                             plan.workspace_bytes, problem.workspace_query));
         }
         if (problem.workspace == nullptr || reinterpret_cast<uintptr_t>(problem.workspace) % 256 != 0) {
           reject("workspace: data pointer must be non-null and 256-byte aligned");
@@ -910,7 +933,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
         p.partial_lse = reinterpret_cast<float*>(static_cast<char*>(problem.workspace) + plan.partial_o_bytes);
       }
     }
-    if (grid > INT_MAX) reject(fmt::format("kvcache: {} blocks exceed 2^31-1", grid));
+    if (grid > INT_MAX) reject(fmt::format("q: {} blocks with {} splits exceed 2^31-1", grid, splits));
   }
   if (plan.spec.persistent) {
     // One wave of CTAs at most, as many per SM as shared memory holds; the
@@ -928,9 +951,11 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
 
 }  // namespace
 
-ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const TensorView* lse, const ForwardOptions& options,
-                         const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
+namespace {
+
+// A dense call's tensors, validated.
+Problem dense_problem(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const TensorView* lse, int sm_count) {
   check_rows("q", q, 4, true);
   check_rows("k", k, 4, true);
   check_rows("v", v, 4, true);
@@ -947,7 +972,84 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
     for (int i = 0; i < 3; ++i) problem.lse_strides[i] = lse->strides[i];
   }
   problem.sm_count = sm_count;
+  return problem;
+}
+
+// The combine launch that merges a split attention's partial results
+// (workspace) into out and lse; q, out [batch, seqlen_q, heads_q, head_dim],
+// lse [batch, heads_q, seqlen_q].
+CombinePlan combine_splits(const ForwardPlan& attention, const TensorView& q, const TensorView& out,
+                           const TensorView* lse) {
+  const FwdParams& fwd = attention.params;
+  CombineProblem combine;
+  combine.state_dtype = DType::f32;
+  combine.out_dtype = q.dtype;
+  combine.states = fwd.partial_o;
+  combine.lse = fwd.partial_lse;
+  combine.out = out.data;
+  combine.out_lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
+  const int64_t batch = q.shape[0], seqlen = q.shape[1], heads = q.shape[2], head_dim = q.shape[3];
+  combine.num_states = attention.num_splits;
+  combine.batch = batch;
+  combine.seqlen = seqlen;
+  combine.heads = heads;
+  combine.head_dim = head_dim;
+  const int64_t states_strides[4] = {batch * seqlen * heads * head_dim, seqlen * heads * head_dim, heads * head_dim,
+                                     head_dim};
+  const int64_t lse_strides[4] = {batch * seqlen * heads, seqlen * heads, heads, 1};
+  std::copy(states_strides, states_strides + 4, combine.states_strides);
+  std::copy(lse_strides, lse_strides + 4, combine.lse_strides);
+  combine.out_strides[0] = out.strides[0];
+  combine.out_strides[1] = out.strides[1];
+  combine.out_strides[2] = out.strides[2];
+  if (lse != nullptr) {
+    // lse is [batch, heads_q, seqlen_q]: (batch, row, head) strides.
+    combine.out_lse_strides[0] = lse->strides[0];
+    combine.out_lse_strides[1] = lse->strides[2];
+    combine.out_lse_strides[2] = lse->strides[1];
+  }
+  combine.states_name = "workspace";
+  combine.lse_name = "workspace";
+  return plan_combine(combine);
+}
+
+void check_num_splits(const char* name, int num_splits) {
+  if (num_splits < 0 || num_splits > kMaxSplits) {
+    reject(fmt::format("{}={} must be 0 (heuristic) or 1 to {}", name, num_splits, kMaxSplits));
+  }
+}
+
+}  // namespace
+
+ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView* lse, const ForwardOptions& options,
+                         const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
+  Problem problem = dense_problem(q, k, v, out, lse, sm_count);
+  check_num_splits("options.num_splits", options.num_splits);
+  if (options.num_splits > 1) {
+    reject(fmt::format("options.num_splits={}: splitting needs a workspace (the forward overload that takes one, "
+                       "sized by forward_workspace_bytes)", options.num_splits));
+  }
   return plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
+}
+
+SplitForwardPlan plan_forward_split(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& out, const TensorView* lse, const ForwardOptions& options,
+                                    void* workspace, size_t workspace_bytes, bool sizing_only, const Arch& arch,
+                                    int max_smem_bytes, int sm_count, const TuningTable* tuning) {
+  Problem problem = dense_problem(q, k, v, out, lse, sm_count);
+  check_num_splits("options.num_splits", options.num_splits);
+  problem.may_split = true;
+  problem.num_splits = options.num_splits;
+  problem.num_splits_name = "options.num_splits";
+  problem.workspace = workspace;
+  problem.workspace_bytes = workspace_bytes;
+  problem.sizing_only = sizing_only;
+  problem.workspace_query = "forward_workspace_bytes";
+  SplitForwardPlan plan;
+  plan.attention = plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
+  if (plan.attention.spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, q, out, lse);
+  return plan;
 }
 
 ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -1058,13 +1160,16 @@ ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, c
                        capacity));
   }
   problem.seqlen_k = args.max_seqlen_k > 0 ? args.max_seqlen_k : capacity;
-  if (args.num_splits < 0 || args.num_splits > kMaxSplits) {
-    reject(fmt::format("num_splits={} must be 0 (heuristic) or 1 to {}", args.num_splits, kMaxSplits));
+  check_num_splits("num_splits", args.num_splits);
+  if (options.num_splits != 0) {
+    reject(fmt::format("options.num_splits={}: forward_kvcache takes its split count from KVCacheArgs::num_splits",
+                       options.num_splits));
   }
   if (options.rope.q_offsets != nullptr || options.rope.k_offsets != nullptr) {
     reject("options.rope: q_offsets and k_offsets do not apply to forward_kvcache (positions come from cache_seqlens)");
   }
   problem.num_splits = args.num_splits;
+  problem.may_split = true;
   problem.sm_count = sm_count;
   problem.workspace = workspace;
   problem.workspace_bytes = workspace_bytes;
@@ -1117,38 +1222,7 @@ KVCachePlan plan_kvcache(const TensorView& q, const KVCacheArgs& args, const Ten
     if ((rows + 3) / 4 > INT_MAX) reject("k_new: batch × seqlen_new × heads_kv is too large");
     append.grid = static_cast<unsigned>((rows + 3) / 4);  // four rows (warps) per CTA
   }
-  if (spec.split && !sizing_only) {
-    CombineProblem combine;
-    combine.state_dtype = DType::f32;
-    combine.out_dtype = q.dtype;
-    combine.states = fwd.partial_o;
-    combine.lse = fwd.partial_lse;
-    combine.out = out.data;
-    combine.out_lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
-    const int64_t batch = q.shape[0], seqlen = q.shape[1], heads = q.shape[2], head_dim = q.shape[3];
-    combine.num_states = plan.attention.num_splits;
-    combine.batch = batch;
-    combine.seqlen = seqlen;
-    combine.heads = heads;
-    combine.head_dim = head_dim;
-    const int64_t states_strides[4] = {batch * seqlen * heads * head_dim, seqlen * heads * head_dim, heads * head_dim,
-                                       head_dim};
-    const int64_t lse_strides[4] = {batch * seqlen * heads, seqlen * heads, heads, 1};
-    std::copy(states_strides, states_strides + 4, combine.states_strides);
-    std::copy(lse_strides, lse_strides + 4, combine.lse_strides);
-    combine.out_strides[0] = out.strides[0];
-    combine.out_strides[1] = out.strides[1];
-    combine.out_strides[2] = out.strides[2];
-    if (lse != nullptr) {
-      // lse is [batch, heads_q, seqlen_q]: (batch, row, head) strides.
-      combine.out_lse_strides[0] = lse->strides[0];
-      combine.out_lse_strides[1] = lse->strides[2];
-      combine.out_lse_strides[2] = lse->strides[1];
-    }
-    combine.states_name = "workspace";
-    combine.lse_name = "workspace";
-    plan.combine = plan_combine(combine);
-  }
+  if (spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, q, out, lse);
   return plan;
 }
 

@@ -80,11 +80,25 @@ std::vector<float> rope_inv_frequencies(const RopeOptions& rope, int rotary_dim)
 
 // Throws Error(invalid_argument) naming the argument and the rule, or
 // Error(unsupported) for valid input this build cannot serve. max_smem_bytes
-// is the device's per-block opt-in limit; sm_count sizes persistent grids. Tiles come from options.tiles, else
-// `tuning` (if it has the shape class), else default_tiles().
+// is the device's per-block opt-in limit; sm_count sizes persistent grids.
+// Tiles come from options.tiles, else `tuning` (if it has the shape class),
+// else default_tiles(). Never splits (no workspace).
 ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView* lse, const ForwardOptions& options,
                          const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning = nullptr);
+
+// A dense forward call given a workspace: plan_forward, but split over its
+// keys where the tiles alone leave the GPU underused (or options.num_splits
+// asks), followed by the combine of the splits (grid 0 unless split). With
+// sizing_only the workspace is not checked (forward_workspace_bytes).
+struct SplitForwardPlan {
+  ForwardPlan attention;
+  CombinePlan combine;
+};
+SplitForwardPlan plan_forward_split(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& out, const TensorView* lse, const ForwardOptions& options,
+                                    void* workspace, size_t workspace_bytes, bool sizing_only, const Arch& arch,
+                                    int max_smem_bytes, int sm_count, const TuningTable* tuning = nullptr);
 
 // The same for packed varlen calls: q/k/v/out 3-D, lse [heads_q, total_q].
 // Sizes the grid by max_seqlen_q; cu_seqlens are passed to the kernel unread.

@@ -72,7 +72,36 @@ TEST_CASE("options_init gives the documented defaults") {
   CHECK(options.window_right == -1);
   CHECK(options.softcap == 0.f);
   CHECK(options.alibi_slopes == nullptr);
+  CHECK(options.num_splits == 0);
   CHECK(std::string(jitattn_version()) == jitattn::version());
+}
+
+TEST_CASE("forward with a workspace through the C API: sized, validated, num_splits passed on") {
+  configure_once();
+  // One token of 32 query heads over 32768 keys of 8 KV heads splits (sized
+  // for the GPU present, or an H200 without one); 4096 queries do not.
+  jitattn_tensor q = bshd(fake(0x1000), JITATTN_BF16, 1, 1, 32, 128);
+  jitattn_tensor k = bshd(fake(0x2000), JITATTN_BF16, 1, 32768, 8, 128);
+  jitattn_tensor o = bshd(fake(0x3000), JITATTN_BF16, 1, 1, 32, 128);
+  jitattn_fwd_options options;
+  jitattn_fwd_options_init(&options);
+  size_t bytes = 0;
+  REQUIRE(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, &bytes) == JITATTN_OK);
+  CHECK(bytes > 0);
+  options.num_splits = 1;
+  REQUIRE(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, &bytes) == JITATTN_OK);
+  CHECK(bytes == 0);
+  options.num_splits = 4;
+  REQUIRE(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, &bytes) == JITATTN_OK);
+  CHECK(bytes == (4 * 32 * 128 * 4 + 255) / 256 * 256 + 4 * 32 * 4);
+  CHECK(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()) == "bytes: is NULL");
+  // Rejected before any launch: a short workspace, and forced splits without one.
+  CHECK(jitattn_fwd_split(&q, &k, &k, &o, nullptr, &options, fake(0x100000), bytes - 1, nullptr) ==
+        JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("ask forward_workspace_bytes") != std::string::npos);
+  CHECK(jitattn_fwd(&q, &k, &k, &o, nullptr, &options, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("options.num_splits=4: splitting needs a workspace") != std::string::npos);
 }
 
 TEST_CASE("invalid arguments return a status and a message naming the rule") {

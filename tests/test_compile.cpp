@@ -188,7 +188,11 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
                            "fwd.f16.d64.br128.bc64.w8.s4.wgmma.local.softcap.alibi.kvcache.paged",
                            "fwd.bf16.d128.br128.bc64.w8.s4.wgmma.causal.rope_interleaved_r64.rope_tables.kvcache",
                            "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.packgqa.kvcache.paged.split",
-                           "fwd.f16.d64.br128.bc128.w8.s4.wgmma.local.softcap.alibi.packgqa.kvcache.split"}) {
+                           "fwd.f16.d64.br128.bc128.w8.s4.wgmma.local.softcap.alibi.packgqa.kvcache.split",
+                           // Dense calls with a workspace split the same tiles: keys by tensor copies, or
+                           // rotated by the producer.
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.split",
+                           "fwd.f16.d64.br128.bc128.w8.s4.wgmma.local.softcap.alibi.rope_interleaved_r32.rope_tables.split"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   REQUIRE(specs.size() >= 14);
@@ -239,7 +243,9 @@ TEST_CASE("wgmma specs above head dim 128 compile with their features, without s
                            "fwd.bf16.d256.br128.bc64.w8.s2.wgmma.causal.rope_half_r256.kvcache.paged",
                            "fwd.f16.d256.br128.bc64.w8.s2.wgmma.local.softcap.packgqa.kvcache.paged.padded",
                            "fwd.bf16.d256.br128.bc80.w8.s2.wgmma.causal.packgqa.kvcache.split",
-                           "fwd.f16.d192.br128.bc64.w8.s3.wgmma.causal.rope_half_r192.packgqa.kvcache.paged.split"}) {
+                           "fwd.f16.d192.br128.bc64.w8.s3.wgmma.causal.rope_half_r192.packgqa.kvcache.paged.split",
+                           "fwd.bf16.d256.br128.bc80.w8.s2.wgmma.causal.packgqa.split",
+                           "fwd.f16.d192.br128.bc96.w8.s2.wgmma.local.rope_half_r192.split"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   int variant = 0;
@@ -484,6 +490,14 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
     specs.push_back({Family::fwd, DType::bf16, head_dim, t.block_q, t.block_kv, t.warps});
     specs.back().pack_gqa = true;
   }
+  // Dense calls with a workspace on the 4-warp tiles: split, K rotated by
+  // the MMA warps.
+  specs.push_back(KernelSpec::parse("fwd.bf16.d128.br64.bc128.w4.causal.packgqa.split"));
+  specs.push_back(KernelSpec::parse("fwd.f16.d64.br64.bc128.w4.softcap.rope_half_r64.split"));
+  // And the wgmma tiles whose producer rotates K at head dim 128 (NVRTC 13.0
+  // spills 16-24 bytes there, split or not, so it is not in the spill-free
+  // wgmma list).
+  specs.push_back(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.packgqa.split"));
   // Decoding: KV cache, paged, split, with and without RoPE on q; and the
   // append kernels that write new keys.
   for (int variant = 0; variant < 8; ++variant) {

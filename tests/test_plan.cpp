@@ -832,6 +832,102 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
                        doctest::Contains("page_size=48"), Error);
 }
 
+TEST_CASE("forward with a workspace splits calls whose tiles leave the GPU underused; without one nothing splits") {
+  const Arch hopper = Arch::parse("sm_90a"), ampere = Arch::parse("sm_80");
+  auto plan_split = [](const Call& c, const Arch& arch, void* workspace = nullptr, size_t bytes = 0,
+                       bool sizing_only = true) {
+    return plan_forward_split(c.q, c.k, c.v, c.out, &c.lse, c.options, workspace, bytes, sizing_only, arch, 227 * 1024,
+                              132);
+  };
+  // One token of 32 query heads over 32768 keys of 8 KV heads: 8 packed
+  // tiles alone. On sm_90a the wgmma tiles split 14 ways (112 CTAs: the
+  // fewest within 85% of the best wave), on sm_80 the 64-row mma.sync
+  // tiles 29 ways (two CTAs per SM).
+  Call decode;
+  decode.q = decode.out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 32, 128});
+  decode.k = decode.v = TensorView::contiguous(address(0x20000), DType::bf16, {1, 32768, 8, 128});
+  decode.lse = TensorView::contiguous(address(0x50000), DType::f32, {1, 32, 1});
+  SplitForwardPlan split = plan_split(decode, hopper);
+  CHECK(split.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.packgqa.split");
+  CHECK(split.attention.num_splits == 14);
+  CHECK(split.attention.grid == 14 * 8);
+  CHECK(split.attention.params.blocks_per_split == 256 / 14 + 1);
+  // fp32 outputs (256-byte aligned), then the LSEs, of every split × row × head.
+  CHECK(split.attention.partial_o_bytes == (14 * 32 * 128 * 4 + 255) / 256 * 256);
+  CHECK(split.attention.workspace_bytes == split.attention.partial_o_bytes + 14 * 32 * 4);
+  CHECK(split.combine.grid == 0);  // sizing only: no combine planned
+  CHECK(plan_split(decode, ampere).attention.spec.text() == "fwd.bf16.d128.br64.bc128.w4.packgqa.split");
+  CHECK(plan_split(decode, ampere).attention.num_splits == 29);
+  // The same call without a workspace: the tiles it always had, one split.
+  const ForwardPlan unsplit = decode.plan();
+  CHECK(unsplit.spec.text() == "fwd.bf16.d128.br128.bc64.w4.packgqa");
+  CHECK(unsplit.workspace_bytes == 0);
+  // With the workspace: partials in it, and the combine into out and lse.
+  const size_t bytes = split.attention.workspace_bytes;
+  split = plan_split(decode, hopper, address(0x100000), bytes, false);
+  CHECK(split.attention.params.partial_o == address(0x100000));
+  CHECK(reinterpret_cast<uintptr_t>(split.attention.params.partial_lse) ==
+        0x100000 + split.attention.partial_o_bytes);
+  CHECK(split.combine.grid > 0);
+  CHECK(split.combine.spec.text() == "combine.f32.bf16");
+  CHECK(split.combine.params.num_states == 14);
+  // Forced counts, and 1 for none.
+  decode.options.num_splits = 3;
+  CHECK(plan_split(decode, hopper).attention.num_splits == 3);
+  decode.options.num_splits = 1;
+  CHECK_FALSE(plan_split(decode, hopper).attention.spec.split);
+  CHECK(plan_split(decode, hopper).attention.workspace_bytes == 0);
+  decode.options.num_splits = 0;
+  // Grids that fill the GPU do not split, and keep plan_forward's kernel.
+  Call prefill;
+  prefill.q = prefill.out = TensorView::contiguous(address(0x10000), DType::bf16, {4, 4096, 32, 128});
+  prefill.k = prefill.v = TensorView::contiguous(address(0x20000), DType::bf16, {4, 4096, 8, 128});
+  prefill.lse = TensorView::contiguous(address(0x50000), DType::f32, {4, 32, 4096});
+  prefill.options.causal = true;
+  CHECK(plan_split(prefill, hopper).attention.spec == prefill.plan().spec);
+  CHECK(plan_split(prefill, hopper).attention.workspace_bytes == 0);
+  // 128 causal queries over 32768 keys: unpacked wgmma tiles, 4 splits.
+  Call chunk = decode;
+  chunk.q = chunk.out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 128, 32, 128});
+  chunk.lse = TensorView::contiguous(address(0x50000), DType::f32, {1, 32, 128});
+  chunk.options.causal = true;
+  CHECK(plan_split(chunk, hopper).attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.split");
+  CHECK(plan_split(chunk, hopper).attention.num_splits == 4);
+  // Kernels that do not split: head dims that are not a multiple of 8 run
+  // unsplit under the heuristic and refuse forced counts, as persistent grids do.
+  Call odd = decode;
+  odd.q = odd.out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 32, 59});
+  odd.k = odd.v = TensorView::contiguous(address(0x20000), DType::bf16, {1, 32768, 8, 59});
+  CHECK_FALSE(plan_split(odd, hopper).attention.spec.split);
+  odd.options.num_splits = 3;
+  CHECK_THROWS_WITH_AS(plan_split(odd, hopper), doctest::Contains("options.num_splits=3: fwd.bf16.d64"), Error);
+  Call persistent = prefill;
+  persistent.options.tiles = {128, 128, 8, 2, true, true};
+  persistent.options.num_splits = 2;
+  CHECK_THROWS_WITH_AS(plan_split(persistent, hopper), doctest::Contains("does not split (persistent grids"), Error);
+  // Forced counts need a workspace; a short or misaligned one is refused.
+  decode.options.num_splits = 3;
+  CHECK_THROWS_WITH_AS(decode.plan(), doctest::Contains("options.num_splits=3: splitting needs a workspace"), Error);
+  decode.options.num_splits = 129;
+  CHECK_THROWS_WITH_AS(plan_split(decode, hopper), doctest::Contains("options.num_splits=129 must be 0"), Error);
+  decode.options.num_splits = 0;
+  CHECK_THROWS_WITH_AS(plan_split(decode, hopper, address(0x100000), bytes - 1, false),
+                       doctest::Contains(fmt::format("workspace: {} bytes given; this call needs {} (ask "
+                                                     "forward_workspace_bytes)", bytes - 1, bytes).c_str()),
+                       Error);
+  CHECK_THROWS_WITH_AS(plan_split(decode, hopper, address(0x100080), bytes, false),
+                       doctest::Contains("256-byte aligned"), Error);
+  // forward_kvcache takes its count from its own arguments.
+  KVCacheArgs args;
+  args.k_cache = args.v_cache = decode.k;
+  args.cache_seqlens = TensorView::contiguous(address(0x60000), DType::i32, {1});
+  ForwardOptions options;
+  options.num_splits = 2;
+  CHECK_THROWS_WITH_AS(plan_kvcache(decode.q, args, decode.out, nullptr, options, nullptr, 0, true, hopper, 227 * 1024, 132),
+                       doctest::Contains("options.num_splits=2: forward_kvcache takes its split count from KVCacheArgs"),
+                       Error);
+}
+
 TEST_CASE("empty problems plan to an empty grid") {
   Call call;
   call.q.shape[1] = call.out.shape[1] = call.lse.shape[2] = 0;

@@ -68,6 +68,8 @@ typedef struct jitattn_fwd_options {
                        with a KV cache, stages > 0 and wgmma = 1 select this producer layout instead of the decode kernel */
   int32_t persistent; /* with forced wgmma tiles: 1 = a persistent grid of at most one CTA per SM (TileConfig::persistent) */
   int32_t sm_limit;   /* persistent grids use at most this many SMs; 0 = all (ForwardOptions::sm_limit) */
+  int32_t num_splits; /* jitattn_fwd_split: 0 = chosen by the library, 1 = no split, n = forced (<= 128);
+                         jitattn_fwd takes 0 or 1, jitattn_fwd_kvcache only 0 (it reads its args' num_splits) */
 } jitattn_fwd_options;
 
 JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);
@@ -79,6 +81,20 @@ JITATTN_C_API jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_
                                          const jitattn_tensor* v, const jitattn_tensor* out,
                                          const jitattn_tensor* lse,
                                          const jitattn_fwd_options* options, void* stream);
+
+/* jitattn_fwd with a workspace: calls whose tiles leave the GPU underused are split over
+ * their keys (fp32 partial results in the workspace, then a combine kernel), like
+ * FlashAttention's forward; options->num_splits may force a count. workspace: device
+ * memory of at least jitattn_fwd_workspace_bytes() for the same arguments, 256-byte
+ * aligned (may be NULL when that is 0). */
+JITATTN_C_API jitattn_status jitattn_fwd_split(const jitattn_tensor* q, const jitattn_tensor* k,
+                                               const jitattn_tensor* v, const jitattn_tensor* out,
+                                               const jitattn_tensor* lse, const jitattn_fwd_options* options,
+                                               void* workspace, size_t workspace_bytes, void* stream);
+JITATTN_C_API jitattn_status jitattn_fwd_workspace_bytes(const jitattn_tensor* q, const jitattn_tensor* k,
+                                                         const jitattn_tensor* v, const jitattn_tensor* out,
+                                                         const jitattn_tensor* lse,
+                                                         const jitattn_fwd_options* options, size_t* bytes);
 
 /* Varlen (packed sequences): q [total_q, Hq, D], k/v [total_k, Hkv, D], out like q,
  * lse (nullable) f32 [Hq, total_q]; cu_seqlens_q/k i32 [batch + 1] in device memory;

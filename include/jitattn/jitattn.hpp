@@ -70,9 +70,10 @@ struct TileConfig {
   // forward_kvcache: > 0 selects the decode kernel (each warp streams its
   // own chunks of block_kv keys through this many cp.async stages; block_q
   // is then the rows of its tile, 16 or 32), or with wgmma the producer
-  // layout below (chunked prefill; never split). 0: the planner picks the
-  // decode kernel for calls of at most 32 packed query rows, and on sm_90a
-  // the wgmma producer layout for chunks that fill the GPU with one split.
+  // layout below (chunked prefill, speculative decoding). 0: the planner
+  // picks the decode kernel for calls of at most 32 packed query rows (16
+  // above head_dim 128), and on sm_90a the wgmma producer layout for longer
+  // ones over enough keys.
   // forward and forward_varlen: > 0 (2-4, with warps = 8) selects the
   // producer layout: one more warpgroup copies K/V tiles (and rotates them
   // for RoPE) into this many shared-memory stages while the MMA warps
@@ -158,6 +159,12 @@ struct ForwardOptions {
   // at most this many SMs (0 = all of them): leaves SMs free for kernels
   // that run beside the attention, e.g. communication. Must be >= 0.
   int sm_limit = 0;
+  // Split-KV for forward() given a workspace: 0 lets the library choose, 1
+  // disables it, n forces n (<= 128; the splits' partial results are then
+  // merged by a second kernel). forward() without a workspace never splits,
+  // so n > 1 is rejected there; forward_kvcache reads KVCacheArgs::num_splits
+  // instead and rejects anything but 0 here.
+  int num_splits = 0;
 };
 
 enum class LogLevel : int { off = 0, error = 1, warn = 2, info = 3, debug = 4 };
@@ -252,6 +259,20 @@ class JITATTN_API Runtime {
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const TensorView* lse = nullptr, const ForwardOptions& options = {},
                Stream stream = nullptr);
+  // forward() with a workspace: calls whose tiles leave the GPU underused
+  // (few sequences and heads, short query sequences over long keys) are
+  // split over their keys like FlashAttention's forward (split-KV: fp32
+  // partial results in the workspace, then a combine kernel), and
+  // options.num_splits may force a count. workspace: device memory of at
+  // least forward_workspace_bytes() for the same arguments, 256-byte aligned
+  // (nullptr when that is 0); the library allocates nothing, so the launches
+  // can be captured in a graph.
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const TensorView* lse, const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+               Stream stream = nullptr);
+  size_t forward_workspace_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const TensorView* lse = nullptr,
+                                 const ForwardOptions& options = {});
 
   // Varlen: q [total_q, heads_q, head_dim], k/v [total_k, heads_kv, head_dim],
   // out like q, lse (optional) f32 [heads_q, total_q]. Options as forward();
@@ -324,6 +345,13 @@ JITATTN_API void configure(const Config& config);
 JITATTN_API void forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView* lse = nullptr,
                          const ForwardOptions& options = {}, Stream stream = nullptr);
+
+JITATTN_API void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                         const TensorView* lse, const ForwardOptions& options, void* workspace,
+                         size_t workspace_bytes, Stream stream = nullptr);
+JITATTN_API size_t forward_workspace_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                           const TensorView& out, const TensorView* lse = nullptr,
+                                           const ForwardOptions& options = {});
 
 JITATTN_API void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& out, const TensorView* lse, const VarlenArgs& varlen,
