@@ -1,4 +1,4 @@
-// Fused RoPE and packed GQA on a GPU. RoPE is checked against
+// Fused RoPE, packed GQA and split-KV dense calls on a GPU. RoPE is checked against
 // rotate-then-attend: the references rotate q and k on the host (float64 for
 // the exact one; fp32 angles and arithmetic, rounded to 16 bits, for the
 // yardstick) and then run plain attention. Packed GQA (the query heads of a KV
@@ -39,6 +39,9 @@ struct Case {
   // Tables stored with a NaN between rows: a row stride that is not a
   // multiple of 16 bytes (the kernels' pair-by-pair table loads).
   bool table_gap = false;
+  // Set: the forward overload with a workspace (sized by
+  // forward_workspace_bytes, poisoned), options.num_splits = the value.
+  std::optional<int> num_splits;
 };
 
 const char* angles_name(Angles a) {
@@ -55,13 +58,14 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   const auto& s = c.shape;
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window=({}, {}) softcap={} alibi={} "
-      "rope={} rotary_dim={} angles={} offsets={} pack_gqa={} heads_major={} sm_limit={} seed={}",
+      "rope={} rotary_dim={} angles={} offsets={} pack_gqa={} heads_major={} sm_limit={} num_splits={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch, s.seqlen_q, s.seqlen_k,
       s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.softcap, !s.alibi_slopes.empty(),
       !c.rope ? "off" : c.rotation.style == RopeStyle::rotate_half ? "rotate_half" : "interleaved",
       c.rotation.rotary_dim, fmt::format("{}{}", angles_name(c.angles), c.table_gap ? "+gap" : ""),
       static_cast<int>(c.offsets),
-      c.pack_gqa ? (*c.pack_gqa ? "on" : "off") : "auto", c.heads_major, c.sm_limit, seed);
+      c.pack_gqa ? (*c.pack_gqa ? "on" : "off") : "auto", c.heads_major, c.sm_limit,
+      c.num_splits ? fmt::format("{}", *c.num_splits) : "(no workspace)", seed);
 }
 
 struct Inputs {
@@ -198,6 +202,7 @@ References make_references(const Case& c, const Inputs& in) {
 struct KernelRun {
   std::vector<float> out, lse;
   std::string spec;
+  size_t workspace_bytes = 0;  // with a workspace: what forward_workspace_bytes asked for
 };
 
 KernelRun run_kernel(const Case& c, const Inputs& in) {
@@ -215,8 +220,18 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
   KernelRun run;
   run.spec = gpu_tests_runtime().spec_for(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view,
                                           views.options);
-  gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, views.options,
-                              nullptr);
+  if (c.num_splits) {
+    views.options.num_splits = *c.num_splits;
+    run.workspace_bytes = gpu_tests_runtime().forward_workspace_bytes(in.dq->view(), in.dk->view(), in.dv->view(),
+                                                                      out.view(), &lse_view, views.options);
+    DeviceBuffer workspace(std::max<size_t>(run.workspace_bytes, 256));
+    workspace.fill_bytes(0xff);
+    gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, views.options,
+                                run.workspace_bytes > 0 ? workspace.get() : nullptr, run.workspace_bytes, nullptr);
+  } else {
+    gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, views.options,
+                                nullptr);
+  }
   run.out = out.read();
   run.lse.resize(lse_count);
   lse.download(run.lse.data(), lse_count * 4);
@@ -486,6 +501,107 @@ TEST_CASE("persistent wgmma (sm_90a): CTAs walking many tiles, RoPE and plain, m
     CHECK_MESSAGE(run.spec.find(fmt::format(".w{}.s{}.wgmma.persistent", c.tiles.warps, c.tiles.stages)) !=
                       std::string::npos, run.spec);
   });
+}
+
+TEST_CASE("split-KV dense forward: FlashAttention's lengths, splits 1, 3 and heuristic, masks, modifiers, RoPE, GQA") {
+  // forward() with a workspace splits calls whose tiles leave the GPU
+  // underused (these have one or two sequences of 6 heads) over their keys:
+  // fp32 partials in the poisoned workspace, then the combine kernel. Rows
+  // that see no key (causal with more queries than keys) must come back 0
+  // with lse -inf through the combine. The planner's tiles (wgmma on
+  // sm_90a), and forced 4-warp mma.sync and wgmma tiles.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const bool hopper = current_arch() == "sm_90a";
+  const std::pair<int, int> seqlens[] = {{1, 239},    {3, 799},   {1, 1024},  {16, 4000}, {64, 2048},
+                                         {127, 513},  {113, 203}, {256, 128}, {1, 20000}, {40, 6000}};
+  const int head_dims[] = {128, 64, 96, 256, 32, 80, 192, 128};
+  const int split_choices[] = {0, 3, 1, 0, 5};
+  std::vector<Case> cases;
+  for (int index = 0; index < 40; ++index) {
+    const auto& [seqlen_q, seqlen_k] = seqlens[index % 10];
+    const int head_dim = head_dims[index % 8];
+    Case c;
+    c.dtype = index % 3 == 1 ? DType::f16 : DType::bf16;
+    c.shape = AttentionShape::dense(index % 4 == 3 ? 2 : 1, seqlen_q, seqlen_k, 6, index % 3 == 0 ? 6 : index % 3 == 1 ? 2 : 1,
+                                    head_dim, index % 2 == 0);
+    if (index % 9 == 4) c.shape.window_left = 300, c.shape.window_right = index % 2 == 0 ? 0 : 40;
+    if (index % 5 == 2) c.shape.softcap = 50.f;
+    if (index % 7 == 5) c.shape.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
+    c.rope = index % 4 == 1;
+    c.rotation.style = index % 8 == 1 ? RopeStyle::rotate_half : RopeStyle::interleaved;
+    c.rotation.rotary_dim = rotary_dim_for(index % 3 == 0 ? 0.5 : 1.0, head_dim);
+    c.rope = c.rope && c.rotation.rotary_dim > 0;
+    c.angles = index % 12 == 5 ? Angles::tables : Angles::theta;
+    c.offsets = index % 12 == 9 ? Offsets::keys : Offsets::none;
+    // Tables need explicit query positions when queries outnumber keys.
+    if (c.rope && c.angles == Angles::tables && seqlen_q > seqlen_k) c.offsets = Offsets::both;
+    c.heads_major = index % 6 == 3;
+    c.num_splits = split_choices[index % 5];
+    const int tile_kind = index / 10;  // 0, 1: the planner's; 2: 4-warp mma.sync; 3: wgmma (sm_90a)
+    if (tile_kind == 2) c.tiles = head_dim <= 128 ? TileConfig{64, 128, 4} : TileConfig{64, 64, 4};
+    if (tile_kind == 3 && hopper) c.tiles = {128, head_dim <= 128 ? 128 : 64, 8, 2, true};
+    cases.push_back(c);
+  }
+  int split_calls = 0;
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    // A forced count above one always splits (these calls have enough keys);
+    // 1 never does. The workspace is the partials: fp32 outputs and LSEs.
+    if (*c.num_splits > 1) CHECK_MESSAGE(run.workspace_bytes > 0, describe(c, run.spec, seed));
+    if (*c.num_splits == 1) CHECK_MESSAGE(run.workspace_bytes == 0, describe(c, run.spec, seed));
+    split_calls += run.workspace_bytes > 0;
+  });
+  // The heuristic splits most of these small grids too.
+  CHECK(split_calls >= 24);
+}
+
+TEST_CASE("split-KV dense forward: the workspace is checked before launch; without one nothing splits") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  Case c;
+  c.shape = AttentionShape::dense(1, 16, 4000, 8, 2, 128, true);
+  c.rope = false;
+  const Inputs in = make_inputs(c, rng);
+  const int64_t q_shape[4] = {1, 16, 8, 128};
+  int64_t out_strides[4];
+  contiguous_strides(q_shape, out_strides);
+  DeviceTensor out(c.dtype, q_shape, out_strides);
+  out.buffer.fill_bytes(0xff);
+  ForwardOptions options;
+  options.causal = true;
+  Runtime& runtime = gpu_tests_runtime();
+  const size_t bytes = runtime.forward_workspace_bytes(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr,
+                                                       options);
+  REQUIRE(bytes > 0);
+  DeviceBuffer workspace(bytes);
+  auto rejects = [&](void* data, size_t size, const char* message) {
+    CHECK_THROWS_WITH_AS(runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, data,
+                                         size, nullptr),
+                         doctest::Contains(message), Error);
+  };
+  rejects(workspace.get(), bytes - 1, "workspace: ");
+  rejects(nullptr, bytes, "workspace: data pointer must be non-null and 256-byte aligned");
+  rejects(static_cast<char*>(workspace.get()) + 128, bytes, "256-byte aligned");
+  options.num_splits = 129;
+  rejects(workspace.get(), bytes, "options.num_splits=129 must be 0 (heuristic) or 1 to 128");
+  options.num_splits = 3;
+  CHECK_THROWS_WITH_AS(runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options),
+                       doctest::Contains("options.num_splits=3: splitting needs a workspace"), Error);
+  // Nothing was written.
+  for (float x : out.read()) {
+    if (!std::isnan(x)) FAIL_CHECK("a rejected call wrote out");
+  }
+  // Without a workspace the same call runs unsplit and agrees.
+  options.num_splits = 0;
+  const References r = make_references(c, in);
+  runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options);
+  const std::vector<float> unsplit = out.read();
+  out.buffer.fill_bytes(0xff);
+  runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, workspace.get(), bytes);
+  const std::vector<float> split = out.read();
+  const std::vector<float> no_lse;
+  CHECK_MESSAGE(judge(c.shape, unsplit, no_lse, r.exact, r.rounded).ok(), describe(c, "unsplit", seed));
+  CHECK_MESSAGE(judge(c.shape, split, no_lse, r.exact, r.rounded).ok(), describe(c, "split", seed));
 }
 
 TEST_CASE("rope: 8192 keys at offsets up to 3000, both styles, partial rotation") {
