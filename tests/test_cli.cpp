@@ -224,7 +224,8 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   const std::vector<KernelSpec> specs = jitattn::cli::preset_specs("default", hopper);
   std::set<std::string> texts, all_texts;  // prefill specs; every spec
   for (const KernelSpec& spec : specs) {
-    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache) texts.insert(spec.text());
+    // Split specs are forward() with a workspace (checked below for llama3-8b).
+    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split) texts.insert(spec.text());
     all_texts.insert(spec.text());
     CHECK(KernelSpec::parse(spec.text()) == spec);
   }
@@ -263,7 +264,7 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   REQUIRE_FALSE(llama.empty());
   size_t llama_prefill = 0;
   for (const KernelSpec& spec : llama) {
-    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache) {
+    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split) {
       ++llama_prefill;
       CHECK(spec.dtype == jitattn::DType::bf16);
       CHECK(spec.head_dim == 128);
@@ -312,6 +313,22 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
           }
         }
       }
+    }
+  }
+  // Dense forward() calls with a workspace that split (one sequence of 1, 16
+  // and 128 queries, 4096 to 32768 keys) find their kernels warmed too.
+  for (int64_t seqlen_q : {1, 16, 128}) {
+    for (int64_t seqlen_k : {4096, 32768}) {
+      using jitattn::TensorView;
+      const TensorView q = TensorView::contiguous(address(0x10000), jitattn::DType::bf16, {1, seqlen_q, 32, 128});
+      const TensorView kv = TensorView::contiguous(address(0x20000), jitattn::DType::bf16, {1, seqlen_k, 8, 128});
+      jitattn::ForwardOptions options;
+      options.causal = true;
+      const auto plan = jitattn::detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0, true, hopper,
+                                                            227 * 1024, 132);
+      CHECK(plan.attention.spec.split);
+      CHECK_MESSAGE(std::find(llama.begin(), llama.end(), plan.attention.spec) != llama.end(),
+                    fmt::format("dense seqlen_q={} seqlen_k={}: {}", seqlen_q, seqlen_k, plan.attention.spec.text()));
     }
   }
   const std::vector<KernelSpec> bert = jitattn::cli::preset_specs("bert-base", hopper);

@@ -65,6 +65,27 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
   specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
 }
 
+// The kernels forward() with a workspace plans for `shape` where it splits
+// (32 query heads over 8 KV heads, one sequence over 32768 keys): 1 and 16
+// query tokens (packed GQA tiles) and 128 (unpacked), and the combine kernel.
+void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch,
+                           std::vector<detail::KernelSpec>& specs) {
+  const int max_smem = arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  for (int64_t seqlen_q : {1, 16, 128}) {
+    const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {1, seqlen_q, 32, shape.head_dim});
+    const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {1, 32768, 8, shape.head_dim});
+    ForwardOptions options;
+    options.causal = shape.causal;
+    if (shape.local) options.window_left = 4096;
+    if (shape.softcap) options.softcap = 50.f;
+    const detail::SplitForwardPlan plan =
+        detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem, 132);
+    specs.push_back(plan.attention.spec);
+  }
+  specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
+}
+
 std::string known_names() {
   std::string names;
   for (const Preset& preset : presets()) names += (names.empty() ? "" : ", ") + preset.name;
@@ -122,7 +143,10 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
         spec.validate();
         specs.push_back(spec);
       }
-      if (shape.decoder) add_kvcache_specs(shape, arch, specs);
+      if (shape.decoder) {
+        add_kvcache_specs(shape, arch, specs);
+        add_dense_split_specs(shape, arch, specs);
+      }
     }
     // Shapes share append and combine kernels: each spec once, in first-seen order.
     std::vector<detail::KernelSpec> unique;
