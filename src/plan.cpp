@@ -621,10 +621,17 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // Calls that may split over their keys (a KV cache, or a dense call given
   // a workspace) are sized by splits rather than tiles.
   const bool may_split = problem.may_split && !varlen;
-  if (problem.kvcache && ((options.tiles.stages != 0 && !options.tiles.wgmma) ||
-                          (!tiles_forced && options.pack_gqa.value_or(true) &&
-                           seqlen_q * group <= (kernel_dim > 128 ? 16 : 32) &&
-                           (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys)))) {
+  // The decode kernel takes calls of at most 32 packed query rows (16 above
+  // head dim 128): over a KV cache (pages of at least a chunk), or dense K/V
+  // without RoPE (it does not rotate keys) when the planner chooses.
+  const bool few_rows = !tiles_forced && options.pack_gqa.value_or(true) &&
+                        seqlen_q * group <= (kernel_dim > 128 ? 16 : 32);
+  const bool cache_decode =
+      problem.kvcache && ((options.tiles.stages != 0 && !options.tiles.wgmma) ||
+                          (few_rows && (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys)));
+  const bool dense_decode =
+      !problem.kvcache && !varlen && few_rows && options.tiles.stages == 0 && !has_rope && !unaligned;
+  if (cache_decode || dense_decode) {
     const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
     choose_decode_tiles(plan.spec, options.tiles, seqlen_q * group, problem.paged ? problem.page_shift : -1,
                         max_smem_bytes, decode_tiles, problem.sm_count, seqlen_k);
@@ -693,8 +700,8 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const bool short_rows_keep_mma_sync = !problem.paged && packed_rows() <= 64 &&
                                         ctas_of(64) >= 2 * static_cast<int64_t>(problem.sm_count);
   const bool cache_prefill = problem.kvcache && plan.spec.family == Family::fwd && !short_rows_keep_mma_sync;
-  const bool choose =
-      !tiles_forced && options.tiles.stages == 0 && (!problem.kvcache || cache_prefill) && hopper && !unaligned;
+  const bool choose = !tiles_forced && options.tiles.stages == 0 && plan.spec.family == Family::fwd &&
+                      (!problem.kvcache || cache_prefill) && hopper && !unaligned;
   std::optional<TileConfig> wgmma;
   if (!unaligned) wgmma = wgmma_tiles(kernel_dim, has_rope, arch, problem.paged);
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)

@@ -193,6 +193,7 @@ std::string KernelSpec::text() const {
   if (rope_tables) out += ".rope_tables";
   if (pack_gqa && !decode) out += ".packgqa";
   if (kvcache && !decode) out += ".kvcache";
+  if (decode && !kvcache) out += ".dense";
   if (paged) out += ".paged";
   if (split) out += ".split";
   if (padded) out += ".padded";
@@ -247,6 +248,12 @@ KernelSpec KernelSpec::parse(std::string_view text) {
       spec.rope = half ? RopeKind::half : RopeKind::interleaved;
       continue;
     }
+    if (fields[i] == "dense") {
+      // A decode spec over a dense call's K/V rather than a KV cache.
+      if (!decode || !spec.kvcache) bad_spec(text, "flag 'dense' applies to a decode spec, once");
+      spec.kvcache = false;
+      continue;
+    }
     bool* flag = fields[i] == "wgmma"     ? &spec.wgmma
                  : fields[i] == "persistent" ? &spec.persistent
                  : fields[i] == "causal"  ? &spec.causal
@@ -264,11 +271,12 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     if (decode && (flag == &spec.varlen || flag == &spec.pack_gqa || flag == &spec.kvcache || flag == &spec.wgmma ||
                    flag == &spec.persistent)) {
       bad_spec(text, fmt::format("flag '{}' does not apply to a decode spec (packgqa and kvcache are implied, "
-                                 "varlen is unsupported)", fields[i]));
+                                 "dense replaces the cache by K/V tensors, varlen is unsupported)", fields[i]));
     }
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, softcap, alibi, rope_half_rN, "
-                                 "rope_interleaved_rN, rope_tables, packgqa, kvcache, paged, split, padded, varlen, unaligned_dN)",
+                                 "rope_interleaved_rN, rope_tables, packgqa, kvcache, dense, paged, split, padded, varlen, "
+                                 "unaligned_dN)",
                                  fields[i]));
     }
     *flag = true;
@@ -408,7 +416,12 @@ void KernelSpec::validate() const {
 
 template <class Fail>
 void KernelSpec::validate_decode(const Fail& fail) const {
-  if (!pack_gqa || !kvcache) fail(ErrorCode::invalid_argument, "a decode spec packs GQA heads and reads a KV cache");
+  if (!pack_gqa) fail(ErrorCode::invalid_argument, "a decode spec packs GQA heads");
+  // templates/fwd_decode.cuh: dense keys are read as they are.
+  if (!kvcache && (paged || rope != RopeKind::none)) {
+    fail(ErrorCode::unsupported, "dense (K/V tensors, not a cache) takes no paged and no rope: the decode kernel "
+                                 "does not rotate keys");
+  }
   if (varlen) fail(ErrorCode::unsupported, "decode does not combine with varlen");
   if (block_q != 16 && block_q != 32) fail(ErrorCode::unsupported, fmt::format("br={} is not one of 16, 32", block_q));
   if (block_kv != 16 && block_kv != 32 && block_kv != 64) {

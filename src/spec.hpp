@@ -18,11 +18,12 @@ namespace jitattn::detail {
 // append: writes new keys (rotated with RoPE) and values into a KV cache; its
 // spec is append.<dtype>[.rope_half_rN|.rope_interleaved_rN][.rope_tables][.paged]
 // and uses dtype, rope, rotary_dim, rope_tables and paged.
-// decode: flash decoding for KV-cache calls with few (packed) query rows
+// decode: flash decoding for calls with few (packed) query rows
 // (templates/fwd_decode.cuh): block_q is the rows of its tile (16 or 32),
 // block_kv the keys of one warp's chunk, `stages` each warp's pipeline depth;
-// its text is decode.<dtype>.dN.brN.bcN.wN.sN[flags], and pack_gqa and
-// kvcache are implied (always set, never printed).
+// its text is decode.<dtype>.dN.brN.bcN.wN.sN[flags], and pack_gqa is
+// implied (always set, never printed), as is kvcache unless the flag
+// `dense` says the keys are a dense call's K/V (kvcache false).
 enum class Family : uint8_t { fwd = 0, combine = 1, append = 2, decode = 3 };
 
 // RoPE pairing (templates/rope.cuh): rotate-half (GPT-NeoX, Llama) pairs
@@ -81,7 +82,7 @@ struct KernelSpec {
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order wgmma, persistent, causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
-  // rope_tables, packgqa, kvcache, paged, split, padded, varlen, unaligned_dN), "combine.f32.bf16"
+  // rope_tables, packgqa, kvcache|dense, paged, split, padded, varlen, unaligned_dN), "combine.f32.bf16"
   // (".elementwise" last where set).
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.

@@ -7,7 +7,8 @@ using Config = jitattn::DecodeConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}
                                      /*KEYS=*/{block_kv}, /*WARPS=*/{warps}, /*STAGES=*/{stages},
                                      /*MASK=*/jitattn::{mask}, /*SOFTCAP=*/{softcap}, /*ALIBI=*/{alibi},
                                      /*PADDED=*/{padded}, /*ROPE=*/jitattn::{rope}, /*ROTARY_DIM=*/{rotary_dim},
-                                     /*ROPE_TABLES=*/{rope_tables}, /*PAGED=*/{paged}, /*SPLIT=*/{split}>;
+                                     /*ROPE_TABLES=*/{rope_tables}, /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged},
+                                     /*SPLIT=*/{split}>;
 
 extern "C" __global__ void __launch_bounds__(Config::kCtaThreads)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{

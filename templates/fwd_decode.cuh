@@ -13,6 +13,10 @@
 // A chunk never straddles a page of a paged cache (pages are powers of two of
 // at least KEYS rows and chunks start at multiples of KEYS), so a paged cache
 // costs one block-table read per chunk, read one chunk ahead.
+//
+// Without KVCACHE the keys are a dense call's K/V ([batch, seqlen_k], every
+// sequence seqlen_k long): forward() with few query rows. Those keys are not
+// rotated, so that variant takes no RoPE.
 #pragma once
 
 #include "fwd_prefill.cuh"
@@ -23,12 +27,12 @@ namespace jitattn {
 // blocks), so the prefill kernel's MMA, mask and softmax steps apply as they
 // are; the CTA-wide constants are added here.
 template <class Element_, int HEAD_DIM, int ROWS, int KEYS, int WARPS, int STAGES, int MASK, bool SOFTCAP, bool ALIBI,
-          bool PADDED, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool PAGED, bool SPLIT>
+          bool PADDED, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE, bool PAGED, bool SPLIT>
 struct DecodeConfig
     : FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, /*WARPS=*/1, MASK, SOFTCAP, ALIBI, PADDED, /*VARLEN=*/false,
-                /*PACK_GQA=*/true, ROPE, ROTARY_DIM, ROPE_TABLES, /*KVCACHE=*/true, PAGED, SPLIT> {
+                /*PACK_GQA=*/true, ROPE, ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT> {
   using Warp = FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, 1, MASK, SOFTCAP, ALIBI, PADDED, false, true, ROPE, ROTARY_DIM,
-                         ROPE_TABLES, true, PAGED, SPLIT>;
+                         ROPE_TABLES, KVCACHE, PAGED, SPLIT>;
   static constexpr int kStreams = WARPS;  // warps, each streaming its own chunks
   static constexpr int kStages = STAGES;
   static constexpr int kCtaThreads = WARPS * 32;
@@ -41,6 +45,7 @@ struct DecodeConfig
   static constexpr int kStepKeys = WARPS * KEYS;
 
   static_assert(STAGES >= 2, "a pipeline needs a stage being read and one being filled");
+  static_assert(KVCACHE || (ROPE == 0 && !PAGED), "dense keys: no pages, and no RoPE (keys are not rotated here)");
   static_assert(KEYS * Warp::kChunksPerRow % 32 == 0, "chunk copies are whole warp passes");
   // The merge reuses the pipeline: WARPS fp32 [ROWS][HEAD_DIM] accumulators.
   static_assert(WARPS * ROWS * HEAD_DIM * 4 <= kPipelineBytes, "merge buffer fits in the pipeline");
@@ -89,8 +94,8 @@ __device__ void fwd_decode(const FwdParams& p) {
   const int warp = threadIdx.x >> 5;
   const int chunks_valid = Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
 
-  const int seqlen_k = p.seqused_k[batch] + p.seqlen_k_added;
-  const int cache_batch = p.kv_batch_index != nullptr ? p.kv_batch_index[batch] : batch;
+  const int seqlen_k = Cfg::kKVCache ? p.seqused_k[batch] + p.seqlen_k_added : p.seqlen_k;
+  const int cache_batch = Cfg::kKVCache && p.kv_batch_index != nullptr ? p.kv_batch_index[batch] : batch;
   // Paged: the batch strides are page strides, applied per chunk.
   const long long k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
   const long long v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;

@@ -539,6 +539,12 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
       ++variant;
       specs.push_back(spec);
     }
+  // The decode kernel over a dense call's K/V (forward with few query rows).
+  for (const char* text : {"decode.bf16.d128.br16.bc32.w4.s2.dense.split", "decode.f16.d64.br32.bc64.w4.s2.causal.dense",
+                           "decode.bf16.d256.br16.bc16.w4.s2.local.softcap.alibi.dense.split",
+                           "decode.bf16.d96.br16.bc32.w2.s3.padded.dense"}) {
+    specs.push_back(KernelSpec::parse(text));
+  }
   specs.push_back(KernelSpec::append(DType::bf16, RopeKind::none, 0, false, false));
   specs.push_back(KernelSpec::append(DType::f16, RopeKind::half, 64, false, true));
   specs.push_back(KernelSpec::append(DType::bf16, RopeKind::interleaved, 128, true, false));

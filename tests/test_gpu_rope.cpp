@@ -228,6 +228,8 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
     workspace.fill_bytes(0xff);
     gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, views.options,
                                 run.workspace_bytes > 0 ? workspace.get() : nullptr, run.workspace_bytes, nullptr);
+    // spec_for plans without a workspace: the kernel that ran is that one, split.
+    if (run.workspace_bytes > 0) run.spec += " (with .split)";
   } else {
     gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, views.options,
                                 nullptr);
@@ -508,18 +510,20 @@ TEST_CASE("split-KV dense forward: FlashAttention's lengths, splits 1, 3 and heu
   // underused (these have one or two sequences of 6 heads) over their keys:
   // fp32 partials in the poisoned workspace, then the combine kernel. Rows
   // that see no key (causal with more queries than keys) must come back 0
-  // with lse -inf through the combine. The planner's tiles (wgmma on
-  // sm_90a), and forced 4-warp mma.sync and wgmma tiles.
+  // with lse -inf through the combine. The planner's kernels (the decode
+  // kernel over dense K/V for at most 32 packed rows without RoPE, wgmma
+  // tiles on sm_90a), and forced 4-warp mma.sync and wgmma tiles.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const bool hopper = current_arch() == "sm_90a";
-  const std::pair<int, int> seqlens[] = {{1, 239},    {3, 799},   {1, 1024},  {16, 4000}, {64, 2048},
-                                         {127, 513},  {113, 203}, {256, 128}, {1, 20000}, {40, 6000}};
+  // (4, 3): causal rows that see no key on the decode kernel.
+  const std::pair<int, int> seqlens[] = {{1, 239},   {3, 799},   {1, 1024},  {16, 4000}, {64, 2048}, {127, 513},
+                                         {113, 203}, {256, 128}, {1, 20000}, {40, 6000}, {4, 3}};
   const int head_dims[] = {128, 64, 96, 256, 32, 80, 192, 128};
   const int split_choices[] = {0, 3, 1, 0, 5};
   std::vector<Case> cases;
-  for (int index = 0; index < 40; ++index) {
-    const auto& [seqlen_q, seqlen_k] = seqlens[index % 10];
+  for (int index = 0; index < 44; ++index) {
+    const auto& [seqlen_q, seqlen_k] = seqlens[index % 11];
     const int head_dim = head_dims[index % 8];
     Case c;
     c.dtype = index % 3 == 1 ? DType::f16 : DType::bf16;
@@ -538,21 +542,26 @@ TEST_CASE("split-KV dense forward: FlashAttention's lengths, splits 1, 3 and heu
     if (c.rope && c.angles == Angles::tables && seqlen_q > seqlen_k) c.offsets = Offsets::both;
     c.heads_major = index % 6 == 3;
     c.num_splits = split_choices[index % 5];
-    const int tile_kind = index / 10;  // 0, 1: the planner's; 2: 4-warp mma.sync; 3: wgmma (sm_90a)
+    const int tile_kind = index / 11;  // 0, 1: the planner's; 2: 4-warp mma.sync; 3: wgmma (sm_90a)
     if (tile_kind == 2) c.tiles = head_dim <= 128 ? TileConfig{64, 128, 4} : TileConfig{64, 64, 4};
     if (tile_kind == 3 && hopper) c.tiles = {128, head_dim <= 128 ? 128 : 64, 8, 2, true};
     cases.push_back(c);
   }
-  int split_calls = 0;
+  int split_calls = 0, decode_calls = 0;
   check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
-    // A forced count above one always splits (these calls have enough keys);
-    // 1 never does. The workspace is the partials: fp32 outputs and LSEs.
-    if (*c.num_splits > 1) CHECK_MESSAGE(run.workspace_bytes > 0, describe(c, run.spec, seed));
+    // A forced count above one splits calls of more than one key step (at
+    // most 256 keys); 1 never splits. The workspace is the partials: fp32
+    // outputs and LSEs.
+    if (*c.num_splits > 1 && c.shape.seqlen_k > 256) {
+      CHECK_MESSAGE(run.workspace_bytes > 0, describe(c, run.spec, seed));
+    }
     if (*c.num_splits == 1) CHECK_MESSAGE(run.workspace_bytes == 0, describe(c, run.spec, seed));
     split_calls += run.workspace_bytes > 0;
+    decode_calls += run.spec.rfind("decode.", 0) == 0;
   });
   // The heuristic splits most of these small grids too.
   CHECK(split_calls >= 24);
+  CHECK(decode_calls >= 6);
 }
 
 TEST_CASE("split-KV dense forward: the workspace is checked before launch; without one nothing splits") {
@@ -665,7 +674,8 @@ TEST_CASE("pack_gqa: GQA/MQA tiles shared by a KV head's query heads, with masks
     }
   }
   check_cases(cases, rng, seed, [](const Case&, const KernelRun& run) {
-    CHECK_MESSAGE(run.spec.find(".packgqa") != std::string::npos, run.spec);
+    // The decode kernel (at most 32 packed rows) always packs.
+    CHECK_MESSAGE((run.spec.find(".packgqa") != std::string::npos || run.spec.rfind("decode.", 0) == 0), run.spec);
   });
 }
 

@@ -75,11 +75,15 @@ TEST_CASE("forced tiles and scale are used") {
 }
 
 TEST_CASE("GQA: short query sequences pack a KV head's query heads into one tile, unless told otherwise") {
-  Call call;
-  call.q.shape[1] = call.out.shape[1] = call.lse.shape[2] = 3;  // 3 queries × 4 heads per KV head
-  call.q.strides[0] = call.out.strides[0] = 3 * 8 * 128;
-  call.lse.strides[0] = 8 * 3;
-  call.lse.strides[1] = 3;
+  auto with_queries = [](int64_t seqlen_q) {
+    Call call;
+    call.q.shape[1] = call.out.shape[1] = call.lse.shape[2] = seqlen_q;
+    call.q.strides[0] = call.out.strides[0] = seqlen_q * 8 * 128;
+    call.lse.strides[0] = 8 * seqlen_q;
+    call.lse.strides[1] = seqlen_q;
+    return call;
+  };
+  Call call = with_queries(12);  // 12 queries × 4 heads per KV head: 48 rows
   ForwardPlan plan = call.plan();
   CHECK(plan.spec.pack_gqa);
   CHECK(plan.spec.text().find(".packgqa") != std::string::npos);
@@ -89,6 +93,15 @@ TEST_CASE("GQA: short query sequences pack a KV head's query heads into one tile
   plan = call.plan();
   CHECK_FALSE(plan.spec.pack_gqa);
   CHECK(plan.grid == 1 * 8 * 2);
+  // At most 32 packed rows (3 queries × 4 heads) take the decode kernel,
+  // which always packs; unpacked they take the prefill tiles.
+  call = with_queries(3);
+  plan = call.plan();
+  CHECK(plan.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.dense");
+  CHECK(plan.grid == 1 * 2 * 2);
+  call.options.pack_gqa = false;
+  CHECK(call.plan().spec.family == Family::fwd);
+  CHECK(call.plan().grid == 1 * 8 * 2);
   // Long sequences fill their tiles: no packing unless forced.
   Call long_call;
   CHECK_FALSE(long_call.plan().spec.pack_gqa);
@@ -839,16 +852,17 @@ TEST_CASE("forward with a workspace splits calls whose tiles leave the GPU under
     return plan_forward_split(c.q, c.k, c.v, c.out, &c.lse, c.options, workspace, bytes, sizing_only, arch, 227 * 1024,
                               132);
   };
-  // One token of 32 query heads over 32768 keys of 8 KV heads: 8 packed
-  // tiles alone. On sm_90a the wgmma tiles split 14 ways (112 CTAs: the
-  // fewest within 85% of the best wave), on sm_80 the 64-row mma.sync
-  // tiles 29 ways (two CTAs per SM).
+  // One token of 32 query heads over 32768 keys of 8 KV heads: 4 packed
+  // rows per KV head, the decode kernel over dense K/V (8 CTAs alone), split
+  // 14 ways (112 CTAs: the fewest within 85% of the best wave) in steps of
+  // 4 warps × 32 keys, on sm_90a and sm_80 alike.
   Call decode;
   decode.q = decode.out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 32, 128});
   decode.k = decode.v = TensorView::contiguous(address(0x20000), DType::bf16, {1, 32768, 8, 128});
   decode.lse = TensorView::contiguous(address(0x50000), DType::f32, {1, 32, 1});
   SplitForwardPlan split = plan_split(decode, hopper);
-  CHECK(split.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.packgqa.split");
+  CHECK(split.attention.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.dense.split");
+  CHECK_FALSE(split.attention.spec.kvcache);
   CHECK(split.attention.num_splits == 14);
   CHECK(split.attention.grid == 14 * 8);
   CHECK(split.attention.params.blocks_per_split == 256 / 14 + 1);
@@ -856,12 +870,20 @@ TEST_CASE("forward with a workspace splits calls whose tiles leave the GPU under
   CHECK(split.attention.partial_o_bytes == (14 * 32 * 128 * 4 + 255) / 256 * 256);
   CHECK(split.attention.workspace_bytes == split.attention.partial_o_bytes + 14 * 32 * 4);
   CHECK(split.combine.grid == 0);  // sizing only: no combine planned
-  CHECK(plan_split(decode, ampere).attention.spec.text() == "fwd.bf16.d128.br64.bc128.w4.packgqa.split");
-  CHECK(plan_split(decode, ampere).attention.num_splits == 29);
-  // The same call without a workspace: the tiles it always had, one split.
+  CHECK(plan_split(decode, ampere).attention.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.dense.split");
+  // The same call without a workspace: the decode kernel, one split.
   const ForwardPlan unsplit = decode.plan();
-  CHECK(unsplit.spec.text() == "fwd.bf16.d128.br128.bc64.w4.packgqa");
+  CHECK(unsplit.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.dense");
   CHECK(unsplit.workspace_bytes == 0);
+  // With RoPE (the decode kernel does not rotate keys) the prefill tiles
+  // take it: wgmma on sm_90a, split 14 ways; 64-row mma.sync tiles on sm_80,
+  // 29 ways (two CTAs per SM).
+  Call rotated = decode;
+  rotated.options.rope.style = RopeStyle::rotate_half;
+  CHECK(plan_split(rotated, hopper).attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.rope_half_r128.packgqa.split");
+  CHECK(plan_split(rotated, hopper).attention.num_splits == 14);
+  CHECK(plan_split(rotated, ampere).attention.spec.text() == "fwd.bf16.d128.br64.bc128.w4.rope_half_r128.packgqa.split");
+  CHECK(plan_split(rotated, ampere).attention.num_splits == 29);
   // With the workspace: partials in it, and the combine into out and lse.
   const size_t bytes = split.attention.workspace_bytes;
   split = plan_split(decode, hopper, address(0x100000), bytes, false);
@@ -871,6 +893,7 @@ TEST_CASE("forward with a workspace splits calls whose tiles leave the GPU under
   CHECK(split.combine.grid > 0);
   CHECK(split.combine.spec.text() == "combine.f32.bf16");
   CHECK(split.combine.params.num_states == 14);
+  CHECK(split.attention.params.seqlen_k == 32768);  // dense keys: one length for every sequence
   // Forced counts, and 1 for none.
   decode.options.num_splits = 3;
   CHECK(plan_split(decode, hopper).attention.num_splits == 3);

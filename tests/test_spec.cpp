@@ -85,6 +85,8 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
                          "decode.bf16.d128.br16.bc32.w4.s4",
                          "decode.f16.d64.br32.bc16.w2.s8.causal.softcap.alibi.rope_interleaved_r64.rope_tables.paged.split",
                          "decode.bf16.d256.br16.bc16.w8.s2.local.padded",
+                         "decode.bf16.d128.br16.bc16.w4.s4.dense",
+                         "decode.f16.d64.br32.bc64.w4.s2.causal.softcap.alibi.dense.split",
                          "append.bf16",
                          "append.f16.rope_interleaved_r64.rope_tables.paged",
                          "append.bf16.rope_half_r128",
@@ -111,6 +113,19 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
                        Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.kvcache"),
                        doctest::Contains("flag 'kvcache' does not apply to a decode spec"), Error);
+  // dense: a dense call's K/V instead of a cache, read as they are.
+  const KernelSpec dense = KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.dense");
+  CHECK_FALSE(dense.kvcache);
+  CHECK(dense.pack_gqa);
+  CHECK(dense.packed() != decode.packed());
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.rope_half_r128.dense"),
+                       doctest::Contains("dense (K/V tensors, not a cache) takes no paged and no rope"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.dense.paged"),
+                       doctest::Contains("takes no paged"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.dense.dense"),
+                       doctest::Contains("flag 'dense' applies to a decode spec, once"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.dense"),
+                       doctest::Contains("flag 'dense' applies to a decode spec"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.varlen"),
                        doctest::Contains("flag 'varlen' does not apply"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br64.bc16.w4.s4"), doctest::Contains("br=64 is not one of 16, 32"),
