@@ -564,7 +564,7 @@ TEST_CASE("split-KV dense forward: FlashAttention's lengths, splits 1, 3 and heu
   CHECK(decode_calls >= 6);
 }
 
-TEST_CASE("split-KV dense forward: the workspace is checked before launch; without one nothing splits") {
+TEST_CASE("split-KV dense forward: the workspace is checked before launch; graph-capturable; without one nothing splits") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   Case c;
@@ -611,6 +611,24 @@ TEST_CASE("split-KV dense forward: the workspace is checked before launch; witho
   const std::vector<float> no_lse;
   CHECK_MESSAGE(judge(c.shape, unsplit, no_lse, r.exact, r.rounded).ok(), describe(c, "unsplit", seed));
   CHECK_MESSAGE(judge(c.shape, split, no_lse, r.exact, r.rounded).ok(), describe(c, "split", seed));
+  // Once warm, the two launches (attention, combine) capture into a graph.
+  const auto& d = detail::driver();
+  CUstream stream = nullptr;
+  REQUIRE(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  out.buffer.fill_bytes(0xff);
+  CUgraph graph = nullptr;
+  REQUIRE(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, workspace.get(), bytes,
+                  stream);
+  REQUIRE(d.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  REQUIRE(d.cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS);
+  REQUIRE(d.cuGraphLaunch(exec, stream) == CUDA_SUCCESS);
+  REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+  CHECK(out.read() == split);
+  d.cuGraphExecDestroy(exec);
+  d.cuGraphDestroy(graph);
+  d.cuStreamDestroy(stream);
 }
 
 TEST_CASE("rope: 8192 keys at offsets up to 3000, both styles, partial rotation") {
