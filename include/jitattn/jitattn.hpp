@@ -323,7 +323,9 @@ class JITATTN_API Runtime {
   // warm("combine.f32.bf16", "sm_90a"). Needs no GPU.
   WarmResult warm(const std::string& spec_text, const std::string& arch);
 
-  // The kernel spec text a forward call with these arguments would use.
+  // The kernel spec text a forward call with these arguments would use
+  // (without a workspace; with one the call may split: the same text plus
+  // ".split", which `jitattn warm` takes like any other).
   std::string spec_for(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView* lse = nullptr,
                        const ForwardOptions& options = {});
