@@ -224,8 +224,11 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   const std::vector<KernelSpec> specs = jitattn::cli::preset_specs("default", hopper);
   std::set<std::string> texts, all_texts;  // prefill specs; every spec
   for (const KernelSpec& spec : specs) {
-    // Split specs are forward() with a workspace (checked below for llama3-8b).
-    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split) texts.insert(spec.text());
+    // Split and packed-GQA specs are forward() with few query rows (checked
+    // below for llama3-8b).
+    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split && !spec.pack_gqa) {
+      texts.insert(spec.text());
+    }
     all_texts.insert(spec.text());
     CHECK(KernelSpec::parse(spec.text()) == spec);
   }
@@ -264,7 +267,7 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   REQUIRE_FALSE(llama.empty());
   size_t llama_prefill = 0;
   for (const KernelSpec& spec : llama) {
-    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split) {
+    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split && !spec.pack_gqa) {
       ++llama_prefill;
       CHECK(spec.dtype == jitattn::DType::bf16);
       CHECK(spec.head_dim == 128);
@@ -315,8 +318,9 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
       }
     }
   }
-  // Dense forward() calls with a workspace that split (one sequence of 1, 16
-  // and 128 queries, 4096 to 32768 keys) find their kernels warmed too.
+  // Dense forward() calls with few query rows (one sequence of 1, 16 and 128
+  // queries, 4096 to 32768 keys), split with a workspace or not, find their
+  // kernels warmed too.
   for (int64_t seqlen_q : {1, 16, 128}) {
     for (int64_t seqlen_k : {4096, 32768}) {
       using jitattn::TensorView;
@@ -329,6 +333,11 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
       CHECK(plan.attention.spec.split);
       CHECK_MESSAGE(std::find(llama.begin(), llama.end(), plan.attention.spec) != llama.end(),
                     fmt::format("dense seqlen_q={} seqlen_k={}: {}", seqlen_q, seqlen_k, plan.attention.spec.text()));
+      // And without a workspace.
+      const KernelSpec unsplit =
+          jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, hopper, 227 * 1024, 132).spec;
+      CHECK_MESSAGE(std::find(llama.begin(), llama.end(), unsplit) != llama.end(),
+                    fmt::format("dense seqlen_q={} seqlen_k={} unsplit: {}", seqlen_q, seqlen_k, unsplit.text()));
     }
   }
   const std::vector<KernelSpec> bert = jitattn::cli::preset_specs("bert-base", hopper);

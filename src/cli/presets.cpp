@@ -65,9 +65,10 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
   specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
 }
 
-// The kernels forward() with a workspace plans for `shape` where it splits
-// (32 query heads over 8 KV heads, one sequence over 32768 keys): 1 and 16
-// query tokens (packed GQA tiles) and 128 (unpacked), and the combine kernel.
+// The kernels forward() plans for `shape` with few query rows (32 query
+// heads over 8 KV heads, one sequence over 32768 keys): 1 and 16 query
+// tokens (the decode kernel over dense K/V; packed GQA tiles) and 128
+// (unpacked), with a workspace (split) and without, and the combine kernel.
 void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch,
                            std::vector<detail::KernelSpec>& specs) {
   const int max_smem = arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
@@ -82,6 +83,7 @@ void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch
     const detail::SplitForwardPlan plan =
         detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem, 132);
     specs.push_back(plan.attention.spec);
+    specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
   }
   specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
 }
