@@ -445,8 +445,6 @@ struct Problem {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   bool sizing_only = false;  // *_workspace_bytes: no workspace yet
-  const char* workspace_query = "kvcache_workspace_bytes";  // named in errors
-  const char* num_splits_name = "num_splits";
 };
 
 void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
@@ -897,9 +895,12 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // mma.sync tiles and the wgmma tiles in an ordinary grid with aligned rows.
   const bool splittable = plan.spec.family == Family::decode ||
                           ((plan.spec.stages == 0 || plan.spec.wgmma) && !plan.spec.persistent && !unaligned);
+  // Errors name the entry point's own argument and sizing function.
+  const char* num_splits_name = problem.kvcache ? "num_splits" : "options.num_splits";
+  const char* workspace_query = problem.kvcache ? "kvcache_workspace_bytes" : "forward_workspace_bytes";
   if (may_split && !splittable && problem.num_splits > 1) {
     reject(fmt::format("{}={}: {} does not split (persistent grids, the mma.sync producer layout and head dims that "
-                       "are not a multiple of 8 do not)", problem.num_splits_name, problem.num_splits, plan.spec.text()));
+                       "are not a multiple of 8 do not)", num_splits_name, problem.num_splits, plan.spec.text()));
   }
   if (may_split && splittable) {
     // Split-KV when the tiles alone leave the GPU underused.
@@ -931,7 +932,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
       if (!problem.sizing_only) {
         if (problem.workspace_bytes < plan.workspace_bytes) {
           reject(fmt::format("workspace: {} bytes given; this call needs {} (ask {})", problem.workspace_bytes,
-                             plan.workspace_bytes, problem.workspace_query));
+                             plan.workspace_bytes, workspace_query));
         }
         if (problem.workspace == nullptr || reinterpret_cast<uintptr_t>(problem.workspace) % 256 != 0) {
           reject("workspace: data pointer must be non-null and 256-byte aligned");
@@ -1048,11 +1049,9 @@ SplitForwardPlan plan_forward_split(const TensorView& q, const TensorView& k, co
   check_num_splits("options.num_splits", options.num_splits);
   problem.may_split = true;
   problem.num_splits = options.num_splits;
-  problem.num_splits_name = "options.num_splits";
   problem.workspace = workspace;
   problem.workspace_bytes = workspace_bytes;
   problem.sizing_only = sizing_only;
-  problem.workspace_query = "forward_workspace_bytes";
   SplitForwardPlan plan;
   plan.attention = plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
   if (plan.attention.spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, q, out, lse);

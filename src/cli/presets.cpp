@@ -8,6 +8,14 @@
 namespace jitattn::cli {
 namespace {
 
+// Opt-in shared memory per block: Hopper 227 KB, A100 163 KB, other sm_8x 99 KB.
+int max_smem_of(const detail::Arch& arch) {
+  return arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
+}
+
+// Fake device addresses: planning never dereferences them.
+void* address(uintptr_t a) { return reinterpret_cast<void*>(a); }
+
 // The head dims most models use, both dtypes, causal and not: the safe choice
 // when the models to serve are not known yet.
 std::vector<AttentionShape> all_generated_shapes() {
@@ -28,10 +36,8 @@ std::vector<AttentionShape> all_generated_shapes() {
 // ones; a contiguous cache and pages of 16 and 64 rows each; and the
 // combine kernel.
 void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
-  // Opt-in shared memory per block: Hopper 227 KB, A100 163 KB, other sm_8x 99 KB.
-  const int max_smem = arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
+  const int max_smem = max_smem_of(arch);
   const int heads_kv = 8, heads_q = 32;
-  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
   struct Call {
     int64_t batch, seqlen_q, capacity;
     int splits;
@@ -71,8 +77,7 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
 // (unpacked), with a workspace (split) and without, and the combine kernel.
 void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch,
                            std::vector<detail::KernelSpec>& specs) {
-  const int max_smem = arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
-  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  const int max_smem = max_smem_of(arch);
   for (int64_t seqlen_q : {1, 16, 128}) {
     const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {1, seqlen_q, 32, shape.head_dim});
     const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {1, 32768, 8, shape.head_dim});
