@@ -242,6 +242,24 @@ void Runtime::forward_varlen(const TensorView& q, const TensorView& k, const Ten
   }, stream);
 }
 
+void Runtime::forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                             const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
+                             void* workspace, size_t workspace_bytes, Stream stream) {
+  impl_->run_sequence([&](const Arch& arch, int smem, int sm_count, const TuningTable* tuning) {
+    return plan_forward_varlen_split(q, k, v, out, lse, varlen, options, workspace, workspace_bytes, false, arch, smem,
+                                     sm_count, tuning);
+  }, stream);
+}
+
+size_t Runtime::forward_varlen_workspace_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                               const TensorView& out, const TensorView* lse, const VarlenArgs& varlen,
+                                               const ForwardOptions& options) {
+  const PlanningTarget t = impl_->planning_target();
+  return plan_forward_varlen_split(q, k, v, out, lse, varlen, options, nullptr, 0, true, t.arch, t.max_smem_bytes,
+                                   t.sm_count, &impl_->tuning)
+      .attention.workspace_bytes;
+}
+
 void Runtime::merge_states(const TensorView& states, const TensorView& lse, const TensorView& out,
                            const TensorView* out_lse, Stream stream) {
   impl_->run([&](const Arch&, int, int, const TuningTable*) { return plan_merge_states(states, lse, out, out_lse); },
@@ -332,6 +350,18 @@ size_t forward_workspace_bytes(const TensorView& q, const TensorView& k, const T
 void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                     const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options, Stream stream) {
   global_runtime().forward_varlen(q, k, v, out, lse, varlen, options, stream);
+}
+
+void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                    const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options, void* workspace,
+                    size_t workspace_bytes, Stream stream) {
+  global_runtime().forward_varlen(q, k, v, out, lse, varlen, options, workspace, workspace_bytes, stream);
+}
+
+size_t forward_varlen_workspace_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& out, const TensorView* lse, const VarlenArgs& varlen,
+                                      const ForwardOptions& options) {
+  return global_runtime().forward_varlen_workspace_bytes(q, k, v, out, lse, varlen, options);
 }
 
 void merge_states(const TensorView& states, const TensorView& lse, const TensorView& out, const TensorView* out_lse,

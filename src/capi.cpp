@@ -209,6 +209,54 @@ jitattn_status jitattn_fwd_varlen(const jitattn_tensor* q, const jitattn_tensor*
   });
 }
 
+namespace {
+
+// The views of a jitattn_varlen_args (kept alive with the VarlenArgs that
+// points at them).
+struct VarlenViews {
+  jitattn::VarlenArgs args;
+  jitattn::TensorView seqused_k, block_table;
+
+  explicit VarlenViews(const jitattn_varlen_args* c) {
+    if (c == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "args: is NULL");
+    args.cu_seqlens_q = view_of(c->cu_seqlens_q, "cu_seqlens_q");
+    args.cu_seqlens_k = view_of(c->cu_seqlens_k, "cu_seqlens_k");
+    args.seqused_k = CallViews::optional_view(c->seqused_k, "seqused_k", seqused_k);
+    args.block_table = CallViews::optional_view(c->block_table, "block_table", block_table);
+    args.max_seqlen_q = c->max_seqlen_q;
+    args.max_seqlen_k = c->max_seqlen_k;
+  }
+  VarlenViews(const VarlenViews&) = delete;
+  VarlenViews& operator=(const VarlenViews&) = delete;
+};
+
+}  // namespace
+
+jitattn_status jitattn_fwd_varlen_split(const jitattn_tensor* q, const jitattn_tensor* k, const jitattn_tensor* v,
+                                        const jitattn_tensor* out, const jitattn_tensor* lse,
+                                        const jitattn_varlen_args* args, const jitattn_fwd_options* options,
+                                        void* workspace, size_t workspace_bytes, void* stream) {
+  return guarded([&] {
+    const CallViews views(q, k, v, out, lse, options);
+    const VarlenViews varlen(args);
+    jitattn::forward_varlen(views.q, views.k, views.v, views.out, views.lse_pointer(), varlen.args, views.options,
+                            workspace, workspace_bytes, stream);
+  });
+}
+
+jitattn_status jitattn_fwd_varlen_workspace_bytes(const jitattn_tensor* q, const jitattn_tensor* k,
+                                                  const jitattn_tensor* v, const jitattn_tensor* out,
+                                                  const jitattn_tensor* lse, const jitattn_varlen_args* args,
+                                                  const jitattn_fwd_options* options, size_t* bytes) {
+  return guarded([&] {
+    if (bytes == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "bytes: is NULL");
+    const CallViews views(q, k, v, out, lse, options);
+    const VarlenViews varlen(args);
+    *bytes = jitattn::forward_varlen_workspace_bytes(views.q, views.k, views.v, views.out, views.lse_pointer(),
+                                                     varlen.args, views.options);
+  });
+}
+
 jitattn_status jitattn_fwd_kvcache(const jitattn_tensor* q, const jitattn_kvcache_args* args, const jitattn_tensor* out,
                                    const jitattn_tensor* lse, const jitattn_fwd_options* options, void* workspace,
                                    size_t workspace_bytes, void* stream) {

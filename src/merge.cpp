@@ -179,6 +179,7 @@ CombinePlan plan_combine(const CombineProblem& problem) {
   p.states_b_head_stride = q.states_b_strides[2];
   p.lse_b_batch_stride = q.lse_b_strides[0], p.lse_b_row_stride = q.lse_b_strides[1];
   p.lse_b_head_stride = q.lse_b_strides[2];
+  p.rows_used = q.rows_used;
   p.num_states = static_cast<int>(q.num_states);
   p.batch = static_cast<int>(q.batch);
   p.seqlen = static_cast<int>(q.seqlen);

@@ -36,6 +36,8 @@ struct CombineProblem {
   int64_t lse_strides[4] = {};      // state, batch, row, head
   int64_t out_strides[3] = {};      // batch, row, head
   int64_t out_lse_strides[3] = {};  // batch, row, head
+  // Optional, in device memory: rows at or past *rows_used are not merged.
+  const int* rows_used = nullptr;
 
   // Optional: state 1 in buffers of its own (num_states must be 2); the
   // state strides above are then unused.

@@ -75,8 +75,8 @@ void check_rows(const char* name, const TensorView& t, int ndim, bool any_head_d
   const int64_t head_dim = t.shape[ndim - 1];
   const bool unaligned = head_dim % 8 != 0;
   if (unaligned && !any_head_dim) {
-    reject(fmt::format("{}: head_dim={} must be a multiple of 8 for KV-cache calls (forward and forward_varlen take "
-                       "any head_dim up to 256)", name, head_dim));
+    reject(fmt::format("{}: head_dim={} must be a multiple of 8 for KV-cache calls and paged caches (forward and "
+                       "forward_varlen over K/V tensors take any head_dim up to 256)", name, head_dim));
   }
   for (int axis = 0; axis < ndim - 1 && !unaligned; ++axis) {
     if (t.strides[axis] % 8 != 0) {
@@ -428,6 +428,7 @@ struct Problem {
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
   const int* seqused_k = nullptr;
+  int64_t total_q = 0;  // varlen: the packed query rows
   // KV cache (forward_kvcache): seqused_k is cache_seqlens; seqlen_k above is
   // the longest sequence (hint or capacity).
   bool kvcache = false;
@@ -440,7 +441,7 @@ struct Problem {
   int num_splits = 0;  // requested; 0 = heuristic
   int sm_count = 0;
   // Split-KV needs the caller's workspace: KV-cache calls always take one;
-  // dense calls only through the workspace overload of forward().
+  // dense and varlen calls only through the workspace overloads.
   bool may_split = false;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -452,10 +453,13 @@ void check_matching(const TensorView& q, const TensorView& k, const TensorView& 
     reject(fmt::format("k, v, out: dtypes ({}, {}, {}) must all match q's ({})", dtype_name(k.dtype),
                        dtype_name(v.dtype), dtype_name(out.dtype), dtype_name(q.dtype)));
   }
-  const int d = q.ndim - 1;
-  if (k.shape[d] != q.shape[d]) reject(fmt::format("k: head_dim={} must equal q's head_dim={}", k.shape[d], q.shape[d]));
-  for (int axis = 0; axis < q.ndim; ++axis) {
+  // (k and v may have a rank other than q's: packed queries over a paged cache.)
+  const int64_t q_dim = q.shape[q.ndim - 1], k_dim = k.shape[k.ndim - 1];
+  if (k_dim != q_dim) reject(fmt::format("k: head_dim={} must equal q's head_dim={}", k_dim, q_dim));
+  for (int axis = 0; axis < k.ndim; ++axis) {
     if (v.shape[axis] != k.shape[axis]) reject(fmt::format("v: shape {} must equal k's shape {}", shape_text(v), shape_text(k)));
+  }
+  for (int axis = 0; axis < q.ndim; ++axis) {
     if (out.shape[axis] != q.shape[axis]) reject(fmt::format("out: shape {} must equal q's shape {}", shape_text(out), shape_text(q)));
   }
   const int64_t heads_q = q.shape[q.ndim - 2], heads_kv = k.shape[k.ndim - 2];
@@ -604,10 +608,19 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   // are shorter than a tile (decoding, short chunks): fewer, fuller tiles,
   // each reading the group's K/V once. Longer sequences fill their tiles
   // anyway, and packing would only add per-row addressing.
+  // Varlen calls judge by their average sequence (total_q / batch): a batch
+  // of decoding steps and a prefill chunk has a long longest sequence but
+  // mostly one-row ones, whose K/V unpacked tiles would read once per query
+  // head (15 one-query sequences over 8192 keys beside a 512-query chunk,
+  // d128, 32/8 heads: packed 0.185 ms, unpacked 0.457; batches of 1-4
+  // sequences of 1024-4096 queries unpacked 1.13-1.30x faster; H200,
+  // docs/PERFORMANCE.md).
   const int64_t group = heads_q / heads_kv;
-  const int64_t unpacked_tiles = group * ((seqlen_q + tiles.block_q - 1) / tiles.block_q);
-  const int64_t packed_tiles = (seqlen_q * group + tiles.block_q - 1) / tiles.block_q;
-  const bool pack_pays = seqlen_q < tiles.block_q && packed_tiles < unpacked_tiles;
+  const int64_t typical_q = varlen ? (problem.total_q + std::max<int64_t>(batch, 1) - 1) / std::max<int64_t>(batch, 1)
+                                   : seqlen_q;
+  const int64_t unpacked_tiles = group * ((typical_q + tiles.block_q - 1) / tiles.block_q);
+  const int64_t packed_tiles = (typical_q * group + tiles.block_q - 1) / tiles.block_q;
+  const bool pack_pays = typical_q < tiles.block_q && packed_tiles < unpacked_tiles;
   plan.spec.pack_gqa = group > 1 && options.pack_gqa.value_or(pack_pays);
   // A sequence's rows as the kernels tile them: every query of each head of
   // a KV head's group when packed (the decode kernel always packs).
@@ -616,19 +629,20 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     plan.spec.kvcache = true;
     plan.spec.paged = problem.paged;
   }
-  // Calls that may split over their keys (a KV cache, or a dense call given
-  // a workspace) are sized by splits rather than tiles.
-  const bool may_split = problem.may_split && !varlen;
+  // Calls that may split over their keys (a KV cache, or a dense or varlen
+  // call given a workspace) are sized by splits rather than tiles.
+  const bool may_split = problem.may_split;
   // The decode kernel takes calls of at most 32 packed query rows (16 above
   // head dim 128): over a KV cache (pages of at least a chunk), or dense K/V
-  // without RoPE (it does not rotate keys) when the planner chooses.
+  // (packed or not) without RoPE (it does not rotate keys) when the planner
+  // chooses. Varlen calls count their longest sequence.
   const bool few_rows = !tiles_forced && options.pack_gqa.value_or(true) &&
                         seqlen_q * group <= (kernel_dim > 128 ? 16 : 32);
   const bool cache_decode =
       problem.kvcache && ((options.tiles.stages != 0 && !options.tiles.wgmma) ||
                           (few_rows && (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys)));
   const bool dense_decode =
-      !problem.kvcache && !varlen && few_rows && options.tiles.stages == 0 && !has_rope && !unaligned;
+      !problem.kvcache && few_rows && options.tiles.stages == 0 && !has_rope && !unaligned;
   if (cache_decode || dense_decode) {
     const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
     choose_decode_tiles(plan.spec, options.tiles, seqlen_q * group, problem.paged ? problem.page_shift : -1,
@@ -896,8 +910,11 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const bool splittable = plan.spec.family == Family::decode ||
                           ((plan.spec.stages == 0 || plan.spec.wgmma) && !plan.spec.persistent && !unaligned);
   // Errors name the entry point's own argument and sizing function.
-  const char* num_splits_name = problem.kvcache ? "num_splits" : "options.num_splits";
-  const char* workspace_query = problem.kvcache ? "kvcache_workspace_bytes" : "forward_workspace_bytes";
+  const bool kvcache_call = problem.kvcache && !varlen;
+  const char* num_splits_name = kvcache_call ? "num_splits" : "options.num_splits";
+  const char* workspace_query = kvcache_call ? "kvcache_workspace_bytes"
+                                : varlen     ? "forward_varlen_workspace_bytes"
+                                             : "forward_workspace_bytes";
   if (may_split && !splittable && problem.num_splits > 1) {
     reject(fmt::format("{}={}: {} does not split (persistent grids, the mma.sync producer layout and head dims that "
                        "are not a multiple of 8 do not)", num_splits_name, problem.num_splits, plan.spec.text()));
@@ -925,7 +942,11 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
       p.num_splits = splits;
       p.blocks_per_split = static_cast<int>(per_split);
       plan.num_splits = splits;
-      const size_t partial_elements = static_cast<size_t>(splits) * batch * seqlen_q * heads_q;
+      // Partial rows: every query of every sequence (varlen: the packed ones).
+      const int64_t partial_rows = varlen ? problem.total_q : batch * seqlen_q;
+      if (partial_rows > INT_MAX) reject(fmt::format("q: {} query rows exceed 2^31-1", partial_rows));
+      p.partial_rows = static_cast<int>(partial_rows);
+      const size_t partial_elements = static_cast<size_t>(splits) * partial_rows * heads_q;
       plan.partial_o_bytes = (partial_elements * head_dim * 4 + 255) / 256 * 256;
       plan.workspace_bytes = plan.partial_o_bytes + partial_elements * 4;
       grid *= splits;
@@ -984,19 +1005,22 @@ Problem dense_problem(const TensorView& q, const TensorView& k, const TensorView
 }
 
 // The combine launch that merges a split attention's partial results
-// (workspace) into out and lse; q, out [batch, seqlen_q, heads_q, head_dim],
-// lse [batch, heads_q, seqlen_q].
-CombinePlan combine_splits(const ForwardPlan& attention, const TensorView& q, const TensorView& out,
-                           const TensorView* lse) {
+// (workspace, FwdParams::partial_rows rows) into out and lse: out [batch,
+// seqlen_q, heads_q, head_dim] with lse [batch, heads_q, seqlen_q], or
+// varlen out [total_q, heads_q, head_dim] with lse [heads_q, total_q] (one
+// "batch" of total_q rows).
+CombinePlan combine_splits(const ForwardPlan& attention, const TensorView& out, const TensorView* lse) {
   const FwdParams& fwd = attention.params;
+  const bool packed = out.ndim == 3;
   CombineProblem combine;
   combine.state_dtype = DType::f32;
-  combine.out_dtype = q.dtype;
+  combine.out_dtype = out.dtype;
   combine.states = fwd.partial_o;
   combine.lse = fwd.partial_lse;
   combine.out = out.data;
   combine.out_lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
-  const int64_t batch = q.shape[0], seqlen = q.shape[1], heads = q.shape[2], head_dim = q.shape[3];
+  const int64_t batch = packed ? 1 : out.shape[0], seqlen = packed ? out.shape[0] : out.shape[1];
+  const int64_t heads = out.shape[out.ndim - 2], head_dim = out.shape[out.ndim - 1];
   combine.num_states = attention.num_splits;
   combine.batch = batch;
   combine.seqlen = seqlen;
@@ -1007,15 +1031,17 @@ CombinePlan combine_splits(const ForwardPlan& attention, const TensorView& q, co
   const int64_t lse_strides[4] = {batch * seqlen * heads, seqlen * heads, heads, 1};
   std::copy(states_strides, states_strides + 4, combine.states_strides);
   std::copy(lse_strides, lse_strides + 4, combine.lse_strides);
-  combine.out_strides[0] = out.strides[0];
-  combine.out_strides[1] = out.strides[1];
-  combine.out_strides[2] = out.strides[2];
+  // (batch, row, head) strides of out and of lse.
+  combine.out_strides[0] = packed ? 0 : out.strides[0];
+  combine.out_strides[1] = out.strides[packed ? 0 : 1];
+  combine.out_strides[2] = out.strides[packed ? 1 : 2];
   if (lse != nullptr) {
-    // lse is [batch, heads_q, seqlen_q]: (batch, row, head) strides.
-    combine.out_lse_strides[0] = lse->strides[0];
-    combine.out_lse_strides[1] = lse->strides[2];
-    combine.out_lse_strides[2] = lse->strides[1];
+    combine.out_lse_strides[0] = packed ? 0 : lse->strides[0];
+    combine.out_lse_strides[1] = lse->strides[packed ? 1 : 2];
+    combine.out_lse_strides[2] = lse->strides[packed ? 0 : 1];
   }
+  // Varlen: the packed rows past the last sequence's are no one's.
+  if (packed) combine.rows_used = fwd.cu_seqlens_q + fwd.batch;
   combine.states_name = "workspace";
   combine.lse_name = "workspace";
   return plan_combine(combine);
@@ -1025,6 +1051,89 @@ void check_num_splits(const char* name, int num_splits) {
   if (num_splits < 0 || num_splits > kMaxSplits) {
     reject(fmt::format("{}={} must be 0 (heuristic) or 1 to {}", name, num_splits, kMaxSplits));
   }
+}
+
+// A paged cache: `table` (i32 [batch, max_pages]) and the page size (dimension
+// 1 of k_cache, a power of two) into `problem`. Returns the capacity of one
+// sequence (page_size × max_pages).
+int64_t use_block_table(Problem& problem, const TensorView& table, const TensorView& k_cache, const char* k_name) {
+  const int64_t batch = problem.batch;
+  if (table.dtype != DType::i32 || table.ndim != 2 || table.shape[0] != batch || table.shape[1] < 1) {
+    reject(fmt::format("block_table: must be i32 [batch, max_pages] = [{}, >= 1], got {} {}", batch,
+                       dtype_name(table.dtype), shape_text(table)));
+  }
+  if (table.strides[1] != 1) reject("block_table: the pages dimension must be contiguous (stride 1)");
+  if (table.data == nullptr || reinterpret_cast<uintptr_t>(table.data) % 4 != 0) {
+    reject("block_table: data pointer must be non-null and 4-byte aligned");
+  }
+  const int64_t page_size = k_cache.shape[1];
+  if (page_size < 1 || (page_size & (page_size - 1)) != 0) {
+    reject(fmt::format("{}: page_size={} (dimension 1 of a paged cache) must be a power of two", k_name, page_size));
+  }
+  problem.kvcache = true;
+  problem.paged = true;
+  problem.block_table = static_cast<const int*>(table.data);
+  problem.block_table_stride = table.strides[0];
+  while ((int64_t{1} << problem.page_shift) < page_size) ++problem.page_shift;
+  return page_size * table.shape[1];
+}
+
+// A varlen call's tensors and offsets, validated: q/out [total_q, heads_q,
+// head_dim], lse [heads_q, total_q]; k/v packed [total_k, heads_kv,
+// head_dim], or with a block table paged [num_pages, page_size, heads_kv,
+// head_dim].
+Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                       const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options, int sm_count) {
+  const bool paged = varlen.block_table != nullptr;
+  check_rows("q", q, 3, !paged);
+  check_rows("k", k, paged ? 4 : 3, !paged);
+  check_rows("v", v, paged ? 4 : 3, !paged);
+  check_rows("out", out, 3, !paged);
+  check_matching(q, k, v, out);
+  const int64_t batch = varlen.cu_seqlens_q.ndim == 1 ? varlen.cu_seqlens_q.shape[0] - 1 : -1;
+  if (batch < 0) reject("cu_seqlens_q: shape must be [batch + 1] (at least one element)");
+  check_i32_vector("cu_seqlens_q", varlen.cu_seqlens_q, batch + 1, "batch + 1");
+  check_i32_vector("cu_seqlens_k", varlen.cu_seqlens_k, batch + 1, "batch + 1");
+  if (varlen.seqused_k != nullptr) check_i32_vector("seqused_k", *varlen.seqused_k, batch, "batch");
+  const int64_t total_q = q.shape[0];
+  if (varlen.max_seqlen_q < 0 || (varlen.max_seqlen_q == 0 && total_q > 0 && batch > 0) || varlen.max_seqlen_q > total_q) {
+    reject(fmt::format("varlen: max_seqlen_q={} must be between 1 and total_q={} (0 only when there are no queries)",
+                       varlen.max_seqlen_q, total_q));
+  }
+  Problem problem = problem_of(q, k, v, out);
+  problem.batch = batch;
+  problem.total_q = total_q;
+  int64_t capacity = k.shape[0];
+  if (paged) {
+    capacity = use_block_table(problem, *varlen.block_table, k, "k");
+    // The cache holds keys as they are; positions would need each
+    // sequence's start in the cache, which varlen offsets do not give.
+    if (options.rope.style != RopeStyle::none) {
+      reject("options.rope: not supported over a paged cache in forward_varlen (rotate keys as they are written, "
+             "e.g. forward_kvcache's k_new, and q before the call)");
+    }
+  }
+  if (varlen.max_seqlen_k < 0 || varlen.max_seqlen_k > capacity) {
+    reject(fmt::format("varlen: max_seqlen_k={} must be between 0 and {}={}", varlen.max_seqlen_k,
+                       paged ? "page_size × max_pages" : "total_k", capacity));
+  }
+  problem.seqlen_q = varlen.max_seqlen_q;
+  problem.seqlen_k = varlen.max_seqlen_k;
+  problem.cu_seqlens_q = static_cast<const int*>(varlen.cu_seqlens_q.data);
+  problem.cu_seqlens_k = static_cast<const int*>(varlen.cu_seqlens_k.data);
+  problem.seqused_k = varlen.seqused_k != nullptr ? static_cast<const int*>(varlen.seqused_k->data) : nullptr;
+  if (lse != nullptr) {
+    if (lse->dtype != DType::f32) reject(fmt::format("lse: dtype {} must be f32", dtype_name(lse->dtype)));
+    if (lse->ndim != 2 || lse->shape[0] != problem.heads_q || lse->shape[1] != total_q) {
+      reject(fmt::format("lse: shape {} must be [heads_q, total_q] = [{}, {}]", shape_text(*lse), problem.heads_q, total_q));
+    }
+    check_lse_alignment(*lse, problem.heads_q * total_q);
+    problem.lse = static_cast<float*>(lse->data);
+    problem.lse_strides[1] = lse->strides[0];
+    problem.lse_strides[2] = lse->strides[1];
+  }
+  problem.sm_count = sm_count;
+  return problem;
 }
 
 }  // namespace
@@ -1054,50 +1163,38 @@ SplitForwardPlan plan_forward_split(const TensorView& q, const TensorView& k, co
   problem.sizing_only = sizing_only;
   SplitForwardPlan plan;
   plan.attention = plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
-  if (plan.attention.spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, q, out, lse);
+  if (plan.attention.spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, out, lse);
   return plan;
 }
 
 ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                 const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
                                 const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
-  check_rows("q", q, 3, true);
-  check_rows("k", k, 3, true);
-  check_rows("v", v, 3, true);
-  check_rows("out", out, 3, true);
-  check_matching(q, k, v, out);
-  const int64_t batch = varlen.cu_seqlens_q.ndim == 1 ? varlen.cu_seqlens_q.shape[0] - 1 : -1;
-  if (batch < 0) reject("cu_seqlens_q: shape must be [batch + 1] (at least one element)");
-  check_i32_vector("cu_seqlens_q", varlen.cu_seqlens_q, batch + 1, "batch + 1");
-  check_i32_vector("cu_seqlens_k", varlen.cu_seqlens_k, batch + 1, "batch + 1");
-  if (varlen.seqused_k != nullptr) check_i32_vector("seqused_k", *varlen.seqused_k, batch, "batch");
-  const int64_t total_q = q.shape[0];
-  if (varlen.max_seqlen_q < 0 || (varlen.max_seqlen_q == 0 && total_q > 0 && batch > 0) || varlen.max_seqlen_q > total_q) {
-    reject(fmt::format("varlen: max_seqlen_q={} must be between 1 and total_q={} (0 only when there are no queries)",
-                       varlen.max_seqlen_q, total_q));
+  Problem problem = varlen_problem(q, k, v, out, lse, varlen, options, sm_count);
+  check_num_splits("options.num_splits", options.num_splits);
+  if (options.num_splits > 1) {
+    reject(fmt::format("options.num_splits={}: splitting needs a workspace (the forward_varlen overload that takes "
+                       "one, sized by forward_varlen_workspace_bytes)", options.num_splits));
   }
-  if (varlen.max_seqlen_k < 0 || varlen.max_seqlen_k > k.shape[0]) {
-    reject(fmt::format("varlen: max_seqlen_k={} must be between 0 and total_k={}", varlen.max_seqlen_k, k.shape[0]));
-  }
-  Problem problem = problem_of(q, k, v, out);
-  problem.batch = batch;
-  problem.seqlen_q = varlen.max_seqlen_q;
-  problem.seqlen_k = varlen.max_seqlen_k;
-  problem.cu_seqlens_q = static_cast<const int*>(varlen.cu_seqlens_q.data);
-  problem.cu_seqlens_k = static_cast<const int*>(varlen.cu_seqlens_k.data);
-  problem.seqused_k = varlen.seqused_k != nullptr ? static_cast<const int*>(varlen.seqused_k->data) : nullptr;
-  if (lse != nullptr) {
-    if (lse->dtype != DType::f32) reject(fmt::format("lse: dtype {} must be f32", dtype_name(lse->dtype)));
-    if (lse->ndim != 2 || lse->shape[0] != problem.heads_q || lse->shape[1] != total_q) {
-      reject(fmt::format("lse: shape {} must be [heads_q, total_q] = [{}, {}]", shape_text(*lse), problem.heads_q, total_q));
-    }
-    check_lse_alignment(*lse, problem.heads_q * total_q);
-    problem.lse = static_cast<float*>(lse->data);
-    problem.lse_strides[1] = lse->strides[0];
-    problem.lse_strides[2] = lse->strides[1];
-  }
-  problem.sm_count = sm_count;
   return plan_problem(problem, options, arch, max_smem_bytes, tuning, true);
+}
+
+SplitForwardPlan plan_forward_varlen_split(const TensorView& q, const TensorView& k, const TensorView& v,
+                                           const TensorView& out, const TensorView* lse, const VarlenArgs& varlen,
+                                           const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+                                           bool sizing_only, const Arch& arch, int max_smem_bytes, int sm_count,
+                                           const TuningTable* tuning) {
+  Problem problem = varlen_problem(q, k, v, out, lse, varlen, options, sm_count);
+  check_num_splits("options.num_splits", options.num_splits);
+  problem.may_split = true;
+  problem.num_splits = options.num_splits;
+  problem.workspace = workspace;
+  problem.workspace_bytes = workspace_bytes;
+  problem.sizing_only = sizing_only;
+  SplitForwardPlan plan;
+  plan.attention = plan_problem(problem, options, arch, max_smem_bytes, tuning, true);
+  if (plan.attention.spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, out, lse);
+  return plan;
 }
 
 ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
@@ -1119,25 +1216,8 @@ ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, c
   problem.seqused_k = static_cast<const int*>(args.cache_seqlens.data);
   int64_t capacity = k_cache.shape[1];
   if (args.block_table != nullptr) {
-    const TensorView& table = *args.block_table;
-    if (table.dtype != DType::i32 || table.ndim != 2 || table.shape[0] != batch || table.shape[1] < 1) {
-      reject(fmt::format("block_table: must be i32 [batch, max_pages] = [{}, >= 1], got {} {}", batch,
-                         dtype_name(table.dtype), shape_text(table)));
-    }
-    if (table.strides[1] != 1) reject("block_table: the pages dimension must be contiguous (stride 1)");
-    if (table.data == nullptr || reinterpret_cast<uintptr_t>(table.data) % 4 != 0) {
-      reject("block_table: data pointer must be non-null and 4-byte aligned");
-    }
-    const int64_t page_size = k_cache.shape[1];
-    if (page_size < 1 || (page_size & (page_size - 1)) != 0) {
-      reject(fmt::format("k_cache: page_size={} (dimension 1 of a paged cache) must be a power of two", page_size));
-    }
     if (args.cache_batch_idx != nullptr) reject("cache_batch_idx: not supported with a paged cache (use block_table)");
-    problem.paged = true;
-    problem.block_table = static_cast<const int*>(table.data);
-    problem.block_table_stride = table.strides[0];
-    while ((int64_t{1} << problem.page_shift) < page_size) ++problem.page_shift;
-    capacity = page_size * table.shape[1];
+    capacity = use_block_table(problem, *args.block_table, k_cache, "k_cache");
   } else if (args.cache_batch_idx != nullptr) {
     check_i32_vector("cache_batch_idx", *args.cache_batch_idx, batch, "batch");
     problem.kv_batch_index = static_cast<const int*>(args.cache_batch_idx->data);
@@ -1228,7 +1308,7 @@ KVCachePlan plan_kvcache(const TensorView& q, const KVCacheArgs& args, const Ten
     if ((rows + 3) / 4 > INT_MAX) reject("k_new: batch × seqlen_new × heads_kv is too large");
     append.grid = static_cast<unsigned>((rows + 3) / 4);  // four rows (warps) per CTA
   }
-  if (spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, q, out, lse);
+  if (spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, out, lse);
   return plan;
 }
 

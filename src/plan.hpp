@@ -100,12 +100,21 @@ SplitForwardPlan plan_forward_split(const TensorView& q, const TensorView& k, co
                                     void* workspace, size_t workspace_bytes, bool sizing_only, const Arch& arch,
                                     int max_smem_bytes, int sm_count, const TuningTable* tuning = nullptr);
 
-// The same for packed varlen calls: q/k/v/out 3-D, lse [heads_q, total_q].
-// Sizes the grid by max_seqlen_q; cu_seqlens are passed to the kernel unread.
+// The same for packed varlen calls: q/out 3-D, lse [heads_q, total_q], k/v
+// 3-D (or paged 4-D with varlen.block_table). Sizes the grid by
+// max_seqlen_q; cu_seqlens are passed to the kernel unread. Never splits.
 ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                 const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
                                 const Arch& arch, int max_smem_bytes, int sm_count,
                                 const TuningTable* tuning = nullptr);
+// A varlen call given a workspace: plan_forward_varlen, split over keys as
+// plan_forward_split does (the splits sized by max_seqlen_k; partial rows
+// are the packed queries).
+SplitForwardPlan plan_forward_varlen_split(const TensorView& q, const TensorView& k, const TensorView& v,
+                                           const TensorView& out, const TensorView* lse, const VarlenArgs& varlen,
+                                           const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+                                           bool sizing_only, const Arch& arch, int max_smem_bytes, int sm_count,
+                                           const TuningTable* tuning = nullptr);
 
 // Writing k_new/v_new into the cache (append family); grid 0 = nothing to append.
 struct AppendPlan {

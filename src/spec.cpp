@@ -268,10 +268,9 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "paged"   ? &spec.paged
                  : fields[i] == "split"   ? &spec.split
                                           : nullptr;
-    if (decode && (flag == &spec.varlen || flag == &spec.pack_gqa || flag == &spec.kvcache || flag == &spec.wgmma ||
-                   flag == &spec.persistent)) {
+    if (decode && (flag == &spec.pack_gqa || flag == &spec.kvcache || flag == &spec.wgmma || flag == &spec.persistent)) {
       bad_spec(text, fmt::format("flag '{}' does not apply to a decode spec (packgqa and kvcache are implied, "
-                                 "dense replaces the cache by K/V tensors, varlen is unsupported)", fields[i]));
+                                 "dense replaces the cache by K/V tensors)", fields[i]));
     }
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, softcap, alibi, rope_half_rN, "
@@ -396,7 +395,10 @@ void KernelSpec::validate() const {
     fail(ErrorCode::unsupported, fmt::format("w={} is not one of 4, 8 (12 with wgmma)", warps));
   }
   if (paged && !kvcache) fail(ErrorCode::invalid_argument, "paged needs kvcache");
-  if (varlen && (kvcache || split)) fail(ErrorCode::unsupported, "varlen does not combine with kvcache or split");
+  // Varlen over a KV cache: packed queries over a paged cache's sequences
+  // (forward_varlen with a block table); its keys are stored rotated, and
+  // varlen positions have no cache lengths to start from, so no RoPE.
+  if (varlen) check_varlen_cache(fail);
   // Each warp owns whole 16-row MMA tiles of the query block.
   if (block_q % (16 * warps) != 0) {
     fail(ErrorCode::unsupported,
@@ -415,6 +417,14 @@ void KernelSpec::validate() const {
 }
 
 template <class Fail>
+void KernelSpec::check_varlen_cache(const Fail& fail) const {
+  if (kvcache && !paged) fail(ErrorCode::unsupported, "varlen over a KV cache needs paged (a block table)");
+  if (kvcache && rope != RopeKind::none) {
+    fail(ErrorCode::unsupported, "varlen over a paged cache takes no rope (the cache holds rotated keys)");
+  }
+}
+
+template <class Fail>
 void KernelSpec::validate_decode(const Fail& fail) const {
   if (!pack_gqa) fail(ErrorCode::invalid_argument, "a decode spec packs GQA heads");
   // templates/fwd_decode.cuh: dense keys are read as they are.
@@ -422,7 +432,7 @@ void KernelSpec::validate_decode(const Fail& fail) const {
     fail(ErrorCode::unsupported, "dense (K/V tensors, not a cache) takes no paged and no rope: the decode kernel "
                                  "does not rotate keys");
   }
-  if (varlen) fail(ErrorCode::unsupported, "decode does not combine with varlen");
+  if (varlen) check_varlen_cache(fail);
   if (block_q != 16 && block_q != 32) fail(ErrorCode::unsupported, fmt::format("br={} is not one of 16, 32", block_q));
   if (block_kv != 16 && block_kv != 32 && block_kv != 64) {
     fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 16, 32, 64", block_kv));

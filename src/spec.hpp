@@ -23,7 +23,8 @@ namespace jitattn::detail {
 // block_kv the keys of one warp's chunk, `stages` each warp's pipeline depth;
 // its text is decode.<dtype>.dN.brN.bcN.wN.sN[flags], and pack_gqa is
 // implied (always set, never printed), as is kvcache unless the flag
-// `dense` says the keys are a dense call's K/V (kvcache false).
+// `dense` says the keys are a dense call's K/V (kvcache false). `varlen`
+// packs its queries (dense keys too; a paged cache keeps its pages).
 enum class Family : uint8_t { fwd = 0, combine = 1, append = 2, decode = 3 };
 
 // RoPE pairing (templates/rope.cuh): rotate-half (GPT-NeoX, Llama) pairs
@@ -42,7 +43,7 @@ struct KernelSpec {
   bool softcap = false;  // cap · tanh(scores / cap)
   bool alibi = false;    // −slope · |distance| score bias
   bool padded = false;   // the caller's head dim is below head_dim (zero-padded in the kernel)
-  bool varlen = false;   // packed sequences located through cu_seqlens
+  bool varlen = false;   // packed queries (and keys, unless paged) located through cu_seqlens
   bool pack_gqa = false; // the query heads of a KV head share each tile
   RopeKind rope = RopeKind::none;  // RoPE applied to q and k in the kernel
   int rotary_dim = 0;              // channels rotated (a multiple of 16), with rope
@@ -119,6 +120,8 @@ struct KernelSpec {
  private:
   template <class Fail>
   void validate_decode(const Fail& fail) const;
+  template <class Fail>
+  void check_varlen_cache(const Fail& fail) const;
 };
 
 const char* dtype_name(DType dtype);

@@ -191,18 +191,19 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
   const int chunk = lane % p.chunk_lanes;
   const int state_lane = lane / p.chunk_lanes;
   const int pair = blockIdx.x * p.pairs_per_block + slot;
-  const bool active = pair < p.pairs;
-  const bool has_chunk = active && chunk * 8 < p.head_dim;
-  const int chunk_elements = min(p.head_dim - chunk * 8, 8);  // ELEMENTWISE: the last chunk may hold fewer
-  const int num_states = p.num_states;
-
   int b = 0, r = 0, h = 0;
-  if (active) {
+  if (pair < p.pairs) {
     h = pair % p.heads;
     const int row = pair / p.heads;
     r = row % p.seqlen;
     b = row / p.seqlen;
   }
+  // Rows past *rows_used (varlen: the packed rows no sequence owns) are
+  // neither read nor written.
+  const bool active = pair < p.pairs && (p.rows_used == nullptr || r < *p.rows_used);
+  const bool has_chunk = active && chunk * 8 < p.head_dim;
+  const int chunk_elements = min(p.head_dim - chunk * 8, 8);  // ELEMENTWISE: the last chunk may hold fewer
+  const int num_states = p.num_states;
 
   // This lane's chunk of state 0 and of state 1 (its own buffer in merge_state).
   const char* state_0 = static_cast<const char*>(p.states) +

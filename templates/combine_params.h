@@ -38,6 +38,10 @@ struct CombineParams {
   long long states_b_batch_stride, states_b_row_stride, states_b_head_stride;
   long long lse_b_batch_stride, lse_b_row_stride, lse_b_head_stride;
 
+  // Optional (device memory): rows at or past *rows_used are skipped
+  // (split varlen attention: cu_seqlens_q + batch, the packed rows in use).
+  const int* rows_used;
+
   int num_states;
   int batch;
   int seqlen;

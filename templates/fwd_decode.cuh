@@ -16,7 +16,9 @@
 //
 // Without KVCACHE the keys are a dense call's K/V ([batch, seqlen_k], every
 // sequence seqlen_k long): forward() with few query rows. Those keys are not
-// rotated, so that variant takes no RoPE.
+// rotated, so that variant takes no RoPE. With VARLEN the queries are packed
+// (forward_varlen: sequence b's rows from cu_seqlens_q), and so are dense
+// keys; a paged cache keeps its pages.
 #pragma once
 
 #include "fwd_prefill.cuh"
@@ -27,12 +29,13 @@ namespace jitattn {
 // blocks), so the prefill kernel's MMA, mask and softmax steps apply as they
 // are; the CTA-wide constants are added here.
 template <class Element_, int HEAD_DIM, int ROWS, int KEYS, int WARPS, int STAGES, int MASK, bool SOFTCAP, bool ALIBI,
-          bool PADDED, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE, bool PAGED, bool SPLIT>
+          bool PADDED, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE, bool PAGED, bool SPLIT,
+          bool VARLEN>
 struct DecodeConfig
-    : FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, /*WARPS=*/1, MASK, SOFTCAP, ALIBI, PADDED, /*VARLEN=*/false,
+    : FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, /*WARPS=*/1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN,
                 /*PACK_GQA=*/true, ROPE, ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT> {
-  using Warp = FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, 1, MASK, SOFTCAP, ALIBI, PADDED, false, true, ROPE, ROTARY_DIM,
-                         ROPE_TABLES, KVCACHE, PAGED, SPLIT>;
+  using Warp = FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, 1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN, true, ROPE,
+                         ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT>;
   static constexpr int kStreams = WARPS;  // warps, each streaming its own chunks
   static constexpr int kStages = STAGES;
   static constexpr int kCtaThreads = WARPS * 32;
@@ -46,6 +49,8 @@ struct DecodeConfig
 
   static_assert(STAGES >= 2, "a pipeline needs a stage being read and one being filled");
   static_assert(KVCACHE || (ROPE == 0 && !PAGED), "dense keys: no pages, and no RoPE (keys are not rotated here)");
+  static_assert(!VARLEN || ROPE == 0, "varlen: no RoPE (positions come from a KV cache's lengths)");
+  static_assert(!(VARLEN && KVCACHE) || PAGED, "varlen over a KV cache: a paged one (block table)");
   static_assert(KEYS * Warp::kChunksPerRow % 32 == 0, "chunk copies are whole warp passes");
   // The merge reuses the pipeline: WARPS fp32 [ROWS][HEAD_DIM] accumulators.
   static_assert(WARPS * ROWS * HEAD_DIM * 4 <= kPipelineBytes, "merge buffer fits in the pipeline");
@@ -94,14 +99,34 @@ __device__ void fwd_decode(const FwdParams& p) {
   const int warp = threadIdx.x >> 5;
   const int chunks_valid = Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
 
-  const int seqlen_k = Cfg::kKVCache ? p.seqused_k[batch] + p.seqlen_k_added : p.seqlen_k;
+  // This sequence's lengths, and where its rows start: batch strides, or
+  // (varlen) the packed rows of its offsets.
+  int seqlen_q = p.seqlen_q;
+  int seqlen_k = Cfg::kKVCache ? p.seqused_k[batch] + p.seqlen_k_added : p.seqlen_k;
   const int cache_batch = Cfg::kKVCache && p.kv_batch_index != nullptr ? p.kv_batch_index[batch] : batch;
+  long long q_start = batch * p.q_batch_stride, o_start = batch * p.o_batch_stride;
+  long long lse_start = batch * p.lse_batch_stride;
   // Paged: the batch strides are page strides, applied per chunk.
-  const long long k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
-  const long long v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
+  long long k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
+  long long v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
+  if constexpr (Cfg::kVarlen) {
+    const int q_row0 = p.cu_seqlens_q[batch];
+    const int k_row0 = p.cu_seqlens_k[batch];
+    seqlen_q = p.cu_seqlens_q[batch + 1] - q_row0;
+    seqlen_k = p.seqused_k != nullptr ? p.seqused_k[batch] : p.cu_seqlens_k[batch + 1] - k_row0;
+    // The grid covers the longest sequence.
+    if (q0 >= seqlen_q * group) return;
+    q_start = q_row0 * p.q_row_stride;
+    o_start = q_row0 * p.o_row_stride;
+    lse_start = q_row0 * p.lse_row_stride;
+    if constexpr (!Cfg::kKVCache) {
+      k_start = k_row0 * p.k_row_stride;
+      v_start = k_row0 * p.v_row_stride;
+    }
+  }
   const int* pages = Cfg::kPaged ? p.block_table + batch * p.block_table_stride : nullptr;
-  const int rows = p.seqlen_q * group;
-  const unsigned short* q = static_cast<const unsigned short*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
+  const int rows = seqlen_q * group;
+  const unsigned short* q = static_cast<const unsigned short*>(p.q) + q_start + head * p.q_head_stride;
   const unsigned short* k = static_cast<const unsigned short*>(p.k) + k_start + kv_head * p.k_head_stride;
   const unsigned short* v = static_cast<const unsigned short*>(p.v) + v_start + kv_head * p.v_head_stride;
 
@@ -110,7 +135,7 @@ __device__ void fwd_decode(const FwdParams& p) {
 
   // The keys this tile may see (bottom-right diagonal), cut to this split's
   // steps, in whole chunks.
-  const int diagonal_offset = seqlen_k - p.seqlen_q;
+  const int diagonal_offset = seqlen_k - seqlen_q;
   const int first_query = q0 / group;
   const int last_query = (min(q0 + Cfg::kBlockQ, rows) - 1) / group;
   int chunk_begin, chunk_end;
@@ -241,8 +266,9 @@ __device__ void fwd_decode(const FwdParams& p) {
 
   // Each thread finishes four adjacent columns of one row at a time.
   constexpr int kQuads = Cfg::kHeadDim / 4;
-  unsigned short* out = static_cast<unsigned short*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-  float* lse = p.lse == nullptr ? nullptr : p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  unsigned short* out = static_cast<unsigned short*>(p.o) + o_start + head * p.o_head_stride;
+  float* lse = p.lse == nullptr ? nullptr : p.lse + lse_start + head * p.lse_head_stride;
+  const int query0 = Cfg::kSplit ? partial_query0<Warp>(p, batch) : 0;
   for (int index = threadIdx.x; index < Cfg::kBlockQ * kQuads; index += Cfg::kCtaThreads) {
     const int row = index / kQuads;
     const int column = index % kQuads * 4;
@@ -271,7 +297,7 @@ __device__ void fwd_decode(const FwdParams& p) {
     if constexpr (Cfg::kSplit) {
       const int query = packed / group;
       const long long at =
-          (static_cast<long long>(split * p.batch + batch) * p.seqlen_q + query) * p.heads_q + head + packed % group;
+          (static_cast<long long>(split) * p.partial_rows + query0 + query) * p.heads_q + head + packed % group;
       *reinterpret_cast<float4*>(p.partial_o + at * p.head_dim + column) =
           float4{acc.x * inverse, acc.y * inverse, acc.z * inverse, acc.w * inverse};
       if (column == 0) p.partial_lse[at] = row_lse;

@@ -56,7 +56,10 @@ struct FwdParams {
 
   // Varlen (packed sequences): batch strides are 0, sequence b starts at
   // row cu_seqlens_q[b] / cu_seqlens_k[b], and seqlen_q / seqlen_k above are
-  // the maxima. seqused_k (optional) caps each sequence's keys.
+  // the maxima. seqused_k (optional) caps each sequence's keys. Over a paged
+  // cache (varlen with block_table below) only the queries are packed;
+  // sequence b's keys are its pages' first seqused_k[b] (else
+  // cu_seqlens_k[b + 1] − cu_seqlens_k[b]) rows.
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
   const int* seqused_k;
@@ -94,11 +97,14 @@ struct FwdParams {
 
   // Split-KV: CTA split s attends to key blocks [s · blocks_per_split,
   // (s + 1) · blocks_per_split) and writes its normalized fp32 output and LSE
-  // to partial_o [num_splits, batch, seqlen_q, heads_q, head_dim] and
-  // partial_lse [num_splits, batch, seqlen_q, heads_q] (contiguous), for the
-  // combine kernel to merge.
+  // to partial_o [num_splits, partial_rows, heads_q, head_dim] and
+  // partial_lse [num_splits, partial_rows, heads_q] (contiguous), for the
+  // combine kernel to merge. partial_rows is batch × seqlen_q (query i of
+  // sequence b at row b · seqlen_q + i), or varlen the packed total_q (at
+  // row cu_seqlens_q[b] + i).
   int num_splits;
   int blocks_per_split;
+  int partial_rows;
   float* partial_o;
   float* partial_lse;
 

@@ -130,7 +130,12 @@ struct FwdConfig {
   // zero-fill and stores skip the chunks past it. Exact head dims compile
   // without those predicates.
   static constexpr bool kPadded = PADDED;
+  // Packed sequences: queries (and, without a KV cache, keys) located
+  // through cu_seqlens. With a (paged) KV cache, only the queries are
+  // packed: each sequence's keys are its pages (forward_varlen with a block
+  // table), so kVarlenKeys tells where the keys come from.
   static constexpr bool kVarlen = VARLEN;
+  static constexpr bool kVarlenKeys = VARLEN && !KVCACHE;
   // Query heads that share a KV head share a tile: row r of the packed
   // sequence is query r / heads_per_kv of head r % heads_per_kv within the
   // group, so the group's K/V is read once per tile instead of once per head.
@@ -834,6 +839,18 @@ __device__ __forceinline__ void load_kv_tile(unsigned tile, const unsigned short
   }
 }
 
+// Split-KV partial results are [num_splits, partial_rows, heads_q,
+// head_dim]: the row of a sequence's first query there (dense: its batch's
+// seqlen_q rows; varlen: its packed rows).
+template <class Cfg>
+__device__ __forceinline__ int partial_query0(const FwdParams& p, int batch) {
+  if constexpr (Cfg::kVarlen) {
+    return p.cu_seqlens_q[batch];
+  } else {
+    return batch * p.seqlen_q;
+  }
+}
+
 // Split-KV epilogue: this split's normalized fp32 output and LSE for each
 // row, straight from the accumulators (the combine kernel merges splits).
 template <class Cfg>
@@ -842,6 +859,7 @@ __device__ __forceinline__ void store_partial(float (&o)[Cfg::kMTiles][Cfg::kOut
                                               const float (&row_sum)[Cfg::kMTiles][2], const FwdParams& p, int split,
                                               int batch, int head, int q0, int warp_row0, int rows, int group,
                                               int lane) {
+  const int query0 = partial_query0<Cfg>(p, batch);
 #pragma unroll
   for (int m = 0; m < Cfg::kMTiles; ++m) {
 #pragma unroll
@@ -852,7 +870,7 @@ __device__ __forceinline__ void store_partial(float (&o)[Cfg::kMTiles][Cfg::kOut
       const float inverse = sum > 0.f ? 1.f / sum : 0.f;
       const int query = query_position<Cfg>(row, group);
       const int row_head = Cfg::kPackGqa ? head + row % group : head;
-      const long long at = (static_cast<long long>(split * p.batch + batch) * p.seqlen_q + query) * p.heads_q + row_head;
+      const long long at = (static_cast<long long>(split) * p.partial_rows + query0 + query) * p.heads_q + row_head;
       float* out = p.partial_o + at * p.head_dim;
 #pragma unroll
       for (int n = 0; n < Cfg::kOutTiles; ++n) {
@@ -1238,7 +1256,7 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   // Only block 0 (the last the tile sees: blocks go from the last down) can
   // end past the sequence, so only the prologue's copy of it checks, and
   // the main loop keeps no registers for it.
-  const int k_row0 = Cfg::kVarlen ? p.cu_seqlens_k[job.batch] : 0;
+  const int k_row0 = Cfg::kVarlenKeys ? p.cu_seqlens_k[job.batch] : 0;
   const int* pages = Cfg::kPaged ? p.block_table + job.batch * p.block_table_stride : nullptr;
   // The map's outermost coordinate: the batch, a contiguous cache's batch
   // (cache_batch_idx), or (paged) the page, looked up per copy.
@@ -1277,7 +1295,7 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       const unsigned barrier = values ? ring.v_landed(s) : Cfg::kRotateKeys ? ring.k_landed(s) : ring.k_ready(s);
       const int kv_head = job.head / p.heads_per_kv;
       if (by_threads) {
-        if constexpr (Cfg::kVarlen) {
+        if constexpr (Cfg::kVarlenKeys) {
           // (The sequence's V rows from the parameters, not job.v: the
           // three-warpgroup producer's 32 registers spilled holding it.)
           const unsigned short* v_rows = static_cast<const unsigned short*>(p.v) +
@@ -1315,7 +1333,7 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
 #pragma unroll
       for (int panel = 0; panel < kPanels; ++panel) {
         const unsigned destination = stage + (panel * Cfg::kBlockKV + lane * copy_rows) * 128;
-        if constexpr (Cfg::kVarlen) {
+        if constexpr (Cfg::kVarlenKeys) {
           tensor_copy_3d(destination, map, barrier, panel * 64, row, kv_head);
         } else {
           tensor_copy_4d(destination, map, barrier, panel * 64, row, kv_head, outer);
@@ -1767,7 +1785,8 @@ __device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJ
     lse_start = q_row0 * p.lse_row_stride;
   }
   if constexpr (Cfg::kKVCache) {
-    seqlen_k = p.seqused_k[batch] + p.seqlen_k_added;
+    // (Varlen over a paged cache: the lengths are the varlen ones above.)
+    if constexpr (!Cfg::kVarlen) seqlen_k = p.seqused_k[batch] + p.seqlen_k_added;
     const int cache_batch = p.kv_batch_index != nullptr ? p.kv_batch_index[batch] : batch;
     // Paged: the batch strides are page strides, applied per tile.
     k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;

@@ -167,6 +167,66 @@ TEST_CASE("varlen calls are validated through the C API") {
   CHECK(std::string(jitattn_last_error()).find("max_seqlen_q=101") != std::string::npos);
 }
 
+TEST_CASE("varlen with a workspace and a paged cache through the C API: sized, validated, passed on") {
+  configure_once();
+  // Two sequences of one query (32 heads, 8 KV heads, d128) over a paged
+  // cache of 512 pages of 64 rows (max_seqlen_k 16384): few tiles, so they
+  // split; the same over packed K/V too.
+  auto rows3 = [](uintptr_t address, int64_t total, int64_t heads) {
+    jitattn_tensor t{};
+    t.data = fake(address);
+    t.dtype = JITATTN_BF16;
+    t.ndim = 3;
+    const int64_t shape[3] = {total, heads, 128}, strides[3] = {heads * 128, 128, 1};
+    for (int i = 0; i < 3; ++i) {
+      t.shape[i] = shape[i];
+      t.strides[i] = strides[i];
+    }
+    return t;
+  };
+  auto vector = [](uintptr_t address, int64_t rows, int64_t columns) {
+    jitattn_tensor t{};
+    t.data = fake(address);
+    t.dtype = JITATTN_I32;
+    t.ndim = columns > 0 ? 2 : 1;
+    t.shape[0] = rows;
+    t.strides[0] = columns > 0 ? columns : 1;
+    if (columns > 0) t.shape[1] = columns, t.strides[1] = 1;
+    return t;
+  };
+  jitattn_tensor q = rows3(0x1000, 2, 32);
+  jitattn_tensor o = rows3(0x3000, 2, 32);
+  jitattn_tensor pages = bshd(fake(0x100000), JITATTN_BF16, 512, 64, 8, 128);
+  jitattn_tensor cu = vector(0x5000, 3, 0);
+  jitattn_tensor used = vector(0x6000, 2, 0);
+  jitattn_tensor table = vector(0x7000, 2, 256);
+  jitattn_varlen_args args{&cu, &cu, &used, &table, 1, 16384};
+  jitattn_fwd_options options;
+  jitattn_fwd_options_init(&options);
+  size_t bytes = 0;
+  REQUIRE(jitattn_fwd_varlen_workspace_bytes(&q, &pages, &pages, &o, nullptr, &args, &options, &bytes) == JITATTN_OK);
+  CHECK(bytes > 0);
+  options.num_splits = 3;
+  REQUIRE(jitattn_fwd_varlen_workspace_bytes(&q, &pages, &pages, &o, nullptr, &args, &options, &bytes) == JITATTN_OK);
+  // Partial rows are the packed queries: 3 splits × 2 rows × 32 heads.
+  CHECK(bytes == (3 * 2 * 32 * 128 * 4 + 255) / 256 * 256 + 3 * 2 * 32 * 4);
+  CHECK(jitattn_fwd_varlen_split(&q, &pages, &pages, &o, nullptr, &args, &options, fake(0x100000), bytes - 1,
+                                 nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("ask forward_varlen_workspace_bytes") != std::string::npos);
+  // The packed-K/V overload without a block table: k 3-D.
+  jitattn_tensor k = rows3(0x200000, 16384, 8);
+  args.block_table = nullptr;
+  REQUIRE(jitattn_fwd_varlen_workspace_bytes(&q, &k, &k, &o, nullptr, &args, &options, &bytes) == JITATTN_OK);
+  CHECK(bytes == (3 * 2 * 32 * 128 * 4 + 255) / 256 * 256 + 3 * 2 * 32 * 4);
+  // A paged cache's k is 4-D, and its rows need a table.
+  CHECK(jitattn_fwd_varlen_workspace_bytes(&q, &pages, &pages, &o, nullptr, &args, &options, &bytes) ==
+        JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("k: must have 3 dimensions") != std::string::npos);
+  CHECK(jitattn_fwd_varlen_split(&q, &k, &k, &o, nullptr, nullptr, &options, nullptr, 0, nullptr) ==
+        JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()) == "args: is NULL");
+}
+
 TEST_CASE("merges are validated through the C API, naming the argument") {
   configure_once();
   jitattn_tensor states{};

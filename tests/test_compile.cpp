@@ -192,7 +192,14 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
                            // Dense calls with a workspace split the same tiles: keys by tensor copies, or
                            // rotated by the producer.
                            "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.split",
-                           "fwd.f16.d64.br128.bc128.w8.s4.wgmma.local.softcap.alibi.rope_interleaved_r32.rope_tables.split"}) {
+                           "fwd.f16.d64.br128.bc128.w8.s4.wgmma.local.softcap.alibi.rope_interleaved_r32.rope_tables.split",
+                           // Varlen calls: packed queries over packed keys or a paged cache, split or not.
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.split.varlen",
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.kvcache.paged.varlen",
+                           // (packed GQA: batches of mostly short sequences, e.g. decoding steps beside a chunk)
+                           "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal.packgqa.varlen",
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.kvcache.paged.varlen",
+                           "fwd.f16.d64.br128.bc64.w8.s4.wgmma.local.softcap.alibi.packgqa.kvcache.paged.split.varlen"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   REQUIRE(specs.size() >= 14);
@@ -542,7 +549,19 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
   // The decode kernel over a dense call's K/V (forward with few query rows).
   for (const char* text : {"decode.bf16.d128.br16.bc32.w4.s2.dense.split", "decode.f16.d64.br32.bc64.w4.s2.causal.dense",
                            "decode.bf16.d256.br16.bc16.w4.s2.local.softcap.alibi.dense.split",
-                           "decode.bf16.d96.br16.bc32.w2.s3.padded.dense"}) {
+                           "decode.bf16.d96.br16.bc32.w2.s3.padded.dense",
+                           // Varlen: packed queries over packed keys or a paged cache.
+                           "decode.bf16.d128.br16.bc32.w4.s2.dense.split.varlen",
+                           "decode.f16.d64.br32.bc64.w4.s2.causal.alibi.dense.varlen",
+                           "decode.bf16.d128.br16.bc32.w4.s2.paged.split.varlen",
+                           "decode.bf16.d256.br16.bc16.w4.s2.local.softcap.paged.varlen"}) {
+    specs.push_back(KernelSpec::parse(text));
+  }
+  // Varlen on the 4-warp tiles: split, and over a paged cache.
+  for (const char* text : {"fwd.bf16.d128.br64.bc128.w4.causal.packgqa.split.varlen",
+                           "fwd.f16.d64.br64.bc64.w4.softcap.rope_half_r64.split.varlen",
+                           "fwd.bf16.d128.br64.bc64.w4.local.packgqa.kvcache.paged.split.varlen",
+                           "fwd.bf16.d128.br128.bc64.w8.s2.causal.kvcache.paged.varlen"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   specs.push_back(KernelSpec::append(DType::bf16, RopeKind::none, 0, false, false));

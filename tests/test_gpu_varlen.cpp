@@ -14,6 +14,10 @@
 // NaN: a kernel must never let them into a result. With RoPE the references
 // rotate each sequence's rows first (query i of sequence b at position
 // i + seqlen_k(b) − seqlen_q(b), key j at j).
+// With a workspace the calls may split over keys; the workspace is poisoned
+// too. Over a paged cache (VarlenArgs::block_table) each sequence's keys are
+// copied into pages in shuffled order; every other page row holds NaN, and
+// block-table entries past a sequence's pages name a page of NaN.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -68,10 +72,36 @@ struct Case {
   TileConfig tiles;  // forced tiles (zeros: the planner's)
   int sm_limit = 0;  // ForwardOptions::sm_limit (persistent grids)
   std::optional<RopeReference> rope;  // RoPE on q and k (theta 10000)
+  // The workspace overload with options.num_splits (0: the heuristic); none:
+  // the call without a workspace.
+  std::optional<int> num_splits;
+  // > 0: K/V in a paged cache of pages of this many rows (contiguous layout).
+  int page_size = 0;
 };
 
+// A paged case's pages per sequence (at least one column in the table), and
+// every page: each sequence's plus one of NaN.
+int max_pages_of(const Case& c) {
+  int pages = 1;
+  for (int b = 0; b < c.shape.batch(); ++b) {
+    const int stored = c.shape.cu_seqlens_k[b + 1] - c.shape.cu_seqlens_k[b];
+    pages = std::max(pages, (stored + c.page_size - 1) / c.page_size);
+  }
+  return pages;
+}
+int num_pages_of(const Case& c) {
+  int pages = 1;
+  for (int b = 0; b < c.shape.batch(); ++b) {
+    pages += (c.shape.cu_seqlens_k[b + 1] - c.shape.cu_seqlens_k[b] + c.page_size - 1) / c.page_size;
+  }
+  return pages;
+}
+
 int max_seqlen_q_of(const Case& c) { return std::min(c.shape.total_q, std::max(1, c.shape.max_seqlen_q()) + c.slack); }
-int max_seqlen_k_of(const Case& c) { return std::min(c.shape.total_k, std::max(1, c.shape.max_seqlen_k()) + c.slack); }
+int max_seqlen_k_of(const Case& c) {
+  const int capacity = c.page_size > 0 ? max_pages_of(c) * c.page_size : c.shape.total_k;
+  return std::min(capacity, std::max(1, c.shape.max_seqlen_k()) + c.slack);
+}
 
 // "(q,k)" per sequence, "(q,k/used)" with seqused_k.
 std::string lengths_text(const VarlenShape& s) {
@@ -91,13 +121,15 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   if (!a.alibi_slopes.empty()) slopes = c.slopes_per_batch ? "[batch, heads_q]" : "[heads_q]";
   return fmt::format(
       "{} {} batch={} lengths(q,k)=[{}] total_q={} total_k={} max_seqlen=({}, {}) heads={}/{} head_dim={} causal={} "
-      "window=({}, {}) softcap={} alibi={} rope={} layout={} reference={} sm_limit={} seed={}",
+      "window=({}, {}) softcap={} alibi={} rope={} layout={} pages={} num_splits={} reference={} sm_limit={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch(), lengths_text(s), s.total_q,
       s.total_k, max_seqlen_q_of(c), max_seqlen_k_of(c), a.heads_q, a.heads_kv, a.head_dim, a.causal, a.window_left,
       a.window_right, a.softcap, slopes,
       !c.rope ? std::string("off")
               : fmt::format("{} r{}", c.rope->style == RopeStyle::rotate_half ? "half" : "interleaved", c.rope->rotary_dim),
-      layout_name(c.layout), c.gpu_reference ? "gpu" : "cpu", c.sm_limit, seed);
+      layout_name(c.layout), c.page_size > 0 ? fmt::format("{} rows", c.page_size) : std::string("off"),
+      c.num_splits ? fmt::format("{}", *c.num_splits) : std::string("no workspace"), c.gpu_reference ? "gpu" : "cpu",
+      c.sm_limit, seed);
 }
 
 std::unique_ptr<DeviceBuffer> upload_i32(const std::vector<int>& values) {
@@ -113,7 +145,46 @@ struct Inputs {
   std::unique_ptr<DeviceTensor> dqkv;        // qkv layout
   TensorView q_view, k_view, v_view;         // what the kernel gets
   std::unique_ptr<DeviceBuffer> cu_seqlens_q, cu_seqlens_k, seqused_k, slopes;  // seqused_k/slopes: null when off
+  std::unique_ptr<DeviceTensor> k_pages, v_pages;  // paged: [pages, page_size, heads_kv, head_dim]
+  std::unique_ptr<DeviceBuffer> block_table;       // paged: i32 [batch, max_pages]
 };
+
+// Copies packed key rows into shuffled pages: row r of sequence b goes to
+// row r % page_size of page table[b][r / page_size]. Every other row is NaN,
+// and so is the page that table entries past a sequence's pages name.
+void page_keys(const Case& c, const std::vector<float>& k, const std::vector<float>& v, std::mt19937_64& rng,
+               Inputs& in) {
+  const auto& s = c.shape;
+  const auto& a = s.common;
+  const int pages = num_pages_of(c), max_pages = max_pages_of(c);
+  std::vector<int> order(pages);
+  for (int i = 0; i < pages; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), rng);
+  const int nan_page = order.back();
+  std::vector<int> table(static_cast<size_t>(s.batch()) * max_pages, nan_page);
+  const size_t row = static_cast<size_t>(a.heads_kv) * a.head_dim;
+  std::vector<float> k_pages(static_cast<size_t>(pages) * c.page_size * row, NAN), v_pages = k_pages;
+  int next = 0;
+  for (int b = 0; b < s.batch(); ++b) {
+    const int stored = s.cu_seqlens_k[b + 1] - s.cu_seqlens_k[b];
+    for (int p = 0; p * c.page_size < stored; ++p) table[static_cast<size_t>(b) * max_pages + p] = order[next++];
+    for (int r = 0; r < stored; ++r) {
+      const size_t from = (s.cu_seqlens_k[b] + r) * row;
+      const size_t to = (static_cast<size_t>(table[static_cast<size_t>(b) * max_pages + r / c.page_size]) * c.page_size +
+                         r % c.page_size) * row;
+      std::copy_n(k.begin() + from, row, k_pages.begin() + to);
+      std::copy_n(v.begin() + from, row, v_pages.begin() + to);
+    }
+  }
+  const int64_t shape[4] = {pages, c.page_size, a.heads_kv, a.head_dim};
+  int64_t strides[4];
+  contiguous_strides(shape, strides);
+  in.k_pages = std::make_unique<DeviceTensor>(k_pages, c.dtype, shape, strides);
+  in.v_pages = std::make_unique<DeviceTensor>(v_pages, c.dtype, shape, strides);
+  in.k_view = in.k_pages->view();
+  in.v_view = in.v_pages->view();
+  in.block_table = upload_i32(table);
+}
 
 Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   const auto& s = c.shape;
@@ -167,6 +238,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     in.k_view = packed_view(*in.dk);
     in.v_view = packed_view(*in.dv);
   }
+  if (c.page_size > 0) page_keys(c, in.k, in.v, rng, in);
   in.cu_seqlens_q = upload_i32(s.cu_seqlens_q);
   in.cu_seqlens_k = upload_i32(s.cu_seqlens_k);
   if (!s.seqused_k.empty()) in.seqused_k = upload_i32(s.seqused_k);
@@ -197,17 +269,18 @@ ForwardOptions options_for(const Case& c, const TensorView* slopes) {
     options.rope.style = c.rope->style;
     options.rope.rotary_dim = c.rope->rotary_dim;
   }
+  options.num_splits = c.num_splits.value_or(0);
   return options;
 }
 
 // The i32 vectors and maxima of a call; the views point at `data` (device
 // buffers for a run, placeholders for planning).
 struct VarlenViews {
-  TensorView cu_seqlens_q, cu_seqlens_k, seqused_k;
+  TensorView cu_seqlens_q, cu_seqlens_k, seqused_k, block_table;
   VarlenArgs args;
 };
 
-void make_varlen(const Case& c, void* cu_q, void* cu_k, void* seqused, VarlenViews& views) {
+void make_varlen(const Case& c, void* cu_q, void* cu_k, void* seqused, VarlenViews& views, void* table = nullptr) {
   const int64_t batch = c.shape.batch();
   views.cu_seqlens_q = TensorView::contiguous(cu_q, DType::i32, {batch + 1});
   views.cu_seqlens_k = TensorView::contiguous(cu_k, DType::i32, {batch + 1});
@@ -220,6 +293,11 @@ void make_varlen(const Case& c, void* cu_q, void* cu_k, void* seqused, VarlenVie
     views.seqused_k = TensorView::contiguous(seqused, DType::i32, {batch});
     views.args.seqused_k = &views.seqused_k;
   }
+  views.args.block_table = nullptr;
+  if (c.page_size > 0) {
+    views.block_table = TensorView::contiguous(table, DType::i32, {batch, max_pages_of(c)});
+    views.args.block_table = &views.block_table;
+  }
 }
 
 // The spec a case will use (default tiles: the runtime may prefer tuned
@@ -230,16 +308,23 @@ std::string spec_of(const Case& c) {
   const auto& a = s.common;
   void* placeholder = reinterpret_cast<void*>(uintptr_t{1} << 20);
   const TensorView q = TensorView::contiguous(placeholder, c.dtype, {s.total_q, a.heads_q, a.head_dim});
-  const TensorView kv = TensorView::contiguous(placeholder, c.dtype, {s.total_k, a.heads_kv, a.head_dim});
+  const TensorView kv =
+      c.page_size > 0
+          ? TensorView::contiguous(placeholder, c.dtype, {num_pages_of(c), c.page_size, a.heads_kv, a.head_dim})
+          : TensorView::contiguous(placeholder, c.dtype, {s.total_k, a.heads_kv, a.head_dim});
   const TensorView lse = TensorView::contiguous(placeholder, DType::f32, {a.heads_q, s.total_q});
   const TensorView slopes = slopes_view(c, placeholder);
   VarlenViews varlen;
-  make_varlen(c, placeholder, placeholder, placeholder, varlen);
+  make_varlen(c, placeholder, placeholder, placeholder, varlen, placeholder);
+  const ForwardOptions options = options_for(c, a.alibi_slopes.empty() ? nullptr : &slopes);
+  const detail::Arch arch = detail::Arch::parse(current_arch());
   try {
-    return detail::plan_forward_varlen(q, kv, kv, q, &lse, varlen.args,
-                                       options_for(c, a.alibi_slopes.empty() ? nullptr : &slopes),
-                                       detail::Arch::parse(current_arch()), INT_MAX, 132)
-        .spec.text();
+    if (c.num_splits) {
+      return detail::plan_forward_varlen_split(q, kv, kv, q, &lse, varlen.args, options, nullptr, 0, true, arch,
+                                               INT_MAX, 132)
+          .attention.spec.text();
+    }
+    return detail::plan_forward_varlen(q, kv, kv, q, &lse, varlen.args, options, arch, INT_MAX, 132).spec.text();
   } catch (const std::exception&) {
     return {};
   }
@@ -277,14 +362,27 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
   lse_view.shape[0] = a.heads_q, lse_view.shape[1] = s.total_q;
   lse_view.strides[0] = lse_head_stride, lse_view.strides[1] = 1;
   VarlenViews varlen;
-  make_varlen(c, in.cu_seqlens_q->get(), in.cu_seqlens_k->get(), in.seqused_k ? in.seqused_k->get() : nullptr, varlen);
+  make_varlen(c, in.cu_seqlens_q->get(), in.cu_seqlens_k->get(), in.seqused_k ? in.seqused_k->get() : nullptr, varlen,
+              in.block_table ? in.block_table->get() : nullptr);
   TensorView slopes;
   if (in.slopes) slopes = slopes_view(c, in.slopes->get());
   const ForwardOptions options = options_for(c, in.slopes ? &slopes : nullptr);
   KernelRun run;
   run.spec = spec_of(c);
-  gpu_tests_runtime().forward_varlen(in.q_view, in.k_view, in.v_view, packed_view(out), &lse_view, varlen.args,
-                                     options, nullptr);
+  Runtime& runtime = gpu_tests_runtime();
+  std::unique_ptr<DeviceBuffer> workspace;  // lives until the output is read
+  if (c.num_splits) {
+    // The workspace poisoned: a split must write every partial it reads.
+    const size_t bytes = runtime.forward_varlen_workspace_bytes(in.q_view, in.k_view, in.v_view, packed_view(out),
+                                                                &lse_view, varlen.args, options);
+    workspace = std::make_unique<DeviceBuffer>(std::max<size_t>(bytes, 256));
+    workspace->fill_bytes(0xff);
+    runtime.forward_varlen(in.q_view, in.k_view, in.v_view, packed_view(out), &lse_view, varlen.args, options,
+                           bytes > 0 ? workspace->get() : nullptr, bytes, nullptr);
+  } else {
+    runtime.forward_varlen(in.q_view, in.k_view, in.v_view, packed_view(out), &lse_view, varlen.args, options,
+                           nullptr);
+  }
   run.out = out.read();
   run.out_written_outside = out.count_written_outside(s.used_q());
   std::vector<uint32_t> bits(static_cast<size_t>(a.heads_q) * lse_head_stride);
@@ -643,6 +741,84 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
   long_keys.sm_limit = 5;
   cases.push_back(long_keys);
   warm_cases(cases, spec_of);  // every kernel up front, in parallel
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("varlen with a workspace and over paged caches: splits 1/3/heuristic, shuffled pages of 8-256, decode and "
+          "prefill tiles, masks, GQA") {
+  // Decoding steps (one query, or a few for speculative decoding) over long
+  // keys take the decode kernel and split; mixed batches of prefill chunks
+  // take the prefill tiles (wgmma on sm_90a), split only where forced or few.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  auto lengths = [&](int batch, int max_q, int max_k) {
+    std::pair<std::vector<int>, std::vector<int>> l;
+    for (int b = 0; b < batch; ++b) {
+      l.first.push_back(std::uniform_int_distribution<int>(0, 7)(rng) == 0 ? 0 : std::uniform_int_distribution<int>(1, max_q)(rng));
+      l.second.push_back(std::uniform_int_distribution<int>(0, 7)(rng) == 0 ? std::uniform_int_distribution<int>(0, 3)(rng)
+                                                                            : std::uniform_int_distribution<int>(1, max_k)(rng));
+    }
+    return l;
+  };
+  int index = 0;
+  for (DType dtype : kDTypes) {
+    for (int page_size : {0, 8, 16, 64, 256}) {
+      for (const std::optional<int>& splits : {std::optional<int>{}, std::optional<int>{1}, std::optional<int>{3},
+                                               std::optional<int>{0}}) {
+        for (int kind = 0; kind < 3; ++kind) {  // decoding steps, speculative decoding, mixed chunks
+          const int head_dim = index % 5 == 4 ? 256 : index % 3 == 0 ? 64 : 128;
+          const auto [heads_q, heads_kv] = index % 3 == 0 ? std::pair{6, 6} : index % 3 == 1 ? std::pair{8, 2} : std::pair{6, 1};
+          const auto [seqlens_q, seqlens_k] =
+              kind == 0 ? lengths(1 + index % 5, 1, 3000) : kind == 1 ? lengths(3, 4, 2000) : lengths(4, 300, 900);
+          Case c;
+          c.dtype = dtype;
+          c.page_size = page_size;
+          c.num_splits = splits;
+          c.shape = VarlenShape::packed(make_common(heads_q, heads_kv, head_dim, kind != 0 || index % 2 == 0), seqlens_q,
+                                        seqlens_k, 2, 3);
+          if (index % 4 == 1) c.shape.common.window_left = 200;
+          if (index % 5 == 2) c.shape.common.softcap = 30.f;
+          if (index % 6 == 3) add_slopes(c, index % 4 == 3, rng);
+          if (index % 3 == 2) c.shape.seqused_k = random_seqused(c.shape, rng);
+          if (page_size == 0 && index % 7 == 5) c.layout = Layout::padded;
+          cases.push_back(c);
+          ++index;
+        }
+      }
+    }
+  }
+  // Forced kernels over pages: 4-warp tiles, split; the decode kernel with
+  // a deeper pipeline (over a cache, stages without wgmma select it).
+  for (const TileConfig& tiles : {TileConfig{64, 64, 4}, TileConfig{32, 32, 2, 4}}) {
+    Case c;
+    c.page_size = 64;
+    c.tiles = tiles;
+    c.num_splits = 3;
+    c.shape = VarlenShape::packed(make_common(8, 2, 128, true), {1, 0, tiles.stages == 0 ? 130 : 3, 7},
+                                  {2000, 0, 700, 7}, 2, 3);
+    cases.push_back(c);
+  }
+  // Edges: no queries, no keys, keys fewer than queries (rows that see
+  // nothing), one of each, over pages and split.
+  Case edges;
+  edges.page_size = 16;
+  edges.num_splits = 0;
+  edges.shape = VarlenShape::packed(make_common(6, 2, 128, true), {0, 0, 5, 1, 1, 300}, {0, 17, 0, 1, 300, 1}, 3, 2);
+  cases.push_back(edges);
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
+  size_t split = 0, decode = 0, prefill = 0;
+  for (const Case& c : cases) {
+    const std::string spec = spec_of(c);
+    split += spec.find(".split") != std::string::npos;
+    decode += spec.rfind("decode.", 0) == 0;
+    prefill += spec.rfind("fwd.", 0) == 0;
+  }
+  MESSAGE(fmt::format("{} cases: {} split, {} on the decode kernel, {} on prefill tiles", cases.size(), split, decode,
+                      prefill));
+  CHECK(split >= cases.size() / 3);
+  CHECK(decode > 10);
+  CHECK(prefill > 10);
   check_cases(cases, rng, seed);
 }
 

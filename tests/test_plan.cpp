@@ -951,6 +951,158 @@ TEST_CASE("forward with a workspace splits calls whose tiles leave the GPU under
                        Error);
 }
 
+TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a block table pages the keys") {
+  const Arch hopper = Arch::parse("sm_90a");
+  // Four decoding steps (one query each) of 32 query heads over 8 KV heads
+  // at d128; keys packed [4 × 8192, 8, 128], or paged [512, 64, 8, 128] with
+  // a [4, 128] block table; out heads-major, lse [32, 4] padded.
+  struct Batch {
+    TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {4, 32, 128});
+    TensorView k = TensorView::contiguous(address(0x100000), DType::bf16, {4 * 8192, 8, 128});
+    TensorView pages = TensorView::contiguous(address(0x100000), DType::bf16, {512, 64, 8, 128});
+    TensorView out = TensorView::contiguous(address(0x40000), DType::bf16, {4, 32, 128});
+    TensorView lse = TensorView::contiguous(address(0x50000), DType::f32, {32, 4});
+    TensorView seqused = TensorView::contiguous(address(0x62000), DType::i32, {4});
+    TensorView table = TensorView::contiguous(address(0x63000), DType::i32, {4, 128});
+    VarlenArgs varlen;
+    ForwardOptions options;
+    bool paged = false;
+    Batch() {
+      out.strides[0] = 128;
+      out.strides[1] = 4 * 128;
+      lse.strides[0] = 8;
+      varlen.cu_seqlens_q = TensorView::contiguous(address(0x60000), DType::i32, {5});
+      varlen.cu_seqlens_k = TensorView::contiguous(address(0x61000), DType::i32, {5});
+      varlen.max_seqlen_q = 1;
+      varlen.max_seqlen_k = 8192;
+    }
+    const TensorView& keys() const { return paged ? pages : k; }
+    ForwardPlan plan() {
+      varlen.block_table = paged ? &table : nullptr;
+      return plan_forward_varlen(q, keys(), keys(), out, &lse, varlen, options, Arch::parse("sm_90a"), 227 * 1024,
+                                 132);
+    }
+    SplitForwardPlan split(void* workspace = nullptr, size_t bytes = 0, bool sizing_only = true) {
+      varlen.block_table = paged ? &table : nullptr;
+      return plan_forward_varlen_split(q, keys(), keys(), out, &lse, varlen, options, workspace, bytes, sizing_only,
+                                       Arch::parse("sm_90a"), 227 * 1024, 132);
+    }
+  };
+
+  Batch call;
+  // Without a workspace: the decode kernel over packed keys, 32 CTAs.
+  const ForwardPlan unsplit = call.plan();
+  CHECK(unsplit.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.dense.varlen");
+  CHECK(unsplit.grid == 4 * 8);
+  CHECK(unsplit.params.cu_seqlens_q == static_cast<const int*>(call.varlen.cu_seqlens_q.data));
+  CHECK(unsplit.params.batch == 4);
+  // With one: split as a dense call of 4 × 8192 keys would be (heuristic
+  // over 32 tiles of 64 steps), partial rows the 4 packed queries.
+  SplitForwardPlan split = call.split();
+  CHECK(split.attention.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.dense.split.varlen");
+  const int splits = split.attention.num_splits;
+  CHECK(splits > 1);
+  CHECK(split.attention.grid == static_cast<unsigned>(splits * 4 * 8));
+  CHECK(split.attention.params.partial_rows == 4);
+  CHECK(split.attention.partial_o_bytes == (static_cast<size_t>(splits) * 4 * 32 * 128 * 4 + 255) / 256 * 256);
+  CHECK(split.attention.workspace_bytes == split.attention.partial_o_bytes + static_cast<size_t>(splits) * 4 * 32 * 4);
+  {  // the same call as a dense one splits the same way
+    Call dense;
+    dense.q = dense.out = TensorView::contiguous(address(0x10000), DType::bf16, {4, 1, 32, 128});
+    dense.k = dense.v = TensorView::contiguous(address(0x100000), DType::bf16, {4, 8192, 8, 128});
+    dense.lse = TensorView::contiguous(address(0x50000), DType::f32, {4, 32, 1});
+    CHECK(plan_forward_split(dense.q, dense.k, dense.v, dense.out, &dense.lse, dense.options, nullptr, 0, true, hopper,
+                             227 * 1024, 132)
+              .attention.num_splits == splits);
+  }
+  // The combine: one "batch" of the 4 packed rows, into out's and lse's strides.
+  const size_t bytes = split.attention.workspace_bytes;
+  split = call.split(address(0x200000), bytes, false);
+  CHECK(split.combine.grid > 0);
+  const CombineParams& merge = split.combine.params;
+  CHECK(merge.num_states == splits);
+  CHECK((merge.batch == 1 && merge.seqlen == 4 && merge.heads == 32 && merge.head_dim == 128));
+  CHECK((merge.out_batch_stride == 0 && merge.out_row_stride == 128 && merge.out_head_stride == 4 * 128));
+  CHECK((merge.out_lse_batch_stride == 0 && merge.out_lse_row_stride == 1 && merge.out_lse_head_stride == 8));
+  CHECK(merge.states == split.attention.params.partial_o);
+  // Rows past cu_seqlens_q[batch] (no sequence's) are left alone.
+  CHECK(merge.rows_used == static_cast<const int*>(call.varlen.cu_seqlens_q.data) + 4);
+  CHECK_THROWS_WITH_AS(call.split(address(0x200000), bytes - 4, false),
+                       doctest::Contains("(ask forward_varlen_workspace_bytes)"), Error);
+  // Forced counts; 1 for none; without a workspace only 0 or 1.
+  call.options.num_splits = 3;
+  CHECK(call.split().attention.num_splits == 3);
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("options.num_splits=3: splitting needs a workspace"), Error);
+  call.options.num_splits = 1;
+  CHECK_FALSE(call.split().attention.spec.split);
+  call.options.num_splits = 0;
+
+  // Over a paged cache: the keys are pages (kvcache implied in decode specs;
+  // page stride as the batch stride), the lengths varlen's.
+  call.paged = true;
+  const ForwardPlan paged = call.plan();
+  CHECK(paged.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.paged.varlen");
+  CHECK(paged.params.block_table == static_cast<const int*>(call.table.data));
+  CHECK(paged.params.block_table_stride == 128);
+  CHECK(paged.params.page_shift == 6);
+  CHECK(paged.params.k_batch_stride == 64 * 8 * 128);
+  CHECK(paged.params.k_row_stride == 8 * 128);
+  CHECK(paged.params.seqlen_k_added == 0);
+  CHECK(call.split().attention.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.paged.split.varlen");
+  CHECK(call.split().attention.num_splits == splits);
+  // Chunks of 512 queries over the pages: wgmma tiles whose tensor copies
+  // read whole pages (two per 128-key block) through a 4-D map (pages for
+  // batches).
+  Batch chunks;
+  chunks.paged = true;
+  chunks.q = chunks.out = TensorView::contiguous(address(0x10000), DType::bf16, {4 * 512, 32, 128});
+  chunks.lse = TensorView::contiguous(address(0x50000), DType::f32, {32, 4 * 512});
+  chunks.varlen.max_seqlen_q = 512;
+  chunks.options.causal = true;
+  const ForwardPlan prefill = chunks.plan();
+  CHECK(prefill.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.kvcache.paged.varlen");
+  REQUIRE(prefill.spec.tensor_copies());
+  CHECK(prefill.k_map.rank == 4);
+  CHECK((prefill.k_map.dims[1] == 64 && prefill.k_map.dims[3] == 512 && prefill.k_map.box[1] == 64));
+  // Query heads are packed by the average sequence: a chunk of 512 queries
+  // beside 15 decoding steps packs (each step's K/V read once per KV head),
+  // four chunks of 512 do not.
+  CHECK_FALSE(prefill.spec.pack_gqa);
+  Batch mixed = chunks;
+  mixed.q = mixed.out = TensorView::contiguous(address(0x10000), DType::bf16, {512 + 15, 32, 128});
+  mixed.lse = TensorView::contiguous(address(0x50000), DType::f32, {32, 512 + 15});
+  mixed.varlen.cu_seqlens_q = mixed.varlen.cu_seqlens_k = TensorView::contiguous(address(0x60000), DType::i32, {17});
+  mixed.seqused = TensorView::contiguous(address(0x62000), DType::i32, {16});
+  mixed.table = TensorView::contiguous(address(0x63000), DType::i32, {16, 128});
+  const ForwardPlan mixed_plan = mixed.plan();
+  CHECK(mixed_plan.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.kvcache.paged.varlen");
+  CHECK(mixed_plan.grid == (512 * 4 + 127) / 128 * 8 * 16);
+  mixed.paged = false;
+  CHECK(mixed.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.varlen");
+  // Rejected by name: RoPE over pages, k of the wrong rank, lengths past
+  // the table's capacity, head dims that are not a multiple of 8.
+  Batch bad;
+  bad.paged = true;
+  bad.options.rope.style = RopeStyle::rotate_half;
+  CHECK_THROWS_WITH_AS(bad.plan(), doctest::Contains("options.rope: not supported over a paged cache"), Error);
+  bad.options.rope.style = RopeStyle::none;
+  bad.varlen.max_seqlen_k = 128 * 64 + 1;
+  CHECK_THROWS_WITH_AS(bad.plan(), doctest::Contains("max_seqlen_k=8193 must be between 0 and page_size × max_pages=8192"),
+                       Error);
+  bad.varlen.max_seqlen_k = 8192;
+  bad.varlen.block_table = &bad.table;
+  CHECK_THROWS_WITH_AS(plan_forward_varlen(bad.q, bad.k, bad.k, bad.out, nullptr, bad.varlen, bad.options, hopper,
+                                           227 * 1024, 132),
+                       doctest::Contains("k: must have 4 dimensions"), Error);
+  bad.table = TensorView::contiguous(address(0x63000), DType::i32, {3, 128});
+  CHECK_THROWS_WITH_AS(bad.plan(), doctest::Contains("block_table: must be i32 [batch, max_pages] = [4, >= 1]"), Error);
+  Batch odd;
+  odd.paged = true;
+  odd.q = odd.out = TensorView::contiguous(address(0x10000), DType::bf16, {4, 32, 60});
+  odd.pages = TensorView::contiguous(address(0x100000), DType::bf16, {512, 64, 8, 60});
+  CHECK_THROWS_WITH_AS(odd.plan(), doctest::Contains("q: head_dim=60 must be a multiple of 8"), Error);
+}
+
 TEST_CASE("empty problems plan to an empty grid") {
   Call call;
   call.q.shape[1] = call.out.shape[1] = call.lse.shape[2] = 0;

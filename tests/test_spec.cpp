@@ -87,6 +87,10 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
                          "decode.bf16.d256.br16.bc16.w8.s2.local.padded",
                          "decode.bf16.d128.br16.bc16.w4.s4.dense",
                          "decode.f16.d64.br32.bc64.w4.s2.causal.softcap.alibi.dense.split",
+                         "decode.bf16.d128.br16.bc32.w4.s2.dense.split.varlen",
+                         "decode.bf16.d128.br16.bc32.w4.s2.paged.varlen",
+                         "fwd.bf16.d64.br64.bc64.w4.split.varlen",
+                         "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.kvcache.paged.split.varlen",
                          "append.bf16",
                          "append.f16.rope_interleaved_r64.rope_tables.paged",
                          "append.bf16.rope_half_r128",
@@ -100,8 +104,12 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
   std::sort(keys.begin(), keys.end());
   CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.paged"), doctest::Contains("paged needs kvcache"), Error);
-  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.split.varlen"),
-                       doctest::Contains("varlen does not combine with kvcache or split"), Error);
+  // Varlen over a KV cache: packed queries over a paged one's pages, whose
+  // keys are stored as they are (no RoPE).
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.kvcache.varlen"),
+                       doctest::Contains("varlen over a KV cache needs paged"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.rope_half_r128.kvcache.paged.varlen"),
+                       doctest::Contains("varlen over a paged cache takes no rope"), Error);
   const KernelSpec decode = KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4");
   CHECK(decode.family == Family::decode);
   CHECK(decode.pack_gqa);
@@ -127,7 +135,10 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.dense"),
                        doctest::Contains("flag 'dense' applies to a decode spec"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.varlen"),
-                       doctest::Contains("flag 'varlen' does not apply"), Error);
+                       doctest::Contains("varlen over a KV cache needs paged"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.rope_half_r128.paged.varlen"),
+                       doctest::Contains("varlen over a paged cache takes no rope"), Error);
+  CHECK(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.dense.varlen").packed() != dense.packed());
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br64.bc16.w4.s4"), doctest::Contains("br=64 is not one of 16, 32"),
                        Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc128.w4.s4"), doctest::Contains("bc=128"), Error);

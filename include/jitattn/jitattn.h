@@ -68,8 +68,9 @@ typedef struct jitattn_fwd_options {
                        with a KV cache, stages > 0 and wgmma = 1 select this producer layout instead of the decode kernel */
   int32_t persistent; /* with forced wgmma tiles: 1 = a persistent grid of at most one CTA per SM (TileConfig::persistent) */
   int32_t sm_limit;   /* persistent grids use at most this many SMs; 0 = all (ForwardOptions::sm_limit) */
-  int32_t num_splits; /* jitattn_fwd_split: 0 = chosen by the library, 1 = no split, n = forced (<= 128);
-                         jitattn_fwd takes 0 or 1, jitattn_fwd_kvcache only 0 (it reads its args' num_splits) */
+  int32_t num_splits; /* jitattn_fwd_split, jitattn_fwd_varlen_split: 0 = chosen by the library, 1 = no split,
+                         n = forced (<= 128); jitattn_fwd and jitattn_fwd_varlen take 0 or 1, jitattn_fwd_kvcache
+                         only 0 (it reads its args' num_splits) */
 } jitattn_fwd_options;
 
 JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);
@@ -107,6 +108,35 @@ JITATTN_C_API jitattn_status jitattn_fwd_varlen(const jitattn_tensor* q, const j
                                                 const jitattn_tensor* seqused_k, int32_t max_seqlen_q,
                                                 int32_t max_seqlen_k, const jitattn_fwd_options* options,
                                                 void* stream);
+
+/* Varlen with a workspace, and over a paged cache (VarlenArgs in jitattn.hpp).
+ * block_table NULL: k/v [total_k, Hkv, D]; else k/v paged [pages, page_size, Hkv, D]
+ * (page_size a power of two) and block_table i32 [batch, max_pages]: sequence b's keys
+ * are the first seqused_k[b] (else cu_seqlens_k[b+1] - cu_seqlens_k[b]) rows of its pages.
+ * seqused_k and block_table may be NULL. */
+typedef struct jitattn_varlen_args {
+  const struct jitattn_tensor* cu_seqlens_q;
+  const struct jitattn_tensor* cu_seqlens_k;
+  const struct jitattn_tensor* seqused_k;
+  const struct jitattn_tensor* block_table;
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+} jitattn_varlen_args;
+
+/* Calls whose tiles leave the GPU underused split over their keys (options->num_splits:
+ * 0 chosen by the library, 1 no split, n forced). workspace: device memory of at least
+ * jitattn_fwd_varlen_workspace_bytes() for the same arguments, 256-byte aligned (may be
+ * NULL when that is 0). */
+JITATTN_C_API jitattn_status jitattn_fwd_varlen_split(const jitattn_tensor* q, const jitattn_tensor* k,
+                                                      const jitattn_tensor* v, const jitattn_tensor* out,
+                                                      const jitattn_tensor* lse, const jitattn_varlen_args* args,
+                                                      const jitattn_fwd_options* options, void* workspace,
+                                                      size_t workspace_bytes, void* stream);
+JITATTN_C_API jitattn_status jitattn_fwd_varlen_workspace_bytes(const jitattn_tensor* q, const jitattn_tensor* k,
+                                                                const jitattn_tensor* v, const jitattn_tensor* out,
+                                                                const jitattn_tensor* lse,
+                                                                const jitattn_varlen_args* args,
+                                                                const jitattn_fwd_options* options, size_t* bytes);
 
 /* Merge attention states (see merge_states in jitattn.hpp): states [N, rows, H, D] f32/f16/bf16,
  * lse f32 [N, rows, H] (natural log, -INFINITY = empty state), out [rows, H, D] f32/f16/bf16,

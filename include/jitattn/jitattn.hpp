@@ -159,11 +159,11 @@ struct ForwardOptions {
   // at most this many SMs (0 = all of them): leaves SMs free for kernels
   // that run beside the attention, e.g. communication. Must be >= 0.
   int sm_limit = 0;
-  // Split-KV for forward() given a workspace: 0 lets the library choose, 1
-  // disables it, n forces n (<= 128; the splits' partial results are then
-  // merged by a second kernel). forward() without a workspace never splits,
-  // so n > 1 is rejected there; forward_kvcache reads KVCacheArgs::num_splits
-  // instead and rejects anything but 0 here.
+  // Split-KV for forward() and forward_varlen() given a workspace: 0 lets
+  // the library choose, 1 disables it, n forces n (<= 128; the splits'
+  // partial results are then merged by a second kernel). Without a
+  // workspace they never split, so n > 1 is rejected there; forward_kvcache
+  // reads KVCacheArgs::num_splits instead and rejects anything but 0 here.
   int num_splits = 0;
 };
 
@@ -192,13 +192,24 @@ struct JITATTN_API Config {
 // live in device memory and are not read on the host: they must be
 // non-decreasing and within the tensors, and no sequence may be longer than
 // max_seqlen_q / max_seqlen_k.
+//
+// With block_table, k and v are a paged KV cache [num_pages, page_size,
+// heads_kv, head_dim] (page_size a power of two; head_dim a multiple of 8),
+// as in FlashAttention's varlen call with a block table: sequence b's keys
+// are rows [0, n) of its pages block_table[b, ·] (row r in page
+// block_table[b, r / page_size]), n = seqused_k[b] when given, else
+// cu_seqlens_k[b+1] − cu_seqlens_k[b]. No RoPE there (the cache holds keys
+// as they are). Mixed batches of prefill chunks and decoding steps over one
+// cache are one call.
 struct VarlenArgs {
   TensorView cu_seqlens_q;  // i32 [batch + 1]
   TensorView cu_seqlens_k;  // i32 [batch + 1]
   int max_seqlen_q = 0;     // sizes the grid
-  int max_seqlen_k = 0;     // chooses the tiles
+  int max_seqlen_k = 0;     // chooses the tiles (and sizes the splits)
   // Optional i32 [batch]: sequence b uses only its first seqused_k[b] keys.
   const TensorView* seqused_k = nullptr;
+  // Optional i32 [batch, max_pages] (pages contiguous): k and v are paged.
+  const TensorView* block_table = nullptr;
 };
 
 // Attention over a KV cache (FlashAttention's flash_attn_with_kvcache).
@@ -280,6 +291,17 @@ class JITATTN_API Runtime {
   void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options = {},
                       Stream stream = nullptr);
+  // forward_varlen() with a workspace, as forward() with one: calls whose
+  // tiles leave the GPU underused (decoding steps, short chunks over long
+  // keys) split over their keys, sized by max_seqlen_k; options.num_splits
+  // may force a count. workspace: at least forward_varlen_workspace_bytes()
+  // for the same arguments, 256-byte aligned (nullptr when that is 0).
+  void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
+                      void* workspace, size_t workspace_bytes, Stream stream = nullptr);
+  size_t forward_varlen_workspace_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const TensorView& out, const TensorView* lse, const VarlenArgs& varlen,
+                                        const ForwardOptions& options = {});
 
   // KV-cache attention (decoding, speculative decoding, chunked prefill).
   //   q:   [batch, seqlen_q, heads_q, head_dim]; out like q; lse optional
@@ -358,6 +380,13 @@ JITATTN_API size_t forward_workspace_bytes(const TensorView& q, const TensorView
 JITATTN_API void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& out, const TensorView* lse, const VarlenArgs& varlen,
                                 const ForwardOptions& options = {}, Stream stream = nullptr);
+JITATTN_API void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const TensorView* lse, const VarlenArgs& varlen,
+                                const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+                                Stream stream = nullptr);
+JITATTN_API size_t forward_varlen_workspace_bytes(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                  const TensorView& out, const TensorView* lse,
+                                                  const VarlenArgs& varlen, const ForwardOptions& options = {});
 
 JITATTN_API void merge_states(const TensorView& states, const TensorView& lse, const TensorView& out,
                               const TensorView* out_lse = nullptr, Stream stream = nullptr);
