@@ -340,6 +340,41 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
                     fmt::format("dense seqlen_q={} seqlen_k={} unsplit: {}", seqlen_q, seqlen_k, unsplit.text()));
     }
   }
+  // Varlen steps of an engine (decoding steps, speculative tokens, steps
+  // beside a prefill chunk), over packed K/V or pages, with a workspace or
+  // not, find their kernels warmed too.
+  for (const auto& [batch, total_q, max_seqlen_q] :
+       {std::tuple<int64_t, int64_t, int>{8, 8, 1}, {64, 64, 1}, {2, 16, 8}, {31, 542, 512}}) {
+    for (int page : {0, 16, 64}) {
+      for (bool workspace : {false, true}) {
+        using jitattn::TensorView;
+        const TensorView q = TensorView::contiguous(address(0x10000), jitattn::DType::bf16, {total_q, 32, 128});
+        const TensorView kv = page == 0 ? TensorView::contiguous(address(0x20000), jitattn::DType::bf16, {batch * 4096, 8, 128})
+                                        : TensorView::contiguous(address(0x20000), jitattn::DType::bf16,
+                                                                 {batch * 4096 / page, page, 8, 128});
+        const TensorView table =
+            TensorView::contiguous(address(0x30000), jitattn::DType::i32, {batch, 4096 / std::max(page, 1)});
+        jitattn::VarlenArgs varlen;
+        varlen.cu_seqlens_q = varlen.cu_seqlens_k =
+            TensorView::contiguous(address(0x40000), jitattn::DType::i32, {batch + 1});
+        varlen.max_seqlen_q = max_seqlen_q;
+        varlen.max_seqlen_k = 4096;
+        varlen.block_table = page == 0 ? nullptr : &table;
+        jitattn::ForwardOptions options;
+        options.causal = true;
+        const KernelSpec spec =
+            workspace ? jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, nullptr, 0,
+                                                                   true, hopper, 227 * 1024, 132)
+                            .attention.spec
+                      : jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, hopper, 227 * 1024,
+                                                             132)
+                            .spec;
+        CHECK_MESSAGE(std::find(llama.begin(), llama.end(), spec) != llama.end(),
+                      fmt::format("varlen batch={} max_seqlen_q={} page={} workspace={}: {}", batch, max_seqlen_q,
+                                  page, workspace, spec.text()));
+      }
+    }
+  }
   const std::vector<KernelSpec> bert = jitattn::cli::preset_specs("bert-base", hopper);
   REQUIRE_FALSE(bert.empty());
   for (const KernelSpec& spec : bert) {

@@ -93,6 +93,45 @@ void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch
   specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
 }
 
+// The kernels forward_varlen plans for an inference engine's step of
+// `shape` (32 query heads over 8 KV heads): 1, 16 and 64 decoding steps over
+// up to 8192 keys (the decode kernel: split, one and two CTAs per SM), 4
+// sequences of 8 tokens (speculative decoding),
+// and 15 steps beside a 512-token prefill chunk (packed GQA tiles); over
+// packed K/V and over pages of 16 and 64 rows; with a workspace (split)
+// and without.
+void add_varlen_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
+  const int max_smem = max_smem_of(arch);
+  struct Step {
+    int64_t batch, total_q, max_seqlen_q;
+  };
+  for (const auto& [batch, total_q, max_seqlen_q] :
+       {Step{1, 1, 1}, Step{16, 16, 1}, Step{64, 64, 1}, Step{4, 32, 8}, Step{16, 527, 512}}) {
+    for (int page : {0, 16, 64}) {
+      const int64_t max_seqlen_k = 8192;
+      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {total_q, 32, shape.head_dim});
+      const TensorView kv =
+          page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * max_seqlen_k, 8, shape.head_dim})
+                    : TensorView::contiguous(address(0x20000), shape.dtype,
+                                             {batch * max_seqlen_k / page, page, 8, shape.head_dim});
+      const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, max_seqlen_k / std::max(page, 1)});
+      VarlenArgs varlen;
+      varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
+      varlen.max_seqlen_q = static_cast<int>(max_seqlen_q);
+      varlen.max_seqlen_k = static_cast<int>(max_seqlen_k);
+      varlen.block_table = page == 0 ? nullptr : &table;
+      ForwardOptions options;
+      options.causal = shape.causal;
+      if (shape.local) options.window_left = 4096;
+      if (shape.softcap) options.softcap = 50.f;
+      specs.push_back(detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, nullptr, 0,
+                                                        /*sizing_only=*/true, arch, max_smem, 132)
+                          .attention.spec);
+      specs.push_back(detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch, max_smem, 132).spec);
+    }
+  }
+}
+
 std::string known_names() {
   std::string names;
   for (const Preset& preset : presets()) names += (names.empty() ? "" : ", ") + preset.name;
@@ -153,6 +192,7 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
       if (shape.decoder) {
         add_kvcache_specs(shape, arch, specs);
         add_dense_split_specs(shape, arch, specs);
+        add_varlen_specs(shape, arch, specs);
       }
     }
     // Shapes share append and combine kernels: each spec once, in first-seen order.
