@@ -1136,25 +1136,22 @@ Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorVie
   return problem;
 }
 
-}  // namespace
-
-ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const TensorView* lse, const ForwardOptions& options,
-                         const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
-  Problem problem = dense_problem(q, k, v, out, lse, sm_count);
+// A call without a workspace never splits: options.num_splits 0 or 1.
+void check_unsplit(const ForwardOptions& options, const char* entry, const char* workspace_query) {
   check_num_splits("options.num_splits", options.num_splits);
   if (options.num_splits > 1) {
-    reject(fmt::format("options.num_splits={}: splitting needs a workspace (the forward overload that takes one, "
-                       "sized by forward_workspace_bytes)", options.num_splits));
+    reject(fmt::format("options.num_splits={}: splitting needs a workspace (the {} overload that takes one, sized by "
+                       "{})", options.num_splits, entry, workspace_query));
   }
-  return plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
 }
 
-SplitForwardPlan plan_forward_split(const TensorView& q, const TensorView& k, const TensorView& v,
-                                    const TensorView& out, const TensorView* lse, const ForwardOptions& options,
-                                    void* workspace, size_t workspace_bytes, bool sizing_only, const Arch& arch,
-                                    int max_smem_bytes, int sm_count, const TuningTable* tuning) {
-  Problem problem = dense_problem(q, k, v, out, lse, sm_count);
+// A dense or varlen call given a workspace: split over its keys where the
+// tiles alone leave the GPU underused (or options.num_splits asks), then
+// the combine of the splits into out and lse.
+SplitForwardPlan plan_with_workspace(Problem problem, const TensorView& out, const TensorView* lse,
+                                     const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+                                     bool sizing_only, const Arch& arch, int max_smem_bytes,
+                                     const TuningTable* tuning, bool varlen) {
   check_num_splits("options.num_splits", options.num_splits);
   problem.may_split = true;
   problem.num_splits = options.num_splits;
@@ -1162,20 +1159,33 @@ SplitForwardPlan plan_forward_split(const TensorView& q, const TensorView& k, co
   problem.workspace_bytes = workspace_bytes;
   problem.sizing_only = sizing_only;
   SplitForwardPlan plan;
-  plan.attention = plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
+  plan.attention = plan_problem(problem, options, arch, max_smem_bytes, tuning, varlen);
   if (plan.attention.spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, out, lse);
   return plan;
+}
+
+}  // namespace
+
+ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView* lse, const ForwardOptions& options,
+                         const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
+  check_unsplit(options, "forward", "forward_workspace_bytes");
+  return plan_problem(dense_problem(q, k, v, out, lse, sm_count), options, arch, max_smem_bytes, tuning, false);
+}
+
+SplitForwardPlan plan_forward_split(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& out, const TensorView* lse, const ForwardOptions& options,
+                                    void* workspace, size_t workspace_bytes, bool sizing_only, const Arch& arch,
+                                    int max_smem_bytes, int sm_count, const TuningTable* tuning) {
+  return plan_with_workspace(dense_problem(q, k, v, out, lse, sm_count), out, lse, options, workspace,
+                             workspace_bytes, sizing_only, arch, max_smem_bytes, tuning, false);
 }
 
 ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                 const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
                                 const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
   Problem problem = varlen_problem(q, k, v, out, lse, varlen, options, sm_count);
-  check_num_splits("options.num_splits", options.num_splits);
-  if (options.num_splits > 1) {
-    reject(fmt::format("options.num_splits={}: splitting needs a workspace (the forward_varlen overload that takes "
-                       "one, sized by forward_varlen_workspace_bytes)", options.num_splits));
-  }
+  check_unsplit(options, "forward_varlen", "forward_varlen_workspace_bytes");
   return plan_problem(problem, options, arch, max_smem_bytes, tuning, true);
 }
 
@@ -1184,17 +1194,8 @@ SplitForwardPlan plan_forward_varlen_split(const TensorView& q, const TensorView
                                            const ForwardOptions& options, void* workspace, size_t workspace_bytes,
                                            bool sizing_only, const Arch& arch, int max_smem_bytes, int sm_count,
                                            const TuningTable* tuning) {
-  Problem problem = varlen_problem(q, k, v, out, lse, varlen, options, sm_count);
-  check_num_splits("options.num_splits", options.num_splits);
-  problem.may_split = true;
-  problem.num_splits = options.num_splits;
-  problem.workspace = workspace;
-  problem.workspace_bytes = workspace_bytes;
-  problem.sizing_only = sizing_only;
-  SplitForwardPlan plan;
-  plan.attention = plan_problem(problem, options, arch, max_smem_bytes, tuning, true);
-  if (plan.attention.spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, out, lse);
-  return plan;
+  return plan_with_workspace(varlen_problem(q, k, v, out, lse, varlen, options, sm_count), out, lse, options,
+                             workspace, workspace_bytes, sizing_only, arch, max_smem_bytes, tuning, true);
 }
 
 ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
