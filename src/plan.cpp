@@ -919,8 +919,9 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
     reject(fmt::format("{}={}: {} does not split (persistent grids, the mma.sync producer layout and head dims that "
                        "are not a multiple of 8 do not)", num_splits_name, problem.num_splits, plan.spec.text()));
   }
-  if (may_split && splittable) {
-    // Split-KV when the tiles alone leave the GPU underused.
+  if (may_split && splittable && grid > 0) {
+    // Split-KV when the tiles alone leave the GPU underused (a call with no
+    // tiles, e.g. no queries, has nothing to split).
     // Splits are counted in key blocks: one CTA step (every warp one chunk)
     // for the decode kernel. The heuristic sees blocks of at least
     // kMinSplitKeys; a split still spans whole steps.

@@ -1029,6 +1029,19 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
   CHECK(merge.rows_used == static_cast<const int*>(call.varlen.cu_seqlens_q.data) + 4);
   CHECK_THROWS_WITH_AS(call.split(address(0x200000), bytes - 4, false),
                        doctest::Contains("(ask forward_varlen_workspace_bytes)"), Error);
+  {  // No queries: nothing to split, no workspace needed, heuristic or forced.
+    Batch empty;
+    empty.q = empty.out = TensorView::contiguous(address(0x10000), DType::bf16, {0, 32, 128});
+    empty.lse = TensorView::contiguous(address(0x50000), DType::f32, {32, 0});
+    empty.varlen.max_seqlen_q = 0;
+    for (int splits : {0, 3}) {
+      empty.options.num_splits = splits;
+      const SplitForwardPlan none = empty.split(nullptr, 0, false);
+      CHECK(none.attention.grid == 0);
+      CHECK(none.attention.workspace_bytes == 0);
+      CHECK(none.combine.grid == 0);
+    }
+  }
   // Forced counts; 1 for none; without a workspace only 0 or 1.
   call.options.num_splits = 3;
   CHECK(call.split().attention.num_splits == 3);
@@ -1107,6 +1120,12 @@ TEST_CASE("empty problems plan to an empty grid") {
   Call call;
   call.q.shape[1] = call.out.shape[1] = call.lse.shape[2] = 0;
   CHECK(call.plan().grid == 0);
+  // With a workspace too: nothing splits, so no workspace is needed.
+  const SplitForwardPlan split = plan_forward_split(call.q, call.k, call.v, call.out, &call.lse, call.options, nullptr,
+                                                    0, false, Arch::parse("sm_90a"), 227 * 1024, 132);
+  CHECK(split.attention.grid == 0);
+  CHECK(split.attention.workspace_bytes == 0);
+  CHECK(split.combine.grid == 0);
 }
 
 TEST_CASE("every rule is enforced with a message naming the argument") {
