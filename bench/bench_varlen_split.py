@@ -27,14 +27,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, I32, VarlenArgs, default_options, load, tensor_of  # noqa: E402
+from jitattn_ctypes import BF16, I32, VarlenArgs, check, default_options, load, tensor_of  # noqa: E402
 from jitattn_kvcache import kvcache_call  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
-
-
-def check(lib, status):
-    if status != 0:
-        raise RuntimeError(lib.jitattn_last_error().decode())
 
 
 def parse_batch(text):

@@ -51,6 +51,12 @@ def load(path):
     return lib
 
 
+def check(lib, status):
+    """Raises with the library's message when a call returned an error status."""
+    if status != 0:
+        raise RuntimeError(lib.jitattn_last_error().decode())
+
+
 def default_options(lib):
     options = Options()
     lib.jitattn_fwd_options_init(ctypes.byref(options))

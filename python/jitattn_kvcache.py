@@ -5,7 +5,7 @@ import ctypes
 
 import torch
 
-from jitattn_ctypes import BF16, I32, KVCacheArgs, tensor_of
+from jitattn_ctypes import BF16, I32, KVCacheArgs, check, tensor_of
 
 
 def shuffled_pages(k_cache, v_cache, page, generator):
@@ -32,17 +32,13 @@ def kvcache_call(lib, tq, tout, tseqlens, k_cache, v_cache, options, stream, num
                           ctypes.addressof(ttable) if ttable is not None else None, None, None, None,
                           num_splits, max_seqlen_k)
     size = ctypes.c_size_t(0)
-    status = lib.jitattn_kvcache_workspace_bytes(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), None,
-                                                 ctypes.byref(options), ctypes.byref(size))
-    if status != 0:
-        raise RuntimeError(lib.jitattn_last_error().decode())
+    check(lib, lib.jitattn_kvcache_workspace_bytes(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), None,
+                                                   ctypes.byref(options), ctypes.byref(size)))
     workspace = torch.empty(max(size.value, 256), device="cuda", dtype=torch.uint8)
 
     def run():
-        status = lib.jitattn_fwd_kvcache(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), None,
-                                         ctypes.byref(options), ctypes.c_void_p(workspace.data_ptr()),
-                                         ctypes.c_size_t(size.value), stream)
-        if status != 0:
-            raise RuntimeError(lib.jitattn_last_error().decode())
+        check(lib, lib.jitattn_fwd_kvcache(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), None,
+                                           ctypes.byref(options), ctypes.c_void_p(workspace.data_ptr()),
+                                           ctypes.c_size_t(size.value), stream))
     run.keep = (tk, tv, ttable, kv_args, workspace)  # the C structs must outlive the calls
     return run
