@@ -220,7 +220,8 @@ struct VarlenViews {
   explicit VarlenViews(const jitattn_varlen_args* c) {
     if (c == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "args: is NULL");
     args.cu_seqlens_q = view_of(c->cu_seqlens_q, "cu_seqlens_q");
-    args.cu_seqlens_k = view_of(c->cu_seqlens_k, "cu_seqlens_k");
+    // NULL (allowed with block_table and seqused_k) stays an empty view.
+    if (c->cu_seqlens_k != nullptr) args.cu_seqlens_k = view_of(c->cu_seqlens_k, "cu_seqlens_k");
     args.seqused_k = CallViews::optional_view(c->seqused_k, "seqused_k", seqused_k);
     args.block_table = CallViews::optional_view(c->block_table, "block_table", block_table);
     args.max_seqlen_q = c->max_seqlen_q;

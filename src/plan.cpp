@@ -1094,7 +1094,17 @@ Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorVie
   const int64_t batch = varlen.cu_seqlens_q.ndim == 1 ? varlen.cu_seqlens_q.shape[0] - 1 : -1;
   if (batch < 0) reject("cu_seqlens_q: shape must be [batch + 1] (at least one element)");
   check_i32_vector("cu_seqlens_q", varlen.cu_seqlens_q, batch + 1, "batch + 1");
-  check_i32_vector("cu_seqlens_k", varlen.cu_seqlens_k, batch + 1, "batch + 1");
+  // Over a paged cache with seqused_k nothing reads cu_seqlens_k (the
+  // keys are the pages' first seqused_k[b] rows), so it may be left empty,
+  // as FlashAttention-3 and vLLM allow.
+  const TensorView& cu_k = varlen.cu_seqlens_k;
+  const bool cu_k_given = cu_k.data != nullptr || cu_k.ndim != 0;
+  if (cu_k_given) {
+    check_i32_vector("cu_seqlens_k", cu_k, batch + 1, "batch + 1");
+  } else if (!paged || varlen.seqused_k == nullptr) {
+    reject("cu_seqlens_k: required unless both block_table and seqused_k are given (packed keys start at "
+           "cu_seqlens_k[b]; a paged sequence's keys are counted by seqused_k[b], else by cu_seqlens_k)");
+  }
   if (varlen.seqused_k != nullptr) check_i32_vector("seqused_k", *varlen.seqused_k, batch, "batch");
   const int64_t total_q = q.shape[0];
   if (varlen.max_seqlen_q < 0 || (varlen.max_seqlen_q == 0 && total_q > 0 && batch > 0) || varlen.max_seqlen_q > total_q) {
@@ -1121,7 +1131,7 @@ Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorVie
   problem.seqlen_q = varlen.max_seqlen_q;
   problem.seqlen_k = varlen.max_seqlen_k;
   problem.cu_seqlens_q = static_cast<const int*>(varlen.cu_seqlens_q.data);
-  problem.cu_seqlens_k = static_cast<const int*>(varlen.cu_seqlens_k.data);
+  problem.cu_seqlens_k = cu_k_given ? static_cast<const int*>(cu_k.data) : nullptr;
   problem.seqused_k = varlen.seqused_k != nullptr ? static_cast<const int*>(varlen.seqused_k->data) : nullptr;
   if (lse != nullptr) {
     if (lse->dtype != DType::f32) reject(fmt::format("lse: dtype {} must be f32", dtype_name(lse->dtype)));

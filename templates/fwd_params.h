@@ -59,7 +59,8 @@ struct FwdParams {
   // the maxima. seqused_k (optional) caps each sequence's keys. Over a paged
   // cache (varlen with block_table below) only the queries are packed;
   // sequence b's keys are its pages' first seqused_k[b] (else
-  // cu_seqlens_k[b + 1] − cu_seqlens_k[b]) rows.
+  // cu_seqlens_k[b + 1] − cu_seqlens_k[b]) rows; with seqused_k,
+  // cu_seqlens_k may be null there.
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
   const int* seqused_k;

@@ -213,6 +213,18 @@ TEST_CASE("varlen with a workspace and a paged cache through the C API: sized, v
   CHECK(jitattn_fwd_varlen_split(&q, &pages, &pages, &o, nullptr, &args, &options, fake(0x100000), bytes - 1,
                                  nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(jitattn_last_error()).find("ask forward_varlen_workspace_bytes") != std::string::npos);
+  // With the table and seqused_k, cu_seqlens_k may be NULL (vLLM's call).
+  args.cu_seqlens_k = nullptr;
+  size_t without_cu_k = 0;
+  CHECK(jitattn_fwd_varlen_workspace_bytes(&q, &pages, &pages, &o, nullptr, &args, &options, &without_cu_k) ==
+        JITATTN_OK);
+  CHECK(without_cu_k == bytes);
+  args.seqused_k = nullptr;
+  CHECK(jitattn_fwd_varlen_workspace_bytes(&q, &pages, &pages, &o, nullptr, &args, &options, &without_cu_k) ==
+        JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("cu_seqlens_k: required unless") != std::string::npos);
+  args.cu_seqlens_k = &cu;
+  args.seqused_k = &used;
   // The packed-K/V overload without a block table: k 3-D.
   jitattn_tensor k = rows3(0x200000, 16384, 8);
   args.block_table = nullptr;

@@ -77,6 +77,9 @@ struct Case {
   std::optional<int> num_splits;
   // > 0: K/V in a paged cache of pages of this many rows (contiguous layout).
   int page_size = 0;
+  // Paged with seqused_k: cu_seqlens_k left out of the call (it is then
+  // never read; the kernels would fault on the null pointer).
+  bool omit_cu_seqlens_k = false;
 };
 
 // A paged case's pages per sequence (at least one column in the table), and
@@ -285,7 +288,7 @@ void make_varlen(const Case& c, void* cu_q, void* cu_k, void* seqused, VarlenVie
   views.cu_seqlens_q = TensorView::contiguous(cu_q, DType::i32, {batch + 1});
   views.cu_seqlens_k = TensorView::contiguous(cu_k, DType::i32, {batch + 1});
   views.args.cu_seqlens_q = views.cu_seqlens_q;
-  views.args.cu_seqlens_k = views.cu_seqlens_k;
+  views.args.cu_seqlens_k = c.omit_cu_seqlens_k ? TensorView{} : views.cu_seqlens_k;
   views.args.max_seqlen_q = max_seqlen_q_of(c);
   views.args.max_seqlen_k = max_seqlen_k_of(c);
   views.args.seqused_k = nullptr;
@@ -781,6 +784,10 @@ TEST_CASE("varlen with a workspace and over paged caches: splits 1/3/heuristic, 
           if (index % 5 == 2) c.shape.common.softcap = 30.f;
           if (index % 6 == 3) add_slopes(c, index % 4 == 3, rng);
           if (index % 3 == 2) c.shape.seqused_k = random_seqused(c.shape, rng);
+          if (page_size > 0 && index % 4 == 1) {  // every kind, decode kernel and prefill tiles
+            if (c.shape.seqused_k.empty()) c.shape.seqused_k = random_seqused(c.shape, rng);
+            c.omit_cu_seqlens_k = true;
+          }
           if (page_size == 0 && index % 7 == 5) c.layout = Layout::padded;
           cases.push_back(c);
           ++index;
@@ -807,15 +814,17 @@ TEST_CASE("varlen with a workspace and over paged caches: splits 1/3/heuristic, 
   edges.shape = VarlenShape::packed(make_common(6, 2, 128, true), {0, 0, 5, 1, 1, 300}, {0, 17, 0, 1, 300, 1}, 3, 2);
   cases.push_back(edges);
   warm_cases(cases, spec_of);  // every kernel up front, in parallel
-  size_t split = 0, decode = 0, prefill = 0;
+  size_t split = 0, decode = 0, prefill = 0, without_cu_k = 0;
   for (const Case& c : cases) {
+    without_cu_k += c.omit_cu_seqlens_k;
     const std::string spec = spec_of(c);
     split += spec.find(".split") != std::string::npos;
     decode += spec.rfind("decode.", 0) == 0;
     prefill += spec.rfind("fwd.", 0) == 0;
   }
-  MESSAGE(fmt::format("{} cases: {} split, {} on the decode kernel, {} on prefill tiles", cases.size(), split, decode,
-                      prefill));
+  MESSAGE(fmt::format("{} cases: {} split, {} on the decode kernel, {} on prefill tiles, {} without cu_seqlens_k",
+                      cases.size(), split, decode, prefill, without_cu_k));
+  CHECK(without_cu_k >= 8);
   CHECK(split >= cases.size() / 3);
   CHECK(decode > 10);
   CHECK(prefill > 10);

@@ -1063,6 +1063,29 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
   CHECK(paged.params.seqlen_k_added == 0);
   CHECK(call.split().attention.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.paged.split.varlen");
   CHECK(call.split().attention.num_splits == splits);
+  {  // With pages and seqused_k, cu_seqlens_k may be left out (FlashAttention-3's
+     // and vLLM's calls): the kernels then never read it. Anywhere else it
+     // is required, by name.
+    Batch no_cu_k = call;
+    no_cu_k.varlen.cu_seqlens_k = TensorView{};
+    no_cu_k.varlen.seqused_k = &no_cu_k.seqused;
+    const ForwardPlan without = no_cu_k.plan();
+    CHECK(without.spec.text() == paged.spec.text());
+    CHECK(without.params.cu_seqlens_k == nullptr);
+    CHECK(without.params.seqused_k == static_cast<const int*>(no_cu_k.seqused.data));
+    CHECK(no_cu_k.split().attention.num_splits == splits);
+    no_cu_k.varlen.seqused_k = nullptr;
+    CHECK_THROWS_WITH_AS(no_cu_k.plan(), doctest::Contains("cu_seqlens_k: required unless both block_table and seqused_k"),
+                         Error);
+    no_cu_k.varlen.seqused_k = &no_cu_k.seqused;
+    no_cu_k.paged = false;
+    CHECK_THROWS_WITH_AS(no_cu_k.plan(), doctest::Contains("cu_seqlens_k: required unless both block_table and seqused_k"),
+                         Error);
+    // A given one is still checked.
+    no_cu_k.paged = true;
+    no_cu_k.varlen.cu_seqlens_k = TensorView::contiguous(address(0x61000), DType::i32, {4});
+    CHECK_THROWS_WITH_AS(no_cu_k.plan(), doctest::Contains("cu_seqlens_k: shape [4] must be [batch + 1] = [5]"), Error);
+  }
   // Chunks of 512 queries over the pages: wgmma tiles whose tensor copies
   // read whole pages (two per 128-key block) through a 4-D map (pages for
   // batches).

@@ -113,7 +113,7 @@ JITATTN_C_API jitattn_status jitattn_fwd_varlen(const jitattn_tensor* q, const j
  * block_table NULL: k/v [total_k, Hkv, D]; else k/v paged [pages, page_size, Hkv, D]
  * (page_size a power of two) and block_table i32 [batch, max_pages]: sequence b's keys
  * are the first seqused_k[b] (else cu_seqlens_k[b+1] - cu_seqlens_k[b]) rows of its pages.
- * seqused_k and block_table may be NULL. */
+ * seqused_k and block_table may be NULL; cu_seqlens_k may be NULL when both are given. */
 typedef struct jitattn_varlen_args {
   const struct jitattn_tensor* cu_seqlens_q;
   const struct jitattn_tensor* cu_seqlens_k;

@@ -198,12 +198,14 @@ struct JITATTN_API Config {
 // as in FlashAttention's varlen call with a block table: sequence b's keys
 // are rows [0, n) of its pages block_table[b, ·] (row r in page
 // block_table[b, r / page_size]), n = seqused_k[b] when given, else
-// cu_seqlens_k[b+1] − cu_seqlens_k[b]. No RoPE there (the cache holds keys
+// cu_seqlens_k[b+1] − cu_seqlens_k[b]. With both block_table and seqused_k,
+// cu_seqlens_k may be left empty (a default TensorView), as in
+// FlashAttention-3 and vLLM's calls. No RoPE there (the cache holds keys
 // as they are). Mixed batches of prefill chunks and decoding steps over one
 // cache are one call.
 struct VarlenArgs {
   TensorView cu_seqlens_q;  // i32 [batch + 1]
-  TensorView cu_seqlens_k;  // i32 [batch + 1]
+  TensorView cu_seqlens_k;  // i32 [batch + 1]; may be empty with block_table and seqused_k
   int max_seqlen_q = 0;     // sizes the grid
   int max_seqlen_k = 0;     // chooses the tiles (and sizes the splits)
   // Optional i32 [batch]: sequence b uses only its first seqused_k[b] keys.
