@@ -790,7 +790,20 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                              : seqlen_k <= (small_head ? 4096 : 1024);
     plan.spec.persistent = !spills && !problem.kvcache && kernel_dim <= 128 && pays && tile_count > problem.sm_count;
   }
-  plan.spec.validate();
+  try {
+    plan.spec.validate();
+  } catch (const Error& error) {
+    // Tiles the caller forced that the selected kernel does not take (say
+    // 128 query rows with stages over a KV cache, which select the decode
+    // kernel): the validator's reason, under the option that set them.
+    const bool forced = tiles_forced || options.tiles.stages != 0 || options.tiles.wgmma;
+    if (!forced) throw;
+    throw Error(error.code(),
+                fmt::format("options.tiles = {{block_q {}, block_kv {}, warps {}, stages {}{}}}: {}", options.tiles.block_q,
+                            options.tiles.block_kv, options.tiles.warps, options.tiles.stages,
+                            options.tiles.wgmma ? ", wgmma" : "", error.what()),
+                error.spec());
+  }
   // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at
   // head_dim 256: smaller key blocks first, then smaller query blocks.
   while (!tiles_forced && plan.spec.family == Family::fwd && plan.spec.smem_bytes() > static_cast<size_t>(max_smem_bytes) &&

@@ -1132,6 +1132,16 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
                        doctest::Contains("k: must have 4 dimensions"), Error);
   bad.table = TensorView::contiguous(address(0x63000), DType::i32, {3, 128});
   CHECK_THROWS_WITH_AS(bad.plan(), doctest::Contains("block_table: must be i32 [batch, max_pages] = [4, >= 1]"), Error);
+  // Stages without wgmma over pages select the decode kernel, as over a KV
+  // cache; rows it does not take are refused under options.tiles.
+  Batch forced = chunks;
+  forced.options.tiles = {128, 64, 8, 2};
+  CHECK_THROWS_WITH_AS(forced.plan(), doctest::Contains("options.tiles = {block_q 128, block_kv 64, warps 8, stages 2}: "
+                                                        "spec 'decode."),
+                       Error);
+  CHECK_THROWS_WITH_AS(forced.plan(), doctest::Contains("br=128 is not one of 16, 32"), Error);
+  forced.options.tiles = {32, 32, 4, 2};
+  CHECK(forced.plan().spec.text().rfind("decode.", 0) == 0);
   Batch odd;
   odd.paged = true;
   odd.q = odd.out = TensorView::contiguous(address(0x10000), DType::bf16, {4, 32, 60});
