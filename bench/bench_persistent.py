@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from jitattn_ctypes import BF16, default_options, force_tiles, load, tensor_of  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
-# The planner's wgmma tiles (src/plan.cpp, wgmma_tiles) per head dim and RoPE.
+# The planner's wgmma tiles (src/plan/tiles.cpp, wgmma_tiles) per head dim and RoPE.
 TILES = {(64, False): "192x128x12x4w", (64, True): "128x128x8x4w", (128, False): "128x128x8x2w",
          (128, True): "128x128x8x2w"}
 

@@ -1,6 +1,7 @@
 // plan: validates a forward call and splits it into what is compiled (the
 // KernelSpec) and what stays a runtime argument (FwdParams + grid). Pure
 // arithmetic: no GPU, no I/O, so it is cheap on the hot path and testable on CPU.
+// Implemented in src/plan/ (see plan/internal.hpp for its steps).
 #pragma once
 
 #include <optional>

@@ -1,5 +1,5 @@
 // Launch arguments of the KV-cache append kernel (templates/append.cuh),
-// shared by the host (src/plan.cpp fills it) and NVRTC. Plain C++ types only.
+// shared by the host (src/plan/ fills it) and NVRTC. Plain C++ types only.
 #pragma once
 
 namespace jitattn {

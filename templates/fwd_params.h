@@ -1,5 +1,5 @@
 // Launch arguments of the forward kernels. This one header is compiled both by
-// the host (src/plan.cpp fills it) and by NVRTC (the kernel reads it), so the
+// the host (src/plan/ fills it) and by NVRTC (the kernel reads it), so the
 // two layouts cannot drift apart. Plain C++ types only: no toolkit headers.
 #pragma once
 

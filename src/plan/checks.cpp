@@ -1,0 +1,190 @@
+// Checks of the tensors and options a call passes: each failure names the
+// argument and the rule, before anything is launched (DESIGN.md, Errors).
+#include "plan/internal.hpp"
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+namespace jitattn::detail {
+
+std::string shape_text(const TensorView& t) {
+  std::string text = "[";
+  for (int i = 0; i < t.ndim; ++i) text += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
+  return text + "]";
+}
+
+// The generated head dims; any other head dim runs on the next one up,
+// zero-padded inside the kernel (the caller's tensors are not copied). Head
+// dims that are not a multiple of 8 take the 4-warp kernels' element-wise
+// copies (KernelSpec::unaligned_dim).
+constexpr int kKernelHeadDims[] = {32, 64, 96, 128, 192, 256};
+
+int kernel_head_dim(int64_t head_dim) {
+  if (head_dim < 1) reject(fmt::format("q: head_dim={} must be at least 1", head_dim));
+  for (int dim : kKernelHeadDims) {
+    if (head_dim <= dim) return dim;
+  }
+  throw Error(ErrorCode::unsupported, fmt::format("q: head_dim={} is above the largest supported, 256", head_dim));
+}
+
+// The alibi_slopes tensor: f32 [heads_q] or [batch, heads_q]; returns the
+// batch stride (0 when the slopes are per head).
+long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads) {
+  if (slopes.dtype != DType::f32) reject(fmt::format("alibi_slopes: dtype {} must be f32", dtype_name(slopes.dtype)));
+  const bool per_head = slopes.ndim == 1 && slopes.shape[0] == heads;
+  const bool per_batch_head = slopes.ndim == 2 && slopes.shape[0] == batch && slopes.shape[1] == heads;
+  if (!per_head && !per_batch_head) {
+    reject(fmt::format("alibi_slopes: shape {} must be [heads_q] = [{}] or [batch, heads_q] = [{}, {}]", shape_text(slopes),
+                       heads, batch, heads));
+  }
+  if (slopes.strides[slopes.ndim - 1] != 1) reject("alibi_slopes: the heads dimension must be contiguous (stride 1)");
+  if (slopes.data == nullptr) reject("alibi_slopes: data is null");
+  if (reinterpret_cast<uintptr_t>(slopes.data) % 4 != 0) reject("alibi_slopes: data pointer must be 4-byte aligned");
+  return per_batch_head ? slopes.strides[0] : 0;
+}
+
+// A 16-bit tensor of rows: dense [batch, seqlen, heads, head_dim] (4-D) or
+// packed varlen [total, heads, head_dim] (3-D). Where head_dim is a multiple
+// of 8, cp.async reads the rows in 16-byte chunks, so they must be 16-byte
+// aligned. Other head dims (`any_head_dim`: forward and forward_varlen) are
+// read element by element, from any 2-byte boundary.
+void check_rows(const char* name, const TensorView& t, int ndim, bool any_head_dim) {
+  const char* layout = ndim == 4 ? "[batch, seqlen, heads, head_dim]" : "[total_q, heads, head_dim]";
+  if (t.ndim != ndim) reject(fmt::format("{}: must have {} dimensions {}, got {}", name, ndim, layout, t.ndim));
+  if (t.dtype != DType::f16 && t.dtype != DType::bf16) {
+    reject(fmt::format("{}: dtype {} is not f16 or bf16", name, dtype_name(t.dtype)));
+  }
+  const char* const names4[] = {"batch", "seqlen", "heads", "head_dim"};
+  const char* const names3[] = {"total", "heads", "head_dim"};
+  const char* const* names = ndim == 4 ? names4 : names3;
+  for (int axis = 0; axis < ndim; ++axis) {
+    if (t.shape[axis] < 0) reject(fmt::format("{}: {}={} is negative", name, names[axis], t.shape[axis]));
+    if (t.shape[axis] > INT_MAX) reject(fmt::format("{}: {}={} exceeds 2^31-1", name, names[axis], t.shape[axis]));
+  }
+  if (t.shape[ndim - 2] == 0) reject(fmt::format("{}: heads must be >= 1", name));
+  if (t.strides[ndim - 1] != 1) {
+    reject(fmt::format("{}: head_dim stride is {}; the last dimension must be contiguous (stride 1)", name, t.strides[ndim - 1]));
+  }
+  const int64_t head_dim = t.shape[ndim - 1];
+  const bool unaligned = head_dim % 8 != 0;
+  if (unaligned && !any_head_dim) {
+    reject(fmt::format("{}: head_dim={} must be a multiple of 8 for KV-cache calls and paged caches (forward and "
+                       "forward_varlen over K/V tensors take any head_dim up to 256)", name, head_dim));
+  }
+  for (int axis = 0; axis < ndim - 1 && !unaligned; ++axis) {
+    if (t.strides[axis] % 8 != 0) {
+      reject(fmt::format("{}: {} stride {} must be a multiple of 8 elements (16-byte aligned rows)", name, names[axis],
+                         t.strides[axis]));
+    }
+  }
+  bool empty = false;
+  for (int axis = 0; axis < ndim; ++axis) empty = empty || (axis != ndim - 2 && t.shape[axis] == 0);
+  if (t.data == nullptr && !empty) reject(fmt::format("{}: data is null", name));
+  if (reinterpret_cast<uintptr_t>(t.data) % (unaligned ? 2 : 16) != 0) {
+    reject(fmt::format("{}: data pointer must be {}-byte aligned{}", name, unaligned ? 2 : 16,
+                       unaligned ? "" : " (head_dim a multiple of 8)"));
+  }
+}
+
+// An i32 vector in device memory of `length` elements (cu_seqlens, seqused_k).
+void check_i32_vector(const char* name, const TensorView& t, int64_t length, const char* meaning) {
+  if (t.dtype != DType::i32) reject(fmt::format("{}: dtype {} must be i32", name, dtype_name(t.dtype)));
+  if (t.ndim != 1 || t.shape[0] != length) {
+    reject(fmt::format("{}: shape {} must be [{}] = [{}]", name, shape_text(t), meaning, length));
+  }
+  if (t.strides[0] != 1) reject(fmt::format("{}: must be contiguous (stride 1)", name));
+  if (t.data == nullptr || reinterpret_cast<uintptr_t>(t.data) % 4 != 0) {
+    reject(fmt::format("{}: data pointer must be non-null and 4-byte aligned", name));
+  }
+}
+
+void check_lse_alignment(const TensorView& lse, int64_t elements) {
+  if (lse.data == nullptr && elements > 0) reject("lse: data is null");
+  if (reinterpret_cast<uintptr_t>(lse.data) % 4 != 0) reject("lse: data pointer must be 4-byte aligned");
+}
+
+void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seqlen_q) {
+  if (lse.ndim != 3) reject(fmt::format("lse: must have 3 dimensions [batch, heads_q, seqlen_q], got {}", lse.ndim));
+  if (lse.dtype != DType::f32) reject(fmt::format("lse: dtype {} must be f32", dtype_name(lse.dtype)));
+  if (lse.shape[0] != batch || lse.shape[1] != heads || lse.shape[2] != seqlen_q) {
+    reject(fmt::format("lse: shape {} must be [batch, heads_q, seqlen_q] = [{}, {}, {}]", shape_text(lse), batch, heads, seqlen_q));
+  }
+  check_lse_alignment(lse, batch * heads * seqlen_q);
+}
+
+// RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
+int check_rope_scalars(const RopeOptions& rope, int64_t head_dim) {
+  const int rotary_dim = rope.rotary_dim == 0 ? static_cast<int>(head_dim) : rope.rotary_dim;
+  if (rope.style != RopeStyle::rotate_half && rope.style != RopeStyle::interleaved) {
+    reject(fmt::format("options.rope.style={} is not none, rotate_half or interleaved", static_cast<int>(rope.style)));
+  }
+  if (rotary_dim < 16 || rotary_dim > head_dim || rotary_dim % 16 != 0) {
+    reject(fmt::format("options.rope.rotary_dim={} (0 = head_dim = {}) must be a multiple of 16 between 16 and head_dim",
+                       rope.rotary_dim, head_dim));
+  }
+  if ((rope.cos == nullptr) != (rope.sin == nullptr)) reject("options.rope: cos and sin tables come together (one is null)");
+  if (rope.cos != nullptr) return rotary_dim;
+  if (!(rope.theta > 0.f) || !std::isfinite(rope.theta)) {
+    reject(fmt::format("options.rope.theta={} must be positive and finite", rope.theta));
+  }
+  if (!(rope.linear_scaling > 0.f) || !std::isfinite(rope.linear_scaling)) {
+    reject(fmt::format("options.rope.linear_scaling={} must be positive and finite (1 = off)", rope.linear_scaling));
+  }
+  if (rope.llama3_factor != 0.f) {
+    if (!(rope.llama3_factor > 0.f) || !std::isfinite(rope.llama3_factor)) {
+      reject(fmt::format("options.rope.llama3_factor={} must be positive and finite (0 = off)", rope.llama3_factor));
+    }
+    if (!(rope.llama3_low_freq_factor > 0.f) || !(rope.llama3_high_freq_factor > rope.llama3_low_freq_factor)) {
+      reject(fmt::format("options.rope: llama3 frequency factors low={} high={} need 0 < low < high",
+                         rope.llama3_low_freq_factor, rope.llama3_high_freq_factor));
+    }
+    if (rope.llama3_original_max_position <= 0) {
+      reject(fmt::format("options.rope.llama3_original_max_position={} must be positive",
+                         rope.llama3_original_max_position));
+    }
+  }
+  return rotary_dim;
+}
+
+// The cos/sin tables: f32 [positions, >= rotary_dim / 2], equal shapes and strides.
+void check_rope_tables(const RopeOptions& rope, int rotary_dim) {
+  for (const TensorView* table : {rope.cos, rope.sin}) {
+    const char* name = table == rope.cos ? "options.rope.cos" : "options.rope.sin";
+    if (table->dtype != DType::f32) reject(fmt::format("{}: dtype {} must be f32", name, dtype_name(table->dtype)));
+    if (table->ndim != 2 || table->shape[0] < 1 || table->shape[1] < rotary_dim / 2) {
+      reject(fmt::format("{}: shape {} must be [positions >= 1, >= rotary_dim / 2 = {}]", name, shape_text(*table),
+                         rotary_dim / 2));
+    }
+    if (table->strides[1] != 1) reject(fmt::format("{}: the last dimension must be contiguous (stride 1)", name));
+    if (table->shape[0] > INT_MAX) reject(fmt::format("{}: more than 2^31-1 positions", name));
+    if (table->data == nullptr || reinterpret_cast<uintptr_t>(table->data) % 4 != 0) {
+      reject(fmt::format("{}: data pointer must be non-null and 4-byte aligned", name));
+    }
+  }
+  if (rope.sin->shape[0] != rope.cos->shape[0] || rope.sin->shape[1] != rope.cos->shape[1] ||
+      rope.sin->strides[0] != rope.cos->strides[0]) {
+    reject(fmt::format("options.rope.sin: shape {} and strides must equal cos's ({})", shape_text(*rope.sin),
+                       shape_text(*rope.cos)));
+  }
+}
+
+void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
+  if (k.dtype != q.dtype || v.dtype != q.dtype || out.dtype != q.dtype) {
+    reject(fmt::format("k, v, out: dtypes ({}, {}, {}) must all match q's ({})", dtype_name(k.dtype),
+                       dtype_name(v.dtype), dtype_name(out.dtype), dtype_name(q.dtype)));
+  }
+  // (k and v may have a rank other than q's: packed queries over a paged cache.)
+  const int64_t q_dim = q.shape[q.ndim - 1], k_dim = k.shape[k.ndim - 1];
+  if (k_dim != q_dim) reject(fmt::format("k: head_dim={} must equal q's head_dim={}", k_dim, q_dim));
+  for (int axis = 0; axis < k.ndim; ++axis) {
+    if (v.shape[axis] != k.shape[axis]) reject(fmt::format("v: shape {} must equal k's shape {}", shape_text(v), shape_text(k)));
+  }
+  for (int axis = 0; axis < q.ndim; ++axis) {
+    if (out.shape[axis] != q.shape[axis]) reject(fmt::format("out: shape {} must equal q's shape {}", shape_text(out), shape_text(q)));
+  }
+  const int64_t heads_q = q.shape[q.ndim - 2], heads_kv = k.shape[k.ndim - 2];
+  if (heads_q % heads_kv != 0) reject(fmt::format("k: heads_kv={} must divide heads_q={}", heads_kv, heads_q));
+}
+
+}  // namespace jitattn::detail

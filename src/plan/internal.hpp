@@ -1,0 +1,154 @@
+// The plan stage's own declarations, shared by its files (src/plan/):
+//   checks.cpp   tensor and option checks that name the argument and the rule
+//   entries.cpp  each entry point's tensors into a Problem, and the plan_* calls
+//   forward.cpp  plan_problem: options → kernel spec → launch parameters
+//   tiles.cpp    the kernel family and tiles (defaults, decode, wgmma, persistent)
+//   splits.cpp   split-KV: the heuristic, the workspace and the combine
+// Everything else includes plan.hpp only.
+#pragma once
+
+#include "plan.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace jitattn::detail {
+
+[[noreturn]] inline void reject(const std::string& message) { throw Error(ErrorCode::invalid_argument, message); }
+
+// ---- checks.cpp ----------------------------------------------------------
+
+std::string shape_text(const TensorView& t);
+// The generated head dim that serves `head_dim` (the next one up).
+int kernel_head_dim(int64_t head_dim);
+// f32 [heads_q] or [batch, heads_q]; returns the batch stride (0 per head).
+long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads);
+// A 16-bit tensor of rows, 4-D dense or 3-D packed (see checks.cpp).
+void check_rows(const char* name, const TensorView& t, int ndim, bool any_head_dim = false);
+// An i32 vector in device memory of `length` elements (cu_seqlens, seqused_k).
+void check_i32_vector(const char* name, const TensorView& t, int64_t length, const char* meaning);
+void check_lse_alignment(const TensorView& lse, int64_t elements);
+void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seqlen_q);
+// RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
+int check_rope_scalars(const RopeOptions& rope, int64_t head_dim);
+// The cos/sin tables: f32 [positions, >= rotary_dim / 2], equal shapes and strides.
+void check_rope_tables(const RopeOptions& rope, int rotary_dim);
+// dtypes, head dims, shapes of k/v and out, and the GQA ratio agree.
+void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out);
+
+// ---- constants shared by the steps ----------------------------------------
+
+// CTAs per SM assumed for decoding tiles (128 threads of 130-190 registers
+// and 48-80 KB of shared memory: two or three per SM).
+constexpr int kDecodeCtasPerSm = 3;
+constexpr int kMaxSplits = 128;
+// Shared memory of one SM on sm_90 (the CTAs it holds at once; each CTA also
+// takes 1 KB of the driver's).
+constexpr size_t kSmemPerSm = 228 * 1024;
+// Splits of the decode kernel are counted in blocks of at least this many
+// keys: splits of one 64-key step (16-key chunks above head dim 128, pages
+// of 16) took 1.08x the time of splits of two (head dim 256, one sequence of
+// 1024 keys: 16 splits 0.73 TB/s, 8 splits 0.79; H200, docs/PERFORMANCE.md).
+constexpr int kMinSplitKeys = 128;
+
+// ---- the call as the steps see it ------------------------------------------
+
+// The call after its tensors are validated: sizes, pointers and strides as
+// the kernel reads them. Dense, varlen and KV-cache calls meet here.
+struct Problem {
+  DType dtype = DType::bf16;
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+  // batch (0 for varlen), row, head strides in elements.
+  int64_t q_strides[3] = {}, k_strides[3] = {}, v_strides[3] = {}, out_strides[3] = {};
+  // K's and V's extents as tensors: batches (0 for packed varlen rows) and
+  // rows (seqlen_k, or the packed total).
+  int64_t kv_batches = 0, kv_rows = 0;
+  int64_t lse_strides[3] = {};  // batch, head, row
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;  // null over pages with seqused_k
+  const int* seqused_k = nullptr;
+  int64_t total_q = 0;  // varlen: the packed query rows
+  // KV cache (forward_kvcache): seqused_k is cache_seqlens; seqlen_k above is
+  // the longest sequence (hint or capacity).
+  bool kvcache = false;
+  bool paged = false;
+  int seqlen_k_added = 0;
+  const int* kv_batch_index = nullptr;
+  const int* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int page_shift = 0;
+  int num_splits = 0;  // requested; 0 = heuristic
+  int sm_count = 0;
+  // Split-KV needs the caller's workspace: KV-cache calls always take one;
+  // dense and varlen calls only through the workspace overloads.
+  bool may_split = false;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  bool sizing_only = false;  // *_workspace_bytes: no workspace yet
+};
+
+// What the options decide before any kernel is chosen (forward.cpp,
+// check_options): validated scalars and the mask kind.
+struct CallFacts {
+  int kernel_dim = 0;  // the generated head dim
+  bool unaligned = false;  // head_dim not a multiple of 8
+  float scale = 0.f;
+  long long alibi_batch_stride = 0;
+  bool has_rope = false;
+  int rotary_dim = 0;
+  // The mask: causal is a window with right bound 0; a window that bounds
+  // nothing is no mask. left/right: -1 unbounded.
+  int left = -1, right = -1;
+  bool causal = false, local = false;
+  bool masked_like_causal = false;  // tuned like causal masks (both skip key blocks)
+  int64_t group = 1;                // query heads per KV head
+  // The caller fixed block sizes or warps: the planner leaves them alone.
+  bool tiles_forced = false;
+};
+
+// A sequence's rows as the kernels tile them: every query of each head of a
+// KV head's group when packed (the decode kernel always packs).
+inline int64_t packed_rows(const Problem& problem, const KernelSpec& spec) {
+  return spec.pack_gqa ? problem.seqlen_q * (problem.heads_q / problem.heads_kv) : problem.seqlen_q;
+}
+
+// ---- the steps --------------------------------------------------------------
+
+// forward.cpp: the whole plan of one attention launch.
+ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, const Arch& arch, int max_smem_bytes,
+                         const TuningTable* tuning, bool varlen);
+
+// tiles.cpp: the spec's family and tiles for the call, its feature flags
+// included; validated, fitted into shared memory.
+void choose_kernel(KernelSpec& spec, const Problem& problem, const ForwardOptions& options, const CallFacts& facts,
+                   const Arch& arch, int max_smem_bytes, const TuningTable* tuning, bool varlen);
+// The tensor map of K or V rows for blocks of `block_kv` keys (a page where
+// pages are shorter), if one can describe them.
+std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
+                                       int block_kv);
+
+// splits.cpp
+void check_num_splits(const char* name, int num_splits);
+// A call without a workspace never splits: options.num_splits 0 or 1.
+void check_unsplit(const ForwardOptions& options, const char* entry, const char* workspace_query);
+// Split-KV over the keys where the tiles alone leave the GPU underused (or
+// the caller asks): the split fields of the plan and its workspace. Returns
+// the grid with the splits.
+int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, bool varlen);
+// The combine launch that merges a split attention into out and lse.
+CombinePlan combine_splits(const ForwardPlan& attention, const TensorView& out, const TensorView* lse);
+// A dense or varlen call given a workspace: the attention and its combine.
+SplitForwardPlan plan_with_workspace(Problem problem, const TensorView& out, const TensorView* lse,
+                                     const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+                                     bool sizing_only, const Arch& arch, int max_smem_bytes,
+                                     const TuningTable* tuning, bool varlen);
+
+}  // namespace jitattn::detail

@@ -1,0 +1,178 @@
+// Split-KV: where a call's tiles alone leave the GPU underused, its keys are
+// split, each split writes fp32 partials into the caller's workspace, and a
+// combine launch merges them into out and lse. The heuristic is the issue's:
+// the smallest split count whose wave efficiency reaches 85% of the best.
+#include "plan/internal.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+namespace jitattn::detail {
+
+int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int max_splits) {
+  const double wave = static_cast<double>(std::max(1, sm_count)) * std::max(1, ctas_per_sm);
+  if (tiles >= 0.8 * wave) return 1;
+  const int limit = static_cast<int>(std::min<int64_t>({max_splits, kv_blocks, static_cast<int64_t>(wave)}));
+  auto blocks_per_split = [&](int splits) { return (kv_blocks + splits - 1) / splits; };
+  // A split count that leaves blocks per split unchanged only adds empty splits.
+  auto eligible = [&](int splits) { return splits == 1 || blocks_per_split(splits) != blocks_per_split(splits - 1); };
+  auto efficiency = [&](int splits) {
+    const double waves = tiles * splits / wave;
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int splits = 1; splits <= limit; ++splits) {
+    if (eligible(splits)) best = std::max(best, efficiency(splits));
+  }
+  for (int splits = 1; splits <= limit; ++splits) {
+    if (eligible(splits) && efficiency(splits) >= 0.85 * best) return splits;
+  }
+  return 1;
+}
+
+int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, bool varlen) {
+  KernelSpec& spec = plan.spec;
+  FwdParams& p = plan.params;
+  // The kernels that write partial results: the decode kernel, the 4-warp
+  // mma.sync tiles and the wgmma tiles in an ordinary grid with aligned rows.
+  const bool splittable = spec.family == Family::decode ||
+                          ((spec.stages == 0 || spec.wgmma) && !spec.persistent && spec.unaligned_dim == 0);
+  // Errors name the entry point's own argument and sizing function.
+  const bool kvcache_call = problem.kvcache && !varlen;
+  const char* num_splits_name = kvcache_call ? "num_splits" : "options.num_splits";
+  const char* workspace_query = kvcache_call ? "kvcache_workspace_bytes"
+                                : varlen     ? "forward_varlen_workspace_bytes"
+                                             : "forward_workspace_bytes";
+  if (problem.may_split && !splittable && problem.num_splits > 1) {
+    reject(fmt::format("{}={}: {} does not split (persistent grids, the mma.sync producer layout and head dims that "
+                       "are not a multiple of 8 do not)", num_splits_name, problem.num_splits, spec.text()));
+  }
+  if (problem.may_split && splittable && grid > 0) {
+    // Split-KV when the tiles alone leave the GPU underused (a call with no
+    // tiles, e.g. no queries, has nothing to split).
+    // Splits are counted in key blocks: one CTA step (every warp one chunk)
+    // for the decode kernel. The heuristic sees blocks of at least
+    // kMinSplitKeys; a split still spans whole steps.
+    const int64_t step = spec.family == Family::decode ? spec.block_kv * spec.warps : spec.block_kv;
+    const int64_t kv_blocks = std::max<int64_t>(1, (problem.seqlen_k + step - 1) / step);
+    const int64_t split_keys = spec.family == Family::decode ? std::max<int64_t>(step, kMinSplitKeys) : step;
+    const int64_t split_blocks = std::max<int64_t>(1, (problem.seqlen_k + split_keys - 1) / split_keys);
+    int splits = problem.num_splits;
+    if (splits == 0) {
+      const int ctas_per_sm = static_cast<int>(std::max<size_t>(
+          1, std::min<size_t>(kSmemPerSm / (spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
+      splits = num_splits_heuristic(grid, problem.sm_count, ctas_per_sm, split_blocks, kMaxSplits);
+    }
+    splits = static_cast<int>(std::min<int64_t>(splits, kv_blocks));
+    if (splits > 1) {
+      const int64_t per_split = (kv_blocks + splits - 1) / splits;
+      splits = static_cast<int>((kv_blocks + per_split - 1) / per_split);  // no empty splits
+      spec.split = true;
+      p.num_splits = splits;
+      p.blocks_per_split = static_cast<int>(per_split);
+      plan.num_splits = splits;
+      // Partial rows: every query of every sequence (varlen: the packed ones).
+      const int64_t partial_rows = varlen ? problem.total_q : problem.batch * problem.seqlen_q;
+      if (partial_rows > INT_MAX) reject(fmt::format("q: {} query rows exceed 2^31-1", partial_rows));
+      p.partial_rows = static_cast<int>(partial_rows);
+      const size_t partial_elements = static_cast<size_t>(splits) * partial_rows * problem.heads_q;
+      plan.partial_o_bytes = (partial_elements * problem.head_dim * 4 + 255) / 256 * 256;
+      plan.workspace_bytes = plan.partial_o_bytes + partial_elements * 4;
+      grid *= splits;
+      if (!problem.sizing_only) {
+        if (problem.workspace_bytes < plan.workspace_bytes) {
+          reject(fmt::format("workspace: {} bytes given; this call needs {} (ask {})", problem.workspace_bytes,
+                             plan.workspace_bytes, workspace_query));
+        }
+        if (problem.workspace == nullptr || reinterpret_cast<uintptr_t>(problem.workspace) % 256 != 0) {
+          reject("workspace: data pointer must be non-null and 256-byte aligned");
+        }
+        p.partial_o = static_cast<float*>(problem.workspace);
+        p.partial_lse = reinterpret_cast<float*>(static_cast<char*>(problem.workspace) + plan.partial_o_bytes);
+      }
+    }
+    if (grid > INT_MAX) reject(fmt::format("q: {} blocks with {} splits exceed 2^31-1", grid, splits));
+  }
+  return grid;
+}
+
+// The combine launch that merges a split attention's partial results
+// (workspace, FwdParams::partial_rows rows) into out and lse: out [batch,
+// seqlen_q, heads_q, head_dim] with lse [batch, heads_q, seqlen_q], or
+// varlen out [total_q, heads_q, head_dim] with lse [heads_q, total_q] (one
+// "batch" of total_q rows).
+CombinePlan combine_splits(const ForwardPlan& attention, const TensorView& out, const TensorView* lse) {
+  const FwdParams& fwd = attention.params;
+  const bool packed = out.ndim == 3;
+  CombineProblem combine;
+  combine.state_dtype = DType::f32;
+  combine.out_dtype = out.dtype;
+  combine.states = fwd.partial_o;
+  combine.lse = fwd.partial_lse;
+  combine.out = out.data;
+  combine.out_lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
+  const int64_t batch = packed ? 1 : out.shape[0], seqlen = packed ? out.shape[0] : out.shape[1];
+  const int64_t heads = out.shape[out.ndim - 2], head_dim = out.shape[out.ndim - 1];
+  combine.num_states = attention.num_splits;
+  combine.batch = batch;
+  combine.seqlen = seqlen;
+  combine.heads = heads;
+  combine.head_dim = head_dim;
+  const int64_t states_strides[4] = {batch * seqlen * heads * head_dim, seqlen * heads * head_dim, heads * head_dim,
+                                     head_dim};
+  const int64_t lse_strides[4] = {batch * seqlen * heads, seqlen * heads, heads, 1};
+  std::copy(states_strides, states_strides + 4, combine.states_strides);
+  std::copy(lse_strides, lse_strides + 4, combine.lse_strides);
+  // (batch, row, head) strides of out and of lse.
+  combine.out_strides[0] = packed ? 0 : out.strides[0];
+  combine.out_strides[1] = out.strides[packed ? 0 : 1];
+  combine.out_strides[2] = out.strides[packed ? 1 : 2];
+  if (lse != nullptr) {
+    combine.out_lse_strides[0] = packed ? 0 : lse->strides[0];
+    combine.out_lse_strides[1] = lse->strides[packed ? 1 : 2];
+    combine.out_lse_strides[2] = lse->strides[packed ? 0 : 1];
+  }
+  // Varlen: the packed rows past the last sequence's are no one's.
+  if (packed) combine.rows_used = fwd.cu_seqlens_q + fwd.batch;
+  combine.states_name = "workspace";
+  combine.lse_name = "workspace";
+  return plan_combine(combine);
+}
+
+void check_num_splits(const char* name, int num_splits) {
+  if (num_splits < 0 || num_splits > kMaxSplits) {
+    reject(fmt::format("{}={} must be 0 (heuristic) or 1 to {}", name, num_splits, kMaxSplits));
+  }
+}
+
+// A call without a workspace never splits: options.num_splits 0 or 1.
+void check_unsplit(const ForwardOptions& options, const char* entry, const char* workspace_query) {
+  check_num_splits("options.num_splits", options.num_splits);
+  if (options.num_splits > 1) {
+    reject(fmt::format("options.num_splits={}: splitting needs a workspace (the {} overload that takes one, sized by "
+                       "{})", options.num_splits, entry, workspace_query));
+  }
+}
+
+// A dense or varlen call given a workspace: split over its keys where the
+// tiles alone leave the GPU underused (or options.num_splits asks), then
+// the combine of the splits into out and lse.
+SplitForwardPlan plan_with_workspace(Problem problem, const TensorView& out, const TensorView* lse,
+                                     const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+                                     bool sizing_only, const Arch& arch, int max_smem_bytes,
+                                     const TuningTable* tuning, bool varlen) {
+  check_num_splits("options.num_splits", options.num_splits);
+  problem.may_split = true;
+  problem.num_splits = options.num_splits;
+  problem.workspace = workspace;
+  problem.workspace_bytes = workspace_bytes;
+  problem.sizing_only = sizing_only;
+  SplitForwardPlan plan;
+  plan.attention = plan_problem(problem, options, arch, max_smem_bytes, tuning, varlen);
+  if (plan.attention.spec.split && !sizing_only) plan.combine = combine_splits(plan.attention, out, lse);
+  return plan;
+}
+
+}  // namespace jitattn::detail

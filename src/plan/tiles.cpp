@@ -1,0 +1,524 @@
+// The kernel family and tiles of a call: the tuned or default tiles, the
+// decode kernel for few query rows, the wgmma tiles (and persistent grids) on
+// sm_90a, what the caller forced, and the fit into shared memory. Each rule
+// cites the H200 measurement behind it (docs/PERFORMANCE.md).
+#include "plan/internal.hpp"
+
+#include "tune.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+namespace jitattn::detail {
+namespace {
+
+// Waves of tiles up to which causal grids of head dims above 64 run
+// persistent (plan_problem).
+constexpr int64_t kPersistentMaxWaves = 12;
+
+// The decode kernel (templates/fwd_decode.cuh): chunks of 8 KB of K per warp
+// (32 keys of 256-byte rows, head dims 96-128; 64 keys of 128-byte rows,
+// head dims up to 64; fewer above 128 and for pages shorter than a chunk),
+// four warps, and each warp's pipeline as deep as kDecodePipelineBytes allows
+// (2-8 stages). Chunks never straddle pages, so paged caches need pages of
+// at least a chunk. Measured on the H200 (docs/PERFORMANCE.md): per-chunk
+// instructions, not bytes in flight, bound a warp, so larger chunks beat
+// deeper pipelines (32-key chunks of 128-byte rows took up to 1.37x the
+// time at head dim 32, batch 64, and 1.02x at 64). When the tiles alone fill
+// every SM twice, two CTAs per SM overlap one CTA's start (Q and first
+// chunks in flight) with another's stream, in a 96 KB pipeline: chunks of 16
+// keys of 256-byte rows; for 128-byte rows two warps of 64-key chunks, and
+// only up to kDecodeShareSmMaxKeys keys (with 4096-32768 keys they took
+// 1.10-1.32x the time of one CTA of four warps at head dim 32, 0.99-1.03x
+// at 64; with 1024 keys one CTA took 1.08-1.15x theirs).
+constexpr int kDecodeChunkKeys = 32;
+constexpr int kDecodeChunkBytes = kDecodeChunkKeys * 256;
+constexpr int kDecodeMinChunkKeys = 16;
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodePipelineBytes = 128 * 1024;
+constexpr int kDecodeShareSmPipelineBytes = 96 * 1024;
+constexpr int64_t kDecodeShareSmMaxKeys = 2048;
+
+// Fills the decode fields of `spec` (rows: packed query rows of the call;
+// page_shift: log2 of the page size, -1 when not paged; tiles: CTAs before
+// any split; seqlen_k: the longest sequence, or the cache's capacity), from
+// `forced` where the caller set them.
+void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t rows, int page_shift, int max_smem_bytes,
+                         int64_t tiles, int sm_count, int64_t seqlen_k) {
+  spec.family = Family::decode;
+  spec.pack_gqa = true;
+  spec.block_q = forced.block_q != 0 ? forced.block_q : rows <= 16 ? 16 : 32;
+  const int smallest_chunk = forced.block_kv != 0 ? forced.block_kv : kDecodeMinChunkKeys;
+  if (page_shift >= 0 && (1 << page_shift) < smallest_chunk) {
+    reject(fmt::format("options.tiles: decode chunks of bc={} keys need pages of at least that many rows; "
+                       "page_size is {}", smallest_chunk, 1 << page_shift));
+  }
+  const int row_bytes = (spec.head_dim + 63) / 64 * 64 * static_cast<int>(dtype_size(spec.dtype));
+  const bool short_rows = row_bytes < kDecodeChunkBytes / kDecodeChunkKeys;
+  const bool share_sm =
+      tiles >= 2 * static_cast<int64_t>(sm_count) && (!short_rows || seqlen_k <= kDecodeShareSmMaxKeys);
+  const int chunk_keys = short_rows ? kDecodeChunkBytes / row_bytes
+                         : share_sm ? kDecodeChunkKeys / 2
+                                    : kDecodeChunkKeys;
+  spec.block_kv = forced.block_kv != 0 ? forced.block_kv
+                 : page_shift >= 0    ? std::min(chunk_keys, 1 << page_shift)
+                                      : chunk_keys;
+  spec.warps = forced.warps != 0 ? forced.warps : share_sm && short_rows ? kDecodeWarps / 2 : kDecodeWarps;
+  const int room = max_smem_bytes - spec.block_q * row_bytes;
+  auto stage_bytes = [&] { return spec.warps * 2 * spec.block_kv * row_bytes; };
+  // Large head dims (192-256) leave no room for two stages of the chosen
+  // chunks: smaller chunks first, then fewer warps. Forced values stay as
+  // forced (a forced tile that does not fit is rejected by the caller).
+  while (forced.block_kv == 0 && spec.block_kv > kDecodeMinChunkKeys && 2 * stage_bytes() > room) spec.block_kv /= 2;
+  while (forced.warps == 0 && spec.warps > 1 && 2 * stage_bytes() > room) spec.warps /= 2;
+  const int budget = std::min(share_sm ? kDecodeShareSmPipelineBytes : kDecodePipelineBytes, room);
+  spec.stages = forced.stages != 0 ? forced.stages : std::clamp(budget / stage_bytes(), 2, 8);
+}
+// Forced tiles that the selected kernel does not take are the caller's to
+// fix: the spec validator's reason, named as options.tiles.
+void validate_forced(const KernelSpec& spec, const ForwardOptions& options, const CallFacts& facts) {
+  try {
+    spec.validate();
+  } catch (const Error& error) {
+    // Tiles the caller forced that the selected kernel does not take (say
+    // 128 query rows with stages over a KV cache, which select the decode
+    // kernel): the validator's reason, under the option that set them.
+    const bool forced = facts.tiles_forced || options.tiles.stages != 0 || options.tiles.wgmma;
+    if (!forced) throw;
+    throw Error(error.code(),
+                fmt::format("options.tiles = {{block_q {}, block_kv {}, warps {}, stages {}{}}}: {}", options.tiles.block_q,
+                            options.tiles.block_kv, options.tiles.warps, options.tiles.stages,
+                            options.tiles.wgmma ? ", wgmma" : "", error.what()),
+                error.spec());
+  }
+}
+
+// Chosen (not forced) tiles shrink until they fit the arch's shared memory.
+void fit_shared_memory(KernelSpec& spec, const CallFacts& facts, const Arch& arch, int max_smem_bytes) {
+  // Chosen (not forced) tiles that do not fit, e.g. RoPE's second K buffer at
+  // head_dim 256: smaller key blocks first, then smaller query blocks.
+  while (!facts.tiles_forced && spec.family == Family::fwd && spec.smem_bytes() > static_cast<size_t>(max_smem_bytes) &&
+         (spec.block_kv > 32 || spec.block_q > 64)) {
+    if (spec.block_kv > 32) {
+      spec.block_kv /= 2;
+    } else {
+      spec.block_q /= 2;
+      spec.warps = std::min(spec.warps, spec.block_q / 16);
+    }
+  }
+  if (spec.smem_bytes() > static_cast<size_t>(max_smem_bytes)) {
+    throw Error(ErrorCode::unsupported,
+                fmt::format("options.tiles: {} needs {} bytes of shared memory per block; {} allows {}",
+                            spec.text(), spec.smem_bytes(), arch.text(), max_smem_bytes),
+                spec.text());
+  }
+}
+
+}  // namespace
+
+std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t batch, int64_t rows, int64_t heads,
+                                         int64_t head_dim, const int64_t (&strides)[3], int box_rows) {
+  TileMapLayout map;
+  map.base = data;
+  map.dtype = dtype;
+  const int64_t element_bytes = static_cast<int64_t>(dtype_size(dtype));
+  const bool packed = batch == 0;
+  map.rank = packed ? 3 : 4;
+  // Dimensions innermost first: channels, rows, heads, batches.
+  const int64_t extents[4] = {head_dim, rows, heads, packed ? 1 : batch};
+  const int64_t element_strides[3] = {strides[1], strides[2], strides[0]};
+  for (int d = 0; d < map.rank; ++d) {
+    if (extents[d] == 0) return TileMapLayout{};  // no keys: nothing is ever copied
+    map.dims[d] = static_cast<uint64_t>(extents[d]);
+  }
+  for (int d = 1; d < map.rank; ++d) {
+    const int64_t bytes = element_strides[d - 1] * element_bytes;
+    if (extents[d] == 1) {
+      // Never stepped: any valid stride (a multiple of 16 bytes) describes it.
+      map.strides_bytes[d - 1] = 16;
+    } else if (bytes <= 0 || bytes >= (int64_t{1} << 40)) {
+      return std::nullopt;
+    } else {
+      map.strides_bytes[d - 1] = static_cast<uint64_t>(bytes);  // a multiple of 16 (check_rows)
+    }
+  }
+  map.box[0] = 64;
+  map.box[1] = static_cast<uint32_t>(box_rows);
+  map.box[2] = map.box[3] = 1;
+  return map;
+}
+
+std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
+                                       int block_kv) {
+  const int box_rows =
+      problem.paged ? static_cast<int>(std::min<int64_t>(block_kv, int64_t{1} << problem.page_shift)) : block_kv;
+  return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv, problem.head_dim,
+                     strides, box_rows);
+}
+
+TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int seqlen_bucket) {
+  // The winners of sweeps on the H200 (bf16 and f16): head dims 64 and 128 in
+  // docs/measurements/2026-11-22-tile-sweep-v2.json, the others from `jitattn
+  // tune` in docs/measurements/2026-11-22-tune-new-head-dims.txt. Four warps of
+  // 32 query rows win where the accumulators fit (each K/V fragment read from
+  // shared memory feeds two MMA row tiles); short causal problems prefer
+  // smaller query blocks, which give the GPU more CTAs to balance.
+  const bool short_causal = causal && seqlen_bucket <= 512;
+  switch (head_dim) {
+    case 32: return short_causal ? TileConfig{64, 64, 4} : TileConfig{128, 64, 4};
+    case 64:
+      if (short_causal) return {64, 64, 4};
+      if (causal && seqlen_bucket <= 2048) return {128, 64, 4};
+      return {128, 128, 4};
+    case 96: return {128, 64, 4};
+    case 128: return short_causal ? TileConfig{64, 64, 4} : TileConfig{128, 64, 4};
+    case 192: return causal ? TileConfig{64, 64, 4} : TileConfig{128, 64, 8};
+    default: {
+      // head_dim 256: 128×128×8 needs 192 KB of shared memory (sm_90, sm_100);
+      // sm_80/sm_87 hold 128 KB of it, and sm_86/89/120 only 99 KB.
+      if (arch.major == 9 || arch.major == 10) return {128, 128, 8};
+      if (arch.major == 8 && (arch.minor == 0 || arch.minor == 7)) return {128, 64, 8};
+      return {64, 64, 4};
+    }
+  }
+}
+
+std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch, bool paged) {
+  if (arch.major != 9 || arch.minor != 0 || !arch.arch_specific) return std::nullopt;
+  if (head_dim > 128) {
+    // A 128-row Q tile and two stages of the longest key blocks that fit in
+    // shared memory: 96 keys at 192 (192 KB), 80 at 256 (224 KB). Against
+    // 64-key blocks (three stages at 192) they measured 4-14% faster at 192
+    // and 0-6% at 256 (H200, docs/PERFORMANCE.md). RoPE takes the same. A
+    // paged cache takes 64-key blocks, which tile its pages
+    // (KernelSpec::validate): three stages at 192, two at 256.
+    if (paged) return TileConfig{128, 64, 8, head_dim == 192 ? 3 : 2, true};
+    return TileConfig{128, head_dim == 192 ? 96 : 80, 8, 2, true};
+  }
+  // Without RoPE at head dims up to 64: 192-row tiles, three MMA warpgroups.
+  // Measured on the H200 (docs/PERFORMANCE.md) against 128 rows: 1.10-1.13×
+  // at head_dim 64 causal from N 2048, 1.00-1.07× without a mask (0.99× at
+  // 1024), 1.16-1.30× at head_dim 32 from N 2048. With RoPE they won only 2-4% from 8k keys (the producer,
+  // left 32 registers, rotates no faster while the MMA warps take more
+  // issue slots) and lost 5-25% below 4k, so RoPE keeps 128 rows.
+  if (head_dim <= 64 && !rope) return TileConfig{192, 128, 12, 4, true};
+  // Four stages at head_dim ≤ 64; two at 96-128 (two 64 KB stages of 128
+  // keys). Measured on the H200 (docs/PERFORMANCE.md).
+  const int stages = head_dim > 64 ? 2 : 4;
+  return TileConfig{128, 128, 8, stages, true};
+}
+
+void apply_tiles(KernelSpec& spec, const TileConfig& tiles) {
+  spec.block_q = tiles.block_q;
+  spec.block_kv = tiles.block_kv;
+  spec.warps = tiles.warps;
+  spec.stages = tiles.stages;
+  spec.wgmma = tiles.wgmma;
+  spec.persistent = tiles.persistent;
+}
+
+std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch) {
+  std::vector<TileConfig> set;
+  for (int bucket = 512; bucket <= 16384; bucket *= 2) {
+    const TileConfig t = default_tiles(dtype, head_dim, causal, arch, bucket);
+    const bool seen = std::any_of(set.begin(), set.end(), [&](const TileConfig& s) {
+      return s.block_q == t.block_q && s.block_kv == t.block_kv && s.warps == t.warps;
+    });
+    if (!seen) set.push_back(t);
+  }
+  if (const auto wgmma = wgmma_tiles(head_dim, /*rope=*/false, arch)) {
+    set.push_back(*wgmma);
+    TileConfig persistent = *wgmma;
+    persistent.persistent = true;
+    if (head_dim <= 128) set.push_back(persistent);
+  }
+  return set;
+}
+
+namespace {
+
+// The tuned or default tiles, what the caller forced, and the feature
+// flags of the spec, GQA packing included. Returns the tiles.
+TileConfig base_spec(KernelSpec& spec, const Problem& problem, const ForwardOptions& options, const CallFacts& facts,
+                     const Arch& arch, const TuningTable* tuning, bool varlen) {
+  const int64_t batch = problem.batch, seqlen_q = problem.seqlen_q, seqlen_k = problem.seqlen_k;
+  const int64_t head_dim = problem.head_dim;
+  const int kernel_dim = facts.kernel_dim;
+  const bool has_rope = facts.has_rope, unaligned = facts.unaligned;
+  const bool causal = facts.causal, local = facts.local, masked_like_causal = facts.masked_like_causal;
+  const int64_t group = facts.group;
+  const RopeOptions& rope = options.rope;
+  const int bucket = seqlen_bucket(seqlen_q, seqlen_k);
+  std::optional<TileConfig> tuned;
+  if (tuning != nullptr) tuned = tuning->lookup({arch, problem.dtype, kernel_dim, masked_like_causal, bucket});
+  TileConfig tiles = tuned ? *tuned : default_tiles(problem.dtype, kernel_dim, masked_like_causal, arch, bucket);
+  if (options.tiles.stages != 0) {
+    if (options.tiles.stages < 0) reject(fmt::format("options.tiles.stages={} must be >= 0", options.tiles.stages));
+    if (problem.kvcache && !options.tiles.wgmma && options.pack_gqa == false) {
+      reject("options.pack_gqa=false: the decode kernel (options.tiles.stages > 0) always packs a KV head's query heads");
+    }
+  }
+  // Tiles the caller fixed (block sizes or warps, facts.tiles_forced): the
+  // planner then leaves them, and the defaults below, alone.
+  if (options.tiles.block_q != 0) tiles.block_q = options.tiles.block_q;
+  if (options.tiles.block_kv != 0) tiles.block_kv = options.tiles.block_kv;
+  if (options.tiles.warps != 0) tiles.warps = options.tiles.warps;
+  // With a KV cache, tiles.stages selects the decode kernel, unless wgmma
+  // asks for the producer layout.
+  const bool producer_stages = !problem.kvcache || options.tiles.wgmma;
+  if (producer_stages && options.tiles.stages != 0) tiles.stages = options.tiles.stages;
+  spec.dtype = problem.dtype;
+  spec.head_dim = kernel_dim;
+  spec.block_q = tiles.block_q;
+  spec.block_kv = tiles.block_kv;
+  spec.warps = tiles.warps;
+  if (producer_stages) spec.stages = tiles.stages;
+  if (options.tiles.wgmma) {
+    if (options.tiles.stages == 0) reject("options.tiles.wgmma needs options.tiles.stages > 0 (the producer layout)");
+    if (arch.major != 9 || !arch.arch_specific) reject(fmt::format("options.tiles.wgmma needs sm_90a, not {}", arch.text()));
+    spec.wgmma = true;
+  }
+  if (options.tiles.persistent) {
+    if (!options.tiles.wgmma) reject("options.tiles.persistent needs options.tiles.wgmma (the wgmma tiles walk a CTA's tiles)");
+    spec.persistent = true;
+  }
+  if (options.sm_limit < 0) reject(fmt::format("options.sm_limit={} must be >= 0 (0 = every SM)", options.sm_limit));
+  spec.causal = causal;
+  spec.local = local;
+  spec.softcap = options.softcap > 0.f;
+  spec.alibi = options.alibi_slopes != nullptr;
+  // Head dims that are not a multiple of 8 (KernelSpec::unaligned_dim):
+  // element-wise rows in the 4-warp kernels, or on sm_90a the wgmma tiles of
+  // two warpgroups, whose producer copies aligned blocks and shifts them
+  // (chosen below); never persistent or three warpgroups.
+  spec.unaligned_dim = unaligned ? static_cast<int>(head_dim) : 0;
+  spec.padded = kernel_dim != head_dim && !unaligned;
+  if (unaligned && options.tiles.stages != 0 && (!options.tiles.wgmma || options.tiles.persistent)) {
+    reject(fmt::format("options.tiles.stages={}: head_dim={} (not a multiple of 8) runs on the 4-warp kernels, or "
+                       "with stages on ordinary-grid wgmma tiles (options.tiles.wgmma, not persistent)",
+                       options.tiles.stages, head_dim));
+  }
+  if (unaligned && options.tiles.stages == 0) {
+    // Not a tuned producer layout of the mma.sync kernels either (the wgmma
+    // tiles are chosen below).
+    spec.stages = 0;
+    tiles.stages = 0;
+  }
+  spec.varlen = varlen;
+  if (has_rope) {
+    spec.rope = rope.style == RopeStyle::rotate_half ? RopeKind::half : RopeKind::interleaved;
+    spec.rotary_dim = facts.rotary_dim;
+    spec.rope_tables = rope.cos != nullptr;
+  }
+  // Packing a KV head's query heads into one tile pays when query sequences
+  // are shorter than a tile (decoding, short chunks): fewer, fuller tiles,
+  // each reading the group's K/V once. Longer sequences fill their tiles
+  // anyway, and packing would only add per-row addressing.
+  // Varlen calls judge by their average sequence (total_q / batch): a batch
+  // of decoding steps and a prefill chunk has a long longest sequence but
+  // mostly one-row ones, whose K/V unpacked tiles would read once per query
+  // head (15 one-query sequences over 8192 keys beside a 512-query chunk,
+  // d128, 32/8 heads: packed 0.185 ms, unpacked 0.457; batches of 1-4
+  // sequences of 1024-4096 queries unpacked 1.13-1.30x faster; H200,
+  // docs/PERFORMANCE.md).
+  const int64_t typical_q = varlen ? (problem.total_q + std::max<int64_t>(batch, 1) - 1) / std::max<int64_t>(batch, 1)
+                                   : seqlen_q;
+  const int64_t unpacked_tiles = group * ((typical_q + tiles.block_q - 1) / tiles.block_q);
+  const int64_t packed_tiles = (typical_q * group + tiles.block_q - 1) / tiles.block_q;
+  const bool pack_pays = typical_q < tiles.block_q && packed_tiles < unpacked_tiles;
+  spec.pack_gqa = group > 1 && options.pack_gqa.value_or(pack_pays);
+  if (problem.kvcache) {
+    spec.kvcache = true;
+    spec.paged = problem.paged;
+  }
+  return tiles;
+}
+
+// The kernel family and its tiles: the decode kernel for few query rows,
+// 64-row tiles for short packed rows that may split, the wgmma tiles (and
+// persistent grids) on sm_90a where they measured faster.
+void choose_family(KernelSpec& spec, TileConfig& tiles, const Problem& problem, const ForwardOptions& options,
+                   const CallFacts& facts, const Arch& arch, int max_smem_bytes) {
+  const int64_t batch = problem.batch, seqlen_q = problem.seqlen_q, seqlen_k = problem.seqlen_k;
+  const int64_t heads_q = problem.heads_q, heads_kv = problem.heads_kv;
+  const int kernel_dim = facts.kernel_dim;
+  const bool has_rope = facts.has_rope, unaligned = facts.unaligned, tiles_forced = facts.tiles_forced;
+  const bool causal = facts.causal, masked_like_causal = facts.masked_like_causal;
+  const int64_t group = facts.group;
+  // A sequence's rows as the kernels tile them: every query of each head of
+  // a KV head's group when packed (the decode kernel always packs).
+  auto packed_rows = [&] { return detail::packed_rows(problem, spec); };
+  // Calls that may split over their keys (a KV cache, or a dense or varlen
+  // call given a workspace) are sized by splits rather than tiles.
+  const bool may_split = problem.may_split;
+  // The decode kernel takes calls of at most 32 packed query rows (16 above
+  // head dim 128): over a KV cache (pages of at least a chunk), or dense K/V
+  // (packed or not) without RoPE (it does not rotate keys) when the planner
+  // chooses. Varlen calls count their longest sequence.
+  const bool few_rows = !tiles_forced && options.pack_gqa.value_or(true) &&
+                        seqlen_q * group <= (kernel_dim > 128 ? 16 : 32);
+  const bool cache_decode =
+      problem.kvcache && ((options.tiles.stages != 0 && !options.tiles.wgmma) ||
+                          (few_rows && (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys)));
+  const bool dense_decode =
+      !problem.kvcache && few_rows && options.tiles.stages == 0 && !has_rope && !unaligned;
+  if (cache_decode || dense_decode) {
+    const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
+    choose_decode_tiles(spec, options.tiles, seqlen_q * group, problem.paged ? problem.page_shift : -1,
+                        max_smem_bytes, decode_tiles, problem.sm_count, seqlen_k);
+    tiles = {spec.block_q, spec.block_kv, spec.warps, spec.stages};
+  } else if (may_split && !tiles_forced && options.tiles.stages == 0 && !unaligned && packed_rows() <= 64) {
+    // Longer packed tiles (speculative decoding, chunked prefill, short
+    // dense queries) where the wgmma tiles below do not take them (before
+    // sm_90a, short caches, pages of fewer than 8 rows): one 64-row tile of
+    // four warps; the key loop is memory-bound. Measured on the H200
+    // (docs/PERFORMANCE.md). 128-key blocks keep more bytes in flight; a
+    // paged cache keeps them only when a block fits in one page (smaller
+    // pages take the per-row copy, which costs more than the larger block
+    // gains).
+    const int block_kv = problem.paged && (int64_t{1} << problem.page_shift) < 128 ? 64 : 128;
+    tiles = {64, block_kv, 4};
+    spec.block_q = 64;
+    spec.block_kv = block_kv;
+    spec.warps = 4;
+    spec.stages = 0;
+  }
+  // sm_90a: the wgmma family (FwdConfig::kWgmma, wgmma_tiles): a producer
+  // warpgroup copies (and, for RoPE, rotates) K/V into a ring of stages
+  // while two (three at head dims up to 64 without RoPE) warpgroups of MMA
+  // warps compute 64 query rows each with wgmma, taking turns at the tensor
+  // cores. Measured on the H200 (docs/PERFORMANCE.md) it beats the mma.sync
+  // kernels by up to 1.5× once its tiles fill the GPU and each CTA walks
+  // enough keys: without RoPE at least 256 on average (a causal CTA sees
+  // half the keys; windows are counted like causal), 512 at head dim 32
+  // (256 measured 4% slower there, persistent; 512 up to 31% faster);
+  // shorter calls keep the mma.sync tiles, which start faster. With RoPE it
+  // wins at nearly every length (the mma.sync kernels rotate K on their MMA
+  // warps); below 256 keys per CTA at head_dim 64 the mma.sync producer
+  // layout (256-row tiles, so each K block is rotated once per 256 query
+  // rows) is kept, as it measured 3-9% faster before the turns (from 256
+  // keys the persistent wgmma tiles are 16-36% faster now). The tuner's table
+  // (mma.sync tiles only) does not override either.
+  constexpr int64_t kMinCtas = 128;
+  auto ctas_of = [&](int64_t rows) {
+    return batch * (spec.pack_gqa ? heads_kv * ((seqlen_q * group + rows - 1) / rows)
+                                       : heads_q * ((seqlen_q + rows - 1) / rows));
+  };
+  const int64_t keys_per_cta = masked_like_causal ? seqlen_k / 2 : seqlen_k;
+  const bool long_keys = keys_per_cta >= (kernel_dim <= 32 ? 512 : 256);
+  const bool hopper = arch.major == 9 && arch.minor == 0 && arch.arch_specific;
+  // A KV cache with more packed query rows than the decode kernel takes
+  // (speculative decoding, chunked prefill) gets the wgmma tiles where its
+  // keys are long enough and tensor maps can describe the cache, however few
+  // the tiles: splits fill the GPU (the heuristic below). So does a dense
+  // call that may split (a workspace was given). The exception is
+  // up to 64 packed rows over a contiguous cache whose 64-row mma.sync tiles
+  // fill every SM twice (two of those CTAs fit an SM, one wgmma CTA does).
+  // Measured on the H200 against the 64-row tiles (docs/PERFORMANCE.md):
+  // 16 query tokens x 4 heads at head dim 128, batch 1: 0.92x at 1k keys,
+  // 1.06-1.07x from 4k; batch 16: 1.03-1.30x; batch 64: 0.87-1.02x, and
+  // 0.82-0.86x at head dim 64 (so those keep mma.sync); pages of 16 or 64:
+  // 1.05-1.43x at every batch; 8 tokens at head dim 256 (above the decode
+  // kernel's 16 rows): 1.55-2.05x. Beyond 64 rows the wgmma tiles used to
+  // need 128 CTAs without splitting; with splits, batch 1 runs 1.2-2.1x
+  // faster.
+  // Its keys are rotated already, so RoPE rotates only q there. Its tiles
+  // are the dense ones (192 rows at head dims up to 64 without RoPE, where
+  // they do not pad much more than 128: level with 128 rows on a contiguous
+  // cache, 4-13% faster with pages of 16; with RoPE 192 rows were not
+  // measured over a cache, so 128; above head_dim 128 a paged cache takes
+  // 64-key blocks, which tile its pages) (H200, docs/PERFORMANCE.md).
+  const bool short_rows_keep_mma_sync = !problem.paged && packed_rows() <= 64 &&
+                                        ctas_of(64) >= 2 * static_cast<int64_t>(problem.sm_count);
+  const bool cache_prefill = problem.kvcache && spec.family == Family::fwd && !short_rows_keep_mma_sync;
+  const bool choose = !tiles_forced && options.tiles.stages == 0 && spec.family == Family::fwd &&
+                      (!problem.kvcache || cache_prefill) && hopper && !unaligned;
+  std::optional<TileConfig> wgmma;
+  if (!unaligned) wgmma = wgmma_tiles(kernel_dim, has_rope, arch, problem.paged);
+  // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
+  // unless their producer rotates K (RoPE without a KV cache) at head dims
+  // up to 128; views a tensor map cannot describe keep the mma.sync
+  // kernels. A paged cache's copies read a block, or a page where pages are
+  // shorter (one copy per page: no per-row table lookups, so small pages
+  // cost little).
+  const int64_t page_rows = problem.paged ? int64_t{1} << problem.page_shift : 0;
+  auto kv_map = [&](const void* data, const int64_t (&strides)[3], int block_kv) {
+    return kv_map_of(problem, data, strides, block_kv);
+  };
+  const bool maps_possible = wgmma && kv_map(problem.k, problem.k_strides, wgmma->block_kv) &&
+                             kv_map(problem.v, problem.v_strides, wgmma->block_kv);
+  if (wgmma && wgmma->block_q == 192) {
+    // 192-row tiles pay where a sequence's (packed) rows fill them. Where
+    // they would pad it to over 1.25× the rows 128-row tiles pad it to (at
+    // most 128 rows, or 193-256: a 256-query chunk's second 192-row tile is
+    // two-thirds empty), 128 rows are faster: 0.79× the time for 256
+    // queries over 4096 keys. At 1.125× (512, 1024 queries) 192 rows still
+    // measured 1-10% faster (H200, docs/PERFORMANCE.md).
+    auto padded = [&](int64_t tile) { return (packed_rows() + tile - 1) / tile * tile; };
+    if (padded(192) * 4 > padded(128) * 5) *wgmma = TileConfig{128, 128, 8, 4, true};
+  }
+  // Pages shorter than this (not whole 1024-byte swizzle atoms; the
+  // kernel's FwdConfig::kMinTensorCopyPageShift) would be copied a row at a
+  // time (cp.async, a table lookup per row): they keep the mma.sync kernel.
+  constexpr int64_t kMinTensorCopyPageRows = 8;
+  if (problem.paged && page_rows < kMinTensorCopyPageRows) wgmma.reset();
+  const bool rope_producer =
+      has_rope && !problem.kvcache && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
+  // Unaligned head dims on sm_90a: 128-row wgmma tiles of two warpgroups
+  // (the producer shifts rows into them: FwdConfig::kStagedRows), under the
+  // rules of the aligned ones; 64-key blocks above head dim 64, where 128
+  // with the staging slots would not fit in shared memory.
+  const bool unaligned_wgmma = !tiles_forced && options.tiles.stages == 0 && !problem.kvcache && hopper &&
+                               unaligned && kernel_dim <= 128 && (has_rope || long_keys) && ctas_of(128) >= kMinCtas;
+  if (unaligned_wgmma) {
+    tiles = {128, kernel_dim <= 64 ? 128 : 64, 8, 2, true};
+    apply_tiles(spec, tiles);
+  } else if (choose && rope_producer) {
+    tiles = {256, 64, 8, 3};
+    apply_tiles(spec, tiles);
+  } else if (choose && wgmma &&
+             (problem.kvcache ? long_keys && maps_possible
+                              : (has_rope && (kernel_dim <= 128 || maps_possible)) || (long_keys && maps_possible)) &&
+             (problem.kvcache || ctas_of(wgmma->block_q) >= kMinCtas ||
+              (may_split && long_keys && maps_possible && !short_rows_keep_mma_sync))) {
+    tiles = *wgmma;
+    apply_tiles(spec, tiles);
+    // Persistent (FwdConfig::kPersistent) where it measured faster on the
+    // H200 than the same tiles in an ordinary grid (docs/PERFORMANCE.md,
+    // bench/bench_persistent.py), with more tiles than SMs:
+    //   - causal at head dims up to 64 up to 8192 keys: 0.72-0.99 of the
+    //     ordinary grid's time (the last wave evened out, the next tile's
+    //     loads under the current epilogue), RoPE included; level at 16k;
+    //   - causal at larger head dims up to 4096 keys in at most
+    //     kPersistentMaxWaves waves of tiles, or up to 512 keys: 0.71-0.92.
+    //     Fuller grids of 1k-2k keys measured 0.98-1.09 since the
+    //     warpgroups take turns (heaviest first across every head keeps all
+    //     their K/V at work at once), and 8k keys up to 1.10;
+    //   - without a causal mask, head dims up to 64 up to 4096 keys
+    //     (0.80-0.98; 0.99-1.06 beyond), larger ones up to 1024 keys
+    //     (0.84-0.95 with full grids, 1.01-1.03 at batch 2 × 1024; from 4k
+    //     keys up to 1.06).
+    // Three warpgroups with packed GQA would spill (test_compile).
+    const bool spills = spec.warps == 12 && spec.pack_gqa;
+    const int64_t tile_count = ctas_of(tiles.block_q);
+    const bool small_head = kernel_dim <= 64;
+    const bool pays = causal ? (small_head ? seqlen_k <= 8192
+                                           : seqlen_k <= 4096 && (tile_count <= kPersistentMaxWaves * problem.sm_count ||
+                                                                  seqlen_k <= 512))
+                             : seqlen_k <= (small_head ? 4096 : 1024);
+    spec.persistent = !spills && !problem.kvcache && kernel_dim <= 128 && pays && tile_count > problem.sm_count;
+  }
+}
+
+}  // namespace
+
+void choose_kernel(KernelSpec& spec, const Problem& problem, const ForwardOptions& options, const CallFacts& facts,
+                   const Arch& arch, int max_smem_bytes, const TuningTable* tuning, bool varlen) {
+  TileConfig tiles = base_spec(spec, problem, options, facts, arch, tuning, varlen);
+  choose_family(spec, tiles, problem, options, facts, arch, max_smem_bytes);
+  validate_forced(spec, options, facts);
+  fit_shared_memory(spec, facts, arch, max_smem_bytes);
+}
+
+}  // namespace jitattn::detail
