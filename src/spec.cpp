@@ -327,7 +327,7 @@ void KernelSpec::validate() const {
     }
   }
   if (stages != 0) {
-    // The producer layout (templates/fwd_prefill.cuh, FwdConfig::kProducer):
+    // The producer layout (templates/fwd_config.cuh, FwdConfig::kProducer):
     // two warpgroups of MMA warps (or three with wgmma), a producer
     // warpgroup, registers moved to the MMA warps (sm_90a); keys dense,
     // varlen or from a KV cache (contiguous or paged); split only with wgmma

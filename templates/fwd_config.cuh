@@ -1,0 +1,231 @@
+// The prefill kernels' compile-time shape (FwdConfig): the spec's tile sizes
+// and features as constants, and the shared-memory layout that follows from
+// them. Part of fwd_prefill.cuh.
+#pragma once
+
+#include "fwd_params.h"
+#include "ptx.cuh"
+#include "rope.cuh"
+#include "wgmma.cuh"
+
+namespace jitattn {
+
+// Which keys a query row may see, beyond key < seqlen_k.
+enum MaskKind : int {
+  kMaskNone = 0,
+  kMaskCausal = 1,  // key <= row + seqlen_k - seqlen_q
+  kMaskLocal = 2,   // a sliding window around that diagonal (FwdParams::window_*)
+};
+
+template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
+          bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE,
+          bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false, bool PERSISTENT = false,
+          int UNALIGNED_DIM = 0>
+struct FwdConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = HEAD_DIM;
+  // UNALIGNED_DIM > 0: the caller's head dim, not a multiple of 8, so its
+  // rows start on any 2-byte boundary, which cp.async's 16-byte copies cannot
+  // read. The 4-warp mma.sync kernels then read rows element by element
+  // (copy_chunk); the wgmma tiles of two warpgroups have their producer copy
+  // the aligned blocks that cover each row and shift them into the tiles
+  // (kStagedRows, produce_tiles_unaligned). The output is written element
+  // by element (store_output) up to kColumns, and the tiles are zero past
+  // it, as for PADDED. Never with a KV cache (KernelSpec::validate).
+  static constexpr bool kUnaligned = UNALIGNED_DIM > 0;
+  static constexpr int kColumns = kUnaligned ? UNALIGNED_DIM : HEAD_DIM;
+  static_assert(!kUnaligned || (UNALIGNED_DIM % 8 != 0 && UNALIGNED_DIM < HEAD_DIM && !KVCACHE && !SPLIT &&
+                                !PADDED && !PERSISTENT && (STAGES == 0 || (WGMMA && WARPS == 8))),
+                "unaligned head dims: a non-multiple of 8 below HEAD_DIM, without a KV cache; 4-warp kernels, or "
+                "ordinary-grid wgmma tiles of two warpgroups");
+  static constexpr int kBlockQ = BLOCK_Q;
+  static constexpr int kBlockKV = BLOCK_KV;
+  static constexpr int kWarps = WARPS;  // MMA warps: each owns kRowsPerWarp query rows
+  // STAGES > 0: a producer warpgroup (warps 0-3) copies the tiles, and
+  // rotates them for RoPE, into a ring of STAGES K/V stages, while the MMA
+  // warps only compute (fwd_prefill_specialized). The rotation then runs
+  // beside the tensor-core work instead of between its tiles.
+  static constexpr int kStages = STAGES;
+  static constexpr bool kProducer = STAGES > 0;
+  // PERSISTENT (wgmma only): the grid is at most one wave of CTAs, each of
+  // which walks a share of the tiles (fwd_prefill_persistent). Q is double
+  // buffered, so the producer loads the next tile's Q, and its first K/V
+  // blocks, while the MMA warps finish the current one.
+  static constexpr bool kPersistent = PERSISTENT;
+  static constexpr int kQBuffers = PERSISTENT ? 2 : 1;
+  static constexpr int kProducerThreads = kProducer ? 128 : 0;
+  static constexpr int kThreads = WARPS * 32 + kProducerThreads;
+  // The threads that copy (and rotate) tiles: the producer, or everyone.
+  static constexpr int kLoadThreads = kProducer ? kProducerThreads : kThreads;
+  // Registers per thread after the hand-over (sm_90a): the launch gives each
+  // thread kLaunchRegisters (168 for 384 threads, 128 for 512), and the
+  // producer's and MMA warpgroups' shares add up to that. Measured on the
+  // H200 (docs/PERFORMANCE.md): the producer's rotation runs 6-8% faster
+  // overall with 56 than with 40 at head_dim 64, while at 128 the MMA warps'
+  // accumulators need the 232.
+  // With wgmma the MMA warps need fewer (no fragments of Q, K or V: 208 hold
+  // S, O and P without spills at every head dim up to 128), and the
+  // producer takes 88: at 40-56 its RoPE and packed-GQA copies spilled
+  // 84-128 bytes (ptxas, NVRTC 13.0). Three wgmma warpgroups (WARPS = 12)
+  // need 160 each for 96 accumulators (S and O), which leaves the producer 32
+  // (RoPE then spills 4 bytes); with at most 64 accumulators 144 suffice and
+  // the producer gets 72, which ran RoPE 6% faster than 56. Above head_dim
+  // 128 (tensor copies only: KernelSpec::validate) the MMA warps hold 96-128
+  // output accumulators and take 240, the producer 24: with 80-key blocks
+  // (the planner's at 256) the kernels spilled 40-72 bytes there, against
+  // 68-120 at 232 (ptxas, NVRTC 13.0). A producer that rotates K takes more:
+  // 56 at 192 (the MMA warps' 224 still hold S, O and P without spills),
+  // 40 at 256 (their 232 spill 90-236 bytes). At 24 its rotation spilled
+  // 500+ bytes and ran RoPE 1.5-1.7 times slower at 256, and 32 measured
+  // 2-5% slower than 40 (H200, docs/PERFORMANCE.md).
+  static constexpr bool kRotateKeysAbove128 = HEAD_DIM > 128 && ROPE != 0 && !KVCACHE;
+  // Above 128 a paged KV cache's producer, which walks the block table
+  // (and copies the last block a row at a time: load_paged_rows), takes
+  // what one that rotates K does; with 24 it spilled 92-100 bytes at 256.
+  // A contiguous cache keeps 24: at 192 it ran chunked prefill 1-4% faster
+  // than 56 (H200, docs/PERFORMANCE.md), and at 256 it spilled 68 bytes
+  // against 140 at 40 (ptxas, NVRTC 13.0).
+  static constexpr bool kWideProducerWork = kRotateKeysAbove128 || (HEAD_DIM > 128 && PAGED);
+  static constexpr int kConsumerGroups = WARPS / 4;  // warpgroups of MMA warps (producer layout)
+  static constexpr int kProducerRegisters = !WGMMA                              ? (HEAD_DIM <= 64 ? 56 : 40)
+                                            : HEAD_DIM > 128                    ? (!kWideProducerWork ? 24
+                                                                                   : HEAD_DIM <= 192 ? 56
+                                                                                                     : 40)
+                                            : kConsumerGroups == 2              ? 88
+                                            : (HEAD_DIM + BLOCK_KV) / 2 <= 64 ? 72
+                                                                                : 32;
+  // WGMMA (sm_90a, with the producer): each warpgroup of MMA warps computes
+  // its 64 rows with wgmma (wgmma.cuh) instead of mma.sync, reading Q, K and
+  // V straight from shared memory in wgmma's panel layout (swizzled_bytes). The
+  // tensor cores then run asynchronously beside the softmax, and the MMA
+  // warps issue a few instructions per 64×N×16 product instead of one per
+  // 16×8×16 with its ldmatrix loads.
+  static constexpr bool kWgmma = WGMMA;
+  // wgmma warpgroups take turns issuing their tensor-core work (S = Q Kᵀ
+  // with the previous block's O += P V), passing a token around the
+  // warpgroups through named barriers: while one warpgroup's products run,
+  // the others compute their softmax instead of queueing products beside
+  // it, so the softmax of one hides behind the products of another.
+  static constexpr bool kMmaTurns = WGMMA && kConsumerGroups >= 2;
+  // Named barrier 1 syncs the producer warpgroup (produce_tiles); 2 .. 4
+  // sync one warpgroup's four warps (at most three warpgroups); the turn
+  // barriers follow them, within the hardware's 16.
+  static constexpr int kProducerBarrier = 1;
+  static constexpr int kTurnBarrier0 = 2 + 3;
+  static_assert(!WGMMA || (kConsumerGroups <= 3 && kTurnBarrier0 + 3 <= 16), "named barriers 0-15");
+  // The launch's registers per thread (65536 over the CTA, in steps of 8),
+  // and what the MMA warpgroups can claim once the producer has given back.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kMmaRegisters =
+      ((kConsumerGroups + 1) * kLaunchRegisters - kProducerRegisters) / (kConsumerGroups > 0 ? kConsumerGroups : 1) / 8 * 8;
+  static constexpr bool kCausal = MASK == kMaskCausal;
+  static constexpr bool kLocal = MASK == kMaskLocal;
+  static constexpr bool kSoftcap = SOFTCAP;
+  static constexpr bool kAlibi = ALIBI;
+  // The caller's head dim (FwdParams::head_dim) is below HEAD_DIM: loads
+  // zero-fill and stores skip the chunks past it. Exact head dims compile
+  // without those predicates.
+  static constexpr bool kPadded = PADDED;
+  // Packed sequences: queries (and, without a KV cache, keys) located
+  // through cu_seqlens. With a (paged) KV cache, only the queries are
+  // packed: each sequence's keys are its pages (forward_varlen with a block
+  // table), so kVarlenKeys tells where the keys come from.
+  static constexpr bool kVarlen = VARLEN;
+  static constexpr bool kVarlenKeys = VARLEN && !KVCACHE;
+  // Query heads that share a KV head share a tile: row r of the packed
+  // sequence is query r / heads_per_kv of head r % heads_per_kv within the
+  // group, so the group's K/V is read once per tile instead of once per head.
+  static constexpr bool kPackGqa = PACK_GQA;
+  // RoPE on q and k as their tiles land (rope.cuh).
+  static constexpr int kRope = ROPE;
+  static constexpr int kRotaryDim = ROTARY_DIM;
+  static constexpr bool kRopeTables = ROPE_TABLES;
+  // Keys from a KV cache (per-sequence lengths, optional batch remapping;
+  // the cached keys are already rotated, so RoPE rotates q only), in pages,
+  // and split over several CTAs that write fp32 partial results.
+  static constexpr bool kKVCache = KVCACHE;
+  static constexpr bool kPaged = PAGED;
+  static constexpr bool kSplit = SPLIT;
+  static constexpr bool kRotateKeys = ROPE != 0 && !KVCACHE;
+  // wgmma, unless the producer rotates K (RoPE without a KV cache): the
+  // producer reads each K and V block by tensor copies (TMA: one instruction
+  // per 64-channel panel, completing on the stage's barrier by byte count)
+  // from the maps the host encodes into FwdParams (KernelSpec::tensor_copies),
+  // instead of 128 threads issuing 16-byte cp.async copies. Producer thread 0
+  // issues them, or with a paged cache the first warp, one lane per page a
+  // block spans. A block that ends past its sequence (varlen, KV cache) goes
+  // by cp.async where it must (produce_tiles).
+  // Not with three persistent warpgroups and a window: there the producer's
+  // 32 registers spill 4-8 bytes (ptxas, NVRTC 13.0), and the cp.async
+  // copies do not (KernelSpec::tensor_copies says the same).
+  static constexpr bool kTensorCopies = WGMMA && (ROPE == 0 || KVCACHE || HEAD_DIM > 128) && UNALIGNED_DIM == 0 &&
+                                        !(WARPS == 12 && PERSISTENT && MASK == kMaskLocal);
+  // Pages shorter than this many rows are copied by cp.async: a page's box
+  // must fill whole 1024-byte swizzle atoms of a 128-byte-swizzled panel.
+  static constexpr int kMinTensorCopyPageShift = 3;
+  // With the producer, the MMA warps rotate their own Q rows (while the
+  // producer rotates the first K block) in pieces of this many words
+  // (rotate_consecutive_rows): 4-byte pieces (two pairs' sin and cos per
+  // thread instead of eight) measured 0.6-1.7% faster at head_dim 128 and
+  // 16-byte pieces 2.4% faster at 64 and N 8192 (H200, docs/PERFORMANCE.md).
+  static constexpr int kQRotationWords = HEAD_DIM <= 64 ? 4 : 1;
+  // Scores rewritten before the softmax (to log2-domain logits) instead of
+  // the scale being folded into the exponent.
+  static constexpr bool kRewriteScores = SOFTCAP || ALIBI;
+
+  static constexpr int kRowsPerWarp = BLOCK_Q / WARPS;
+  static constexpr int kMTiles = kRowsPerWarp / 16;  // 16-row MMA tiles per warp
+  static constexpr int kScoreTiles = BLOCK_KV / 8;   // 8-column accumulator tiles of S
+  static constexpr int kOutTiles = HEAD_DIM / 8;     // 8-column accumulator tiles of O
+  static constexpr int kChunksPerRow = HEAD_DIM / 8; // 16-byte chunks of data per row
+  // Shared-memory rows hold whole 8-chunk swizzle groups (128 bytes), so head
+  // dims such as 32 and 96 leave a few unused chunks per row.
+  static constexpr int kRowElems = (HEAD_DIM + 63) / 64 * 64;
+  static constexpr int kRowBytes = kRowElems * 2;
+  // Bytes from one row of a tile to the next (wgmma: within a panel).
+  static constexpr int kRowStride = WGMMA ? 128 : kRowBytes;
+
+  static constexpr int kSmemQ = BLOCK_Q * kRowElems;  // elements
+  static constexpr int kSmemK = BLOCK_KV * kRowElems;
+  static constexpr int kSmemV = BLOCK_KV * kRowElems;
+  // The producer's ring: kQBuffers Q tiles, kStages K and V stages, then its
+  // mbarriers (Ring: five per stage, and per Q buffer "Q landed", plus "Q
+  // free" when there are two).
+  static constexpr int kRingStages = kProducer ? kStages : 1;
+  static constexpr int kBarrierOffset = (kQBuffers * kSmemQ + kRingStages * (kSmemK + kSmemV)) * 2;
+  static constexpr int kQBarriers = kPersistent ? 4 : 1;
+  // Unaligned rows with the producer (produce_tiles_unaligned): cp.async
+  // copies the 16-byte-aligned blocks that cover each row into staging rows,
+  // and the producer shifts them into the tiles. kStagingSlots slots of a K
+  // block's rows then a V block's, so copies run kStagingSlots - 1 blocks
+  // ahead of the shifts, independently of the ring's stages; the last slot
+  // stages Q first. Each staging row has room for one block more than the
+  // row's chunks: a chunk at any 2-byte offset spans two blocks. Barriers
+  // after the ring's: "K staged" and "V staged" per slot, then "Q staged".
+  static constexpr bool kStagedRows = kUnaligned && kProducer;
+  static constexpr int kChunksUsed = kUnaligned ? (kColumns + 7) / 8 : kChunksPerRow;
+  static constexpr int kStagingSlots = kStagedRows ? 3 : 0;
+  static constexpr int kStagingRowBytes = (kChunksUsed + 1) * 16;
+  static constexpr int kStagingSlotBytes = 2 * BLOCK_KV * kStagingRowBytes;
+  static constexpr int kProducerBarriers = kProducer ? 5 * kStages + kQBarriers + 2 * kStagingSlots + kStagedRows : 0;
+  static constexpr int kStagingOffset = (kBarrierOffset + kProducerBarriers * 8 + 15) / 16 * 16;
+  static constexpr int kSmemBytes =
+      kStagedRows ? kStagingOffset + kStagingSlots * kStagingSlotBytes : kBarrierOffset + kProducerBarriers * 8;
+  static_assert(!kStagedRows || 2 * BLOCK_KV >= BLOCK_Q, "Q is staged in one slot's K and V rows");
+
+  // Whether the next K block is requested before this block's softmax (more
+  // time to hide its latency, longer register live ranges) or after it.
+  // Measured on the H200 (docs/measurements/2026-11-22-kv-order-variants-bf16.json):
+  // before wins by 3-4% at head_dim 64, after by 2-3% at 128.
+  static constexpr bool kEarlyNextK = HEAD_DIM <= 64;
+
+  static_assert(kRowsPerWarp % 16 == 0, "each warp owns whole 16-row MMA tiles");
+  static_assert(!WGMMA || (STAGES > 0 && kRowsPerWarp == 16), "wgmma: a producer, and 64 rows per warpgroup");
+  static_assert(!PERSISTENT || (WGMMA && !SPLIT && !KVCACHE), "persistent: wgmma tiles, no split or KV cache");
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!WGMMA, "wgmma needs sm_90a");
+#endif
+  static_assert(BLOCK_KV % 16 == 0 && HEAD_DIM % 16 == 0, "MMA k-steps are 16 wide");
+};
+
+}  // namespace jitattn

@@ -1,0 +1,161 @@
+// Fused RoPE on shared-memory tiles: K blocks rotated by the producer
+// (stepped angles where they fit its registers), Q tiles rotated once, and
+// the positions of a sequence's first key and query. The arithmetic is in
+// rope.cuh. Part of fwd_prefill.cuh.
+#pragma once
+
+#include "fwd_io.cuh"
+
+namespace jitattn {
+
+// Applies RoPE to rows [first_row, first_row + ROWS) of a swizzled tile of
+// TILE_ROWS rows, shared by THREADS threads of which this is `thread`;
+// position_of(row) is tile row `row`'s position; PACKED: packed 16-bit
+// arithmetic (rope.cuh).
+template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, bool PACKED, typename PositionOf>
+__device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams& p, PositionOf&& position_of,
+                                            int first_row, int thread) {
+  constexpr int kTableUnitsInFlight = Cfg::kWgmma && Cfg::kHeadDim > 128 ? 1 : 2;
+  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, THREADS, PACKED,
+              kTableUnitsInFlight>(
+      p,
+      [&](int row, int chunk) {
+        return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg, TILE_ROWS>(first_row + row, chunk));
+      },
+      [&](int row) { return position_of(first_row + row); }, thread);
+}
+
+// The same for rows at consecutive positions (a K tile; a Q tile whose rows
+// are consecutive queries), tile row first_row at position0: stepped angles
+// in pieces of WORDS words (rotate_consecutive_rows) where the units split
+// evenly over the threads, else one angle per row.
+template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, int WORDS, bool SPREAD_RUNS, bool PACKED>
+__device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, const FwdParams& p, int position0,
+                                                        int first_row, int thread) {
+  if constexpr (Cfg::kRopeTables || !RunLayout<Cfg::kRope, Cfg::kRotaryDim, ROWS, THREADS, WORDS>::kWhole) {
+    rotate_tile<Cfg, ROWS, TILE_ROWS, THREADS, PACKED>(tile, p, [&](int row) { return position0 - first_row + row; },
+                                                       first_row, thread);
+  } else {
+    using Piece = typename RowPiece<WORDS>::type;
+    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, THREADS, WORDS, SPREAD_RUNS,
+                            PACKED>(
+        p,
+        [&](int row, int unit) {
+          // Units of 4 or 8 bytes are pieces of the swizzled 16-byte chunks.
+          constexpr int kPerChunk = 4 / WORDS;
+          return reinterpret_cast<Piece*>(tile + swizzled_bytes<Cfg, TILE_ROWS>(first_row + row, unit / kPerChunk)) +
+                 unit % kPerChunk;
+        },
+        position0, thread);
+  }
+}
+
+// Rotates a K tile of the 4-warp kernel (every thread, 16-byte pieces), in
+// packed 16-bit arithmetic (rope.cuh: every K block is rotated once per query
+// tile, which is what fused RoPE costs).
+template <class Cfg>
+__device__ __forceinline__ void rotate_k_tile(unsigned char* k_tile, const FwdParams& p, int position0) {
+  rotate_consecutive_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kLoadThreads, 4, /*SPREAD_RUNS=*/false,
+                          /*PACKED=*/true>(k_tile, p, position0, 0, threadIdx.x % Cfg::kLoadThreads);
+}
+
+// The producer warpgroup's rotation of its K blocks (from the last down), in
+// packed 16-bit arithmetic. Pieces, measured on the H200 with packed
+// arithmetic (docs/PERFORMANCE.md):
+//   - wgmma (88 registers): 16-byte pieces where a thread's runs are then at
+//     least 8 rows (rotary_dim 128 with 128-key tiles: 0-5% faster than 4-byte
+//     pieces at head_dim 128); 8-byte pieces spill there;
+//   - else 4-byte pieces: 16-byte ones leave runs of 4 rows (rotary_dim 64, or
+//     64-key tiles), whose two sincos per pair and run cost more than they
+//     save (1-6% slower at head_dim 64; 8 bytes of spills with ALiBi);
+//   - the mma.sync producer (56 or 40 registers): 4-byte pieces (wider ones
+//     spill).
+// 16-byte pieces keep their angles from block to block (SteppedKeyRotation):
+// RoPE prefill 1-3.5% faster at head_dim 128 from N 2048. With 4-byte pieces
+// the same was 2-5% slower at head_dim 64 although its SASS has no more
+// instructions a block (not understood), so those evaluate sincos per block
+// and run (rotate_consecutive_rows), as before.
+//
+// Above head_dim 128 the producer is left 40-56 registers
+// (FwdConfig::kProducerRegisters): each thread steps the angles of two pairs
+// (4-byte pieces of rotate-half, 8-byte ones interleaved) down runs of rows
+// that split the block evenly, and threads past them idle (rotary dims such
+// as 192 do not split 128 threads evenly).
+template <class Cfg>
+struct ProducerKeyPieces {
+  static constexpr bool kNarrowRegisters = Cfg::kWgmma && Cfg::kHeadDim > 128;
+  static constexpr bool kLongWideRuns =
+      RunLayout<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads, 4>::kRun >= 8;
+  static constexpr int kWords = kNarrowRegisters ? (Cfg::kRope == kRopeHalf ? 1 : 2)
+                                : Cfg::kWgmma && kLongWideRuns ? 4
+                                                               : 1;
+  using Layout = RunLayout<Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads, kWords, kNarrowRegisters>;
+  static constexpr bool kStepped =
+      Cfg::kRotateKeys && !Cfg::kRopeTables && Layout::kWhole && (kWords == 4 || kNarrowRegisters);
+};
+
+template <class Cfg, bool STEPPED = ProducerKeyPieces<Cfg>::kStepped>
+struct ProducerKeyRotation {
+  __device__ __forceinline__ ProducerKeyRotation(const FwdParams&, int) {}
+  // Rotates the K tile whose row 0 is at position0 (the tile_index-th
+  // rotated).
+  __device__ __forceinline__ void rotate(unsigned char* k_tile, const FwdParams& p, int position0, int) {
+    rotate_consecutive_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kProducerThreads, ProducerKeyPieces<Cfg>::kWords,
+                            /*SPREAD_RUNS=*/true, /*PACKED=*/true>(k_tile, p, position0, 0,
+                                                                   threadIdx.x % Cfg::kProducerThreads);
+  }
+};
+
+template <class Cfg>
+struct ProducerKeyRotation<Cfg, true> {
+  using Pieces = ProducerKeyPieces<Cfg>;
+  SteppedKeyRotation<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads,
+                     Pieces::kWords, Pieces::kNarrowRegisters>
+      stepped;
+  __device__ __forceinline__ ProducerKeyRotation(const FwdParams& p, int thread) : stepped(p, thread) {}
+  __device__ __forceinline__ void rotate(unsigned char* k_tile, const FwdParams& p, int position0, int tile_index) {
+    if constexpr (Pieces::kNarrowRegisters) {
+      constexpr int kPerChunk = 4 / Pieces::kWords;  // pieces of a swizzled 16-byte chunk
+      stepped.template rotate_swizzled<Cfg::kRowStride>(
+          p, k_tile,
+          [&](int row, int unit) {
+            return swizzled_bytes<Cfg, Cfg::kBlockKV>(row, unit / kPerChunk) + unit % kPerChunk * 4 * Pieces::kWords;
+          },
+          position0, tile_index);
+    } else {
+      stepped.rotate(
+          p,
+          [&](int row, int unit) {
+            return reinterpret_cast<uint4*>(k_tile + swizzled_bytes<Cfg, Cfg::kBlockKV>(row, unit));
+          },
+          position0, tile_index);
+    }
+  }
+};
+
+// RoPE positions of a sequence's first key and first query: keys from their
+// offset, queries from theirs or aligned to the keys' end (the causal
+// diagonal).
+__device__ __forceinline__ void rope_positions(const FwdParams& p, int batch, int diagonal_offset, int& key_position0,
+                                               int& query_position0) {
+  key_position0 = p.rope_k_offsets != nullptr ? p.rope_k_offsets[batch] : 0;
+  query_position0 = p.rope_q_offsets != nullptr ? p.rope_q_offsets[batch] : key_position0 + diagonal_offset;
+}
+
+// Rotates rows [first_row, first_row + ROWS) of this CTA's Q tile in shared
+// memory, shared by THREADS threads of which this is `thread`, in pieces of
+// WORDS words (rotate_consecutive_rows).
+template <class Cfg, int ROWS, int THREADS, int WORDS>
+__device__ __forceinline__ void rotate_q_rows(unsigned char* q_tile, const FwdParams& p, int query_position0, int q0,
+                                              int group, int first_row, int thread) {
+  if constexpr (Cfg::kPackGqa) {
+    // Packed rows cycle through the group's heads: positions repeat.
+    rotate_tile<Cfg, ROWS, Cfg::kBlockQ, THREADS, /*PACKED=*/false>(
+        q_tile, p, [&](int row) { return query_position0 + query_position<Cfg>(q0 + row, group); }, first_row, thread);
+  } else {
+    rotate_consecutive_tile<Cfg, ROWS, Cfg::kBlockQ, THREADS, WORDS, /*SPREAD_RUNS=*/WORDS == 1, /*PACKED=*/false>(
+        q_tile, p, query_position0 + q0 + first_row, first_row, thread);
+  }
+}
+
+}  // namespace jitattn
