@@ -101,6 +101,12 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   int group_first_block, group_end_block;
   visible_blocks<Cfg>(p, job.seqlen_k, job.diagonal_offset, first_query, last_query, group_first_block,
                       group_end_block);
+  // A warpgroup whose rows are all past the tile's computes nothing: it
+  // hands every stage back and passes its turns, so the other warpgroups'
+  // MMAs run back to back. Decoding sequences beside a prefill chunk in one
+  // varlen call (a KV head's few packed rows in a 128-row tile) then cost
+  // half the tensor-core time (docs/PERFORMANCE.md).
+  if (job.q0 + group_row0 >= job.rows) group_first_block = group_end_block = 0;
 
   float o[Cfg::kMTiles][Cfg::kOutTiles][4];
   float row_max[Cfg::kMTiles][2];
