@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, I32, default_options, force_tiles, load, tensor_of  # noqa: E402
+from jitattn_ctypes import BF16, I32, check, default_options, force_tiles, load, tensor_of  # noqa: E402
 from jitattn_kvcache import kvcache_call, shuffled_pages  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
@@ -59,10 +59,8 @@ def main():
         tk, tv = tensor_of(k, BF16), tensor_of(v, BF16)
 
         def dense():
-            status = lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(tout), None,
-                                     ctypes.byref(options), stream)
-            if status != 0:
-                raise RuntimeError(lib.jitattn_last_error().decode())
+            check(lib, lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(tout), None,
+                                       ctypes.byref(options), stream))
 
         cache_options = default_options(lib)
         cache_options.causal = 1

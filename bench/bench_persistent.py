@@ -18,7 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, default_options, force_tiles, load, tensor_of  # noqa: E402
+from jitattn_ctypes import BF16, check, default_options, force_tiles, load, tensor_of  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
 # The planner's wgmma tiles (src/plan/tiles.cpp, wgmma_tiles) per head dim and RoPE.
@@ -68,10 +68,8 @@ def main():
                             tq, tk, tv, to = (tensor_of(t, BF16) for t in (q, k, v, out))
 
                             def call():
-                                status = lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
-                                                         ctypes.byref(to), None, ctypes.byref(options), stream)
-                                if status != 0:
-                                    raise RuntimeError(lib.jitattn_last_error().decode())
+                                check(lib, lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                                                           ctypes.byref(to), None, ctypes.byref(options), stream))
 
                             call()
                             torch.cuda.synchronize()

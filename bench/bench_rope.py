@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, F32, default_options, force_tiles, load, tensor_of  # noqa: E402
+from jitattn_ctypes import BF16, F32, check, default_options, force_tiles, load, tensor_of  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
 
@@ -75,10 +75,8 @@ def main():
 
                 def call(o):
                     def run():
-                        status = lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
-                                                 ctypes.byref(to), None, ctypes.byref(o), stream)
-                        if status != 0:
-                            raise RuntimeError(lib.jitattn_last_error().decode())
+                        check(lib, lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                                                   ctypes.byref(to), None, ctypes.byref(o), stream))
                     return run
 
                 cos_full = torch.cat([cos_table, cos_table], dim=-1)[None, :, None, :].to(torch.bfloat16)

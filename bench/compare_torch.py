@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import Options, Tensor, force_tiles  # noqa: E402
+from jitattn_ctypes import Options, Tensor, check, force_tiles  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
 
@@ -70,10 +70,8 @@ def main():
                     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
                     def run_jitattn():
-                        status = lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
-                                                 None, ctypes.byref(options), stream)
-                        if status != 0:
-                            raise RuntimeError(lib.jitattn_last_error().decode())
+                        check(lib, lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                                                   ctypes.byref(to), None, ctypes.byref(options), stream))
 
                     def torch_backend(backend):
                         def run():

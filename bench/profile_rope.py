@@ -8,7 +8,7 @@ Arguments: library, head_dim, batch, seqlen. TILES=BQxBKVxWARPS forces the RoPE 
 import ctypes, os, sys
 import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, default_options, load, tensor_of
+from jitattn_ctypes import BF16, check, default_options, load, tensor_of
 
 lib = load(sys.argv[1])
 head_dim, batch, n = (int(x) for x in sys.argv[2:5])
@@ -30,7 +30,6 @@ def options(rope):
 calls = [options(False), options(True)]
 for timed in (False, True):  # warm-up (compiles), then the profiled pair
     for o in calls:
-        assert lib.jitattn_fwd(*(ctypes.byref(t) for t in views), None, ctypes.byref(o), stream) == 0, \
-            lib.jitattn_last_error().decode()
+        check(lib, lib.jitattn_fwd(*(ctypes.byref(t) for t in views), None, ctypes.byref(o), stream))
     torch.cuda.synchronize()
 print("plain, rope: done")
