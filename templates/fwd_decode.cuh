@@ -110,16 +110,14 @@ __device__ void fwd_decode(const FwdParams& p) {
   long long k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
   long long v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
   if constexpr (Cfg::kVarlen) {
-    const int q_row0 = p.cu_seqlens_q[batch];
-    seqlen_q = p.cu_seqlens_q[batch + 1] - q_row0;
-    // (Over a paged cache with seqused_k, cu_seqlens_k may be absent: it is
-    // read only for packed keys or lengths without seqused_k.)
-    seqlen_k = p.seqused_k != nullptr ? p.seqused_k[batch] : p.cu_seqlens_k[batch + 1] - p.cu_seqlens_k[batch];
+    const VarlenSequence sequence = varlen_sequence(p, batch);
+    seqlen_q = sequence.seqlen_q;
+    seqlen_k = sequence.seqlen_k;
     // The grid covers the longest sequence.
     if (q0 >= seqlen_q * group) return;
-    q_start = q_row0 * p.q_row_stride;
-    o_start = q_row0 * p.o_row_stride;
-    lse_start = q_row0 * p.lse_row_stride;
+    q_start = sequence.q_row0 * p.q_row_stride;
+    o_start = sequence.q_row0 * p.o_row_stride;
+    lse_start = sequence.q_row0 * p.lse_row_stride;
     if constexpr (!Cfg::kKVCache) {
       const int k_row0 = p.cu_seqlens_k[batch];
       k_start = k_row0 * p.k_row_stride;

@@ -129,4 +129,21 @@ __device__ __forceinline__ void load_packed_q(unsigned tile, const unsigned shor
   }
 }
 
+
+// A varlen sequence's query rows [q_row0, q_row0 + seqlen_q) in the packed
+// tensors, and its key count: seqused_k[b] when given, else its packed key
+// rows'. (Over a paged cache with seqused_k, cu_seqlens_k may be absent: it
+// is read only for lengths here, or by the caller for packed key rows.)
+struct VarlenSequence {
+  int q_row0, seqlen_q, seqlen_k;
+};
+__device__ __forceinline__ VarlenSequence varlen_sequence(const FwdParams& p, int batch) {
+  VarlenSequence sequence;
+  sequence.q_row0 = p.cu_seqlens_q[batch];
+  sequence.seqlen_q = p.cu_seqlens_q[batch + 1] - sequence.q_row0;
+  sequence.seqlen_k =
+      p.seqused_k != nullptr ? p.seqused_k[batch] : p.cu_seqlens_k[batch + 1] - p.cu_seqlens_k[batch];
+  return sequence;
+}
+
 }  // namespace jitattn

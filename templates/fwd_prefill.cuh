@@ -57,20 +57,18 @@ __device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJ
   int seqlen_q = p.seqlen_q;
   int seqlen_k = p.seqlen_k;
   if constexpr (Cfg::kVarlen) {
-    const int q_row0 = p.cu_seqlens_q[batch];
-    seqlen_q = p.cu_seqlens_q[batch + 1] - q_row0;
-    // (Over a paged cache with seqused_k, cu_seqlens_k may be absent: it is
-    // read only for packed keys or lengths without seqused_k.)
-    seqlen_k = p.seqused_k != nullptr ? p.seqused_k[batch] : p.cu_seqlens_k[batch + 1] - p.cu_seqlens_k[batch];
+    const VarlenSequence sequence = varlen_sequence(p, batch);
+    seqlen_q = sequence.seqlen_q;
+    seqlen_k = sequence.seqlen_k;
     if (q0 >= seqlen_q * group) return false;
-    q_start = q_row0 * p.q_row_stride;
-    o_start = q_row0 * p.o_row_stride;
+    q_start = sequence.q_row0 * p.q_row_stride;
+    o_start = sequence.q_row0 * p.o_row_stride;
+    lse_start = sequence.q_row0 * p.lse_row_stride;
     if constexpr (!Cfg::kKVCache) {
       const int k_row0 = p.cu_seqlens_k[batch];
       k_start = k_row0 * p.k_row_stride;
       v_start = k_row0 * p.v_row_stride;
     }
-    lse_start = q_row0 * p.lse_row_stride;
   }
   if constexpr (Cfg::kKVCache) {
     // (Varlen over a paged cache: the lengths are the varlen ones above.)
