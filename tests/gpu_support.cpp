@@ -363,6 +363,24 @@ uint64_t clock_seed() {
   return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
 }
 
+int repeat_launches() {
+  static const int count = [] {
+    const char* text = std::getenv("JITATTN_TEST_REPEAT");
+    return text == nullptr ? 0 : std::max(0, std::atoi(text));
+  }();
+  return count;
+}
+
+std::string first_difference(const char* what, const std::vector<float>& first, const std::vector<float>& again) {
+  if (first.size() != again.size()) return fmt::format("{}: {} values, then {}", what, first.size(), again.size());
+  for (size_t i = 0; i < first.size(); ++i) {
+    if (std::memcmp(&first[i], &again[i], sizeof(float)) != 0) {
+      return fmt::format("{}[{}] was {}, now {}", what, i, first[i], again[i]);
+    }
+  }
+  return {};
+}
+
 Runtime& gpu_tests_runtime() {
   static Runtime runtime([] {
     Config config = Config::from_env();

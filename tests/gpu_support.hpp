@@ -97,6 +97,29 @@ std::string current_arch();
 // Whether the device is sm_90a; if not, the test case reports why it skips
 // ("skipped: <feature> needs sm_90a, this GPU is ...").
 bool sm90a_or_skip(const char* feature);
+// JITATTN_TEST_REPEAT=N (default 0): how many more times launch_repeated
+// launches each call. A race between warps or CTAs shows up as repeats that
+// differ long before it shows up as an error past the tolerance.
+int repeat_launches();
+// "" when the two reads are the same bit for bit, else the first element
+// that differs, with both values.
+std::string first_difference(const char* what, const std::vector<float>& first, const std::vector<float>& again);
+// Runs launch() 1 + repeat_launches() times. launch() poisons the call's
+// outputs (and workspace), launches, and returns what it read back (a struct
+// with `out` and `lse`). Every repeat must reproduce the first read bit for
+// bit; `mismatch` gets the first that does not. Returns the first read.
+template <typename Launch>
+auto launch_repeated(Launch&& launch, std::string& mismatch) -> decltype(launch()) {
+  auto first = launch();
+  for (int repeat = 1; repeat <= repeat_launches() && mismatch.empty(); ++repeat) {
+    const auto again = launch();
+    std::string difference = first_difference("out", first.out, again.out);
+    if (difference.empty()) difference = first_difference("lse", first.lse, again.lse);
+    if (!difference.empty()) mismatch = "launch " + std::to_string(repeat + 1) + " of the same call: " + difference;
+  }
+  return first;
+}
+
 // Compiles (or finds in the cache) every spec, in parallel, so tests are not
 // serialized behind NVRTC. Returns one message per failure.
 std::vector<std::string> warm_all(Runtime& runtime, const std::vector<std::string>& specs, const std::string& arch);

@@ -238,6 +238,7 @@ References make_references(const Case& c, const Inputs& in) {
 struct Run {
   std::vector<float> out, lse;
   std::string spec;
+  std::string repeat_mismatch;  // launch_repeated: a repeat that read back other bits
 };
 
 struct CallViews {
@@ -330,39 +331,55 @@ Run run_kernel(const Case& c, const Inputs& in, bool through_graph = false) {
   const size_t workspace_bytes = runtime.kvcache_workspace_bytes(in.dq->view(), v.args, out.view(), &lse_view, v.options);
   DeviceBuffer workspace(std::max<size_t>(workspace_bytes, 256));
   workspace.fill_bytes(0xff);
-  Run run;
-  run.spec = fmt::format("workspace={}", workspace_bytes);
+  auto read_back = [&] {
+    Run read;
+    read.out = out.read();
+    read.lse.resize(lse_count);
+    lse.download(read.lse.data(), lse_count * 4);
+    return read;
+  };
   if (!through_graph) {
-    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
-                            nullptr);
-  } else {
-    const auto& drv = detail::driver();
-    CUstream stream = nullptr;
-    REQUIRE(drv.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
-                            stream);
-    REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
-    CUgraph graph = nullptr;
-    REQUIRE(drv.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
-    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
-                            stream);
-    REQUIRE(drv.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
-    CUgraphExec exec = nullptr;
-    REQUIRE(drv.cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS);
-    for (int replay = 0; replay < 2; ++replay) {
-      out.buffer.fill_bytes(0xff);
-      lse.fill_bytes(0xff);
-      workspace.fill_bytes(0xff);
-      REQUIRE(drv.cuGraphLaunch(exec, stream) == CUDA_SUCCESS);
-      REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
-    }
-    drv.cuGraphExecDestroy(exec);
-    drv.cuGraphDestroy(graph);
-    drv.cuStreamDestroy(stream);
+    // A repeat appends the same rows to the same places again.
+    std::string mismatch;
+    Run run = launch_repeated(
+        [&] {
+          out.buffer.fill_bytes(0xff);
+          lse.fill_bytes(0xff);
+          workspace.fill_bytes(0xff);
+          runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(),
+                                  workspace_bytes, nullptr);
+          return read_back();
+        },
+        mismatch);
+    run.spec = fmt::format("workspace={}", workspace_bytes);
+    run.repeat_mismatch = std::move(mismatch);
+    return run;
   }
-  run.out = out.read();
-  run.lse.resize(lse_count);
-  lse.download(run.lse.data(), lse_count * 4);
+  const auto& drv = detail::driver();
+  CUstream stream = nullptr;
+  REQUIRE(drv.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
+                          stream);
+  REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  REQUIRE(drv.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
+                          stream);
+  REQUIRE(drv.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  REQUIRE(drv.cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS);
+  for (int replay = 0; replay < 2; ++replay) {
+    out.buffer.fill_bytes(0xff);
+    lse.fill_bytes(0xff);
+    workspace.fill_bytes(0xff);
+    REQUIRE(drv.cuGraphLaunch(exec, stream) == CUDA_SUCCESS);
+    REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+  }
+  drv.cuGraphExecDestroy(exec);
+  drv.cuGraphDestroy(graph);
+  drv.cuStreamDestroy(stream);
+  Run run = read_back();
+  run.spec = fmt::format("workspace={}", workspace_bytes);
   return run;
 }
 
@@ -388,6 +405,7 @@ void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t 
           ++shown;
         }
         CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}{}", describe(c, run.spec, seed), verdict.summary(), lse_detail));
+        if (!run.repeat_mismatch.empty()) FAIL_CHECK(std::string(describe(c, run.spec, seed) + ": " + run.repeat_mismatch));
         const std::string cache = check_cache(c, in);
         CHECK_MESSAGE(cache.empty(), fmt::format("{}: {}", describe(c, run.spec, seed), cache));
       });

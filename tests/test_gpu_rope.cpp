@@ -203,6 +203,7 @@ struct KernelRun {
   std::vector<float> out, lse;
   std::string spec;
   size_t workspace_bytes = 0;  // with a workspace: what forward_workspace_bytes asked for
+  std::string repeat_mismatch;  // launch_repeated: a repeat that read back other bits
 };
 
 KernelRun run_kernel(const Case& c, const Inputs& in) {
@@ -213,30 +214,43 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
   DeviceTensor out(c.dtype, q_shape, out_strides);
   const size_t lse_count = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
   DeviceBuffer lse(lse_count * 4);
-  lse.fill_bytes(0xff);
   const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {s.batch, s.heads_q, s.seqlen_q});
   CallViews views;
   fill_options(c, in, views);
-  KernelRun run;
-  run.spec = gpu_tests_runtime().spec_for(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view,
-                                          views.options);
+  const std::string spec = gpu_tests_runtime().spec_for(in.dq->view(), in.dk->view(), in.dv->view(), out.view(),
+                                                        &lse_view, views.options);
+  size_t workspace_bytes = 0;
   if (c.num_splits) {
     views.options.num_splits = *c.num_splits;
-    run.workspace_bytes = gpu_tests_runtime().forward_workspace_bytes(in.dq->view(), in.dk->view(), in.dv->view(),
-                                                                      out.view(), &lse_view, views.options);
-    DeviceBuffer workspace(std::max<size_t>(run.workspace_bytes, 256));
-    workspace.fill_bytes(0xff);
-    gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, views.options,
-                                run.workspace_bytes > 0 ? workspace.get() : nullptr, run.workspace_bytes, nullptr);
-    // spec_for plans without a workspace: the kernel that ran is that one, split.
-    if (run.workspace_bytes > 0) run.spec += " (with .split)";
-  } else {
-    gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, views.options,
-                                nullptr);
+    workspace_bytes = gpu_tests_runtime().forward_workspace_bytes(in.dq->view(), in.dk->view(), in.dv->view(),
+                                                                  out.view(), &lse_view, views.options);
   }
-  run.out = out.read();
-  run.lse.resize(lse_count);
-  lse.download(run.lse.data(), lse_count * 4);
+  DeviceBuffer workspace(std::max<size_t>(workspace_bytes, 256));
+  std::string mismatch;
+  KernelRun run = launch_repeated(
+      [&] {
+        out.buffer.fill_bytes(0xff);
+        lse.fill_bytes(0xff);
+        workspace.fill_bytes(0xff);
+        if (c.num_splits) {
+          gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view,
+                                      views.options, workspace_bytes > 0 ? workspace.get() : nullptr, workspace_bytes,
+                                      nullptr);
+        } else {
+          gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view,
+                                      views.options, nullptr);
+        }
+        KernelRun read;
+        read.out = out.read();
+        read.lse.resize(lse_count);
+        lse.download(read.lse.data(), lse_count * 4);
+        return read;
+      },
+      mismatch);
+  // spec_for plans without a workspace: the kernel that ran is that one, split.
+  run.spec = workspace_bytes > 0 ? spec + " (with .split)" : spec;
+  run.workspace_bytes = workspace_bytes;
+  run.repeat_mismatch = std::move(mismatch);
   return run;
 }
 
@@ -250,6 +264,7 @@ void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t 
         const auto& run = *ran;
         const Verdict verdict = judge(c.shape, run.out, run.lse, r.exact, r.rounded);
         CHECK_MESSAGE(verdict.ok(), fmt::format("{}: {}", describe(c, run.spec, seed), verdict.summary()));
+        if (!run.repeat_mismatch.empty()) FAIL_CHECK(std::string(describe(c, run.spec, seed) + ": " + run.repeat_mismatch));
         if (extra) extra(c, run);
       });
 }

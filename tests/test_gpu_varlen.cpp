@@ -339,6 +339,7 @@ struct KernelRun {
   size_t out_written_outside = 0;  // out elements written past the owned rows or in stride gaps
   size_t lse_written_outside = 0;  // likewise for lse
   std::string spec;
+  std::string repeat_mismatch;  // launch_repeated: a repeat that read back other bits
 };
 
 // Runs jitattn with out and lse poisoned (every byte 0xff) first. The output
@@ -357,7 +358,6 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
   DeviceTensor out(c.dtype, out_shape, out_strides);
   const int64_t lse_head_stride = c.layout == Layout::contiguous ? s.total_q : s.total_q + 5;
   DeviceBuffer lse(static_cast<size_t>(a.heads_q) * lse_head_stride * 4);
-  lse.fill_bytes(0xff);
   TensorView lse_view;
   lse_view.data = lse.get();
   lse_view.dtype = DType::f32;
@@ -370,38 +370,49 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
   TensorView slopes;
   if (in.slopes) slopes = slopes_view(c, in.slopes->get());
   const ForwardOptions options = options_for(c, in.slopes ? &slopes : nullptr);
-  KernelRun run;
-  run.spec = spec_of(c);
   Runtime& runtime = gpu_tests_runtime();
-  std::unique_ptr<DeviceBuffer> workspace;  // lives until the output is read
+  // The workspace poisoned: a split must write every partial it reads.
+  size_t workspace_bytes = 0;
   if (c.num_splits) {
-    // The workspace poisoned: a split must write every partial it reads.
-    const size_t bytes = runtime.forward_varlen_workspace_bytes(in.q_view, in.k_view, in.v_view, packed_view(out),
-                                                                &lse_view, varlen.args, options);
-    workspace = std::make_unique<DeviceBuffer>(std::max<size_t>(bytes, 256));
-    workspace->fill_bytes(0xff);
-    runtime.forward_varlen(in.q_view, in.k_view, in.v_view, packed_view(out), &lse_view, varlen.args, options,
-                           bytes > 0 ? workspace->get() : nullptr, bytes, nullptr);
-  } else {
-    runtime.forward_varlen(in.q_view, in.k_view, in.v_view, packed_view(out), &lse_view, varlen.args, options,
-                           nullptr);
+    workspace_bytes = runtime.forward_varlen_workspace_bytes(in.q_view, in.k_view, in.v_view, packed_view(out),
+                                                             &lse_view, varlen.args, options);
   }
-  run.out = out.read();
-  run.out_written_outside = out.count_written_outside(s.used_q());
-  std::vector<uint32_t> bits(static_cast<size_t>(a.heads_q) * lse_head_stride);
-  lse.download(bits.data(), bits.size() * 4);
-  run.lse.resize(static_cast<size_t>(a.heads_q) * s.total_q);
-  for (int h = 0; h < a.heads_q; ++h) {
-    for (int64_t i = 0; i < lse_head_stride; ++i) {
-      const uint32_t word = bits[h * lse_head_stride + i];
-      if (i < s.used_q()) {
-        std::memcpy(&run.lse[static_cast<size_t>(h) * s.total_q + i], &word, 4);
-      } else {
-        run.lse_written_outside += word != 0xffffffffu;
-        if (i < s.total_q) run.lse[static_cast<size_t>(h) * s.total_q + i] = NAN;  // not judged
-      }
-    }
-  }
+  DeviceBuffer workspace(std::max<size_t>(workspace_bytes, 256));
+  std::string mismatch;
+  KernelRun run = launch_repeated(
+      [&] {
+        out.buffer.fill_bytes(0xff);
+        lse.fill_bytes(0xff);
+        workspace.fill_bytes(0xff);
+        if (c.num_splits) {
+          runtime.forward_varlen(in.q_view, in.k_view, in.v_view, packed_view(out), &lse_view, varlen.args, options,
+                                 workspace_bytes > 0 ? workspace.get() : nullptr, workspace_bytes, nullptr);
+        } else {
+          runtime.forward_varlen(in.q_view, in.k_view, in.v_view, packed_view(out), &lse_view, varlen.args, options,
+                                 nullptr);
+        }
+        KernelRun read;
+        read.out = out.read();
+        read.out_written_outside = out.count_written_outside(s.used_q());
+        std::vector<uint32_t> bits(static_cast<size_t>(a.heads_q) * lse_head_stride);
+        lse.download(bits.data(), bits.size() * 4);
+        read.lse.resize(static_cast<size_t>(a.heads_q) * s.total_q);
+        for (int h = 0; h < a.heads_q; ++h) {
+          for (int64_t i = 0; i < lse_head_stride; ++i) {
+            const uint32_t word = bits[h * lse_head_stride + i];
+            if (i < s.used_q()) {
+              std::memcpy(&read.lse[static_cast<size_t>(h) * s.total_q + i], &word, 4);
+            } else {
+              read.lse_written_outside += word != 0xffffffffu;
+              if (i < s.total_q) read.lse[static_cast<size_t>(h) * s.total_q + i] = NAN;  // not judged
+            }
+          }
+        }
+        return read;
+      },
+      mismatch);
+  run.spec = spec_of(c);
+  run.repeat_mismatch = std::move(mismatch);
   return run;
 }
 
@@ -452,6 +463,7 @@ std::vector<size_t> check_cases(const std::vector<Case>& cases, std::mt19937_64&
                       fmt::format("{}: {} out and {} lse elements written outside the sequences' rows (spare rows or "
                                   "stride gaps)",
                                   describe(c, run.spec, seed), run.out_written_outside, run.lse_written_outside));
+        if (!run.repeat_mismatch.empty()) FAIL_CHECK(std::string(describe(c, run.spec, seed) + ": " + run.repeat_mismatch));
       });
 }
 
