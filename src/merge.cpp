@@ -7,16 +7,10 @@
 #include <cstdint>
 #include <utility>
 
+#include "argument_error.hpp"
+
 namespace jitattn::detail {
 namespace {
-
-[[noreturn]] void reject(const std::string& message) { throw Error(ErrorCode::invalid_argument, message); }
-
-std::string shape_text(const TensorView& t) {
-  std::string text = "[";
-  for (int i = 0; i < t.ndim; ++i) text += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
-  return text + "]";
-}
 
 bool is_float_dtype(DType dtype) { return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16; }
 

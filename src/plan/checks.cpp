@@ -8,12 +8,6 @@
 
 namespace jitattn::detail {
 
-std::string shape_text(const TensorView& t) {
-  std::string text = "[";
-  for (int i = 0; i < t.ndim; ++i) text += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
-  return text + "]";
-}
-
 // The generated head dims; any other head dim runs on the next one up,
 // zero-padded inside the kernel (the caller's tensors are not copied). Head
 // dims that are not a multiple of 8 take the 4-warp kernels' element-wise

@@ -7,6 +7,7 @@
 // Everything else includes plan.hpp only.
 #pragma once
 
+#include "argument_error.hpp"
 #include "plan.hpp"
 
 #include <fmt/format.h>
@@ -17,11 +18,8 @@
 
 namespace jitattn::detail {
 
-[[noreturn]] inline void reject(const std::string& message) { throw Error(ErrorCode::invalid_argument, message); }
-
 // ---- checks.cpp ----------------------------------------------------------
 
-std::string shape_text(const TensorView& t);
 // The generated head dim that serves `head_dim` (the next one up).
 int kernel_head_dim(int64_t head_dim);
 // f32 [heads_q] or [batch, heads_q]; returns the batch stride (0 per head).
