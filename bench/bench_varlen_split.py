@@ -14,7 +14,10 @@ is compared with PyTorch's math backend per sequence before timing. CUDA events,
 (jitattn_timing). TB/s counts the bytes of K and V the sequences use.
 
   python3 bench/bench_varlen_split.py --lib build/libjitattn.so [--before-lib OLD.so] [--json FILE]
-      [--batches 16x1x8192,15x1x8192+1x512x4096,...] [--page 64] [--splits N]
+      [--batches 16x1x8192,15x1x8192+1x512x4096,...] [--page 64] [--splits N] [--tiles 64x64x4]
+
+--tiles forces the tiles of every library's call (both builds), e.g. the 4-warp mma.sync tiles that
+sm_80 plans, to time them on a Hopper GPU; FA2 and forward_kvcache keep their own.
 """
 import argparse
 import ctypes
@@ -27,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, I32, VarlenArgs, check, default_options, load, tensor_of  # noqa: E402
+from jitattn_ctypes import BF16, I32, VarlenArgs, check, default_options, force_tiles, load, tensor_of  # noqa: E402
 from jitattn_kvcache import kvcache_call  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
@@ -67,7 +70,7 @@ class VarlenCall:
     """jitattn_fwd_varlen_split (or jitattn_fwd_varlen) of one packed batch into `out`."""
 
     def __init__(self, lib, q, k, v, out, cu_q, cu_k, max_q, max_k, stream, num_splits=0, block_table=None,
-                 workspace=True, pack_gqa=-1):
+                 workspace=True, pack_gqa=-1, tiles=""):
         self.lib, self.stream, self.workspace_call = lib, stream, workspace
         self.tq, self.tk, self.tv, self.tout = (tensor_of(q, BF16), tensor_of(k, BF16), tensor_of(v, BF16),
                                                 tensor_of(out, BF16))
@@ -79,6 +82,7 @@ class VarlenCall:
         self.options.causal = 1
         self.options.num_splits = num_splits
         self.options.pack_gqa = pack_gqa
+        force_tiles(self.options, tiles)
         self.size = ctypes.c_size_t(0)
         if workspace:
             check(lib, lib.jitattn_fwd_varlen_workspace_bytes(
@@ -110,6 +114,8 @@ def main():
     parser.add_argument("--splits", type=int, default=0, help="options.num_splits of the split calls (0: heuristic)")
     parser.add_argument("--pack-gqa", type=int, default=-1, help="options.pack_gqa of this library's calls "
                                                                 "(-1: the planner's, 0 off, 1 on)")
+    parser.add_argument("--tiles", default="", help="force the tiles of this library's and --before-lib's calls "
+                                                   "(jitattn_ctypes.force_tiles: 64x64x4, 128x128x8x2w, ...)")
     parser.add_argument("--batches", default="1x1x32768,16x1x8192,64x1x4096,4x8x8192,15x1x8192+1x512x4096,"
                                              "60x1x2048+2x256x2048,2x2048x2048")
     args = parser.parse_args()
@@ -119,7 +125,7 @@ def main():
     heads_q, heads_kv, head_dim = 32, args.heads_kv, args.head_dim
     print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}")
     print(f"heads {heads_q}/{heads_kv}, head_dim {head_dim}, causal, pages of {args.page}, "
-          f"num_splits {args.splits or 'heuristic'}, pack_gqa {args.pack_gqa}")
+          f"num_splits {args.splits or 'heuristic'}, pack_gqa {args.pack_gqa}, tiles {args.tiles or 'planned'}")
     print(f"{'batch':>24} | {'split':>7} {'paged':>7} {'no ws':>7} {'before':>7} {'kvcache':>7} {'fa2':>7} ms | "
           f"{'split':>5} TB/s | {'no ws':>6} {'before':>6} {'fa2':>6} / split")
     rows = []
@@ -144,7 +150,8 @@ def main():
         cu_q_t = torch.tensor(cu_q, device="cuda", dtype=torch.int32)
         cu_k_t = torch.tensor(cu_k, device="cuda", dtype=torch.int32)
         max_q, max_k = max(seqlens_q), max(seqlens_k)
-        call = lambda library, k, v, **kw: VarlenCall(library, q, k, v, out, cu_q_t, cu_k_t, max_q, max_k, stream, **kw)
+        call = lambda library, k, v, **kw: VarlenCall(library, q, k, v, out, cu_q_t, cu_k_t, max_q, max_k, stream,
+                                                      tiles=args.tiles, **kw)
         split_calls = [call(lib, k, v, num_splits=args.splits, pack_gqa=args.pack_gqa) for k, v in kvs]
         plain_calls = [call(lib, k, v, workspace=False, pack_gqa=args.pack_gqa) for k, v in kvs]
         before_calls = [call(before, k, v, workspace=False) for k, v in kvs] if before else None
