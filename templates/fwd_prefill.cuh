@@ -217,6 +217,14 @@ __device__ void fwd_prefill(const FwdParams& p) {
   const int last_query = Cfg::kPackGqa ? query_position<Cfg>(min(q0 + Cfg::kBlockQ, rows) - 1, group)
                                        : q0 + Cfg::kBlockQ - 1;
   const int* pages = Cfg::kPaged ? p.block_table + batch * p.block_table_stride : nullptr;
+  // A warp whose rows are all past the tile's (a short sequence's or a KV
+  // head's few packed rows) only copies and waits at the barriers: its MMAs
+  // would take tensor-core time from the warps of other CTAs on its SM
+  // sub-partition. Only warps of 16 rows: with 32 (128-row 4-warp tiles at
+  // 255 registers) the branch made ptxas spill 76-88 bytes, and the kernel
+  // measured slower (docs/PERFORMANCE.md).
+  constexpr bool kSkipIdleWarps = Cfg::kRowsPerWarp == 16;
+  const bool warp_has_rows = !kSkipIdleWarps || q0 + warp_row0 < rows;
   float slopes[Cfg::kMTiles][2];
   if constexpr (Cfg::kAlibi) load_row_slopes<Cfg>(slopes, p, batch, head, q0 + warp_row0, group, lane);
 
@@ -274,13 +282,6 @@ __device__ void fwd_prefill(const FwdParams& p) {
       __syncthreads();
     }
 
-    float s[Cfg::kMTiles][Cfg::kScoreTiles][4];
-    gemm_qk<Cfg>(s, opaque(q_tile), opaque(k_tile), warp_row0, lane);
-    if constexpr (Cfg::kRewriteScores) {
-      rewrite_scores<Cfg>(s, p, slopes, q0 + warp_row0, key0, diagonal_offset, lane);
-    }
-    if (block_needs_mask<Cfg>(p, key0, seqlen_k, first_query, last_query, diagonal_offset)) apply_mask<Cfg>(s, p, seqlen_k, q0 + warp_row0, key0, diagonal_offset, lane);
-
     // V has landed, and every warp is done with K, so the next K block may
     // stream in while P V (and, with kEarlyNextK, the softmax) runs.
     auto wait_v_then_load_next_k = [&] {
@@ -292,16 +293,26 @@ __device__ void fwd_prefill(const FwdParams& p) {
       }
       cp_async_commit();
     };
-    if constexpr (Cfg::kEarlyNextK) {
-      wait_v_then_load_next_k();
-      online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
+    if (warp_has_rows) {
+      float s[Cfg::kMTiles][Cfg::kScoreTiles][4];
+      gemm_qk<Cfg>(s, opaque(q_tile), opaque(k_tile), warp_row0, lane);
+      if constexpr (Cfg::kRewriteScores) {
+        rewrite_scores<Cfg>(s, p, slopes, q0 + warp_row0, key0, diagonal_offset, lane);
+      }
+      if (block_needs_mask<Cfg>(p, key0, seqlen_k, first_query, last_query, diagonal_offset)) apply_mask<Cfg>(s, p, seqlen_k, q0 + warp_row0, key0, diagonal_offset, lane);
+      if constexpr (Cfg::kEarlyNextK) {
+        wait_v_then_load_next_k();
+        online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
+      } else {
+        online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
+        wait_v_then_load_next_k();
+      }
+      unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
+      pack_probabilities<Cfg>(probabilities, s);
+      gemm_pv<Cfg>(o, probabilities, opaque(v_tile), lane);
     } else {
-      online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
       wait_v_then_load_next_k();
     }
-    unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
-    pack_probabilities<Cfg>(probabilities, s);
-    gemm_pv<Cfg>(o, probabilities, opaque(v_tile), lane);
     page_current = page_next;
   }
 
