@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -263,6 +264,25 @@ TEST_CASE("prefill matches the GPU reference on large shapes with non-default st
       }
     }
   }
+}
+
+TEST_CASE("first_difference (JITATTN_TEST_REPEAT's comparison) sees every bit, NaN payloads and -0 included") {
+  auto float_of = [](uint32_t bits) {
+    float value;
+    std::memcpy(&value, &bits, 4);
+    return value;
+  };
+  const float nan_a = float_of(0x7fc00001u), nan_b = float_of(0x7fc00002u);
+  const std::vector<float> first = {1.f, nan_a, 0.f, -2.5f};
+  CHECK(first_difference("out", first, first).empty());
+  std::vector<float> again = first;
+  again[1] = nan_b;  // another NaN: == would call both unequal, memcmp tells them apart
+  CHECK(first_difference("out", first, again).find("out[1]") != std::string::npos);
+  again = first;
+  again[2] = -0.f;  // equal as floats, not as bits
+  CHECK(first_difference("lse", first, again).find("lse[2]") != std::string::npos);
+  again.pop_back();
+  CHECK(first_difference("out", first, again).find("4 values, then 3") != std::string::npos);
 }
 
 TEST_CASE("softmax_scale is honoured and lse is optional") {
