@@ -97,6 +97,17 @@ std::string current_arch();
 // Whether the device is sm_90a; if not, the test case reports why it skips
 // ("skipped: <feature> needs sm_90a, this GPU is ...").
 bool sm90a_or_skip(const char* feature);
+// A dense call's record (any struct with `out` and `lse`): out's logical
+// contiguous values and the first lse_count floats of lse, as the call left them.
+template <typename Run>
+Run read_outputs(const DeviceTensor& out, const DeviceBuffer& lse, size_t lse_count) {
+  Run run;
+  run.out = out.read();
+  run.lse.resize(lse_count);
+  lse.download(run.lse.data(), lse_count * 4);
+  return run;
+}
+
 // JITATTN_TEST_REPEAT=N (default 0): how many more times launch_repeated
 // launches each call. A race between warps or CTAs shows up as repeats that
 // differ long before it shows up as an error past the tolerance.

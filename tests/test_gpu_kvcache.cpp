@@ -331,13 +331,7 @@ Run run_kernel(const Case& c, const Inputs& in, bool through_graph = false) {
   const size_t workspace_bytes = runtime.kvcache_workspace_bytes(in.dq->view(), v.args, out.view(), &lse_view, v.options);
   DeviceBuffer workspace(std::max<size_t>(workspace_bytes, 256));
   workspace.fill_bytes(0xff);
-  auto read_back = [&] {
-    Run read;
-    read.out = out.read();
-    read.lse.resize(lse_count);
-    lse.download(read.lse.data(), lse_count * 4);
-    return read;
-  };
+  auto read_back = [&] { return read_outputs<Run>(out, lse, lse_count); };
   if (!through_graph) {
     // A repeat appends the same rows to the same places again.
     std::string mismatch;

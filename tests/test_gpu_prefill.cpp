@@ -88,11 +88,7 @@ KernelRun run_kernel(const Problem& problem, const Inputs& in, TileConfig tiles)
         lse.fill_bytes(0xff);
         gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, options,
                                     nullptr);
-        KernelRun read;
-        read.out = out.read();
-        read.lse.resize(lse_count);
-        lse.download(read.lse.data(), lse_count * 4);
-        return read;
+        return read_outputs<KernelRun>(out, lse, lse_count);
       },
       mismatch);
   run.spec = gpu_tests_runtime().spec_for(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view, options);

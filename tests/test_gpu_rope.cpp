@@ -240,11 +240,7 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
           gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), &lse_view,
                                       views.options, nullptr);
         }
-        KernelRun read;
-        read.out = out.read();
-        read.lse.resize(lse_count);
-        lse.download(read.lse.data(), lse_count * 4);
-        return read;
+        return read_outputs<KernelRun>(out, lse, lse_count);
       },
       mismatch);
   // spec_for plans without a workspace: the kernel that ran is that one, split.
