@@ -3,11 +3,14 @@
 //                                                  default-set kernel, or of the given specs (no GPU needed)
 //   jitattn_bench_host first-call       first forward call in this process (disk cache as configured)
 //   jitattn_bench_host overhead [N]     host µs per cached call: jitattn::forward vs a bare cuLaunchKernel
+//   jitattn_bench_host plan [N]         host µs to plan typical calls for an H100/H200 (sm_90a, 132 SMs): what
+//                                       every cached call pays before its launches (no GPU needed)
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -182,6 +185,81 @@ int bench_overhead(int calls) {
   return 0;
 }
 
+// Planning alone, for the calls an inference engine makes most: the plan is
+// what a cached call computes before its launches (plus the registry lookup
+// and, for tensor copies, encoding the maps). Pointers are placeholders:
+// planning reads no device memory.
+int bench_plan(int calls) {
+  const Arch arch = Arch::parse("sm_90a");
+  const int smem = 232448, sm_count = 132;
+  char* const base = reinterpret_cast<char*>(uintptr_t{1} << 30);
+  auto dense = [&](std::initializer_list<int64_t> shape) { return TensorView::contiguous(base, DType::bf16, shape); };
+  auto ints = [&](std::initializer_list<int64_t> shape) { return TensorView::contiguous(base, DType::i32, shape); };
+  void* const workspace = base;
+  const size_t workspace_bytes = size_t{1} << 32;
+  ForwardOptions causal;
+  causal.causal = true;
+
+  // Prefill: 2 × 2048 tokens, 32 / 8 heads, d128.
+  const TensorView q_prefill = dense({2, 2048, 32, 128}), kv_prefill = dense({2, 2048, 8, 128});
+  // Decoding: batch 16, one token, a paged cache of 32k keys a sequence (pages of 64).
+  const TensorView q_decode = dense({16, 1, 32, 128}), pages = dense({16 * 512, 64, 8, 128});
+  const TensorView block_table = ints({16, 512}), cache_seqlens = ints({16});
+  KVCacheArgs cache;
+  cache.k_cache = pages;
+  cache.v_cache = pages;
+  cache.cache_seqlens = cache_seqlens;
+  cache.block_table = &block_table;
+  cache.max_seqlen_k = 32768;
+  // An engine step: 15 decoding sequences beside a 512-token chunk, packed
+  // queries, keys in pages of 64.
+  const TensorView q_step = dense({527, 32, 128}), step_pages = dense({2048, 64, 8, 128});
+  const TensorView step_table = ints({16, 128}), cu_q = ints({17}), used_k = ints({16});
+  VarlenArgs step;
+  step.cu_seqlens_q = cu_q;
+  step.seqused_k = &used_k;
+  step.block_table = &step_table;
+  step.max_seqlen_q = 512;
+  step.max_seqlen_k = 8192;
+
+  struct Timed {
+    const char* what;
+    std::function<std::string()> plan;
+  };
+  const std::vector<Timed> timed = {
+      {"dense prefill 2 x 2048, 32/8 heads, d128, causal",
+       [&] { return plan_forward(q_prefill, kv_prefill, kv_prefill, q_prefill, nullptr, causal, arch, smem, sm_count).spec.text(); }},
+      {"dense prefill, with a workspace (may split)",
+       [&] {
+         return plan_forward_split(q_prefill, kv_prefill, kv_prefill, q_prefill, nullptr, causal, workspace,
+                                   workspace_bytes, false, arch, smem, sm_count).attention.spec.text();
+       }},
+      {"decode: batch 16 over 32k keys in pages of 64, split",
+       [&] {
+         return plan_kvcache(q_decode, cache, q_decode, nullptr, causal, workspace, workspace_bytes, false, arch, smem,
+                             sm_count).attention.spec.text();
+       }},
+      {"engine step: 15 x 1 token + 1 x 512 over pages, split",
+       [&] {
+         return plan_forward_varlen_split(q_step, step_pages, step_pages, q_step, nullptr, step, causal, workspace,
+                                          workspace_bytes, false, arch, smem, sm_count).attention.spec.text();
+       }},
+  };
+  fmt::print("host time to plan a call (median of batches of 100, {} calls each; sm_90a, 132 SMs):\n", calls);
+  for (const Timed& t : timed) {
+    const std::string spec = t.plan();
+    std::vector<double> per_call;
+    for (int batch = 0; batch < std::max(1, calls / 100); ++batch) {
+      const auto start = Clock::now();
+      for (int i = 0; i < 100; ++i) t.plan();
+      per_call.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / 100);
+    }
+    std::sort(per_call.begin(), per_call.end());
+    fmt::print("  {:<52} {:6.2f} µs  ({})\n", t.what, per_call[per_call.size() / 2], spec);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -192,10 +270,11 @@ int main(int argc, char** argv) {
     }
     if (mode == "first-call") return bench_first_call();
     if (mode == "overhead") return bench_overhead(argc > 2 ? std::atoi(argv[2]) : 10000);
+    if (mode == "plan") return bench_plan(argc > 2 ? std::atoi(argv[2]) : 10000);
   } catch (const std::exception& e) {
     fmt::print(stderr, "jitattn_bench_host: {}\n", e.what());
     return 1;
   }
-  fmt::print(stderr, "usage: jitattn_bench_host compile [ARCH [SPEC...]] | first-call | overhead [CALLS]\n");
+  fmt::print(stderr, "usage: jitattn_bench_host compile [ARCH [SPEC...]] | first-call | overhead [CALLS] | plan [CALLS]\n");
   return 2;
 }
