@@ -115,14 +115,7 @@ __device__ void fwd_decode(const FwdParams& p) {
     seqlen_k = sequence.seqlen_k;
     // The grid covers the longest sequence.
     if (q0 >= seqlen_q * group) return;
-    q_start = sequence.q_row0 * p.q_row_stride;
-    o_start = sequence.q_row0 * p.o_row_stride;
-    lse_start = sequence.q_row0 * p.lse_row_stride;
-    if constexpr (!Cfg::kKVCache) {
-      const int k_row0 = p.cu_seqlens_k[batch];
-      k_start = k_row0 * p.k_row_stride;
-      v_start = k_row0 * p.v_row_stride;
-    }
+    start_at_packed_rows<Cfg>(p, batch, sequence.q_row0, q_start, o_start, lse_start, k_start, v_start);
   }
   const int* pages = Cfg::kPaged ? p.block_table + batch * p.block_table_stride : nullptr;
   const int rows = seqlen_q * group;

@@ -146,4 +146,22 @@ __device__ __forceinline__ VarlenSequence varlen_sequence(const FwdParams& p, in
   return sequence;
 }
 
+// Moves the starts of a varlen sequence's tensors (elements) to its packed
+// rows: queries, output and LSE at q_row0; keys and values at
+// cu_seqlens_k[batch] unless they live in a KV cache (whose starts the
+// caller keeps).
+template <class Cfg>
+__device__ __forceinline__ void start_at_packed_rows(const FwdParams& p, int batch, int q_row0, long long& q_start,
+                                                     long long& o_start, long long& lse_start, long long& k_start,
+                                                     long long& v_start) {
+  q_start = q_row0 * p.q_row_stride;
+  o_start = q_row0 * p.o_row_stride;
+  lse_start = q_row0 * p.lse_row_stride;
+  if constexpr (!Cfg::kKVCache) {
+    const int k_row0 = p.cu_seqlens_k[batch];
+    k_start = k_row0 * p.k_row_stride;
+    v_start = k_row0 * p.v_row_stride;
+  }
+}
+
 }  // namespace jitattn

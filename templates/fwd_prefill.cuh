@@ -61,14 +61,7 @@ __device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJ
     seqlen_q = sequence.seqlen_q;
     seqlen_k = sequence.seqlen_k;
     if (q0 >= seqlen_q * group) return false;
-    q_start = sequence.q_row0 * p.q_row_stride;
-    o_start = sequence.q_row0 * p.o_row_stride;
-    lse_start = sequence.q_row0 * p.lse_row_stride;
-    if constexpr (!Cfg::kKVCache) {
-      const int k_row0 = p.cu_seqlens_k[batch];
-      k_start = k_row0 * p.k_row_stride;
-      v_start = k_row0 * p.v_row_stride;
-    }
+    start_at_packed_rows<Cfg>(p, batch, sequence.q_row0, q_start, o_start, lse_start, k_start, v_start);
   }
   if constexpr (Cfg::kKVCache) {
     // (Varlen over a paged cache: the lengths are the varlen ones above.)
