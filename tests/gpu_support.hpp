@@ -87,7 +87,8 @@ ReferenceOutput gpu_reference_varlen(const VarlenShape& shape, const std::vector
 
 // --- Shared helpers of the GPU test files --------------------------------
 
-// Different on every run; print it with every failure.
+// Different on every run; print it with every failure. JITATTN_TEST_SEED=N
+// replays a failure's seed instead.
 uint64_t clock_seed();
 // The runtime GPU tests use: its disk cache is $JITATTN_CACHE_DIR, else
 // <tmp>/jitattn-gpu-tests.

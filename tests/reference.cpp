@@ -381,8 +381,28 @@ RopeTables rope_tables(const RopeReference& rope, int head_dim, int positions) {
   return tables;
 }
 
+void round_tables(RopeTables& tables, DType dtype) {
+  for (std::vector<float>* table : {&tables.cos, &tables.sin}) {
+    for (float& entry : *table) entry = round_to(entry, dtype);
+  }
+}
+
+std::vector<unsigned char> table_bytes(const std::vector<float>& entries, DType dtype) {
+  std::vector<unsigned char> bytes(entries.size() * (dtype == DType::f32 ? 4 : 2));
+  if (dtype == DType::f32) {
+    std::memcpy(bytes.data(), entries.data(), bytes.size());
+  } else {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const uint16_t bits = from_float(entries[i], dtype);
+      std::memcpy(bytes.data() + 2 * i, &bits, 2);
+    }
+  }
+  return bytes;
+}
+
 void rotate_reference(std::vector<float>& x, int batch, int seqlen, int heads, int head_dim, const RopeReference& rope,
-                      const RopeTables* tables, const std::function<int(int, int)>& position, bool exact, DType dtype) {
+                      const RopeTables* tables, const std::function<int(int, int)>& position, bool exact, DType dtype,
+                      bool packed16) {
   const std::vector<double> frequencies = rope.inverse_frequencies(head_dim);
   const int pairs = static_cast<int>(frequencies.size());
   for (int b = 0; b < batch; ++b) {
@@ -410,6 +430,14 @@ void rotate_reference(std::vector<float>& x, int batch, int seqlen, int heads, i
           if (exact) {
             row[first] = static_cast<float>(a * cosine - c * sine);
             row[second] = static_cast<float>(c * cosine + a * sine);
+          } else if (packed16) {
+            // 16-bit products are exact in double; each step rounds to dtype.
+            const double cos16 = round_to(static_cast<float>(cosine), dtype);
+            const double sin16 = round_to(static_cast<float>(sine), dtype);
+            const double minus_c_sin = round_to(static_cast<float>(-c * sin16), dtype);
+            const double a_sin = round_to(static_cast<float>(a * sin16), dtype);
+            row[first] = round_to(static_cast<float>(a * cos16 + minus_c_sin), dtype);
+            row[second] = round_to(static_cast<float>(c * cos16 + a_sin), dtype);
           } else {
             const float fa = static_cast<float>(a), fc = static_cast<float>(c);
             const float fcos = static_cast<float>(cosine), fsin = static_cast<float>(sine);

@@ -174,14 +174,24 @@ struct RopeTables {
   int pairs = 0;
 };
 RopeTables rope_tables(const RopeReference& rope, int head_dim, int positions);
+// Tables handed over in a 16-bit dtype (FlashAttention's rotary_cos /
+// rotary_sin): every entry rounded to dtype in place, so that references
+// rotate with what the kernel reads.
+void round_tables(RopeTables& tables, DType dtype);
+// Table entries as stored: f32 bytes (dtype f32), else dtype's 16-bit bits.
+std::vector<unsigned char> table_bytes(const std::vector<float>& entries, DType dtype);
 
 // Rotates x (contiguous [batch, seqlen, heads, head_dim] floats) in place;
 // row s of batch b is at position(b, s). Exact: float64 angles and
 // arithmetic (the result kept in float). Otherwise as a framework does it
-// before attention: the fp32 angle position · inv_freq (or the fp32 table
-// entries), fp32 arithmetic, the result rounded to dtype.
+// before attention: the fp32 angle position · inv_freq (or the table
+// entries), fp32 arithmetic, the result rounded to dtype. With `packed16`
+// (not exact), as frameworks' 16-bit rotary code and forward()'s kernels
+// rotate keys (RopeOptions): cos and sin rounded to dtype, y·sin rounded,
+// then x·cos + that rounded (one fused multiply-add).
 void rotate_reference(std::vector<float>& x, int batch, int seqlen, int heads, int head_dim, const RopeReference& rope,
-                      const RopeTables* tables, const std::function<int(int, int)>& position, bool exact, DType dtype);
+                      const RopeTables* tables, const std::function<int(int, int)>& position, bool exact, DType dtype,
+                      bool packed16 = false);
 
 // Normally distributed values already rounded to dtype (never zeros).
 std::vector<float> random_values(size_t count, DType dtype, std::mt19937_64& rng);

@@ -193,7 +193,10 @@ References make_references(const Case& c, const Inputs& in) {
   for (bool exact : {true, false}) {
     std::vector<float> q = in.q, k = in.k;
     rotate_reference(q, s.batch, s.seqlen_q, s.heads_q, s.head_dim, c.rotation, tables, query_position, exact, c.dtype);
-    rotate_reference(k, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, c.rotation, tables, key_position, exact, c.dtype);
+    // forward() rotates K in packed 16-bit arithmetic (RopeOptions): the
+    // 16-bit reference does too.
+    rotate_reference(k, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, c.rotation, tables, key_position, exact, c.dtype,
+                     /*packed16=*/true);
     (exact ? r.exact : r.rounded) = exact ? attention_exact(s, q, k, in.v) : attention_16bit(s, q, k, in.v, c.dtype);
   }
   return r;

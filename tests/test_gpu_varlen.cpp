@@ -430,7 +430,7 @@ void rotate_packed(const Case& c, bool exact, std::vector<float>& q, std::vector
   rotate_reference(q, 1, s.total_q, a.heads_q, a.head_dim, *c.rope, nullptr,
                    [&](int, int row) { return q_positions[row]; }, exact, c.dtype);
   rotate_reference(k, 1, s.total_k, a.heads_kv, a.head_dim, *c.rope, nullptr,
-                   [&](int, int row) { return k_positions[row]; }, exact, c.dtype);
+                   [&](int, int row) { return k_positions[row]; }, exact, c.dtype, /*packed16=*/true);
 }
 
 // The cases checked in groups (check_in_groups): the kernel against both

@@ -564,3 +564,39 @@ TEST_CASE("varlen reference: sequences without queries own no rows, sequences wi
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("RoPE reference in packed 16-bit arithmetic: exact at angle 0, a few 16-bit roundings off elsewhere") {
+  std::mt19937_64 rng(7);
+  const int heads = 2, head_dim = 64, seqlen = 300;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (RopeStyle style : {RopeStyle::rotate_half, RopeStyle::interleaved}) {
+      const char* dtype_text = dtype == DType::bf16 ? "bf16" : "f16";
+      const char* style_text = style == RopeStyle::rotate_half ? "rotate_half" : "interleaved";
+      INFO(dtype_text, " ", style_text);
+      RopeReference rope;
+      rope.style = style;
+      const std::vector<float> x = random_values(static_cast<size_t>(seqlen) * heads * head_dim, dtype, rng);
+      auto rotated = [&](bool exact, bool packed16) {
+        std::vector<float> y = x;
+        rotate_reference(y, 1, seqlen, heads, head_dim, rope, nullptr, [](int, int s) { return s; }, exact, dtype,
+                         packed16);
+        return y;
+      };
+      const std::vector<float> exact = rotated(true, false), fp32 = rotated(false, false), packed = rotated(false, true);
+      // Position 0 (cos 1, sin 0): nothing moves.
+      for (int i = 0; i < heads * head_dim; ++i) CHECK(packed[i] == x[i]);
+      // Elsewhere: every value is a dtype value, at most a few roundings from
+      // the exact rotation, and further off than fp32 arithmetic overall.
+      const double unit = dtype == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;  // 2^-8 / 2^-11: one 16-bit ulp at 1
+      double packed_error = 0, fp32_error = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        CHECK(round_to(packed[i], dtype) == packed[i]);
+        const double scale = std::max(1.0, std::fabs(static_cast<double>(exact[i])));
+        CHECK(std::fabs(packed[i] - exact[i]) <= 4 * unit * scale);
+        packed_error += std::fabs(packed[i] - exact[i]);
+        fp32_error += std::fabs(fp32[i] - exact[i]);
+      }
+      CHECK(packed_error > fp32_error);
+    }
+  }
+}
