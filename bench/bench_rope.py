@@ -3,6 +3,7 @@ and beside rotating with PyTorch ops before PyTorch's FlashAttention-2 backend.
 
 Issue grid: bf16, causal, 16 heads, head_dim 64 and 128, seqlen 512..8192. Two
 batch sizes: 2 (GPU.md's peer measurement) and 16384 / seqlen tokens (a full GPU).
+Tables are timed twice: f32 and bf16 (q's dtype, as FlashAttention takes them).
 CUDA events, warm-up, median of 30. Before timing, the fused output is checked
 against rotate-then-attend in PyTorch.
 
@@ -34,6 +35,8 @@ def main():
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--grids", default="issue,full", help="issue (batch 2), full (16384 / N tokens), or both")
     parser.add_argument("--quick", action="store_true", help="time plain and fused RoPE only (no tables, no PyTorch)")
+    parser.add_argument("--table-dtypes", default="f32,bf16",
+                        help="dtypes of the cos/sin tables to time (bf16 needs a library that takes 16-bit tables)")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the check against PyTorch (timing experimental templates that compute wrong results)")
     args = parser.parse_args()
@@ -41,8 +44,8 @@ def main():
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     rows = []
     print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}")
-    print(f"{'d':>4} {'batch':>5} {'N':>6} | {'plain ms':>9} {'rope ms':>9} {'tables ms':>9} | {'rope/plain':>10} "
-          f"{'tab/plain':>9} | {'torch rope+FA2 ms':>17} {'FA2 ms':>8}")
+    print(f"{'d':>4} {'batch':>5} {'N':>6} | {'plain ms':>9} {'rope ms':>9} {'tables ms':>9} {'tab16 ms':>9} | "
+          f"{'rope/plain':>10} {'tab/plain':>9} {'tab16/plain':>11} | {'torch rope+FA2 ms':>17} {'FA2 ms':>8}")
     grids = args.grids.split(",")
     for head_dim in [int(x) for x in args.head_dims.split(",")]:
         for per_gpu in [g == "full" for g in grids]:
@@ -59,19 +62,22 @@ def main():
                 tq, tk, tv, to = (tensor_of(t, BF16) for t in (q, k, v, out))
                 tcos = tensor_of(cos_table, F32)
                 tsin = tensor_of(sin_table, F32)
+                cos16, sin16 = cos_table.to(torch.bfloat16), sin_table.to(torch.bfloat16)
+                tcos16, tsin16 = tensor_of(cos16, BF16), tensor_of(sin16, BF16)
 
-                def options(rope, tables=False):
+                def options(rope, tables=None):
                     o = default_options(lib)
                     o.causal = 1
                     o.rope_style = 1 if rope else 0
                     forced = args.rope_tiles if rope else args.plain_tiles
                     force_tiles(o, forced)
-                    if tables:
-                        o.rope_cos = ctypes.addressof(tcos)
-                        o.rope_sin = ctypes.addressof(tsin)
+                    if tables is not None:
+                        o.rope_cos = ctypes.addressof(tcos if tables == "f32" else tcos16)
+                        o.rope_sin = ctypes.addressof(tsin if tables == "f32" else tsin16)
                     return o
 
-                plain, fused, tabled = options(False), options(True), options(True, True)
+                plain, fused = options(False), options(True)
+                tabled, tabled16 = options(True, "f32"), options(True, "bf16")
 
                 def call(o):
                     def run():
@@ -97,7 +103,9 @@ def main():
                         return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                               is_causal=True)
 
-                for o in () if args.no_check else (fused,) if args.quick else (fused, tabled):
+                table_dtypes = [] if args.quick else args.table_dtypes.split(",")
+                timed = {"f32": tabled, "bf16": tabled16}
+                for o in () if args.no_check else [fused] + [timed[t] for t in table_dtypes]:
                     out.fill_(float("nan"))
                     call(o)()
                     reference = torch_rope_fa2().transpose(1, 2)
@@ -108,13 +116,15 @@ def main():
                 nan = float("nan")
                 r = {"head_dim": head_dim, "batch": batch, "heads": heads, "seqlen": n, "causal": True,
                      "plain_ms": median_ms(call(plain), 30, 5), "rope_ms": median_ms(call(fused), 30, 5),
-                     "rope_tables_ms": nan if args.quick else median_ms(call(tabled), 30, 5),
+                     "rope_tables_ms": median_ms(call(tabled), 30, 5) if "f32" in table_dtypes else nan,
+                     "rope_tables16_ms": median_ms(call(tabled16), 30, 5) if "bf16" in table_dtypes else nan,
                      "torch_rope_fa2_ms": nan if args.quick else median_ms(torch_rope_fa2, 30, 5),
                      "fa2_ms": nan if args.quick else median_ms(torch_fa2, 30, 5)}
                 rows.append(r)
                 print(f"{head_dim:>4} {batch:>5} {n:>6} | {r['plain_ms']:9.4f} {r['rope_ms']:9.4f} "
-                      f"{r['rope_tables_ms']:9.4f} | {r['rope_ms'] / r['plain_ms']:9.3f}x "
-                      f"{r['rope_tables_ms'] / r['plain_ms']:8.3f}x | {r['torch_rope_fa2_ms']:17.4f} {r['fa2_ms']:8.4f}",
+                      f"{r['rope_tables_ms']:9.4f} {r['rope_tables16_ms']:9.4f} | {r['rope_ms'] / r['plain_ms']:9.3f}x "
+                      f"{r['rope_tables_ms'] / r['plain_ms']:8.3f}x {r['rope_tables16_ms'] / r['plain_ms']:10.3f}x | "
+                      f"{r['torch_rope_fa2_ms']:17.4f} {r['fa2_ms']:8.4f}",
                       flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -93,7 +93,7 @@ std::string render_append(const KernelSpec& spec, const TemplateSet& templates) 
   const std::string entry = fmt::format(
       fmt::runtime(templates.read("entry_append.cu")), fmt::arg("spec", spec.text()),
       fmt::arg("element", spec.dtype == DType::bf16 ? "bf16" : "f16"), fmt::arg("rope", rope_constant(spec.rope)),
-      fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_tables ? "true" : "false"),
+      fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_table_bytes()),
       fmt::arg("paged", spec.paged ? "true" : "false"), fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;
@@ -133,7 +133,7 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("rope", spec.rope == RopeKind::half          ? "kRopeHalf"
                        : spec.rope == RopeKind::interleaved ? "kRopeInterleaved"
                                                             : "kRopeNone"),
-      fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_tables ? "true" : "false"),
+      fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_table_bytes()),
       fmt::arg("kvcache", spec.kvcache ? "true" : "false"), fmt::arg("paged", spec.paged ? "true" : "false"),
       fmt::arg("split", spec.split ? "true" : "false"), fmt::arg("stages", spec.stages),
       fmt::arg("wgmma", spec.wgmma ? "true" : "false"), fmt::arg("persistent", spec.persistent ? "true" : "false"),

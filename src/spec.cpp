@@ -83,7 +83,7 @@ std::string append_text(const KernelSpec& spec) {
   if (spec.rope != RopeKind::none) {
     out += fmt::format(".rope_{}_r{}", spec.rope == RopeKind::half ? "half" : "interleaved", spec.rotary_dim);
   }
-  if (spec.rope_tables) out += ".rope_tables";
+  if (spec.rope_tables) out += spec.rope_tables16 ? ".rope_tables16" : ".rope_tables";
   if (spec.paged) out += ".paged";
   return out;
 }
@@ -93,6 +93,7 @@ void validate_append(const KernelSpec& spec) {
   auto fail = [&](const std::string& why) { throw Error(ErrorCode::unsupported, fmt::format("spec '{}': {}", name, why), name); };
   if (spec.dtype != DType::f16 && spec.dtype != DType::bf16) fail("dtype must be f16 or bf16");
   if (spec.rope == RopeKind::none && (spec.rotary_dim != 0 || spec.rope_tables)) fail("rotary_dim and rope_tables need a rope style");
+  if (spec.rope_tables16 && !spec.rope_tables) fail("rope_tables16 is a kind of rope_tables");
   if (spec.rope != RopeKind::none && (spec.rotary_dim < 16 || spec.rotary_dim > 256 || spec.rotary_dim % 16 != 0)) {
     fail(fmt::format("rotary_dim={} must be a multiple of 16 between 16 and 256", spec.rotary_dim));
   }
@@ -100,7 +101,7 @@ void validate_append(const KernelSpec& spec) {
 
 KernelSpec parse_append(std::string_view text) {
   auto fields = split_fields(text, '.');
-  if (fields.size() < 2) bad_spec(text, "expected append.<dtype>[.rope_half_rN][.rope_tables][.paged]");
+  if (fields.size() < 2) bad_spec(text, "expected append.<dtype>[.rope_half_rN][.rope_tables|.rope_tables16][.paged]");
   KernelSpec spec;
   spec.family = Family::append;
   if (fields[1] == "f16") {
@@ -114,13 +115,14 @@ KernelSpec parse_append(std::string_view text) {
     const bool half = parse_field(fields[i], "rope_half_r", spec.rotary_dim);
     if ((half || parse_field(fields[i], "rope_interleaved_r", spec.rotary_dim)) && spec.rope == RopeKind::none) {
       spec.rope = half ? RopeKind::half : RopeKind::interleaved;
-    } else if (fields[i] == "rope_tables" && !spec.rope_tables) {
+    } else if ((fields[i] == "rope_tables" || fields[i] == "rope_tables16") && !spec.rope_tables) {
       spec.rope_tables = true;
+      spec.rope_tables16 = fields[i] == "rope_tables16";
     } else if (fields[i] == "paged" && !spec.paged) {
       spec.paged = true;
     } else {
       bad_spec(text, fmt::format("unknown or repeated field '{}' (known: rope_half_rN, rope_interleaved_rN, "
-                                 "rope_tables, paged)", fields[i]));
+                                 "rope_tables, rope_tables16, paged)", fields[i]));
     }
   }
   validate_append(spec);
@@ -128,20 +130,23 @@ KernelSpec parse_append(std::string_view text) {
 }
 
 uint64_t append_packed(const KernelSpec& spec) {
-  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.dtype) << 12 |
-         static_cast<uint64_t>(spec.rope) << 10 | static_cast<uint64_t>(spec.rotary_dim / 16) << 2 |
-         static_cast<uint64_t>(spec.rope_tables) << 1 | static_cast<uint64_t>(spec.paged);
+  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.rope_tables16) << 16 |
+         static_cast<uint64_t>(spec.dtype) << 12 | static_cast<uint64_t>(spec.rope) << 10 |
+         static_cast<uint64_t>(spec.rotary_dim / 16) << 2 | static_cast<uint64_t>(spec.rope_tables) << 1 |
+         static_cast<uint64_t>(spec.paged);
 }
 
 }  // namespace
 
-KernelSpec KernelSpec::append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool paged) {
+KernelSpec KernelSpec::append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool rope_tables16,
+                              bool paged) {
   KernelSpec spec;
   spec.family = Family::append;
   spec.dtype = dtype;
   spec.rope = rope;
   spec.rotary_dim = rope == RopeKind::none ? 0 : rotary_dim;
   spec.rope_tables = rope != RopeKind::none && rope_tables;
+  spec.rope_tables16 = spec.rope_tables && rope_tables16;
   spec.paged = paged;
   return spec;
 }
@@ -190,7 +195,7 @@ std::string KernelSpec::text() const {
   if (rope != RopeKind::none) {
     out += fmt::format(".rope_{}_r{}", rope == RopeKind::half ? "half" : "interleaved", rotary_dim);
   }
-  if (rope_tables) out += ".rope_tables";
+  if (rope_tables) out += rope_tables16 ? ".rope_tables16" : ".rope_tables";
   if (pack_gqa && !decode) out += ".packgqa";
   if (kvcache && !decode) out += ".kvcache";
   if (decode && !kvcache) out += ".dense";
@@ -254,6 +259,10 @@ KernelSpec KernelSpec::parse(std::string_view text) {
       spec.kvcache = false;
       continue;
     }
+    if (fields[i] == "rope_tables16" && !spec.rope_tables) {
+      spec.rope_tables = spec.rope_tables16 = true;
+      continue;
+    }
     bool* flag = fields[i] == "wgmma"     ? &spec.wgmma
                  : fields[i] == "persistent" ? &spec.persistent
                  : fields[i] == "causal"  ? &spec.causal
@@ -274,7 +283,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     }
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, softcap, alibi, rope_half_rN, "
-                                 "rope_interleaved_rN, rope_tables, packgqa, kvcache, dense, paged, split, padded, varlen, "
+                                 "rope_interleaved_rN, rope_tables, rope_tables16, packgqa, kvcache, dense, paged, split, padded, varlen, "
                                  "unaligned_dN)",
                                  fields[i]));
     }
@@ -302,6 +311,7 @@ void KernelSpec::validate() const {
     fail(ErrorCode::unsupported,
          fmt::format("rotary_dim={} must be a multiple of 16 between 16 and head_dim={}", rotary_dim, head_dim));
   }
+  if (rope_tables16 && !rope_tables) fail(ErrorCode::invalid_argument, "rope_tables16 is a kind of rope_tables");
   if (family == Family::decode) {
     if (unaligned_dim != 0) fail(ErrorCode::unsupported, "unaligned_dN does not apply to a decode spec");
     return validate_decode(fail);
@@ -505,7 +515,7 @@ uint64_t KernelSpec::packed() const {
   // fwd and decode keys stay below bit 60, where combine and append put
   // their family.
   key = key << 6 | static_cast<uint64_t>(head_dim / 8);    // multiples of 8 up to 256
-  key = key << 8 | static_cast<uint64_t>(block_q / 16);     // multiples of 16 up to 256
+  key = key << 6 | static_cast<uint64_t>(block_q / 16);     // multiples of 16 up to 256
   key = key << 4 | static_cast<uint64_t>(block_kv / 16);    // 16 up to 128
   key = key << 8 | static_cast<uint64_t>(unaligned_dim);   // below 256
   key = key << 4 | static_cast<uint64_t>(warps);
@@ -522,6 +532,7 @@ uint64_t KernelSpec::packed() const {
   key = key << 2 | static_cast<uint64_t>(rope);
   key = key << 5 | static_cast<uint64_t>(rotary_dim / 16);
   key = key << 1 | static_cast<uint64_t>(rope_tables);
+  key = key << 1 | static_cast<uint64_t>(rope_tables16);
   key = key << 1 | static_cast<uint64_t>(kvcache);
   key = key << 1 | static_cast<uint64_t>(paged);
   key = key << 1 | static_cast<uint64_t>(split);

@@ -16,8 +16,8 @@ namespace jitattn::detail {
 // partials, merge_states); its spec is combine.<state dtype>.<out dtype> and
 // uses only `dtype` (the states') and `out_dtype`.
 // append: writes new keys (rotated with RoPE) and values into a KV cache; its
-// spec is append.<dtype>[.rope_half_rN|.rope_interleaved_rN][.rope_tables][.paged]
-// and uses dtype, rope, rotary_dim, rope_tables and paged.
+// spec is append.<dtype>[.rope_half_rN|.rope_interleaved_rN][.rope_tables|.rope_tables16][.paged]
+// and uses dtype, rope, rotary_dim, rope_tables(16) and paged.
 // decode: flash decoding for calls with few (packed) query rows
 // (templates/fwd_decode.cuh): block_q is the rows of its tile (16 or 32),
 // block_kv the keys of one warp's chunk, `stages` each warp's pipeline depth;
@@ -48,6 +48,9 @@ struct KernelSpec {
   RopeKind rope = RopeKind::none;  // RoPE applied to q and k in the kernel
   int rotary_dim = 0;              // channels rotated (a multiple of 16), with rope
   bool rope_tables = false;        // angles from caller cos/sin tables, not from frequencies
+  // With rope_tables: the tables hold dtype (16-bit) entries, as
+  // FlashAttention's rotary_cos / rotary_sin; else f32. Text .rope_tables16.
+  bool rope_tables16 = false;
   bool kvcache = false;  // keys from a KV cache: per-sequence lengths, keys already rotated
   bool paged = false;    // the KV cache is paged (block table)
   bool split = false;    // split-KV: writes fp32 partial results for the combine kernel
@@ -79,11 +82,13 @@ struct KernelSpec {
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
   static KernelSpec combine(DType state_dtype, DType out_dtype, bool elementwise = false);
   // An append spec (RoPE and paging as in the attention call it serves).
-  static KernelSpec append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool paged);
+  static KernelSpec append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool rope_tables16, bool paged);
+  // The template's ROPE_TABLES: bytes of a table entry (0 without tables).
+  int rope_table_bytes() const { return !rope_tables ? 0 : rope_tables16 ? 2 : 4; }
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order wgmma, persistent, causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
-  // rope_tables, packgqa, kvcache|dense, paged, split, padded, varlen, unaligned_dN), "combine.f32.bf16"
+  // rope_tables|rope_tables16, packgqa, kvcache|dense, paged, split, padded, varlen, unaligned_dN), "combine.f32.bf16"
   // (".elementwise" last where set).
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.

@@ -11,12 +11,14 @@
 
 namespace jitattn {
 
-template <class Element_, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool PAGED>
+template <class Element_, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool PAGED>
 struct AppendConfig {
   using Element = Element_;
   static constexpr int kRope = ROPE;
   static constexpr int kRotaryDim = ROTARY_DIM;
-  static constexpr bool kRopeTables = ROPE_TABLES;
+  // Bytes of a cos/sin table entry: 4 (f32), 2 (the element type), 0 (no
+  // tables: angles from the frequencies).
+  static constexpr int kRopeTableBytes = ROPE_TABLES;
   static constexpr bool kPaged = PAGED;
   static constexpr int kThreads = 128;  // four rows per CTA
 };
@@ -78,8 +80,8 @@ __device__ void append_kv(const AppendParams& p) {
         float m0, m1, o0, o1, s0, c0, s1, c1;
         unpack2<Element>(mine[w], m0, m1);
         unpack2<Element>(other[w], o0, o1);
-        rope_angle<Cfg::kRopeTables>(p, position, pair0 + 2 * w, s0, c0);
-        rope_angle<Cfg::kRopeTables>(p, position, pair0 + 2 * w + 1, s1, c1);
+        rope_angle<Cfg::kRopeTableBytes, Element>(p, position, pair0 + 2 * w, s0, c0);
+        rope_angle<Cfg::kRopeTableBytes, Element>(p, position, pair0 + 2 * w + 1, s1, c1);
         // First half: x·cos − y·sin; second half: y·cos + x·sin.
         mine[w] = first_half ? pack2<Element>(m0 * c0 - o0 * s0, m1 * c1 - o1 * s1)
                              : pack2<Element>(m0 * c0 + o0 * s0, m1 * c1 + o1 * s1);
@@ -92,7 +94,7 @@ __device__ void append_kv(const AppendParams& p) {
       for (int w = 0; w < 4; ++w) {
         float x, y, s, c;
         unpack2<Element>(words[w], x, y);
-        rope_angle<Cfg::kRopeTables>(p, position, lane * 4 + w, s, c);
+        rope_angle<Cfg::kRopeTableBytes, Element>(p, position, lane * 4 + w, s, c);
         words[w] = pack2<Element>(x * c - y * s, y * c + x * s);
       }
     }

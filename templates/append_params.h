@@ -31,11 +31,12 @@ struct AppendParams {
   int head_dim;
 
   // RoPE for the new keys (the spec fixes style and rotary_dim): angles
-  // position · rope_inv_freq[p], or the f32 tables rope_cos / rope_sin
-  // [rope_table_rows, rope_table_stride] at the row's position.
+  // position · rope_inv_freq[p], or the tables rope_cos / rope_sin
+  // [rope_table_rows, rope_table_stride] at the row's position (f32 entries
+  // or the element type's, as the spec says).
   float rope_inv_freq[128];
-  const float* rope_cos;
-  const float* rope_sin;
+  const void* rope_cos;
+  const void* rope_sin;
   long long rope_table_stride;
   int rope_table_rows;
 };

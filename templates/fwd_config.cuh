@@ -18,7 +18,7 @@ enum MaskKind : int {
 };
 
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
-          bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE,
+          bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE,
           bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false, bool PERSISTENT = false,
           int UNALIGNED_DIM = 0>
 struct FwdConfig {
@@ -139,7 +139,11 @@ struct FwdConfig {
   // RoPE on q and k as their tiles land (rope.cuh).
   static constexpr int kRope = ROPE;
   static constexpr int kRotaryDim = ROTARY_DIM;
-  static constexpr bool kRopeTables = ROPE_TABLES;
+  // Angles from caller cos/sin tables whose entries are kRopeTableBytes
+  // wide: 4 (f32) or 2 (the element type, as FlashAttention takes them);
+  // ROPE_TABLES 0: from the frequencies.
+  static constexpr int kRopeTableBytes = ROPE_TABLES;
+  static constexpr bool kRopeTables = ROPE_TABLES != 0;
   // Keys from a KV cache (per-sequence lengths, optional batch remapping;
   // the cached keys are already rotated, so RoPE rotates q only), in pages,
   // and split over several CTAs that write fp32 partial results.

@@ -29,7 +29,7 @@ namespace jitattn {
 // blocks), so the prefill kernel's MMA, mask and softmax steps apply as they
 // are; the CTA-wide constants are added here.
 template <class Element_, int HEAD_DIM, int ROWS, int KEYS, int WARPS, int STAGES, int MASK, bool SOFTCAP, bool ALIBI,
-          bool PADDED, int ROPE, int ROTARY_DIM, bool ROPE_TABLES, bool KVCACHE, bool PAGED, bool SPLIT,
+          bool PADDED, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE, bool PAGED, bool SPLIT,
           bool VARLEN>
 struct DecodeConfig
     : FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, /*WARPS=*/1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN,
@@ -179,7 +179,7 @@ __device__ void fwd_decode(const FwdParams& p) {
     // KV cache: query i is at cache_seqlens + i (rope_q_offsets); cached keys
     // are already rotated.
     const int query_position0 = p.rope_q_offsets[batch];
-    rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, Cfg::kBlockQ, Cfg::kCtaThreads,
+    rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTableBytes, Cfg::kBlockQ, Cfg::kCtaThreads,
                 /*PACKED=*/false>(
         p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(shared_bytes + swizzled_bytes<Warp>(row, chunk)); },
         [&](int row) { return query_position0 + (q0 + row) / group; }, threadIdx.x);

@@ -68,14 +68,16 @@ struct FwdParams {
   // RoPE, when compiled with it (the spec fixes the pairing and rotary_dim):
   // channel pair p < rotary_dim / 2 of a row at position x is rotated by the
   // angle x · rope_inv_freq[p], or by the angle whose cosine and sine are
-  // rope_cos / rope_sin [x, p] with tables.
+  // rope_cos / rope_sin [x, p] with tables (f32 entries, or the element
+  // type's: the spec fixes which).
   float rope_inv_freq[128];
-  const float* rope_cos;  // [rope_table_rows, rope_table_stride], when compiled with tables
-  const float* rope_sin;
+  const void* rope_cos;  // [rope_table_rows, rope_table_stride] entries, when compiled with tables
+  const void* rope_sin;
   long long rope_table_stride;
   int rope_table_rows;  // positions past the tables read their last row
-  // Nonzero when both tables and their row stride are 16-byte aligned:
-  // four pairs' cos (or sin) come in one load.
+  // Nonzero when both tables and their row stride (in bytes) are 16-byte
+  // aligned: four pairs' cos (or sin) come in one load, eight with 16-bit
+  // entries.
   int rope_table_vectors;
   // Positions: key j of sequence b is at j + rope_k_offsets[b] (0 when null);
   // query i at i + rope_q_offsets[b], or when null at i + seqlen_k - seqlen_q

@@ -15,8 +15,14 @@ namespace jitattn {
 template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, bool PACKED, typename PositionOf>
 __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams& p, PositionOf&& position_of,
                                             int first_row, int thread) {
-  constexpr int kTableUnitsInFlight = Cfg::kWgmma && Cfg::kHeadDim > 128 ? 1 : 2;
-  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTables, ROWS, THREADS, PACKED,
+  // Units whose table loads are in flight together (rotate_rows): 16-bit
+  // tables at head dims up to 64 keep four (a quarter of their registers);
+  // at 128 four were 5-15% slower, as they were with f32 tables at 64 (H200,
+  // docs/PERFORMANCE.md).
+  constexpr int kTableUnitsInFlight = Cfg::kWgmma && Cfg::kHeadDim > 128       ? 1
+                                      : Cfg::kRopeTableBytes == 2 && Cfg::kHeadDim <= 64 ? 4
+                                                                                         : 2;
+  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTableBytes, ROWS, THREADS, PACKED,
               kTableUnitsInFlight>(
       p,
       [&](int row, int chunk) {

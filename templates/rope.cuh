@@ -4,7 +4,8 @@
 // Rotate-half (GPT-NeoX, Llama) pairs channel p with p + rotary_dim / 2;
 // interleaved (GPT-J) pairs 2p with 2p + 1. A pair (x, y) at angle a becomes
 // (x·cos a − y·sin a, y·cos a + x·sin a); channels at or past rotary_dim are
-// left alone. Angles are always fp32. The rotation itself comes in two
+// left alone. Angles are always fp32 (caller tables may hold them in f32 or
+// in the element type, widened on load). The rotation itself comes in two
 // precisions (template parameter PACKED):
 //   - fp32 arithmetic, the result rounded once to 16 bits (q everywhere, and
 //     the KV-cache append, which writes rotated keys to memory);
@@ -35,14 +36,29 @@ __device__ __forceinline__ long long table_row(const Params& p, int position) {
   return min(max(position, 0), p.rope_table_rows - 1);
 }
 
-// cos and sin of pair `pair` at `position`. Params: FwdParams or
-// AppendParams (both carry rope_inv_freq and the table fields).
-template <bool TABLES, class Params>
+// Entry `index` of a cos or sin table whose entries are TABLE_BYTES wide:
+// f32 (4), or the element type (2), as FlashAttention takes its tables.
+template <int TABLE_BYTES, class Element>
+__device__ __forceinline__ float table_entry(const void* table, long long index) {
+  static_assert(TABLE_BYTES == 4 || TABLE_BYTES == 2, "f32 or 16-bit table entries");
+  if constexpr (TABLE_BYTES == 4) {
+    return __ldg(static_cast<const float*>(table) + index);
+  } else {
+    float value, unused;
+    unpack2<Element>(__ldg(static_cast<const unsigned short*>(table) + index), value, unused);
+    return value;
+  }
+}
+
+// cos and sin of pair `pair` at `position`: from the tables (TABLE_BYTES
+// wide entries), or from the frequencies (TABLE_BYTES 0). Params: FwdParams
+// or AppendParams (both carry rope_inv_freq and the table fields).
+template <int TABLE_BYTES, class Element, class Params>
 __device__ __forceinline__ void rope_angle(const Params& p, int position, int pair, float& sine, float& cosine) {
-  if constexpr (TABLES) {
-    const long long row = table_row(p, position);
-    cosine = __ldg(p.rope_cos + row * p.rope_table_stride + pair);
-    sine = __ldg(p.rope_sin + row * p.rope_table_stride + pair);
+  if constexpr (TABLE_BYTES != 0) {
+    const long long index = table_row(p, position) * p.rope_table_stride + pair;
+    cosine = table_entry<TABLE_BYTES, Element>(p.rope_cos, index);
+    sine = table_entry<TABLE_BYTES, Element>(p.rope_sin, index);
   } else {
     // The fp32 product, as frameworks build their angle tables.
     sincos_reduced(static_cast<float>(position) * p.rope_inv_freq[pair], sine, cosine);
@@ -58,13 +74,20 @@ __device__ __forceinline__ void rotate_half_packed(unsigned& x, unsigned& y, uns
   y = fma2<Element>(y, cosine, mul2<Element>(x_in, sine));                 // y·cos + x·sin
 }
 
+// Interleaved in packed 16-bit arithmetic: the pair (x, y) in one register,
+// its angle as the 16-bit words (cos, cos) and (−sin, sin).
+template <class Element>
+__device__ __forceinline__ unsigned rotate_interleaved_packed(unsigned xy, unsigned cosines, unsigned signed_sines) {
+  // (x, y)·cos + (y, x)·(−sin, sin).
+  const unsigned yx = __byte_perm(xy, 0, 0x1032);
+  return fma2<Element>(xy, cosines, mul2<Element>(yx, signed_sines));
+}
+
 // Interleaved: the two halves of one register are a pair.
 template <class Element, bool PACKED>
 __device__ __forceinline__ unsigned rotate_interleaved(unsigned xy, float sine, float cosine) {
   if constexpr (PACKED) {
-    // (x, y)·cos + (y, x)·(−sin, sin).
-    const unsigned yx = __byte_perm(xy, 0, 0x1032);
-    return fma2<Element>(xy, pack2<Element>(cosine, cosine), mul2<Element>(yx, pack2<Element>(-sine, sine)));
+    return rotate_interleaved_packed<Element>(xy, pack2<Element>(cosine, cosine), pack2<Element>(-sine, sine));
   } else {
     float x, y;
     unpack2<Element>(xy, x, y);
@@ -87,18 +110,67 @@ __device__ __forceinline__ void rotate_half_words(unsigned& x, unsigned& y, floa
   }
 }
 
+// The 16-bit table entries of pairs [pair, pair + 2 · WORDS) at `position`
+// (pair a multiple of 4), as stored: lane l of word w is pair pair + 2w + l,
+// which is already the operand packed 16-bit arithmetic wants. 16-byte
+// loads (8-byte for two words) where the tables allow them.
+template <int WORDS>
+__device__ __forceinline__ void table_words(const FwdParams& p, int position, int pair, unsigned (&cosine)[WORDS],
+                                            unsigned (&sine)[WORDS]) {
+  static_assert(WORDS % 2 == 0, "whole 8-byte pieces of a table row");
+  const long long index = table_row(p, position) * p.rope_table_stride + pair;
+  const unsigned short* cos_row = static_cast<const unsigned short*>(p.rope_cos) + index;
+  const unsigned short* sin_row = static_cast<const unsigned short*>(p.rope_sin) + index;
+  if (p.rope_table_vectors) {
+    if constexpr (WORDS % 4 == 0) {
+#pragma unroll
+      for (int w = 0; w < WORDS; w += 4) {
+        const uint4 c = __ldg(reinterpret_cast<const uint4*>(cos_row + 2 * w));
+        const uint4 s = __ldg(reinterpret_cast<const uint4*>(sin_row + 2 * w));
+        cosine[w] = c.x, cosine[w + 1] = c.y, cosine[w + 2] = c.z, cosine[w + 3] = c.w;
+        sine[w] = s.x, sine[w + 1] = s.y, sine[w + 2] = s.z, sine[w + 3] = s.w;
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < WORDS; w += 2) {
+        const uint2 c = __ldg(reinterpret_cast<const uint2*>(cos_row + 2 * w));
+        const uint2 s = __ldg(reinterpret_cast<const uint2*>(sin_row + 2 * w));
+        cosine[w] = c.x, cosine[w + 1] = c.y;
+        sine[w] = s.x, sine[w + 1] = s.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int w = 0; w < WORDS; ++w) {
+      cosine[w] = __ldg(cos_row + 2 * w) | static_cast<unsigned>(__ldg(cos_row + 2 * w + 1)) << 16;
+      sine[w] = __ldg(sin_row + 2 * w) | static_cast<unsigned>(__ldg(sin_row + 2 * w + 1)) << 16;
+    }
+  }
+}
+
 // cos and sin of pairs [pair, pair + N) at `position` from the tables (pair
-// a multiple of 4): by 16-byte loads where the tables allow them, which
-// rotate_rows issues for two units at a time. (Read pair by pair, one
-// round trip to L2 per unit bounded the producer: tables took about twice
-// the time of angles from theta at head_dim 128, docs/PERFORMANCE.md.)
-template <int N>
+// a multiple of 4), widened to fp32: f32 tables by 16-byte loads where the
+// tables allow them, 16-bit ones through table_words. rotate_rows issues
+// them for two units at a time. (Read pair by pair, one round trip to L2 per
+// unit bounded the producer: tables took about twice the time of angles
+// from theta at head_dim 128, docs/PERFORMANCE.md.)
+template <int N, int TABLE_BYTES, class Element>
 __device__ __forceinline__ void table_angles(const FwdParams& p, int position, int pair, float (&sine)[N],
                                              float (&cosine)[N]) {
   static_assert(N % 4 == 0, "whole 16-byte pieces of a table row");
-  const long long row = table_row(p, position);
-  const float* cos_row = p.rope_cos + row * p.rope_table_stride + pair;
-  const float* sin_row = p.rope_sin + row * p.rope_table_stride + pair;
+  if constexpr (TABLE_BYTES == 2) {
+    unsigned c[N / 2], s[N / 2];
+    table_words<N / 2>(p, position, pair, c, s);
+#pragma unroll
+    for (int w = 0; w < N / 2; ++w) {
+      unpack2<Element>(c[w], cosine[2 * w], cosine[2 * w + 1]);
+      unpack2<Element>(s[w], sine[2 * w], sine[2 * w + 1]);
+    }
+    return;
+  }
+  const long long index = table_row(p, position) * p.rope_table_stride + pair;
+  const float* cos_row = static_cast<const float*>(p.rope_cos) + index;
+  const float* sin_row = static_cast<const float*>(p.rope_sin) + index;
   if (p.rope_table_vectors) {
 #pragma unroll
     for (int i = 0; i < N; i += 4) {
@@ -116,10 +188,11 @@ __device__ __forceinline__ void table_angles(const FwdParams& p, int position, i
   }
 }
 
-template <class Element, bool TABLES, bool PACKED>
+// One interleaved pair at an angle from the frequencies.
+template <class Element, bool PACKED>
 __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams& p, int position, int pair) {
   float sine, cosine;
-  rope_angle<TABLES>(p, position, pair, sine, cosine);
+  rope_angle<0, Element>(p, position, pair, sine, cosine);
   return rotate_interleaved<Element, PACKED>(packed, sine, cosine);
 }
 
@@ -127,9 +200,10 @@ __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams
 // THREADS threads of which this is `thread`. The work unit is
 // one 16-byte chunk (interleaved) or a chunk and its partner half a rotary
 // dim away (rotate-half); `chunk_at(row, chunk)` is the chunk's address and
-// `position_of(row)` the row's position. The caller brackets this with
+// `position_of(row)` the row's position; angles from tables whose entries are
+// TABLE_BYTES wide (0: from the frequencies). The caller brackets this with
 // barriers: the tile must have landed, and readers must wait for the writes.
-template <class Element, int STYLE, int ROTARY_DIM, bool TABLES, int ROWS, int THREADS, bool PACKED,
+template <class Element, int STYLE, int ROTARY_DIM, int TABLE_BYTES, int ROWS, int THREADS, bool PACKED,
           int TABLE_UNITS_IN_FLIGHT = 2, typename ChunkAt, typename PositionOf>
 __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_at, PositionOf&& position_of,
                                             int thread) {
@@ -146,9 +220,15 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
       uint4 a = *first, b = *second;
       unsigned* av = reinterpret_cast<unsigned*>(&a);
       unsigned* bv = reinterpret_cast<unsigned*>(&b);
-      if constexpr (TABLES) {
+      if constexpr (TABLE_BYTES == 2 && PACKED) {
+        // 16-bit entries are the packed operands as stored.
+        unsigned c[4], s[4];
+        table_words<4>(p, position, unit * 8, c, s);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) rotate_half_packed<Element>(av[w], bv[w], c[w], s[w]);
+      } else if constexpr (TABLE_BYTES != 0) {
         float s[8], c[8];
-        table_angles<8>(p, position, unit * 8, s, c);
+        table_angles<8, TABLE_BYTES, Element>(p, position, unit * 8, s, c);
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           rotate_half_words<Element, PACKED>(av[w], bv[w], s[2 * w], c[2 * w], s[2 * w + 1], c[2 * w + 1]);
@@ -157,8 +237,8 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           float s0, c0, s1, c1;
-          rope_angle<false>(p, position, unit * 8 + 2 * w, s0, c0);
-          rope_angle<false>(p, position, unit * 8 + 2 * w + 1, s1, c1);
+          rope_angle<0, Element>(p, position, unit * 8 + 2 * w, s0, c0);
+          rope_angle<0, Element>(p, position, unit * 8 + 2 * w + 1, s1, c1);
           rotate_half_words<Element, PACKED>(av[w], bv[w], s0, c0, s1, c1);
         }
       }
@@ -167,27 +247,39 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
     } else {
       uint4* chunk = chunk_at(row, unit);
       uint4 a = *chunk;
-      if constexpr (TABLES) {
+      if constexpr (TABLE_BYTES == 2 && PACKED) {
+        // Pair 2w + l's cos in both lanes, and (−sin, sin).
+        unsigned c[2], s[2];
+        table_words<2>(p, position, unit * 4, c, s);
+        unsigned* words = reinterpret_cast<unsigned*>(&a);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const unsigned selector = w % 2 == 0 ? 0x1010 : 0x3232;
+          words[w] = rotate_interleaved_packed<Element>(words[w], __byte_perm(c[w / 2], 0, selector),
+                                                        __byte_perm(s[w / 2], 0, selector) ^ 0x8000u);
+        }
+      } else if constexpr (TABLE_BYTES != 0) {
         float s[4], c[4];
-        table_angles<4>(p, position, unit * 4, s, c);
+        table_angles<4, TABLE_BYTES, Element>(p, position, unit * 4, s, c);
         a.x = rotate_interleaved<Element, PACKED>(a.x, s[0], c[0]);
         a.y = rotate_interleaved<Element, PACKED>(a.y, s[1], c[1]);
         a.z = rotate_interleaved<Element, PACKED>(a.z, s[2], c[2]);
         a.w = rotate_interleaved<Element, PACKED>(a.w, s[3], c[3]);
       } else {
-        a.x = rotate_pair<Element, false, PACKED>(a.x, p, position, unit * 4);
-        a.y = rotate_pair<Element, false, PACKED>(a.y, p, position, unit * 4 + 1);
-        a.z = rotate_pair<Element, false, PACKED>(a.z, p, position, unit * 4 + 2);
-        a.w = rotate_pair<Element, false, PACKED>(a.w, p, position, unit * 4 + 3);
+        a.x = rotate_pair<Element, PACKED>(a.x, p, position, unit * 4);
+        a.y = rotate_pair<Element, PACKED>(a.y, p, position, unit * 4 + 1);
+        a.z = rotate_pair<Element, PACKED>(a.z, p, position, unit * 4 + 2);
+        a.w = rotate_pair<Element, PACKED>(a.w, p, position, unit * 4 + 3);
       }
       *chunk = a;
     }
   };
-  if constexpr (TABLES) {
+  if constexpr (TABLE_BYTES != 0) {
     // Several units' table loads in flight at once: two (four took up to
-    // 1.4x the time at head_dim 64, H200), or one where registers are few
-    // (two spilled 16-72 bytes more in the producers above head_dim 128,
-    // ptxas, NVRTC 13.0).
+    // 1.4x the time with f32 tables at head_dim 64, H200), four for 16-bit
+    // tables at head_dim 64 (their words take half the registers), or one
+    // where registers are few (two spilled 16-72 bytes more in the producers
+    // above head_dim 128, ptxas, NVRTC 13.0). The caller chooses.
 #pragma unroll TABLE_UNITS_IN_FLIGHT
     for (int index = thread; index < kUnits; index += THREADS) rotate_unit(index);
   } else {

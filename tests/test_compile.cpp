@@ -98,6 +98,7 @@ bool set_feature_variant(KernelSpec& spec, int variant) {
     spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
     spec.rotary_dim = variant % 3 == 2 ? spec.head_dim / 32 * 16 : spec.head_dim;
     spec.rope_tables = variant % 7 == 6;
+    spec.rope_tables16 = spec.rope_tables && variant % 2 == 0;  // tables in dtype
   }
   return spec.rope == RopeKind::none || spec.rotary_dim > 0;
 }
@@ -108,7 +109,9 @@ bool set_feature_variant(KernelSpec& spec, int variant) {
 void set_unaligned_variant(KernelSpec& spec, int variant, int caller_dim) {
   set_feature_variant(spec, variant);
   if (spec.rotary_dim > caller_dim) spec.rotary_dim = caller_dim / 16 * 16;
-  if (spec.rope != RopeKind::none && spec.rotary_dim == 0) spec.rope = RopeKind::none, spec.rope_tables = false;
+  if (spec.rope != RopeKind::none && spec.rotary_dim == 0) {
+    spec.rope = RopeKind::none, spec.rope_tables = spec.rope_tables16 = false;
+  }
   spec.varlen = variant % 2 == 1;
 }
 
@@ -192,7 +195,7 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
                            // Dense calls with a workspace split the same tiles: keys by tensor copies, or
                            // rotated by the producer.
                            "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.split",
-                           "fwd.f16.d64.br128.bc128.w8.s4.wgmma.local.softcap.alibi.rope_interleaved_r32.rope_tables.split",
+                           "fwd.f16.d64.br128.bc128.w8.s4.wgmma.local.softcap.alibi.rope_interleaved_r32.rope_tables16.split",
                            // Varlen calls: packed queries over packed keys or a paged cache, split or not.
                            "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.split.varlen",
                            "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.kvcache.paged.varlen",
@@ -481,6 +484,7 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
           KernelSpec spec{Family::fwd, (variant % 2) ? DType::f16 : DType::bf16, head_dim, t.block_q, t.block_kv, t.warps};
           spec.rope = rope;
           spec.rope_tables = tables;
+          spec.rope_tables16 = tables && variant % 3 == 1;  // tables in dtype (FlashAttention's)
           spec.rotary_dim = partial ? head_dim / 2 : head_dim;
           // Spread the other features over the variants.
           spec.causal = variant % 3 == 0;
@@ -518,7 +522,7 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
     if (variant >= 4) {
       spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
       spec.rotary_dim = spec.head_dim;
-      spec.rope_tables = variant == 7;
+      spec.rope_tables = spec.rope_tables16 = variant == 7;
     }
     specs.push_back(spec);
   }
@@ -542,6 +546,7 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
         spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
         spec.rotary_dim = variant % 4 == 0 ? head_dim / 2 / 16 * 16 : head_dim;
         spec.rope_tables = variant % 5 == 0;
+        spec.rope_tables16 = spec.rope_tables && variant % 2 == 1;
       }
       ++variant;
       specs.push_back(spec);
@@ -564,9 +569,10 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
                            "fwd.bf16.d128.br128.bc64.w8.s2.causal.kvcache.paged.varlen"}) {
     specs.push_back(KernelSpec::parse(text));
   }
-  specs.push_back(KernelSpec::append(DType::bf16, RopeKind::none, 0, false, false));
-  specs.push_back(KernelSpec::append(DType::f16, RopeKind::half, 64, false, true));
-  specs.push_back(KernelSpec::append(DType::bf16, RopeKind::interleaved, 128, true, false));
+  specs.push_back(KernelSpec::append(DType::bf16, RopeKind::none, 0, false, false, false));
+  specs.push_back(KernelSpec::append(DType::f16, RopeKind::half, 64, false, false, true));
+  specs.push_back(KernelSpec::append(DType::bf16, RopeKind::interleaved, 128, true, false, false));
+  specs.push_back(KernelSpec::append(DType::f16, RopeKind::half, 128, true, true, true));
   const auto errors = compile_all(specs, arch);
   for (const auto& e : errors) FAIL_CHECK(e);
   CHECK(errors.empty());

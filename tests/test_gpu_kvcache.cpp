@@ -35,6 +35,7 @@ struct Case {
   RopeStyle rope = RopeStyle::none;
   double rotary_fraction = 1.0;
   bool tables = false;
+  bool tables16 = false;  // the tables in q's dtype (FlashAttention's rotary_cos / rotary_sin), not f32
   int page_size = 0;  // 0: contiguous cache
   bool batch_index = false;
   int num_splits = 0;
@@ -47,10 +48,10 @@ struct Case {
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} append={} rope={} "
-      "fraction={} tables={} page_size={} cache_batch_idx={} num_splits={} tiles={}x{}x{}x{} seed={}",
+      "fraction={} tables={}{} page_size={} cache_batch_idx={} num_splits={} tiles={}x{}x{}x{} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
       c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.append, static_cast<int>(c.rope),
-      c.rotary_fraction, c.tables, c.page_size, c.batch_index, c.num_splits, c.tiles.block_q, c.tiles.block_kv,
+      c.rotary_fraction, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.num_splits, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
 }
 
@@ -175,8 +176,11 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   if (!in.block_table.empty()) in.table = upload(in.block_table.data(), in.block_table.size() * 4);
   if (c.rope != RopeStyle::none && c.tables) {
     in.tables = rope_tables(rotation_of(c), c.head_dim, c.seqlen_k + 1);
-    in.cos = upload(in.tables.cos.data(), in.tables.cos.size() * 4);
-    in.sin = upload(in.tables.sin.data(), in.tables.sin.size() * 4);
+    if (c.tables16) round_tables(in.tables, c.dtype);
+    const std::vector<unsigned char> cos_bytes = table_bytes(in.tables.cos, c.tables16 ? c.dtype : DType::f32);
+    const std::vector<unsigned char> sin_bytes = table_bytes(in.tables.sin, c.tables16 ? c.dtype : DType::f32);
+    in.cos = upload(cos_bytes.data(), cos_bytes.size());
+    in.sin = upload(sin_bytes.data(), sin_bytes.size());
   }
   return in;
 }
@@ -274,8 +278,9 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
     v.options.rope.style = c.rope;
     v.options.rope.rotary_dim = rotary_dim_of(c);
     if (in.cos) {
-      v.cos = TensorView::contiguous(in.cos->get(), DType::f32, {in.tables.positions, in.tables.pairs});
-      v.sin = TensorView::contiguous(in.sin->get(), DType::f32, {in.tables.positions, in.tables.pairs});
+      const DType table_dtype = c.tables16 ? c.dtype : DType::f32;
+      v.cos = TensorView::contiguous(in.cos->get(), table_dtype, {in.tables.positions, in.tables.pairs});
+      v.sin = TensorView::contiguous(in.sin->get(), table_dtype, {in.tables.positions, in.tables.pairs});
       v.options.rope.cos = &v.cos;
       v.options.rope.sin = &v.sin;
     }
@@ -439,6 +444,7 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
         c.rope = styles[index % 3];
         c.rotary_fraction = index % 5 < 3 ? 1.0 : 0.5;
         c.tables = index % 4 == 3;
+        c.tables16 = c.tables && index % 8 == 7;
         c.page_size = page_sizes[index % 4];
         c.batch_index = c.page_size == 0 && index % 3 == 1;
         c.num_splits = num_splits;
@@ -517,6 +523,7 @@ std::vector<Case> wgmma_cache_grid(const std::vector<std::pair<int, int>>& seqle
       c.rope = styles[index % 3];
       c.rotary_fraction = index % 5 < 3 ? 1.0 : 0.5;
       c.tables = index % 4 == 3;
+      c.tables16 = c.tables && index % 8 == 7;
       finish(c, index, variant);
       c.batch_index = c.page_size == 0 && index % 3 == 1;
       cases.push_back(c);

@@ -39,6 +39,8 @@ struct Case {
   // Tables stored with a NaN between rows: a row stride that is not a
   // multiple of 16 bytes (the kernels' pair-by-pair table loads).
   bool table_gap = false;
+  // Tables in q's dtype (FlashAttention's rotary_cos / rotary_sin), not f32.
+  bool tables16 = false;
   // Set: the forward overload with a workspace (sized by
   // forward_workspace_bytes, poisoned), options.num_splits = the value.
   std::optional<int> num_splits;
@@ -62,7 +64,8 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch, s.seqlen_q, s.seqlen_k,
       s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.softcap, !s.alibi_slopes.empty(),
       !c.rope ? "off" : c.rotation.style == RopeStyle::rotate_half ? "rotate_half" : "interleaved",
-      c.rotation.rotary_dim, fmt::format("{}{}", angles_name(c.angles), c.table_gap ? "+gap" : ""),
+      c.rotation.rotary_dim,
+      fmt::format("{}{}{}", angles_name(c.angles), c.tables16 ? "(16-bit)" : "", c.table_gap ? "+gap" : ""),
       static_cast<int>(c.offsets),
       c.pack_gqa ? (*c.pack_gqa ? "on" : "off") : "auto", c.heads_major, c.sm_limit,
       c.num_splits ? fmt::format("{}", *c.num_splits) : "(no workspace)", seed);
@@ -112,6 +115,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   }
   if (c.rope && c.angles == Angles::tables) {
     in.tables = rope_tables(c.rotation, s.head_dim, s.seqlen_k + s.seqlen_q + 3001);
+    if (c.tables16) round_tables(in.tables, c.dtype);
     const int stride = in.tables.pairs + (c.table_gap ? 1 : 0);
     auto stored = [&](const std::vector<float>& table) {
       std::vector<float> rows(static_cast<size_t>(in.tables.positions) * stride, std::nanf(""));
@@ -121,9 +125,11 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
       }
       return rows;
     };
-    const std::vector<float> cos_rows = stored(in.tables.cos), sin_rows = stored(in.tables.sin);
-    in.cos = upload(cos_rows.data(), cos_rows.size() * 4);
-    in.sin = upload(sin_rows.data(), sin_rows.size() * 4);
+    const DType table_dtype = c.tables16 ? c.dtype : DType::f32;
+    const std::vector<unsigned char> cos_bytes = table_bytes(stored(in.tables.cos), table_dtype);
+    const std::vector<unsigned char> sin_bytes = table_bytes(stored(in.tables.sin), table_dtype);
+    in.cos = upload(cos_bytes.data(), cos_bytes.size());
+    in.sin = upload(sin_bytes.data(), sin_bytes.size());
   }
   if (!s.alibi_slopes.empty()) in.slopes = upload(s.alibi_slopes.data(), s.alibi_slopes.size() * 4);
   return in;
@@ -160,8 +166,9 @@ void fill_options(const Case& c, const Inputs& in, CallViews& views) {
   r.llama3_high_freq_factor = static_cast<float>(c.rotation.llama3_high_freq_factor);
   r.llama3_original_max_position = static_cast<int>(c.rotation.llama3_original_max_position);
   if (in.cos) {
-    views.cos = TensorView::contiguous(in.cos->get(), DType::f32, {in.tables.positions, in.tables.pairs});
-    views.sin = TensorView::contiguous(in.sin->get(), DType::f32, {in.tables.positions, in.tables.pairs});
+    const DType table_dtype = c.tables16 ? c.dtype : DType::f32;
+    views.cos = TensorView::contiguous(in.cos->get(), table_dtype, {in.tables.positions, in.tables.pairs});
+    views.sin = TensorView::contiguous(in.sin->get(), table_dtype, {in.tables.positions, in.tables.pairs});
     if (c.table_gap) views.cos.strides[0] = views.sin.strides[0] = in.tables.pairs + 1;
     r.cos = &views.cos;
     r.sin = &views.sin;
@@ -300,6 +307,7 @@ TEST_CASE("rope: both styles, rotary fractions 0.5 and 1, theta / linear / Llama
             c.rotation.rotary_dim = rotary_dim_for(fraction, head_dim);
             c.angles = angle_kinds[index % 4];
             c.table_gap = c.angles == Angles::tables && index / 4 % 2 == 1;
+            c.tables16 = c.angles == Angles::tables && index / 8 % 2 == 1;
             if (c.angles == Angles::linear) c.rotation.linear_scaling = 4.0;
             if (c.angles == Angles::llama3) {
               c.rotation.theta = 500000.0;
@@ -327,6 +335,7 @@ TEST_CASE("rope: both styles, rotary fractions 0.5 and 1, theta / linear / Llama
     const std::string style = c.rotation.style == RopeStyle::rotate_half ? "rope_half" : "rope_interleaved";
     CHECK_MESSAGE(run.spec.find(fmt::format(".{}_r{}", style, c.rotation.rotary_dim)) != std::string::npos, run.spec);
     CHECK((run.spec.find(".rope_tables") != std::string::npos) == (c.angles == Angles::tables));
+    CHECK((run.spec.find(".rope_tables16") != std::string::npos) == c.tables16);
   });
 }
 
@@ -349,6 +358,7 @@ Case producer_grid_case(int index, int head_dim, bool rope) {
   c.rope = rope && c.rotation.rotary_dim > 0;
   c.angles = index % 7 == 4 ? Angles::tables : Angles::theta;
   c.table_gap = c.angles == Angles::tables && index % 2 == 1;
+  c.tables16 = c.angles == Angles::tables && index % 3 == 0;
   c.offsets = index % 3 == 1 ? Offsets::both : Offsets::none;
   if (index % 5 == 4) c.pack_gqa = true;
   c.heads_major = index % 4 == 2;
@@ -551,6 +561,7 @@ TEST_CASE("split-KV dense forward: FlashAttention's lengths, splits 1, 3 and heu
     c.rotation.rotary_dim = rotary_dim_for(index % 3 == 0 ? 0.5 : 1.0, head_dim);
     c.rope = c.rope && c.rotation.rotary_dim > 0;
     c.angles = index % 12 == 5 ? Angles::tables : Angles::theta;
+    c.tables16 = c.angles == Angles::tables && index % 24 == 17;
     c.offsets = index % 12 == 9 ? Offsets::keys : Offsets::none;
     // Tables need explicit query positions when queries outnumber keys.
     if (c.rope && c.angles == Angles::tables && seqlen_q > seqlen_k) c.offsets = Offsets::both;
@@ -727,6 +738,7 @@ TEST_CASE("rope and pack_gqa: bad options are rejected before launch, naming the
   const TensorView short_cos = TensorView::contiguous(table.get(), DType::f32, {10, 40});
   const TensorView narrow_cos = TensorView::contiguous(table.get(), DType::f32, {100, 16});
   const TensorView half_cos = TensorView::contiguous(table.get(), DType::f16, {100, 40});
+  const TensorView bf16_cos = TensorView::contiguous(table.get(), DType::bf16, {100, 40});
   const TensorView offsets_f32 = TensorView::contiguous(table.get(), DType::f32, {2});
   const TensorView offsets_short = TensorView::contiguous(table.get(), DType::i32, {1});
 
@@ -760,7 +772,10 @@ TEST_CASE("rope and pack_gqa: bad options are rejected before launch, naming the
   rope.cos = rope.sin = &narrow_cos;
   expect_rejected(rope, ">= rotary_dim / 2 = 40");
   rope.cos = rope.sin = &half_cos;
-  expect_rejected(rope, "options.rope.cos: dtype f16 must be f32");
+  expect_rejected(rope, "options.rope.cos: dtype f16 must be f32 or q's dtype (bf16)");
+  rope.cos = &bf16_cos;
+  rope.sin = &cos;
+  expect_rejected(rope, "options.rope.sin: dtype f32 must equal cos's (bf16)");
   rope.cos = rope.sin = nullptr;
   rope.k_offsets = &offsets_f32;
   expect_rejected(rope, "options.rope.k_offsets: dtype f32 must be i32");

@@ -453,6 +453,28 @@ TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tabl
   sin.data = address(0x80004);
   CHECK_FALSE(call.plan().params.rope_table_vectors);
   sin.data = address(0x80000);
+  CHECK_FALSE(plan.spec.rope_tables16);
+  CHECK(plan.spec.text().find(".rope_tables") != std::string::npos);
+  CHECK(plan.spec.text().find(".rope_tables16") == std::string::npos);
+  // Tables in q's dtype (FlashAttention's rotary_cos / rotary_sin): their
+  // own spec, vectors judged by the 2-byte stride.
+  TensorView cos16 = TensorView::contiguous(address(0x70000), call.q.dtype, {400, 64});
+  TensorView sin16 = TensorView::contiguous(address(0x90000), call.q.dtype, {400, 64});
+  call.options.rope.cos = &cos16;
+  call.options.rope.sin = &sin16;
+  plan = call.plan();
+  CHECK(plan.spec.rope_tables);
+  CHECK(plan.spec.rope_tables16);
+  CHECK(plan.spec.text().find(".rope_tables16") != std::string::npos);
+  CHECK(plan.params.rope_cos == cos16.data);
+  CHECK(plan.params.rope_table_stride == 64);
+  CHECK(plan.params.rope_table_vectors);
+  cos16.strides[0] = sin16.strides[0] = 68;  // 136 bytes
+  CHECK_FALSE(call.plan().params.rope_table_vectors);
+  cos16.strides[0] = sin16.strides[0] = 72;  // 144 bytes
+  CHECK(call.plan().params.rope_table_vectors);
+  call.options.rope.cos = &cos;
+  call.options.rope.sin = &sin;
   cos.shape[0] = sin.shape[0] = 299;  // the keys reach position 299
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("options.rope.cos: 299 positions"), Error);
 }

@@ -50,12 +50,13 @@ TEST_CASE("RoPE and packed-GQA fields round-trip, pack distinctly and are valida
   std::vector<uint64_t> keys;
   for (RopeKind rope : {RopeKind::none, RopeKind::half, RopeKind::interleaved})
     for (int rotary_dim : {16, 64, 128})
-      for (bool tables : {false, true})
+      for (int tables : {0, 1, 2})  // none, f32, dtype
         for (bool pack : {false, true}) {
           KernelSpec spec{Family::fwd, DType::bf16, 128, 128, 64, 4};
           spec.rope = rope;
           spec.rotary_dim = rope == RopeKind::none ? 0 : rotary_dim;
-          spec.rope_tables = rope != RopeKind::none && tables;
+          spec.rope_tables = rope != RopeKind::none && tables > 0;
+          spec.rope_tables16 = rope != RopeKind::none && tables == 2;
           spec.pack_gqa = pack;
           const KernelSpec parsed = KernelSpec::parse(spec.text());
           CHECK(parsed == spec);
@@ -63,9 +64,16 @@ TEST_CASE("RoPE and packed-GQA fields round-trip, pack distinctly and are valida
           keys.push_back(spec.packed());
         }
   std::sort(keys.begin(), keys.end());
-  CHECK(std::unique(keys.begin(), keys.end()) - keys.begin() == 1 * 2 + 2 * 3 * 2 * 2);
+  CHECK(std::unique(keys.begin(), keys.end()) - keys.begin() == 1 * 2 + 2 * 3 * 3 * 2);
   CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.causal.rope_half_r64.rope_tables.packgqa").text() ==
         "fwd.bf16.d128.br128.bc64.w4.causal.rope_half_r64.rope_tables.packgqa");
+  const KernelSpec tables16 = KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.rope_half_r64.rope_tables16");
+  CHECK((tables16.rope_tables && tables16.rope_tables16 && tables16.rope_table_bytes() == 2));
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.rope_half_r64.rope_tables").rope_table_bytes() == 4);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.rope_half_r64.rope_tables16.rope_tables"),
+                       doctest::Contains("repeated flag 'rope_tables'"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.rope_half_r64.rope_tables.rope_tables16"),
+                       doctest::Contains("'rope_tables16'"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4.rope_half_r128"),
                        doctest::Contains("rotary_dim=128 must be a multiple of 16 between 16 and head_dim=64"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4.rope_half_r24"), doctest::Contains("rotary_dim=24"),
@@ -93,6 +101,8 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
                          "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.kvcache.paged.split.varlen",
                          "append.bf16",
                          "append.f16.rope_interleaved_r64.rope_tables.paged",
+                         "append.f16.rope_interleaved_r64.rope_tables16.paged",
+                         "decode.bf16.d128.br16.bc16.w4.s2.rope_half_r128.rope_tables16",
                          "append.bf16.rope_half_r128",
                          "combine.f32.bf16"};
   std::vector<uint64_t> keys;
@@ -357,7 +367,10 @@ TEST_CASE("combine specs: text is combine.<state>.<out>[.elementwise], round-tri
   KernelSpec widest{Family::fwd, DType::bf16, 256, 128, 128, 8, true, true, true, true, true, true, true};
   widest.rope = RopeKind::interleaved;
   widest.rotary_dim = 256;
-  widest.rope_tables = true;
+  widest.rope_tables = widest.rope_tables16 = true;
+  widest.kvcache = widest.paged = widest.split = true;
+  CHECK(widest.packed() < (uint64_t{1} << 60));
+  widest.family = Family::decode;  // the family's two bits, highest of the four
   CHECK(widest.packed() < (uint64_t{1} << 60));
   CHECK(KernelSpec::combine(DType::f32, DType::f32).packed() >= (uint64_t{1} << 60));
   std::sort(keys.begin(), keys.end());

@@ -58,7 +58,7 @@ typedef struct jitattn_fwd_options {
   float rope_llama3_low_freq_factor;  /* init: 1 */
   float rope_llama3_high_freq_factor; /* init: 4 */
   int32_t rope_llama3_original_max_position; /* init: 8192 */
-  const struct jitattn_tensor* rope_cos;       /* f32 [positions, >= rotary_dim/2] or NULL */
+  const struct jitattn_tensor* rope_cos;       /* f32 or q's dtype [positions, >= rotary_dim/2], or NULL */
   const struct jitattn_tensor* rope_sin;       /* with rope_cos */
   const struct jitattn_tensor* rope_q_offsets; /* i32 [batch] or NULL */
   const struct jitattn_tensor* rope_k_offsets; /* i32 [batch] or NULL */

@@ -122,9 +122,12 @@ struct RopeOptions {
   float llama3_high_freq_factor = 4.f;
   int llama3_original_max_position = 8192;
 
-  // Or caller tables, both f32 [positions, >= rotary_dim / 2] with the same
-  // strides: cos and sin of pair p at position x are cos[x, p], sin[x, p].
-  // Positions past the last row read the last row.
+  // Or caller tables [positions, >= rotary_dim / 2], both f32 or both in q's
+  // dtype (as FlashAttention's rotary_cos / rotary_sin), with the same
+  // strides: cos and sin of pair p at position x are cos[x, p], sin[x, p],
+  // widened to fp32. Positions past the last row read the last row. Tables
+  // and a row stride that are 16-byte aligned are read 4 (f32) or 8 (16-bit)
+  // pairs a load.
   const TensorView* cos = nullptr;
   const TensorView* sin = nullptr;
 

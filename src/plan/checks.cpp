@@ -141,20 +141,29 @@ int check_rope_scalars(const RopeOptions& rope, int64_t head_dim) {
   return rotary_dim;
 }
 
-// The cos/sin tables: f32 [positions, >= rotary_dim / 2], equal shapes and strides.
-void check_rope_tables(const RopeOptions& rope, int rotary_dim) {
+// The cos/sin tables: f32 or q's dtype (FlashAttention's rotary_cos /
+// rotary_sin) [positions, >= rotary_dim / 2], equal dtypes, shapes and strides.
+void check_rope_tables(const RopeOptions& rope, int rotary_dim, DType q_dtype) {
   for (const TensorView* table : {rope.cos, rope.sin}) {
     const char* name = table == rope.cos ? "options.rope.cos" : "options.rope.sin";
-    if (table->dtype != DType::f32) reject(fmt::format("{}: dtype {} must be f32", name, dtype_name(table->dtype)));
+    if (table->dtype != DType::f32 && table->dtype != q_dtype) {
+      reject(fmt::format("{}: dtype {} must be f32 or q's dtype ({})", name, dtype_name(table->dtype),
+                         dtype_name(q_dtype)));
+    }
     if (table->ndim != 2 || table->shape[0] < 1 || table->shape[1] < rotary_dim / 2) {
       reject(fmt::format("{}: shape {} must be [positions >= 1, >= rotary_dim / 2 = {}]", name, shape_text(*table),
                          rotary_dim / 2));
     }
     if (table->strides[1] != 1) reject(fmt::format("{}: the last dimension must be contiguous (stride 1)", name));
     if (table->shape[0] > INT_MAX) reject(fmt::format("{}: more than 2^31-1 positions", name));
-    if (table->data == nullptr || reinterpret_cast<uintptr_t>(table->data) % 4 != 0) {
-      reject(fmt::format("{}: data pointer must be non-null and 4-byte aligned", name));
+    const size_t entry_bytes = dtype_size(table->dtype);
+    if (table->data == nullptr || reinterpret_cast<uintptr_t>(table->data) % entry_bytes != 0) {
+      reject(fmt::format("{}: data pointer must be non-null and {}-byte aligned", name, entry_bytes));
     }
+  }
+  if (rope.sin->dtype != rope.cos->dtype) {
+    reject(fmt::format("options.rope.sin: dtype {} must equal cos's ({})", dtype_name(rope.sin->dtype),
+                       dtype_name(rope.cos->dtype)));
   }
   if (rope.sin->shape[0] != rope.cos->shape[0] || rope.sin->shape[1] != rope.cos->shape[1] ||
       rope.sin->strides[0] != rope.cos->strides[0]) {

@@ -264,7 +264,8 @@ KVCachePlan plan_kvcache(const TensorView& q, const KVCacheArgs& args, const Ten
   const KernelSpec& spec = plan.attention.spec;
   if (args.k_new != nullptr && args.k_new->shape[1] > 0 && q.shape[0] > 0) {
     AppendPlan& append = plan.append;
-    append.spec = KernelSpec::append(q.dtype, spec.rope, spec.rotary_dim, spec.rope_tables, spec.paged);
+    append.spec = KernelSpec::append(q.dtype, spec.rope, spec.rotary_dim, spec.rope_tables, spec.rope_tables16,
+                                     spec.paged);
     AppendParams& p = append.params;
     p.k_new = args.k_new->data;
     p.v_new = args.v_new->data;

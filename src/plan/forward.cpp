@@ -38,7 +38,7 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
   const bool has_rope = facts.has_rope = rope.style != RopeStyle::none;
   const int rotary_dim = facts.rotary_dim = has_rope ? check_rope_scalars(rope, head_dim) : 0;
   if (has_rope && rope.cos != nullptr) {
-    check_rope_tables(rope, rotary_dim);
+    check_rope_tables(rope, rotary_dim, problem.dtype);
     const bool offsets = rope.q_offsets != nullptr || rope.k_offsets != nullptr;
     if (!offsets && !varlen) {
       // Default positions are checkable here: keys 0 .. sk−1 and queries
@@ -137,12 +137,12 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
   p.alibi_batch_stride = facts.alibi_batch_stride;
   if (has_rope) {
     if (rope.cos != nullptr) {
-      p.rope_cos = static_cast<const float*>(rope.cos->data);
-      p.rope_sin = static_cast<const float*>(rope.sin->data);
+      p.rope_cos = rope.cos->data;
+      p.rope_sin = rope.sin->data;
       p.rope_table_stride = rope.cos->strides[0];
       p.rope_table_rows = static_cast<int>(rope.cos->shape[0]);
       p.rope_table_vectors = (reinterpret_cast<uintptr_t>(rope.cos->data) | reinterpret_cast<uintptr_t>(rope.sin->data) |
-                              static_cast<uintptr_t>(rope.cos->strides[0] * 4)) % 16 == 0;
+                              static_cast<uintptr_t>(rope.cos->strides[0] * dtype_size(rope.cos->dtype))) % 16 == 0;
     } else {
       // Frequencies depend only on the options: remember the last set, so a
       // model's calls do not recompute them.

@@ -33,7 +33,7 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
 // RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
 int check_rope_scalars(const RopeOptions& rope, int64_t head_dim);
 // The cos/sin tables: f32 [positions, >= rotary_dim / 2], equal shapes and strides.
-void check_rope_tables(const RopeOptions& rope, int rotary_dim);
+void check_rope_tables(const RopeOptions& rope, int rotary_dim, DType q_dtype);
 // dtypes, head dims, shapes of k/v and out, and the GQA ratio agree.
 void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out);
 

@@ -310,6 +310,7 @@ TileConfig base_spec(KernelSpec& spec, const Problem& problem, const ForwardOpti
     spec.rope = rope.style == RopeStyle::rotate_half ? RopeKind::half : RopeKind::interleaved;
     spec.rotary_dim = facts.rotary_dim;
     spec.rope_tables = rope.cos != nullptr;
+    spec.rope_tables16 = spec.rope_tables && rope.cos->dtype != DType::f32;
   }
   // Packing a KV head's query heads into one tile pays when query sequences
   // are shorter than a tile (decoding, short chunks): fewer, fuller tiles,
