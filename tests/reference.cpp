@@ -385,6 +385,7 @@ void round_tables(RopeTables& tables, DType dtype) {
   for (std::vector<float>* table : {&tables.cos, &tables.sin}) {
     for (float& entry : *table) entry = round_to(entry, dtype);
   }
+  tables.dtype = dtype;
 }
 
 std::vector<unsigned char> table_bytes(const std::vector<float>& entries, DType dtype) {

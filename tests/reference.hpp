@@ -172,11 +172,12 @@ struct RopeTables {
   std::vector<float> cos, sin;
   int positions = 0;
   int pairs = 0;
+  DType dtype = DType::f32;  // the entries' dtype as handed to the kernel (round_tables)
 };
 RopeTables rope_tables(const RopeReference& rope, int head_dim, int positions);
 // Tables handed over in a 16-bit dtype (FlashAttention's rotary_cos /
 // rotary_sin): every entry rounded to dtype in place, so that references
-// rotate with what the kernel reads.
+// rotate with what the kernel reads; tables.dtype becomes dtype.
 void round_tables(RopeTables& tables, DType dtype);
 // Table entries as stored: f32 bytes (dtype f32), else dtype's 16-bit bits.
 std::vector<unsigned char> table_bytes(const std::vector<float>& entries, DType dtype);

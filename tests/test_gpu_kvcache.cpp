@@ -177,8 +177,8 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   if (c.rope != RopeStyle::none && c.tables) {
     in.tables = rope_tables(rotation_of(c), c.head_dim, c.seqlen_k + 1);
     if (c.tables16) round_tables(in.tables, c.dtype);
-    const std::vector<unsigned char> cos_bytes = table_bytes(in.tables.cos, c.tables16 ? c.dtype : DType::f32);
-    const std::vector<unsigned char> sin_bytes = table_bytes(in.tables.sin, c.tables16 ? c.dtype : DType::f32);
+    const std::vector<unsigned char> cos_bytes = table_bytes(in.tables.cos, in.tables.dtype);
+    const std::vector<unsigned char> sin_bytes = table_bytes(in.tables.sin, in.tables.dtype);
     in.cos = upload(cos_bytes.data(), cos_bytes.size());
     in.sin = upload(sin_bytes.data(), sin_bytes.size());
   }
@@ -278,9 +278,8 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
     v.options.rope.style = c.rope;
     v.options.rope.rotary_dim = rotary_dim_of(c);
     if (in.cos) {
-      const DType table_dtype = c.tables16 ? c.dtype : DType::f32;
-      v.cos = TensorView::contiguous(in.cos->get(), table_dtype, {in.tables.positions, in.tables.pairs});
-      v.sin = TensorView::contiguous(in.sin->get(), table_dtype, {in.tables.positions, in.tables.pairs});
+      v.cos = TensorView::contiguous(in.cos->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
+      v.sin = TensorView::contiguous(in.sin->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
       v.options.rope.cos = &v.cos;
       v.options.rope.sin = &v.sin;
     }

@@ -125,9 +125,8 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
       }
       return rows;
     };
-    const DType table_dtype = c.tables16 ? c.dtype : DType::f32;
-    const std::vector<unsigned char> cos_bytes = table_bytes(stored(in.tables.cos), table_dtype);
-    const std::vector<unsigned char> sin_bytes = table_bytes(stored(in.tables.sin), table_dtype);
+    const std::vector<unsigned char> cos_bytes = table_bytes(stored(in.tables.cos), in.tables.dtype);
+    const std::vector<unsigned char> sin_bytes = table_bytes(stored(in.tables.sin), in.tables.dtype);
     in.cos = upload(cos_bytes.data(), cos_bytes.size());
     in.sin = upload(sin_bytes.data(), sin_bytes.size());
   }
@@ -166,9 +165,8 @@ void fill_options(const Case& c, const Inputs& in, CallViews& views) {
   r.llama3_high_freq_factor = static_cast<float>(c.rotation.llama3_high_freq_factor);
   r.llama3_original_max_position = static_cast<int>(c.rotation.llama3_original_max_position);
   if (in.cos) {
-    const DType table_dtype = c.tables16 ? c.dtype : DType::f32;
-    views.cos = TensorView::contiguous(in.cos->get(), table_dtype, {in.tables.positions, in.tables.pairs});
-    views.sin = TensorView::contiguous(in.sin->get(), table_dtype, {in.tables.positions, in.tables.pairs});
+    views.cos = TensorView::contiguous(in.cos->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
+    views.sin = TensorView::contiguous(in.sin->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
     if (c.table_gap) views.cos.strides[0] = views.sin.strides[0] = in.tables.pairs + 1;
     r.cos = &views.cos;
     r.sin = &views.sin;
