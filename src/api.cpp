@@ -38,7 +38,8 @@ void encode_tile_map(const TileMapLayout& layout, TensorMap& map, const KernelSp
       reinterpret_cast<CUtensorMap*>(&map),
       layout.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
       static_cast<cuuint32_t>(layout.rank), const_cast<void*>(layout.base), layout.dims, layout.strides_bytes,
-      layout.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      layout.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      layout.swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS) {
     check_cuda(status, fmt::format("cuTensorMapEncodeTiled({} of {}: dims {}x{}x{}x{}, strides {}/{}/{} bytes)", name,
@@ -48,8 +49,13 @@ void encode_tile_map(const TileMapLayout& layout, TensorMap& map, const KernelSp
   }
 }
 
-// Plans whose kernel reads K/V by tensor copies get their maps encoded.
+// Plans whose kernel reads K/V, or stages RoPE tables, by tensor copies get
+// their maps encoded.
 void encode_tensor_maps(ForwardPlan& plan) {
+  if (plan.params.rope_tables_staged != 0) {
+    encode_tile_map(plan.rope_cos_map, plan.params.rope_cos_map, plan.spec, "options.rope.cos");
+    encode_tile_map(plan.rope_sin_map, plan.params.rope_sin_map, plan.spec, "options.rope.sin");
+  }
   if (!plan.spec.tensor_copies()) return;
   encode_tile_map(plan.k_map, plan.params.k_map, plan.spec, "k");
   encode_tile_map(plan.v_map, plan.params.v_map, plan.spec, "v");

@@ -27,6 +27,9 @@ struct TileMapLayout {
   uint64_t dims[4] = {};           // elements, innermost first: head_dim, rows, heads[, batch]
   uint64_t strides_bytes[3] = {};  // of dims 1 .. rank - 1
   uint32_t box[4] = {};            // 64 channels (one 128-byte swizzled panel) × block_kv rows × 1 × 1
+  // K/V boxes land as wgmma's 128-byte-swizzled panels; RoPE tables' rows
+  // land unswizzled.
+  bool swizzle_128b = true;
 };
 
 // The tile map of a K or V tensor (batch 0 for packed varlen rows; strides
@@ -38,11 +41,21 @@ struct TileMapLayout {
 std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t batch, int64_t rows, int64_t heads,
                                          int64_t head_dim, const int64_t (&strides)[3], int box_rows);
 
+// The tile map of a 16-bit RoPE cos or sin table [positions, >= rotary_dim
+// / 2] whose base and row stride are 16-byte aligned, for kernels that stage
+// block_kv rows of it at a time (KernelSpec::rope_table_slots): its first
+// rotary_dim / 2 entries per row, unswizzled.
+TileMapLayout rope_table_map(const void* data, DType dtype, int64_t positions, int64_t row_stride, int rotary_dim,
+                             int block_kv);
+
 struct ForwardPlan {
   KernelSpec spec;
   FwdParams params{};
   // spec.tensor_copies(): the maps of K and V the launch encodes into params.
   TileMapLayout k_map, v_map;
+  // Staged 16-bit RoPE tables (params.rope_tables_staged): their maps, which
+  // the launch encodes too.
+  TileMapLayout rope_cos_map, rope_sin_map;
   unsigned grid = 0;  // CTAs (flattened); 0 = nothing to compute
   // Split-KV (spec.split): the partial results live in the caller's
   // workspace, fp32 outputs first (partial_o_bytes, 256-aligned), then LSEs.

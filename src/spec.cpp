@@ -474,6 +474,31 @@ uint64_t KernelSpec::hash() const {
   return XXH3_64bits(t.data(), t.size());
 }
 
+size_t KernelSpec::rope_table_slot_bytes() const {
+  // A block's cos rows then its sin rows, rotary_dim / 2 16-bit entries
+  // each, in whole kilobytes (FwdConfig::kTableSlotBytes).
+  return (static_cast<size_t>(2) * block_kv * rotary_dim + 1023) / 1024 * 1024;
+}
+
+int KernelSpec::rope_table_slots() const {
+  if (family != Family::fwd || !wgmma || rope == RopeKind::none || kvcache || !rope_tables16 || head_dim <= 64 ||
+      head_dim > 128 || unaligned_dim != 0) {
+    return 0;
+  }
+  // FwdConfig::table_slots_that_fit: Q tile(s) and the ring, the slots, and
+  // the barriers (five per stage, the Q tiles', one per slot).
+  constexpr size_t kMaxSmemBytes = 232448;
+  const int row_elems = (head_dim + 63) / 64 * 64;
+  const size_t tiles = static_cast<size_t>((persistent ? 2 : 1) * block_q + stages * 2 * block_kv) * row_elems * 2;
+  const int barriers = 5 * stages + (persistent ? 4 : 1);
+  for (int slots = stages; slots > 0; --slots) {
+    if (tiles + slots * rope_table_slot_bytes() + static_cast<size_t>(barriers + slots) * 8 <= kMaxSmemBytes) {
+      return slots;
+    }
+  }
+  return 0;
+}
+
 size_t KernelSpec::smem_bytes() const {
   if (family == Family::combine) return 0;  // static shared memory only (combine.cuh)
   if (family == Family::append) return 0;
@@ -502,7 +527,9 @@ size_t KernelSpec::smem_bytes() const {
       return (tiles + barriers + 15) / 16 * 16 + kStagingSlots * 2 * static_cast<size_t>(block_kv) * staging_row;
     }
     const int barriers = 5 * stages + (persistent ? 4 : 1);
-    return tiles + static_cast<size_t>(barriers) * 8;
+    // Staged RoPE tables: the slots after the tiles, a barrier each.
+    const int table_slots = rope_table_slots();
+    return tiles + table_slots * rope_table_slot_bytes() + static_cast<size_t>(barriers + table_slots) * 8;
   }
   return static_cast<size_t>(block_q + 2 * block_kv) * row_elems * dtype_size(dtype);
 }

@@ -196,8 +196,33 @@ struct FwdConfig {
   // mbarriers (Ring: five per stage, and per Q buffer "Q landed", plus "Q
   // free" when there are two).
   static constexpr int kRingStages = kProducer ? kStages : 1;
-  static constexpr int kBarrierOffset = (kQBuffers * kSmemQ + kRingStages * (kSmemK + kSmemV)) * 2;
+  static constexpr int kTileBytes = (kQBuffers * kSmemQ + kRingStages * (kSmemK + kSmemV)) * 2;
   static constexpr int kQBarriers = kPersistent ? 4 : 1;
+  // 16-bit RoPE tables staged beside K (kStagedTables): the producer rotates
+  // K block i with the cos and sin rows of its positions, which one tensor
+  // copy per table brings into table slot i % kTableSlots (rows of
+  // ROTARY_DIM / 2 entries, unswizzled: a warp's units read consecutive
+  // bytes) instead of every thread loading them from L2 on its way to "K
+  // ready". At head dims 65-128, where those loads made 16-bit tables
+  // 1.09-1.52x the time of angles from theta; at 64 they already match it
+  // (H200, docs/PERFORMANCE.md). As many slots as fit, up to kStages: two
+  // beside two stages, one beside a persistent kernel's second Q tile, none
+  // beside three stages at 128 (the loads from L2 then stay).
+  static constexpr int kMaxSmemBytes = 232448;  // sm_90's 227 KB per block
+  static constexpr bool kMayStageTables = WGMMA && kRotateKeys && ROPE_TABLES == 2 && HEAD_DIM > 64 &&
+                                          HEAD_DIM <= 128 && UNALIGNED_DIM == 0;
+  static constexpr int kTableRowBytes = ROTARY_DIM;  // ROTARY_DIM / 2 16-bit entries
+  static constexpr int kTableSlotBytes = kMayStageTables ? (2 * BLOCK_KV * kTableRowBytes + 1023) / 1024 * 1024 : 0;
+  __host__ __device__ static constexpr int table_slots_that_fit() {
+    for (int slots = kStages; slots > 0; --slots) {
+      if (kTileBytes + slots * kTableSlotBytes + (5 * kStages + kQBarriers + slots) * 8 <= kMaxSmemBytes) return slots;
+    }
+    return 0;
+  }
+  static constexpr int kTableSlots = kMayStageTables ? table_slots_that_fit() : 0;
+  static constexpr bool kStagedTables = kTableSlots > 0;
+  static constexpr int kTableOffset = kTileBytes;  // cos then sin of each slot
+  static constexpr int kBarrierOffset = kTileBytes + kTableSlots * kTableSlotBytes;
   // Unaligned rows with the producer (produce_tiles_unaligned): cp.async
   // copies the 16-byte-aligned blocks that cover each row into staging rows,
   // and the producer shifts them into the tiles. kStagingSlots slots of a K
@@ -211,7 +236,8 @@ struct FwdConfig {
   static constexpr int kStagingSlots = kStagedRows ? 3 : 0;
   static constexpr int kStagingRowBytes = (kChunksUsed + 1) * 16;
   static constexpr int kStagingSlotBytes = 2 * BLOCK_KV * kStagingRowBytes;
-  static constexpr int kProducerBarriers = kProducer ? 5 * kStages + kQBarriers + 2 * kStagingSlots + kStagedRows : 0;
+  static constexpr int kProducerBarriers =
+      kProducer ? 5 * kStages + kQBarriers + kTableSlots + 2 * kStagingSlots + kStagedRows : 0;
   static constexpr int kStagingOffset = (kBarrierOffset + kProducerBarriers * 8 + 15) / 16 * 16;
   static constexpr int kSmemBytes =
       kStagedRows ? kStagingOffset + kStagingSlots * kStagingSlotBytes : kBarrierOffset + kProducerBarriers * 8;

@@ -38,7 +38,8 @@ struct TileJob {
 // then per Q buffer "Q landed" (the MMA warps rotate Q themselves for RoPE,
 // each its own rows, while the producer rotates the first K block) and,
 // persistent, "Q free" (the MMA warps have stored the output they staged in
-// its rows). Block i of the CTA's sequence (the key blocks from the last
+// its rows); with staged RoPE tables, "table landed" per table slot
+// (produce_tiles). Block i of the CTA's sequence (the key blocks from the last
 // down) uses stage i % kStages in phase (i / kStages) & 1; a persistent CTA
 // counts its blocks on across its tiles (RingPosition).
 template <class Cfg>
@@ -73,6 +74,14 @@ struct Ring {
   __device__ __forceinline__ unsigned q_staged() const {
     return barrier(5 * Cfg::kStages + Cfg::kQBarriers + 2 * Cfg::kStagingSlots);
   }
+  // Staged RoPE tables (Cfg::kStagedTables): slot t's cos rows (its sin rows
+  // follow), and "table landed" per slot, after every other barrier.
+  __device__ __forceinline__ unsigned table_slot(int t) const {
+    return base + Cfg::kTableOffset + t * Cfg::kTableSlotBytes;
+  }
+  __device__ __forceinline__ unsigned table_landed(int t) const {
+    return barrier(5 * Cfg::kStages + Cfg::kQBarriers + 2 * Cfg::kStagingSlots + Cfg::kStagedRows + t);
+  }
 
   // Every barrier, by thread 0 before the CTA's first __syncthreads.
   __device__ __forceinline__ void init() const {
@@ -96,7 +105,8 @@ struct Ring {
       }
       mbarrier_init(q_staged(), Cfg::kProducerThreads);
     }
-    if constexpr (Cfg::kTensorCopies) fence_barrier_init();
+    for (int t = 0; t < Cfg::kTableSlots; ++t) mbarrier_init(table_landed(t), 1);
+    if constexpr (Cfg::kTensorCopies || Cfg::kStagedTables) fence_barrier_init();
   }
 };
 
@@ -244,14 +254,47 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   }
   cp_async_mbarrier_arrive(ring.q_landed(q_buffer));
   cp_async_commit();
+  int key_position0 = 0, query_position0 = 0;
+  if constexpr (Cfg::kRope != kRopeNone) {
+    rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
+  }
+  // Staged RoPE tables (Cfg::kStagedTables): block i's cos and sin rows come
+  // by two tensor copies from producer thread 0 into table slot
+  // r % kTableSlots (r: the block's place in the ring), once every producer
+  // thread is done rotating the block that used the slot before (that
+  // block's "K ready" has completed). A block whose positions are not all
+  // rows of the tables (which the loads from L2 clamp), or tables that have
+  // no maps, is rotated with loads from L2 instead; its slot's phase then
+  // completes by the one arrival alone.
+  auto tables_staged = [&](int i) {
+    const int position0 = key_position0 + key0_of(i);
+    return p.rope_tables_staged != 0 && position0 >= 0 && position0 <= p.rope_table_rows - Cfg::kBlockKV;
+  };
+  constexpr int kTableSlots = Cfg::kStagedTables ? Cfg::kTableSlots : 1;
+  auto issue_tables = [&](int i) {
+    if (threadIdx.x % Cfg::kProducerThreads != 0) return;
+    const int r = at.block + i, t = r % kTableSlots;
+    if (r >= kTableSlots) {
+      const int before = r - kTableSlots;
+      mbarrier_wait(ring.k_ready(before % kStages), (before / kStages) & 1);
+    }
+    const unsigned landed = ring.table_landed(t);
+    if (!tables_staged(i)) {
+      mbarrier_arrive(landed);
+      return;
+    }
+    constexpr int kTableBytes = Cfg::kBlockKV * Cfg::kTableRowBytes;
+    mbarrier_arrive_expect_bytes(landed, 2 * kTableBytes);
+    tensor_copy_2d(ring.table_slot(t), &p.rope_cos_map, landed, 0, key_position0 + key0_of(i));
+    tensor_copy_2d(ring.table_slot(t) + kTableBytes, &p.rope_sin_map, landed, 0, key_position0 + key0_of(i));
+  };
+  if constexpr (Cfg::kStagedTables) {
+    for (int i = 0; i < kTableSlots && i < blocks; ++i) issue_tables(i);
+  }
   // Up to kStages - 1 blocks ahead of the one being rotated.
   for (int i = 0; i < kStages - 1 && i < blocks; ++i) {
     issue_k(i, i == 0);
     if constexpr (!kVLate) issue_v(i, i == 0);
-  }
-  int key_position0 = 0, query_position0 = 0;
-  if constexpr (Cfg::kRope != kRopeNone) {
-    rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
   }
   ProducerKeyRotation<Cfg> key_rotation(p, threadIdx.x % Cfg::kProducerThreads);
   for (int i = 0; i < blocks; ++i) {
@@ -260,17 +303,36 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       // that other threads copied).
       const int r = at.block + i, s = r % kStages;
       mbarrier_wait(ring.k_landed(s), (r / kStages) & 1);
-      key_rotation.rotate(shared_bytes + (ring.k_stage(s) - ring.base), p, key_position0 + key0_of(i), i);
+      const unsigned char* table_slot = nullptr;
+      if constexpr (Cfg::kStagedTables) {
+        if (tables_staged(i)) {
+          const int t = r % kTableSlots;
+          mbarrier_wait(ring.table_landed(t), (r / kTableSlots) & 1);
+          table_slot = shared_bytes + (ring.table_slot(t) - ring.base);
+        }
+      }
+      key_rotation.rotate(shared_bytes + (ring.k_stage(s) - ring.base), p, key_position0 + key0_of(i), i, table_slot);
       // wgmma reads tiles through the async proxy: the rotated stores must
       // be ordered before those reads.
       if constexpr (Cfg::kWgmma) fence_async_shared();
       mbarrier_arrive(ring.k_ready(s));
+      // With one table slot (persistent) the next block's rows are copied
+      // as soon as every producer thread is done with this block's; with
+      // more, after this iteration's K/V copies are issued (its thread then
+      // rarely waits for the others). Each order was 2-5% faster where it
+      // is used than the other (H200, docs/PERFORMANCE.md).
+      if constexpr (Cfg::kStagedTables && kTableSlots == 1) {
+        if (i + 1 < blocks) issue_tables(i + 1);
+      }
     }
     if (i + kStages - 1 < blocks) {
       issue_k(i + kStages - 1);
       if constexpr (!kVLate) issue_v(i + kStages - 1);
     }
     if constexpr (kVLate) issue_v(i, i == 0);
+    if constexpr (Cfg::kStagedTables && kTableSlots > 1) {
+      if (i + kTableSlots < blocks) issue_tables(i + kTableSlots);
+    }
   }
   // The last copies complete before the producer's threads exit (a
   // persistent producer waits once, after its last tile).

@@ -11,10 +11,12 @@ namespace jitattn {
 // Applies RoPE to rows [first_row, first_row + ROWS) of a swizzled tile of
 // TILE_ROWS rows, shared by THREADS threads of which this is `thread`;
 // position_of(row) is tile row `row`'s position; PACKED: packed 16-bit
-// arithmetic (rope.cuh).
-template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, bool PACKED, typename PositionOf>
+// arithmetic (rope.cuh); `tables`: where 16-bit table words come from
+// (rotate_rows).
+template <class Cfg, int ROWS, int TILE_ROWS, int THREADS, bool PACKED, typename PositionOf,
+          class Tables = TablesInGlobal>
 __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams& p, PositionOf&& position_of,
-                                            int first_row, int thread) {
+                                            int first_row, int thread, const Tables& tables = Tables{}) {
   // Units whose table loads are in flight together (rotate_rows): 16-bit
   // tables at head dims up to 64 keep four (a quarter of their registers);
   // at 128 four were 5-15% slower, as they were with f32 tables at 64 (H200,
@@ -28,7 +30,7 @@ __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams
       [&](int row, int chunk) {
         return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg, TILE_ROWS>(first_row + row, chunk));
       },
-      [&](int row) { return position_of(first_row + row); }, thread);
+      [&](int row) { return position_of(first_row + row); }, thread, tables);
 }
 
 // The same for rows at consecutive positions (a K tile; a Q tile whose rows
@@ -104,8 +106,18 @@ template <class Cfg, bool STEPPED = ProducerKeyPieces<Cfg>::kStepped>
 struct ProducerKeyRotation {
   __device__ __forceinline__ ProducerKeyRotation(const FwdParams&, int) {}
   // Rotates the K tile whose row 0 is at position0 (the tile_index-th
-  // rotated).
-  __device__ __forceinline__ void rotate(unsigned char* k_tile, const FwdParams& p, int position0, int) {
+  // rotated); with its table rows staged at `table_slot` where that is not
+  // null (FwdConfig::kStagedTables).
+  __device__ __forceinline__ void rotate(unsigned char* k_tile, const FwdParams& p, int position0, int,
+                                         const unsigned char* table_slot = nullptr) {
+    if constexpr (Cfg::kStagedTables) {
+      if (table_slot != nullptr) {
+        rotate_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kProducerThreads, /*PACKED=*/true>(
+            k_tile, p, [&](int row) { return position0 + row; }, 0, threadIdx.x % Cfg::kProducerThreads,
+            TablesInShared<Cfg::kTableRowBytes, Cfg::kBlockKV>{table_slot});
+        return;
+      }
+    }
     rotate_consecutive_tile<Cfg, Cfg::kBlockKV, Cfg::kBlockKV, Cfg::kProducerThreads, ProducerKeyPieces<Cfg>::kWords,
                             /*SPREAD_RUNS=*/true, /*PACKED=*/true>(k_tile, p, position0, 0,
                                                                    threadIdx.x % Cfg::kProducerThreads);
@@ -119,7 +131,8 @@ struct ProducerKeyRotation<Cfg, true> {
                      Pieces::kWords, Pieces::kNarrowRegisters>
       stepped;
   __device__ __forceinline__ ProducerKeyRotation(const FwdParams& p, int thread) : stepped(p, thread) {}
-  __device__ __forceinline__ void rotate(unsigned char* k_tile, const FwdParams& p, int position0, int tile_index) {
+  __device__ __forceinline__ void rotate(unsigned char* k_tile, const FwdParams& p, int position0, int tile_index,
+                                         const unsigned char* = nullptr) {
     if constexpr (Pieces::kNarrowRegisters) {
       constexpr int kPerChunk = 4 / Pieces::kWords;  // pieces of a swizzled 16-byte chunk
       stepped.template rotate_swizzled<Cfg::kRowStride>(

@@ -139,6 +139,16 @@ __device__ __forceinline__ void mbarrier_arrive_expect_bytes(unsigned barrier, u
 // One box of a tiled tensor map (a __grid_constant__ parameter) at the
 // given coordinates, innermost first, into shared memory at `destination`;
 // elements outside the tensor are zero-filled. Completes on `barrier`.
+__device__ __forceinline__ void tensor_copy_2d(unsigned destination, const void* map, unsigned barrier, int c0, int c1) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];\n" ::"r"(destination),
+      "l"(map), "r"(c0), "r"(c1), "r"(barrier)
+      : "memory");
+#endif
+}
+
 __device__ __forceinline__ void tensor_copy_3d(unsigned destination, const void* map, unsigned barrier, int c0, int c1,
                                                int c2) {
 #if __CUDA_ARCH__ >= 900

@@ -148,6 +148,40 @@ __device__ __forceinline__ void table_words(const FwdParams& p, int position, in
   }
 }
 
+// Where rotate_rows reads a row's 16-bit table words (as table_words):
+// TablesInGlobal from the caller's tables by the row's position;
+// TablesInShared from ROW_BYTES-wide rows staged in shared memory by tile
+// row, cos rows then sin rows (FwdConfig::kStagedTables).
+struct TablesInGlobal {
+  template <int WORDS>
+  __device__ __forceinline__ void words(const FwdParams& p, int, int position, int pair, unsigned (&cosine)[WORDS],
+                                        unsigned (&sine)[WORDS]) const {
+    table_words<WORDS>(p, position, pair, cosine, sine);
+  }
+};
+
+template <int ROW_BYTES, int ROWS>
+struct TablesInShared {
+  const unsigned char* cos_rows;  // ROWS rows; sin's rows follow
+  template <int WORDS>
+  __device__ __forceinline__ void words(const FwdParams&, int row, int, int pair, unsigned (&cosine)[WORDS],
+                                        unsigned (&sine)[WORDS]) const {
+    static_assert(WORDS == 4 || WORDS == 2, "one 16- or 8-byte piece of a row");
+    const unsigned char* at = cos_rows + row * ROW_BYTES + pair * 2;
+    if constexpr (WORDS == 4) {
+      const uint4 c = *reinterpret_cast<const uint4*>(at);
+      const uint4 s = *reinterpret_cast<const uint4*>(at + ROWS * ROW_BYTES);
+      cosine[0] = c.x, cosine[1] = c.y, cosine[2] = c.z, cosine[3] = c.w;
+      sine[0] = s.x, sine[1] = s.y, sine[2] = s.z, sine[3] = s.w;
+    } else {
+      const uint2 c = *reinterpret_cast<const uint2*>(at);
+      const uint2 s = *reinterpret_cast<const uint2*>(at + ROWS * ROW_BYTES);
+      cosine[0] = c.x, cosine[1] = c.y;
+      sine[0] = s.x, sine[1] = s.y;
+    }
+  }
+};
+
 // cos and sin of pairs [pair, pair + N) at `position` from the tables (pair
 // a multiple of 4), widened to fp32: f32 tables by 16-byte loads where the
 // tables allow them, 16-bit ones through table_words. rotate_rows issues
@@ -201,12 +235,14 @@ __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams
 // one 16-byte chunk (interleaved) or a chunk and its partner half a rotary
 // dim away (rotate-half); `chunk_at(row, chunk)` is the chunk's address and
 // `position_of(row)` the row's position; angles from tables whose entries are
-// TABLE_BYTES wide (0: from the frequencies). The caller brackets this with
-// barriers: the tile must have landed, and readers must wait for the writes.
+// TABLE_BYTES wide (0: from the frequencies); 16-bit ones with packed
+// arithmetic through `tables` (TablesInGlobal, TablesInShared). The caller
+// brackets this with barriers: the tile must have landed, and readers must
+// wait for the writes.
 template <class Element, int STYLE, int ROTARY_DIM, int TABLE_BYTES, int ROWS, int THREADS, bool PACKED,
-          int TABLE_UNITS_IN_FLIGHT = 2, typename ChunkAt, typename PositionOf>
+          int TABLE_UNITS_IN_FLIGHT = 2, typename ChunkAt, typename PositionOf, class Tables = TablesInGlobal>
 __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_at, PositionOf&& position_of,
-                                            int thread) {
+                                            int thread, const Tables& tables = Tables{}) {
   static_assert(ROTARY_DIM % 16 == 0, "rotary_dim is a multiple of 16");
   constexpr int kUnitsPerRow = STYLE == kRopeHalf ? ROTARY_DIM / 16 : ROTARY_DIM / 8;
   constexpr int kUnits = ROWS * kUnitsPerRow;
@@ -223,7 +259,7 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
       if constexpr (TABLE_BYTES == 2 && PACKED) {
         // 16-bit entries are the packed operands as stored.
         unsigned c[4], s[4];
-        table_words<4>(p, position, unit * 8, c, s);
+        tables.template words<4>(p, row, position, unit * 8, c, s);
 #pragma unroll
         for (int w = 0; w < 4; ++w) rotate_half_packed<Element>(av[w], bv[w], c[w], s[w]);
       } else if constexpr (TABLE_BYTES != 0) {
@@ -250,7 +286,7 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
       if constexpr (TABLE_BYTES == 2 && PACKED) {
         // Pair 2w + l's cos in both lanes, and (−sin, sin).
         unsigned c[2], s[2];
-        table_words<2>(p, position, unit * 4, c, s);
+        tables.template words<2>(p, row, position, unit * 4, c, s);
         unsigned* words = reinterpret_cast<unsigned*>(&a);
 #pragma unroll
         for (int w = 0; w < 4; ++w) {

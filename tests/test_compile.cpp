@@ -202,7 +202,11 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
                            // (packed GQA: batches of mostly short sequences, e.g. decoding steps beside a chunk)
                            "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal.packgqa.varlen",
                            "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.kvcache.paged.varlen",
-                           "fwd.f16.d64.br128.bc64.w8.s4.wgmma.local.softcap.alibi.packgqa.kvcache.paged.split.varlen"}) {
+                           "fwd.f16.d64.br128.bc64.w8.s4.wgmma.local.softcap.alibi.packgqa.kvcache.paged.split.varlen",
+                           // 16-bit RoPE tables staged beside K (two and three slots; and the loads from L2
+                           // that the same kernels keep for blocks past the tables).
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.rope_tables16",
+                           "fwd.f16.d96.br128.bc64.w8.s3.wgmma.local.rope_interleaved_r64.rope_tables16.varlen"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   REQUIRE(specs.size() >= 14);
@@ -350,7 +354,9 @@ TEST_CASE("persistent wgmma specs compile with their features and varlen, spilli
                            "fwd.f16.d128.br128.bc128.w8.s2.wgmma.persistent.local.softcap.alibi.packgqa.varlen",
                            "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.persistent.causal.varlen",
                            "fwd.bf16.d32.br192.bc128.w12.s4.wgmma.persistent.varlen",
-                           "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.persistent.local"}) {
+                           "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.persistent.local",
+                           // One table slot beside the second Q tile (KernelSpec::rope_table_slots).
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.rope_half_r128.rope_tables16"}) {
     KernelSpec spec = KernelSpec::parse(text);
     specs.push_back(spec);
     spec.persistent = false;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu_support.hpp"
+#include "spec.hpp"
 
 using namespace jitattn;
 using namespace jitattn::test;
@@ -41,6 +42,9 @@ struct Case {
   bool table_gap = false;
   // Tables in q's dtype (FlashAttention's rotary_cos / rotary_sin), not f32.
   bool tables16 = false;
+  // Table rows (0: every position the call reaches, and 3001 more). Fewer
+  // leave the last positions past the tables, which read their last row.
+  int table_positions = 0;
   // Set: the forward overload with a workspace (sized by
   // forward_workspace_bytes, poisoned), options.num_splits = the value.
   std::optional<int> num_splits;
@@ -65,7 +69,8 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
       s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.softcap, !s.alibi_slopes.empty(),
       !c.rope ? "off" : c.rotation.style == RopeStyle::rotate_half ? "rotate_half" : "interleaved",
       c.rotation.rotary_dim,
-      fmt::format("{}{}{}", angles_name(c.angles), c.tables16 ? "(16-bit)" : "", c.table_gap ? "+gap" : ""),
+      fmt::format("{}{}{}{}", angles_name(c.angles), c.tables16 ? "(16-bit)" : "", c.table_gap ? "+gap" : "",
+                  c.table_positions > 0 ? fmt::format(" of {} rows", c.table_positions) : ""),
       static_cast<int>(c.offsets),
       c.pack_gqa ? (*c.pack_gqa ? "on" : "off") : "auto", c.heads_major, c.sm_limit,
       c.num_splits ? fmt::format("{}", *c.num_splits) : "(no workspace)", seed);
@@ -114,7 +119,8 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     in.dq_offsets = upload(in.q_offsets.data(), in.q_offsets.size() * 4);
   }
   if (c.rope && c.angles == Angles::tables) {
-    in.tables = rope_tables(c.rotation, s.head_dim, s.seqlen_k + s.seqlen_q + 3001);
+    in.tables = rope_tables(c.rotation, s.head_dim,
+                            c.table_positions > 0 ? c.table_positions : s.seqlen_k + s.seqlen_q + 3001);
     if (c.tables16) round_tables(in.tables, c.dtype);
     const int stride = in.tables.pairs + (c.table_gap ? 1 : 0);
     auto stored = [&](const std::vector<float>& table) {
@@ -524,6 +530,63 @@ TEST_CASE("persistent wgmma (sm_90a): CTAs walking many tiles, RoPE and plain, m
   check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
     CHECK_MESSAGE(run.spec.find(fmt::format(".w{}.s{}.wgmma.persistent", c.tiles.warps, c.tiles.stages)) !=
                       std::string::npos, run.spec);
+  });
+}
+
+TEST_CASE("rope: 16-bit tables staged beside K (sm_90a): table slots, persistent, blocks past the tables, gaps") {
+  // wgmma kernels at head dims 65-128 whose producer rotates K copy each
+  // block's cos and sin rows into a table slot by tensor copies
+  // (KernelSpec::rope_table_slots: two beside two stages, three beside three
+  // 64-key stages, one beside a persistent kernel's second Q tile). Blocks
+  // whose positions run past the tables (short tables, offsets) and tables
+  // with a gap between rows (no map) take the loads from L2 in the same
+  // kernels; persistent CTAs limited to 1-3 SMs walk many tiles through the
+  // slots.
+  if (!sm90a_or_skip("staged RoPE tables")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const std::pair<int, int> seqlens[] = {{113, 203}, {1024, 1024}, {300, 1500}, {256, 512}, {700, 600}};
+  const int head_dims[] = {128, 96, 80, 128};
+  std::vector<Case> cases;
+  for (int index = 0; index < 18; ++index) {
+    const auto& [seqlen_q, seqlen_k] = seqlens[index % 5];
+    const int head_dim = head_dims[index % 4];
+    Case c;
+    c.dtype = index % 3 == 2 ? DType::f16 : DType::bf16;
+    c.shape = AttentionShape::dense(seqlen_q >= 1024 ? 1 : 2, seqlen_q, seqlen_k, 6, index % 2 == 0 ? 6 : 2, head_dim,
+                                    index % 4 != 1);
+    if (index % 7 == 3) c.shape.window_left = 100, c.shape.window_right = 30;
+    if (index % 5 == 2) c.shape.softcap = 50.f;
+    c.rotation.style = index % 2 == 0 ? RopeStyle::rotate_half : RopeStyle::interleaved;
+    c.rotation.rotary_dim = rotary_dim_for(index % 4 == 2 ? 0.5 : 1.0, head_dim);
+    c.angles = Angles::tables;
+    c.tables16 = true;
+    c.table_gap = index % 6 == 5;
+    c.offsets = index % 3 == 0 ? Offsets::none : index % 3 == 1 ? Offsets::keys : Offsets::both;
+    // Past the tables: forward() refuses tables shorter than the positions
+    // it knows, but not those of offsets (device memory), which here move
+    // the last blocks past 17 rows more than the lengths need.
+    if (index % 4 == 3) {
+      c.table_positions = seqlen_k + seqlen_q + 17;
+      if (c.offsets == Offsets::none) c.offsets = Offsets::keys;
+    }
+    // With tables, queries before the keys' start need their own offsets.
+    if (seqlen_q > seqlen_k) c.offsets = Offsets::both;
+    c.heads_major = index % 5 == 4;
+    if (index % 3 == 0) {
+      c.tiles = {128, 128, 8, 2, true, true};
+      c.sm_limit = index % 2 == 0 ? 1 : 3;
+    } else {
+      c.tiles = index % 3 == 1 ? TileConfig{128, 128, 8, 2, true} : TileConfig{128, 64, 8, 3, true};
+    }
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    CHECK_MESSAGE(run.spec.find(fmt::format(".bc{}.w8.s{}.wgmma{}", c.tiles.block_kv, c.tiles.stages,
+                                            c.tiles.persistent ? ".persistent" : "")) != std::string::npos,
+                  run.spec);
+    CHECK_MESSAGE(run.spec.find(".rope_tables16") != std::string::npos, run.spec);
+    CHECK_MESSAGE(detail::KernelSpec::parse(run.spec).rope_table_slots() > 0, run.spec);
   });
 }
 

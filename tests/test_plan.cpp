@@ -473,6 +473,32 @@ TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tabl
   CHECK_FALSE(call.plan().params.rope_table_vectors);
   cos16.strides[0] = sin16.strides[0] = 72;  // 144 bytes
   CHECK(call.plan().params.rope_table_vectors);
+  CHECK(call.plan().params.rope_tables_staged == 0);  // (mma.sync tiles here)
+  // wgmma tiles at head dim 128 stage 16-bit tables beside K: maps of the
+  // tables' first rotary_dim / 2 entries, a key block's rows a box,
+  // unswizzled. Not for rows off 16 bytes, nor f32 tables (no slots).
+  call.options.tiles = TileConfig{128, 128, 8, 2, true};
+  call.options.rope.rotary_dim = 128;
+  plan = call.plan();
+  REQUIRE(plan.spec.rope_table_slots() == 2);
+  CHECK(plan.params.rope_tables_staged == 1);
+  CHECK(plan.rope_cos_map.base == cos16.data);
+  CHECK(plan.rope_sin_map.base == sin16.data);
+  CHECK(plan.rope_cos_map.rank == 2);
+  CHECK(plan.rope_cos_map.dtype == call.q.dtype);
+  CHECK((plan.rope_cos_map.dims[0] == 64 && plan.rope_cos_map.dims[1] == 400));
+  CHECK(plan.rope_cos_map.strides_bytes[0] == 144);
+  CHECK((plan.rope_cos_map.box[0] == 64 && plan.rope_cos_map.box[1] == 128));
+  CHECK_FALSE(plan.rope_cos_map.swizzle_128b);
+  cos16.strides[0] = sin16.strides[0] = 68;
+  CHECK(call.plan().params.rope_tables_staged == 0);
+  cos16.strides[0] = sin16.strides[0] = 64;
+  call.options.rope.cos = &cos;
+  call.options.rope.sin = &sin;
+  plan = call.plan();
+  CHECK(plan.spec.rope_table_slots() == 0);
+  CHECK(plan.params.rope_tables_staged == 0);
+  call.options.tiles = TileConfig{};
   call.options.rope.cos = &cos;
   call.options.rope.sin = &sin;
   cos.shape[0] = sin.shape[0] = 299;  // the keys reach position 299

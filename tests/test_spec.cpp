@@ -244,6 +244,37 @@ TEST_CASE("wgmma fwd specs: text, packing and rules") {
                        doctest::Contains("does not apply to a decode spec"), Error);
 }
 
+TEST_CASE("16-bit RoPE tables staged beside K: as many slots as fit, up to the stages, at head dims 65-128") {
+  // Two stages at 128: Q, the ring, and two 32 KB slots (cos and sin of 128
+  // rows of 64 entries), one barrier each: 225 KB.
+  const KernelSpec two = KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.rope_tables16");
+  CHECK(two.rope_table_slot_bytes() == 2 * 128 * 64 * 2);
+  CHECK(two.rope_table_slots() == 2);
+  CHECK(two.smem_bytes() == (128 + 2 * 2 * 128) * 128 * 2 + 2 * 32768 + (11 + 2) * 8);
+  CHECK(two.smem_bytes() <= 227 * 1024);
+  // Persistent: the second Q tile leaves room for one slot.
+  KernelSpec persistent = two;
+  persistent.persistent = true;
+  CHECK(persistent.rope_table_slots() == 1);
+  CHECK(persistent.smem_bytes() == (2 * 128 + 2 * 2 * 128) * 128 * 2 + 32768 + (14 + 1) * 8);
+  // Three stages at 128 leave none; partial rotation halves the slot.
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s3.wgmma.rope_half_r128.rope_tables16").rope_table_slots() == 0);
+  const KernelSpec partial = KernelSpec::parse("fwd.f16.d96.br128.bc64.w8.s3.wgmma.rope_interleaved_r64.rope_tables16");
+  CHECK(partial.rope_table_slot_bytes() == 2 * 64 * 32 * 2);
+  CHECK(partial.rope_table_slots() == 3);
+  // Not staged: f32 tables, head dims up to 64, mma.sync tiles, KV caches
+  // (K is not rotated), and the smem of those specs is unchanged.
+  for (const char* text : {"fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.rope_tables",
+                           "fwd.bf16.d64.br128.bc128.w8.s2.wgmma.causal.rope_half_r64.rope_tables16",
+                           "fwd.bf16.d128.br128.bc64.w4.causal.rope_half_r128.rope_tables16",
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.rope_tables16.kvcache"}) {
+    CAPTURE(text);
+    CHECK(KernelSpec::parse(text).rope_table_slots() == 0);
+  }
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.rope_tables").smem_bytes() ==
+        (128 + 2 * 2 * 128) * 128 * 2 + 11 * 8);
+}
+
 TEST_CASE("persistent wgmma specs: text, packing, two Q tiles in shared memory, and rules") {
   const KernelSpec spec = KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.rope_half_r128.varlen");
   CHECK(spec.persistent);
@@ -259,6 +290,7 @@ TEST_CASE("persistent wgmma specs: text, packing, two Q tiles in shared memory, 
   CHECK(ordinary.packed() != spec.packed());
   CHECK(ordinary.smem_bytes() == (128 + 2 * 2 * 128) * 128 * 2 + 11 * 8);
   CHECK(KernelSpec::parse(ordinary.text()) == ordinary);
+  CHECK(ordinary.rope_table_slots() == 0);  // angles from theta: no tables to stage
   // 192-row tiles of three warpgroups at head dim 64: 2 × 24 KB of Q and four
   // 32 KB stages still fit in 227 KB.
   CHECK(KernelSpec::parse("fwd.bf16.d64.br192.bc128.w12.s4.wgmma.persistent").smem_bytes() <= 227 * 1024);

@@ -143,6 +143,20 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
       p.rope_table_rows = static_cast<int>(rope.cos->shape[0]);
       p.rope_table_vectors = (reinterpret_cast<uintptr_t>(rope.cos->data) | reinterpret_cast<uintptr_t>(rope.sin->data) |
                               static_cast<uintptr_t>(rope.cos->strides[0] * dtype_size(rope.cos->dtype))) % 16 == 0;
+      // Kernels that stage 16-bit tables beside K read a block's rows by
+      // tensor copies where a map can describe the tables (16-byte aligned,
+      // rows apart, at least a block of them); otherwise from L2 as the
+      // other kernels do.
+      if (plan.spec.rope_table_slots() > 0 && p.rope_table_vectors && rope.cos->strides[0] > 0 &&
+          rope.cos->shape[0] >= plan.spec.block_kv) {
+        auto map_of = [&](const TensorView& table) {
+          return rope_table_map(table.data, table.dtype, table.shape[0], table.strides[0], rotary_dim,
+                                plan.spec.block_kv);
+        };
+        plan.rope_cos_map = map_of(*rope.cos);
+        plan.rope_sin_map = map_of(*rope.sin);
+        p.rope_tables_staged = 1;
+      }
     } else {
       // Frequencies depend only on the options: remember the last set, so a
       // model's calls do not recompute them.

@@ -149,6 +149,22 @@ std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t 
   return map;
 }
 
+TileMapLayout rope_table_map(const void* data, DType dtype, int64_t positions, int64_t row_stride, int rotary_dim,
+                             int block_kv) {
+  TileMapLayout map;
+  map.base = data;
+  map.dtype = dtype;
+  map.rank = 2;
+  map.dims[0] = static_cast<uint64_t>(rotary_dim / 2);
+  map.dims[1] = static_cast<uint64_t>(positions);
+  map.strides_bytes[0] = static_cast<uint64_t>(row_stride) * dtype_size(dtype);
+  map.box[0] = static_cast<uint32_t>(rotary_dim / 2);
+  map.box[1] = static_cast<uint32_t>(block_kv);
+  map.box[2] = map.box[3] = 1;
+  map.swizzle_128b = false;
+  return map;
+}
+
 std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
                                        int block_kv) {
   const int box_rows =
