@@ -72,6 +72,9 @@ struct Case {
   TileConfig tiles;  // forced tiles (zeros: the planner's)
   int sm_limit = 0;  // ForwardOptions::sm_limit (persistent grids)
   std::optional<RopeReference> rope;  // RoPE on q and k (theta 10000)
+  // With rope: angles from cos/sin tables in q's dtype (FlashAttention's),
+  // one row per position up to total_k (rope_table_positions).
+  bool rope_tables16 = false;
   // The workspace overload with options.num_splits (0: the heuristic); none:
   // the call without a workspace.
   std::optional<int> num_splits;
@@ -129,7 +132,8 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
       s.total_k, max_seqlen_q_of(c), max_seqlen_k_of(c), a.heads_q, a.heads_kv, a.head_dim, a.causal, a.window_left,
       a.window_right, a.softcap, slopes,
       !c.rope ? std::string("off")
-              : fmt::format("{} r{}", c.rope->style == RopeStyle::rotate_half ? "half" : "interleaved", c.rope->rotary_dim),
+              : fmt::format("{} r{}{}", c.rope->style == RopeStyle::rotate_half ? "half" : "interleaved",
+                            c.rope->rotary_dim, c.rope_tables16 ? " tables16" : ""),
       layout_name(c.layout), c.page_size > 0 ? fmt::format("{} rows", c.page_size) : std::string("off"),
       c.num_splits ? fmt::format("{}", *c.num_splits) : std::string("no workspace"), c.gpu_reference ? "gpu" : "cpu",
       c.sm_limit, seed);
@@ -150,7 +154,12 @@ struct Inputs {
   std::unique_ptr<DeviceBuffer> cu_seqlens_q, cu_seqlens_k, seqused_k, slopes;  // seqused_k/slopes: null when off
   std::unique_ptr<DeviceTensor> k_pages, v_pages;  // paged: [pages, page_size, heads_kv, head_dim]
   std::unique_ptr<DeviceBuffer> block_table;       // paged: i32 [batch, max_pages]
+  RopeTables tables;                                // rope_tables16: entries as handed over
+  std::unique_ptr<DeviceBuffer> cos, sin;
 };
+
+// Rows of a case's RoPE tables: every key position of every sequence.
+int rope_table_positions(const Case& c) { return c.shape.total_k + 1; }
 
 // Copies packed key rows into shuffled pages: row r of sequence b goes to
 // row r % page_size of page table[b][r / page_size]. Every other row is NaN,
@@ -197,6 +206,15 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   in.q = random_values(static_cast<size_t>(s.total_q) * a.heads_q * a.head_dim, c.dtype, rng);
   in.k = random_values(static_cast<size_t>(s.total_k) * a.heads_kv * a.head_dim, c.dtype, rng);
   in.v = random_values(in.k.size(), c.dtype, rng);
+  if (c.rope && c.rope_tables16) {
+    in.tables = rope_tables(*c.rope, a.head_dim, rope_table_positions(c));
+    round_tables(in.tables, c.dtype);
+    const std::vector<unsigned char> cos = table_bytes(in.tables.cos, c.dtype), sin = table_bytes(in.tables.sin, c.dtype);
+    in.cos = std::make_unique<DeviceBuffer>(cos.size());
+    in.cos->upload(cos.data(), cos.size());
+    in.sin = std::make_unique<DeviceBuffer>(sin.size());
+    in.sin->upload(sin.data(), sin.size());
+  }
   if (!s.seqused_k.empty()) {
     const size_t row = static_cast<size_t>(a.heads_kv) * a.head_dim;
     for (int b = 0; b < s.batch(); ++b) {
@@ -257,7 +275,13 @@ TensorView slopes_view(const Case& c, void* data) {
   return TensorView::contiguous(data, DType::f32, {c.shape.common.heads_q});
 }
 
-ForwardOptions options_for(const Case& c, const TensorView* slopes) {
+// Views of a case's 16-bit RoPE tables at `cos` and `sin`.
+TensorView table_view(const Case& c, void* data) {
+  return TensorView::contiguous(data, c.dtype, {rope_table_positions(c), c.rope->rotary_dim / 2});
+}
+
+ForwardOptions options_for(const Case& c, const TensorView* slopes, const TensorView* cos = nullptr,
+                           const TensorView* sin = nullptr) {
   const auto& a = c.shape.common;
   ForwardOptions options;
   options.causal = a.causal;
@@ -271,6 +295,8 @@ ForwardOptions options_for(const Case& c, const TensorView* slopes) {
   if (c.rope) {
     options.rope.style = c.rope->style;
     options.rope.rotary_dim = c.rope->rotary_dim;
+    options.rope.cos = cos;
+    options.rope.sin = sin;
   }
   options.num_splits = c.num_splits.value_or(0);
   return options;
@@ -319,7 +345,9 @@ std::string spec_of(const Case& c) {
   const TensorView slopes = slopes_view(c, placeholder);
   VarlenViews varlen;
   make_varlen(c, placeholder, placeholder, placeholder, varlen, placeholder);
-  const ForwardOptions options = options_for(c, a.alibi_slopes.empty() ? nullptr : &slopes);
+  const TensorView table = c.rope_tables16 ? table_view(c, placeholder) : TensorView{};
+  const ForwardOptions options = options_for(c, a.alibi_slopes.empty() ? nullptr : &slopes,
+                                             c.rope_tables16 ? &table : nullptr, c.rope_tables16 ? &table : nullptr);
   const detail::Arch arch = detail::Arch::parse(current_arch());
   try {
     if (c.num_splits) {
@@ -369,7 +397,10 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
               in.block_table ? in.block_table->get() : nullptr);
   TensorView slopes;
   if (in.slopes) slopes = slopes_view(c, in.slopes->get());
-  const ForwardOptions options = options_for(c, in.slopes ? &slopes : nullptr);
+  TensorView cos, sin;
+  if (in.cos) cos = table_view(c, in.cos->get()), sin = table_view(c, in.sin->get());
+  const ForwardOptions options = options_for(c, in.slopes ? &slopes : nullptr, in.cos ? &cos : nullptr,
+                                             in.cos ? &sin : nullptr);
   Runtime& runtime = gpu_tests_runtime();
   // The workspace poisoned: a split must write every partial it reads.
   size_t workspace_bytes = 0;
@@ -418,8 +449,9 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
 
 // Rotates packed q and k rows as a framework would before attention (exact:
 // in float64): query i of sequence b at position i + seqlen_k(b) −
-// seqlen_q(b), key j at j; spare rows at 0.
-void rotate_packed(const Case& c, bool exact, std::vector<float>& q, std::vector<float>& k) {
+// seqlen_q(b), key j at j; spare rows at 0. Angles from `tables` where not
+// null (before the first key: its first row).
+void rotate_packed(const Case& c, const RopeTables* tables, bool exact, std::vector<float>& q, std::vector<float>& k) {
   const auto& s = c.shape;
   const auto& a = s.common;
   std::vector<int> q_positions(s.total_q, 0), k_positions(s.total_k, 0);
@@ -427,9 +459,9 @@ void rotate_packed(const Case& c, bool exact, std::vector<float>& q, std::vector
     for (int i = 0; i < s.seqlen_q(b); ++i) q_positions[s.cu_seqlens_q[b] + i] = i + s.seqlen_k(b) - s.seqlen_q(b);
     for (int j = s.cu_seqlens_k[b]; j < s.cu_seqlens_k[b + 1]; ++j) k_positions[j] = j - s.cu_seqlens_k[b];
   }
-  rotate_reference(q, 1, s.total_q, a.heads_q, a.head_dim, *c.rope, nullptr,
+  rotate_reference(q, 1, s.total_q, a.heads_q, a.head_dim, *c.rope, tables,
                    [&](int, int row) { return q_positions[row]; }, exact, c.dtype);
-  rotate_reference(k, 1, s.total_k, a.heads_kv, a.head_dim, *c.rope, nullptr,
+  rotate_reference(k, 1, s.total_k, a.heads_kv, a.head_dim, *c.rope, tables,
                    [&](int, int row) { return k_positions[row]; }, exact, c.dtype, /*packed16=*/true);
 }
 
@@ -443,7 +475,7 @@ std::vector<size_t> check_cases(const std::vector<Case>& cases, std::mt19937_64&
         References r;
         for (bool exact : {true, false}) {
           std::vector<float> q = in.q, k = in.k;
-          if (c.rope) rotate_packed(c, exact, q, k);
+          if (c.rope) rotate_packed(c, c.rope_tables16 ? &in.tables : nullptr, exact, q, k);
           if (c.gpu_reference) {
             (exact ? r.exact : r.rounded) = gpu_reference_varlen(c.shape, q, k, in.v, c.dtype, exact);
           } else {
@@ -706,6 +738,9 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
           rope.style = index % 4 == 1 ? RopeStyle::rotate_half : RopeStyle::interleaved;
           rope.rotary_dim = index % 3 == 0 ? head_dim / 16 * 16 : head_dim / 2 / 16 * 16;
           c.rope = rope;
+          // 16-bit tables: staged beside K at head dims 65-128 on wgmma
+          // tiles (FwdConfig::kStagedTables), loaded from L2 elsewhere.
+          c.rope_tables16 = index % 8 == 3 || index % 8 == 5;
         }
         // Two 64 KB stages fill shared memory at head dims above 64 (the
         // planner's 96- and 80-key blocks at 192 and 256).
