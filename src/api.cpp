@@ -36,7 +36,9 @@ void encode_tile_map(const TileMapLayout& layout, TensorMap& map, const KernelSp
   const uint32_t element_strides[4] = {1, 1, 1, 1};
   const CUresult status = driver().cuTensorMapEncodeTiled(
       reinterpret_cast<CUtensorMap*>(&map),
-      layout.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      layout.dtype == DType::bf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+      : layout.dtype == DType::f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
       static_cast<cuuint32_t>(layout.rank), const_cast<void*>(layout.base), layout.dims, layout.strides_bytes,
       layout.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       layout.swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,

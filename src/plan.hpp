@@ -41,10 +41,11 @@ struct TileMapLayout {
 std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t batch, int64_t rows, int64_t heads,
                                          int64_t head_dim, const int64_t (&strides)[3], int box_rows);
 
-// The tile map of a 16-bit RoPE cos or sin table [positions, >= rotary_dim
-// / 2] whose base and row stride are 16-byte aligned, for kernels that stage
-// block_kv rows of it at a time (KernelSpec::rope_table_slots): its first
-// rotary_dim / 2 entries per row, unswizzled.
+// The tile map of a RoPE cos or sin table (f32 or 16-bit entries)
+// [positions, >= rotary_dim / 2] whose base and row stride are 16-byte
+// aligned, for kernels that stage block_kv rows of it at a time
+// (KernelSpec::rope_table_slots): its first rotary_dim / 2 entries per row,
+// unswizzled.
 TileMapLayout rope_table_map(const void* data, DType dtype, int64_t positions, int64_t row_stride, int rotary_dim,
                              int block_kv);
 
@@ -53,7 +54,7 @@ struct ForwardPlan {
   FwdParams params{};
   // spec.tensor_copies(): the maps of K and V the launch encodes into params.
   TileMapLayout k_map, v_map;
-  // Staged 16-bit RoPE tables (params.rope_tables_staged): their maps, which
+  // Staged RoPE tables (params.rope_tables_staged): their maps, which
   // the launch encodes too.
   TileMapLayout rope_cos_map, rope_sin_map;
   unsigned grid = 0;  // CTAs (flattened); 0 = nothing to compute

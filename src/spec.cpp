@@ -475,13 +475,13 @@ uint64_t KernelSpec::hash() const {
 }
 
 size_t KernelSpec::rope_table_slot_bytes() const {
-  // A block's cos rows then its sin rows, rotary_dim / 2 16-bit entries
-  // each, in whole kilobytes (FwdConfig::kTableSlotBytes).
-  return (static_cast<size_t>(2) * block_kv * rotary_dim + 1023) / 1024 * 1024;
+  // A block's cos rows then its sin rows, rotary_dim / 2 entries each, in
+  // whole kilobytes (FwdConfig::kTableSlotBytes).
+  return (static_cast<size_t>(2) * block_kv * (rotary_dim / 2) * rope_table_bytes() + 1023) / 1024 * 1024;
 }
 
 int KernelSpec::rope_table_slots() const {
-  if (family != Family::fwd || !wgmma || rope == RopeKind::none || kvcache || !rope_tables16 || head_dim <= 64 ||
+  if (family != Family::fwd || !wgmma || rope == RopeKind::none || kvcache || !rope_tables || head_dim <= 64 ||
       head_dim > 128 || unaligned_dim != 0) {
     return 0;
   }

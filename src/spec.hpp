@@ -110,10 +110,10 @@ struct KernelSpec {
            unaligned_dim == 0 && !(warps == 12 && persistent && local);
   }
 
-  // fwd with wgmma whose producer rotates K with 16-bit tables at head dims
-  // 65-128: the table slots beside the ring, as many as fit in sm_90's
-  // 227 KB up to `stages` (0: none fit, the tables are read from L2). Each
-  // holds a key block's cos and sin rows, staged by tensor copies
+  // fwd with wgmma whose producer rotates K with tables at head dims 65-128:
+  // the table slots beside the ring, as many as fit in sm_90's 227 KB up to
+  // `stages` (0: none fit, the tables are read from L2). Each holds a key
+  // block's cos and sin rows, staged by tensor copies
   // (FwdConfig::kStagedTables, FwdParams::rope_cos_map).
   int rope_table_slots() const;
   size_t rope_table_slot_bytes() const;

@@ -198,20 +198,22 @@ struct FwdConfig {
   static constexpr int kRingStages = kProducer ? kStages : 1;
   static constexpr int kTileBytes = (kQBuffers * kSmemQ + kRingStages * (kSmemK + kSmemV)) * 2;
   static constexpr int kQBarriers = kPersistent ? 4 : 1;
-  // 16-bit RoPE tables staged beside K (kStagedTables): the producer rotates
-  // K block i with the cos and sin rows of its positions, which one tensor
+  // RoPE tables staged beside K (kStagedTables): the producer rotates K
+  // block i with the cos and sin rows of its positions, which one tensor
   // copy per table brings into table slot i % kTableSlots (rows of
   // ROTARY_DIM / 2 entries, unswizzled: a warp's units read consecutive
   // bytes) instead of every thread loading them from L2 on its way to "K
-  // ready". At head dims 65-128, where those loads made 16-bit tables
-  // 1.09-1.52x the time of angles from theta; at 64 they already match it
-  // (H200, docs/PERFORMANCE.md). As many slots as fit, up to kStages: two
-  // beside two stages, one beside a persistent kernel's second Q tile, none
-  // beside three stages at 128 (the loads from L2 then stay).
+  // ready". 16-bit tables at head dims 65-128, where those loads made them
+  // 1.09-1.52x the time of angles from theta (at 64 they already match
+  // it); f32 tables at 65-128 (H200, docs/PERFORMANCE.md). As many slots as
+  // fit, up to kStages: 16-bit ones two beside two stages at 128 and one
+  // beside a persistent kernel's second Q tile; f32 ones (twice the bytes)
+  // one beside two stages and none in persistent kernels at 128 (the loads
+  // from L2 then stay).
   static constexpr int kMaxSmemBytes = 232448;  // sm_90's 227 KB per block
-  static constexpr bool kMayStageTables = WGMMA && kRotateKeys && ROPE_TABLES == 2 && HEAD_DIM > 64 &&
+  static constexpr bool kMayStageTables = WGMMA && kRotateKeys && ROPE_TABLES != 0 && HEAD_DIM > 64 &&
                                           HEAD_DIM <= 128 && UNALIGNED_DIM == 0;
-  static constexpr int kTableRowBytes = ROTARY_DIM;  // ROTARY_DIM / 2 16-bit entries
+  static constexpr int kTableRowBytes = ROTARY_DIM / 2 * ROPE_TABLES;
   static constexpr int kTableSlotBytes = kMayStageTables ? (2 * BLOCK_KV * kTableRowBytes + 1023) / 1024 * 1024 : 0;
   __host__ __device__ static constexpr int table_slots_that_fit() {
     for (int slots = kStages; slots > 0; --slots) {

@@ -119,7 +119,7 @@ struct FwdParams {
   // boxes of a page's rows where pages are shorter than a block.
   TensorMap k_map;
   TensorMap v_map;
-  // 16-bit RoPE tables for kernels that stage them (FwdConfig::kStagedTables):
+  // RoPE tables for kernels that stage them (FwdConfig::kStagedTables):
   // maps of rope_cos and rope_sin (elements rotary_dim / 2 × rope_table_rows,
   // boxes of block_kv rows, unswizzled), and nonzero when they are encoded
   // (the tables are 16-byte aligned: rope_table_vectors). Otherwise such a

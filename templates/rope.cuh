@@ -148,40 +148,6 @@ __device__ __forceinline__ void table_words(const FwdParams& p, int position, in
   }
 }
 
-// Where rotate_rows reads a row's 16-bit table words (as table_words):
-// TablesInGlobal from the caller's tables by the row's position;
-// TablesInShared from ROW_BYTES-wide rows staged in shared memory by tile
-// row, cos rows then sin rows (FwdConfig::kStagedTables).
-struct TablesInGlobal {
-  template <int WORDS>
-  __device__ __forceinline__ void words(const FwdParams& p, int, int position, int pair, unsigned (&cosine)[WORDS],
-                                        unsigned (&sine)[WORDS]) const {
-    table_words<WORDS>(p, position, pair, cosine, sine);
-  }
-};
-
-template <int ROW_BYTES, int ROWS>
-struct TablesInShared {
-  const unsigned char* cos_rows;  // ROWS rows; sin's rows follow
-  template <int WORDS>
-  __device__ __forceinline__ void words(const FwdParams&, int row, int, int pair, unsigned (&cosine)[WORDS],
-                                        unsigned (&sine)[WORDS]) const {
-    static_assert(WORDS == 4 || WORDS == 2, "one 16- or 8-byte piece of a row");
-    const unsigned char* at = cos_rows + row * ROW_BYTES + pair * 2;
-    if constexpr (WORDS == 4) {
-      const uint4 c = *reinterpret_cast<const uint4*>(at);
-      const uint4 s = *reinterpret_cast<const uint4*>(at + ROWS * ROW_BYTES);
-      cosine[0] = c.x, cosine[1] = c.y, cosine[2] = c.z, cosine[3] = c.w;
-      sine[0] = s.x, sine[1] = s.y, sine[2] = s.z, sine[3] = s.w;
-    } else {
-      const uint2 c = *reinterpret_cast<const uint2*>(at);
-      const uint2 s = *reinterpret_cast<const uint2*>(at + ROWS * ROW_BYTES);
-      cosine[0] = c.x, cosine[1] = c.y;
-      sine[0] = s.x, sine[1] = s.y;
-    }
-  }
-};
-
 // cos and sin of pairs [pair, pair + N) at `position` from the tables (pair
 // a multiple of 4), widened to fp32: f32 tables by 16-byte loads where the
 // tables allow them, 16-bit ones through table_words. rotate_rows issues
@@ -222,6 +188,61 @@ __device__ __forceinline__ void table_angles(const FwdParams& p, int position, i
   }
 }
 
+// Where rotate_rows reads a row's table entries: as 16-bit words (words,
+// as table_words) or widened to fp32 (angles, as table_angles).
+// TablesInGlobal from the caller's tables by the row's position;
+// TablesInShared from ROW_BYTES-wide rows of TABLE_BYTES-wide entries staged
+// in shared memory by tile row, cos rows then sin rows
+// (FwdConfig::kStagedTables).
+struct TablesInGlobal {
+  template <int WORDS>
+  __device__ __forceinline__ void words(const FwdParams& p, int, int position, int pair, unsigned (&cosine)[WORDS],
+                                        unsigned (&sine)[WORDS]) const {
+    table_words<WORDS>(p, position, pair, cosine, sine);
+  }
+  template <int N, int TABLE_BYTES, class Element>
+  __device__ __forceinline__ void angles(const FwdParams& p, int, int position, int pair, float (&sine)[N],
+                                         float (&cosine)[N]) const {
+    table_angles<N, TABLE_BYTES, Element>(p, position, pair, sine, cosine);
+  }
+};
+
+template <int ROW_BYTES, int ROWS>
+struct TablesInShared {
+  const unsigned char* cos_rows;  // ROWS rows; sin's rows follow
+  template <int WORDS>
+  __device__ __forceinline__ void words(const FwdParams&, int row, int, int pair, unsigned (&cosine)[WORDS],
+                                        unsigned (&sine)[WORDS]) const {
+    static_assert(WORDS == 4 || WORDS == 2, "one 16- or 8-byte piece of a row");
+    const unsigned char* at = cos_rows + row * ROW_BYTES + pair * 2;
+    if constexpr (WORDS == 4) {
+      const uint4 c = *reinterpret_cast<const uint4*>(at);
+      const uint4 s = *reinterpret_cast<const uint4*>(at + ROWS * ROW_BYTES);
+      cosine[0] = c.x, cosine[1] = c.y, cosine[2] = c.z, cosine[3] = c.w;
+      sine[0] = s.x, sine[1] = s.y, sine[2] = s.z, sine[3] = s.w;
+    } else {
+      const uint2 c = *reinterpret_cast<const uint2*>(at);
+      const uint2 s = *reinterpret_cast<const uint2*>(at + ROWS * ROW_BYTES);
+      cosine[0] = c.x, cosine[1] = c.y;
+      sine[0] = s.x, sine[1] = s.y;
+    }
+  }
+  // f32 entries: N of them in 16-byte pieces.
+  template <int N, int TABLE_BYTES, class Element>
+  __device__ __forceinline__ void angles(const FwdParams&, int row, int, int pair, float (&sine)[N],
+                                         float (&cosine)[N]) const {
+    static_assert(TABLE_BYTES == 4 && N % 4 == 0, "whole 16-byte pieces of f32 entries");
+    const unsigned char* at = cos_rows + row * ROW_BYTES + pair * 4;
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 c = *reinterpret_cast<const float4*>(at + 4 * i);
+      const float4 s = *reinterpret_cast<const float4*>(at + ROWS * ROW_BYTES + 4 * i);
+      cosine[i] = c.x, cosine[i + 1] = c.y, cosine[i + 2] = c.z, cosine[i + 3] = c.w;
+      sine[i] = s.x, sine[i + 1] = s.y, sine[i + 2] = s.z, sine[i + 3] = s.w;
+    }
+  }
+};
+
 // One interleaved pair at an angle from the frequencies.
 template <class Element, bool PACKED>
 __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams& p, int position, int pair) {
@@ -235,8 +256,8 @@ __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams
 // one 16-byte chunk (interleaved) or a chunk and its partner half a rotary
 // dim away (rotate-half); `chunk_at(row, chunk)` is the chunk's address and
 // `position_of(row)` the row's position; angles from tables whose entries are
-// TABLE_BYTES wide (0: from the frequencies); 16-bit ones with packed
-// arithmetic through `tables` (TablesInGlobal, TablesInShared). The caller
+// TABLE_BYTES wide (0: from the frequencies), read through `tables`
+// (TablesInGlobal, TablesInShared). The caller
 // brackets this with barriers: the tile must have landed, and readers must
 // wait for the writes.
 template <class Element, int STYLE, int ROTARY_DIM, int TABLE_BYTES, int ROWS, int THREADS, bool PACKED,
@@ -264,7 +285,7 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
         for (int w = 0; w < 4; ++w) rotate_half_packed<Element>(av[w], bv[w], c[w], s[w]);
       } else if constexpr (TABLE_BYTES != 0) {
         float s[8], c[8];
-        table_angles<8, TABLE_BYTES, Element>(p, position, unit * 8, s, c);
+        tables.template angles<8, TABLE_BYTES, Element>(p, row, position, unit * 8, s, c);
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           rotate_half_words<Element, PACKED>(av[w], bv[w], s[2 * w], c[2 * w], s[2 * w + 1], c[2 * w + 1]);
@@ -296,7 +317,7 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
         }
       } else if constexpr (TABLE_BYTES != 0) {
         float s[4], c[4];
-        table_angles<4, TABLE_BYTES, Element>(p, position, unit * 4, s, c);
+        tables.template angles<4, TABLE_BYTES, Element>(p, row, position, unit * 4, s, c);
         a.x = rotate_interleaved<Element, PACKED>(a.x, s[0], c[0]);
         a.y = rotate_interleaved<Element, PACKED>(a.y, s[1], c[1]);
         a.z = rotate_interleaved<Element, PACKED>(a.z, s[2], c[2]);

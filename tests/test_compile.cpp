@@ -203,10 +203,11 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
                            "fwd.bf16.d64.br192.bc128.w12.s4.wgmma.causal.packgqa.varlen",
                            "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.kvcache.paged.varlen",
                            "fwd.f16.d64.br128.bc64.w8.s4.wgmma.local.softcap.alibi.packgqa.kvcache.paged.split.varlen",
-                           // 16-bit RoPE tables staged beside K (two and three slots; and the loads from L2
-                           // that the same kernels keep for blocks past the tables).
+                           // RoPE tables staged beside K (16-bit: two and three slots; f32: one; and the
+                           // loads from L2 that the same kernels keep for blocks past the tables).
                            "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.rope_tables16",
-                           "fwd.f16.d96.br128.bc64.w8.s3.wgmma.local.rope_interleaved_r64.rope_tables16.varlen"}) {
+                           "fwd.f16.d96.br128.bc64.w8.s3.wgmma.local.rope_interleaved_r64.rope_tables16.varlen",
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.softcap.rope_interleaved_r128.rope_tables"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   REQUIRE(specs.size() >= 14);

@@ -533,11 +533,12 @@ TEST_CASE("persistent wgmma (sm_90a): CTAs walking many tiles, RoPE and plain, m
   });
 }
 
-TEST_CASE("rope: 16-bit tables staged beside K (sm_90a): table slots, persistent, blocks past the tables, gaps") {
+TEST_CASE("rope: tables staged beside K (sm_90a): 16-bit and f32, table slots, persistent, blocks past the tables, gaps") {
   // wgmma kernels at head dims 65-128 whose producer rotates K copy each
   // block's cos and sin rows into a table slot by tensor copies
-  // (KernelSpec::rope_table_slots: two beside two stages, three beside three
-  // 64-key stages, one beside a persistent kernel's second Q tile). Blocks
+  // (KernelSpec::rope_table_slots: 16-bit rows two beside two stages, three
+  // beside three 64-key stages, one beside a persistent kernel's second Q
+  // tile; f32 rows one beside two stages). Blocks
   // whose positions run past the tables (short tables, offsets) and tables
   // with a gap between rows (no map) take the loads from L2 in the same
   // kernels; persistent CTAs limited to 1-3 SMs walk many tiles through the
@@ -560,7 +561,9 @@ TEST_CASE("rope: 16-bit tables staged beside K (sm_90a): table slots, persistent
     c.rotation.style = index % 2 == 0 ? RopeStyle::rotate_half : RopeStyle::interleaved;
     c.rotation.rotary_dim = rotary_dim_for(index % 4 == 2 ? 0.5 : 1.0, head_dim);
     c.angles = Angles::tables;
-    c.tables16 = true;
+    // f32 tables too (twice the bytes: one slot beside two 128-key stages),
+    // not in the persistent cases, where they do not fit.
+    c.tables16 = index % 3 == 0 || index % 4 >= 2;
     c.table_gap = index % 6 == 5;
     c.offsets = index % 3 == 0 ? Offsets::none : index % 3 == 1 ? Offsets::keys : Offsets::both;
     // Past the tables: forward() refuses tables shorter than the positions
@@ -585,7 +588,7 @@ TEST_CASE("rope: 16-bit tables staged beside K (sm_90a): table slots, persistent
     CHECK_MESSAGE(run.spec.find(fmt::format(".bc{}.w8.s{}.wgmma{}", c.tiles.block_kv, c.tiles.stages,
                                             c.tiles.persistent ? ".persistent" : "")) != std::string::npos,
                   run.spec);
-    CHECK_MESSAGE(run.spec.find(".rope_tables16") != std::string::npos, run.spec);
+    CHECK_MESSAGE((run.spec.find(".rope_tables16") != std::string::npos) == c.tables16, run.spec);
     CHECK_MESSAGE(detail::KernelSpec::parse(run.spec).rope_table_slots() > 0, run.spec);
   });
 }

@@ -474,9 +474,9 @@ TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tabl
   cos16.strides[0] = sin16.strides[0] = 72;  // 144 bytes
   CHECK(call.plan().params.rope_table_vectors);
   CHECK(call.plan().params.rope_tables_staged == 0);  // (mma.sync tiles here)
-  // wgmma tiles at head dim 128 stage 16-bit tables beside K: maps of the
-  // tables' first rotary_dim / 2 entries, a key block's rows a box,
-  // unswizzled. Not for rows off 16 bytes, nor f32 tables (no slots).
+  // wgmma tiles at head dim 128 stage tables beside K: maps of the tables'
+  // first rotary_dim / 2 entries, a key block's rows a box, unswizzled. Not
+  // for rows off 16 bytes.
   call.options.tiles = TileConfig{128, 128, 8, 2, true};
   call.options.rope.rotary_dim = 128;
   plan = call.plan();
@@ -493,8 +493,15 @@ TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tabl
   cos16.strides[0] = sin16.strides[0] = 68;
   CHECK(call.plan().params.rope_tables_staged == 0);
   cos16.strides[0] = sin16.strides[0] = 64;
-  call.options.rope.cos = &cos;
+  call.options.rope.cos = &cos;  // f32, rows of 80 entries
   call.options.rope.sin = &sin;
+  plan = call.plan();
+  CHECK(plan.spec.rope_table_slots() == 1);
+  CHECK(plan.params.rope_tables_staged == 1);
+  CHECK(plan.rope_cos_map.dtype == DType::f32);
+  CHECK(plan.rope_cos_map.strides_bytes[0] == 320);
+  CHECK((plan.rope_cos_map.box[0] == 64 && plan.rope_cos_map.box[1] == 128));
+  call.options.tiles = TileConfig{128, 128, 8, 2, true, true};  // persistent: no room for f32 rows
   plan = call.plan();
   CHECK(plan.spec.rope_table_slots() == 0);
   CHECK(plan.params.rope_tables_staged == 0);

@@ -244,9 +244,9 @@ TEST_CASE("wgmma fwd specs: text, packing and rules") {
                        doctest::Contains("does not apply to a decode spec"), Error);
 }
 
-TEST_CASE("16-bit RoPE tables staged beside K: as many slots as fit, up to the stages, at head dims 65-128") {
+TEST_CASE("RoPE tables staged beside K: as many slots as fit, up to the stages, at head dims 65-128") {
   // Two stages at 128: Q, the ring, and two 32 KB slots (cos and sin of 128
-  // rows of 64 entries), one barrier each: 225 KB.
+  // rows of 64 16-bit entries), one barrier each: 225 KB.
   const KernelSpec two = KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.rope_tables16");
   CHECK(two.rope_table_slot_bytes() == 2 * 128 * 64 * 2);
   CHECK(two.rope_table_slots() == 2);
@@ -257,22 +257,32 @@ TEST_CASE("16-bit RoPE tables staged beside K: as many slots as fit, up to the s
   persistent.persistent = true;
   CHECK(persistent.rope_table_slots() == 1);
   CHECK(persistent.smem_bytes() == (2 * 128 + 2 * 2 * 128) * 128 * 2 + 32768 + (14 + 1) * 8);
+  // f32 entries take twice the bytes: one slot beside two stages, none
+  // beside a second Q tile (partial rotation: one).
+  KernelSpec f32 = two;
+  f32.rope_tables16 = false;
+  CHECK(f32.rope_table_slot_bytes() == 2 * 128 * 64 * 4);
+  CHECK(f32.rope_table_slots() == 1);
+  CHECK(f32.smem_bytes() == (128 + 2 * 2 * 128) * 128 * 2 + 65536 + (11 + 1) * 8);
+  f32.persistent = true;
+  CHECK(f32.rope_table_slots() == 0);
+  CHECK(f32.smem_bytes() == (2 * 128 + 2 * 2 * 128) * 128 * 2 + 14 * 8);
+  f32.rotary_dim = 64;
+  CHECK(f32.rope_table_slots() == 1);
   // Three stages at 128 leave none; partial rotation halves the slot.
   CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s3.wgmma.rope_half_r128.rope_tables16").rope_table_slots() == 0);
   const KernelSpec partial = KernelSpec::parse("fwd.f16.d96.br128.bc64.w8.s3.wgmma.rope_interleaved_r64.rope_tables16");
   CHECK(partial.rope_table_slot_bytes() == 2 * 64 * 32 * 2);
   CHECK(partial.rope_table_slots() == 3);
-  // Not staged: f32 tables, head dims up to 64, mma.sync tiles, KV caches
-  // (K is not rotated), and the smem of those specs is unchanged.
-  for (const char* text : {"fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.rope_tables",
+  // Not staged: angles from theta, head dims up to 64, mma.sync tiles, KV
+  // caches (K is not rotated).
+  for (const char* text : {"fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128",
                            "fwd.bf16.d64.br128.bc128.w8.s2.wgmma.causal.rope_half_r64.rope_tables16",
                            "fwd.bf16.d128.br128.bc64.w4.causal.rope_half_r128.rope_tables16",
                            "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.rope_tables16.kvcache"}) {
     CAPTURE(text);
     CHECK(KernelSpec::parse(text).rope_table_slots() == 0);
   }
-  CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.rope_tables").smem_bytes() ==
-        (128 + 2 * 2 * 128) * 128 * 2 + 11 * 8);
 }
 
 TEST_CASE("persistent wgmma specs: text, packing, two Q tiles in shared memory, and rules") {

@@ -143,7 +143,7 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
       p.rope_table_rows = static_cast<int>(rope.cos->shape[0]);
       p.rope_table_vectors = (reinterpret_cast<uintptr_t>(rope.cos->data) | reinterpret_cast<uintptr_t>(rope.sin->data) |
                               static_cast<uintptr_t>(rope.cos->strides[0] * dtype_size(rope.cos->dtype))) % 16 == 0;
-      // Kernels that stage 16-bit tables beside K read a block's rows by
+      // Kernels that stage tables beside K read a block's rows by
       // tensor copies where a map can describe the tables (16-byte aligned,
       // rows apart, at least a block of them); otherwise from L2 as the
       // other kernels do.
