@@ -195,6 +195,29 @@ TEST_CASE("the planner runs the wgmma tiles persistent with more tiles than SMs 
   CHECK_FALSE(call.plan().spec.persistent);
   CHECK(call.plan().spec.wgmma);
   call.options.causal = true;
+  // RoPE with f32 tables at 128: the ordinary kernel stages them beside K,
+  // the persistent one has no room; persistent up to 2048 keys in 12 waves.
+  TensorView cos = TensorView::contiguous(address(0x70000), DType::f32, {16384, 64});
+  call.options.rope.style = RopeStyle::rotate_half;
+  call.options.rope.rotary_dim = 128;
+  call.options.rope.cos = call.options.rope.sin = &cos;
+  resize(2, 2048, 2048);
+  plan = call.plan();
+  CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.rope_half_r128.rope_tables");
+  CHECK(plan.spec.rope_table_slots() == 0);
+  resize(2, 4096, 4096);
+  plan = call.plan();
+  CHECK_FALSE(plan.spec.persistent);
+  CHECK(plan.spec.rope_table_slots() == 1);
+  resize(32, 512, 512);
+  CHECK_FALSE(call.plan().spec.persistent);
+  // 16-bit tables fit beside the second Q tile: the rules above.
+  TensorView cos16 = TensorView::contiguous(address(0x70000), DType::bf16, {16384, 64});
+  call.options.rope.cos = call.options.rope.sin = &cos16;
+  CHECK(call.plan().spec.persistent);
+  resize(2, 4096, 4096);
+  CHECK(call.plan().spec.persistent);
+  call.options.rope = RopeOptions{};
   // Forced tiles stay as forced; other archs have no wgmma.
   call.options.tiles = {128, 128, 8, 2, true};
   CHECK_FALSE(call.plan().spec.persistent);

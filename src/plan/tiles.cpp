@@ -517,12 +517,21 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, const Problem& problem, 
     //     (0.84-0.95 with full grids, 1.01-1.03 at batch 2 × 1024; from 4k
     //     keys up to 1.06).
     // Three warpgroups with packed GQA would spill (test_compile).
+    //   - RoPE tables that the ordinary kernel stages beside K and the
+    //     persistent one has no room for (f32 rows at head dim 128), causal:
+    //     up to 2048 keys in at most kPersistentMaxWaves waves. Without the
+    //     staging, persistent grids took 0.77-0.97 of the time up to 2048
+    //     keys but 1.10-1.21 at 32 × 512 and 2 × 4096.
     const bool spills = spec.warps == 12 && spec.pack_gqa;
     const int64_t tile_count = ctas_of(tiles.block_q);
     const bool small_head = kernel_dim <= 64;
-    const bool pays = causal ? (small_head ? seqlen_k <= 8192
-                                           : seqlen_k <= 4096 && (tile_count <= kPersistentMaxWaves * problem.sm_count ||
-                                                                  seqlen_k <= 512))
+    const bool in_waves = tile_count <= kPersistentMaxWaves * problem.sm_count;
+    KernelSpec persistent_spec = spec;
+    persistent_spec.persistent = true;
+    const bool loses_staged_tables = spec.rope_table_slots() > 0 && persistent_spec.rope_table_slots() == 0;
+    const bool pays = causal ? (small_head            ? seqlen_k <= 8192
+                                : loses_staged_tables ? seqlen_k <= 2048 && in_waves
+                                                      : seqlen_k <= 4096 && (in_waves || seqlen_k <= 512))
                              : seqlen_k <= (small_head ? 4096 : 1024);
     spec.persistent = !spills && !problem.kvcache && kernel_dim <= 128 && pays && tile_count > problem.sm_count;
   }
