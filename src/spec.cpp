@@ -480,21 +480,26 @@ size_t KernelSpec::rope_table_slot_bytes() const {
   return (static_cast<size_t>(2) * block_kv * (rotary_dim / 2) * rope_table_bytes() + 1023) / 1024 * 1024;
 }
 
+size_t KernelSpec::producer_ring_bytes() const {
+  // The Q tile (two, persistent), the producer's ring of K and V stages, and
+  // its mbarriers (five per stage; "Q landed" per Q tile, and "Q free" per Q
+  // tile when persistent; FwdConfig::kBarrierOffset, Ring).
+  const int row_elems = (head_dim + 63) / 64 * 64;
+  const int q_tiles = persistent ? 2 : 1;
+  const size_t tiles = static_cast<size_t>(q_tiles * block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype);
+  return tiles + static_cast<size_t>(5 * stages + (persistent ? 4 : 1)) * 8;
+}
+
 int KernelSpec::rope_table_slots() const {
   if (family != Family::fwd || !wgmma || rope == RopeKind::none || kvcache || !rope_tables || head_dim <= 64 ||
       head_dim > 128 || unaligned_dim != 0) {
     return 0;
   }
-  // FwdConfig::table_slots_that_fit: Q tile(s) and the ring, the slots, and
-  // the barriers (five per stage, the Q tiles', one per slot).
+  // FwdConfig::table_slots_that_fit: the ring, then the slots with a
+  // barrier each, within sm_90's 227 KB.
   constexpr size_t kMaxSmemBytes = 232448;
-  const int row_elems = (head_dim + 63) / 64 * 64;
-  const size_t tiles = static_cast<size_t>((persistent ? 2 : 1) * block_q + stages * 2 * block_kv) * row_elems * 2;
-  const int barriers = 5 * stages + (persistent ? 4 : 1);
   for (int slots = stages; slots > 0; --slots) {
-    if (tiles + slots * rope_table_slot_bytes() + static_cast<size_t>(barriers + slots) * 8 <= kMaxSmemBytes) {
-      return slots;
-    }
+    if (producer_ring_bytes() + slots * (rope_table_slot_bytes() + 8) <= kMaxSmemBytes) return slots;
   }
   return 0;
 }
@@ -510,26 +515,21 @@ size_t KernelSpec::smem_bytes() const {
     return static_cast<size_t>(block_q + warps * stages * 2 * block_kv) * row_elems * dtype_size(dtype);
   }
   if (stages > 0) {
-    // The Q tile (two, persistent), the producer's ring of K and V stages,
-    // and its mbarriers (five per stage; "Q landed" per Q tile, and "Q free"
-    // per Q tile when persistent; FwdConfig::kSmemBytes, Ring). The rendered
-    // entry asserts that the kernel's layout has this size.
-    const int q_tiles = persistent ? 2 : 1;
-    const size_t tiles = static_cast<size_t>(q_tiles * block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype);
+    // The producer's ring (producer_ring_bytes; FwdConfig::kSmemBytes). The
+    // rendered entry asserts that the kernel's layout has this size.
     if (unaligned_dim != 0) {
       // Unaligned rows: two more barriers per staging slot and "Q staged",
       // then (at a 16-byte boundary) three slots of a K and a V block's
       // staging rows, a 16-byte block more than the row's chunks each
       // (FwdConfig::kStagedRows).
       constexpr int kStagingSlots = 3;
-      const size_t barriers = static_cast<size_t>(5 * stages + 1 + 2 * kStagingSlots + 1) * 8;
+      const size_t barriers = static_cast<size_t>(2 * kStagingSlots + 1) * 8;
       const size_t staging_row = static_cast<size_t>((unaligned_dim + 7) / 8 + 1) * 16;
-      return (tiles + barriers + 15) / 16 * 16 + kStagingSlots * 2 * static_cast<size_t>(block_kv) * staging_row;
+      return (producer_ring_bytes() + barriers + 15) / 16 * 16 +
+             kStagingSlots * 2 * static_cast<size_t>(block_kv) * staging_row;
     }
-    const int barriers = 5 * stages + (persistent ? 4 : 1);
     // Staged RoPE tables: the slots after the tiles, a barrier each.
-    const int table_slots = rope_table_slots();
-    return tiles + table_slots * rope_table_slot_bytes() + static_cast<size_t>(barriers + table_slots) * 8;
+    return producer_ring_bytes() + rope_table_slots() * (rope_table_slot_bytes() + 8);
   }
   return static_cast<size_t>(block_q + 2 * block_kv) * row_elems * dtype_size(dtype);
 }

@@ -131,6 +131,8 @@ struct KernelSpec {
   bool operator!=(const KernelSpec& other) const { return !(*this == other); }
 
  private:
+  // fwd with stages: the Q tile(s), the ring of K/V stages and their barriers.
+  size_t producer_ring_bytes() const;
   template <class Fail>
   void validate_decode(const Fail& fail) const;
   template <class Fail>
