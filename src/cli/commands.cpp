@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "cache.hpp"
+#include "cli/plan_call.hpp"
 #include "cli/presets.hpp"
 #include "compile.hpp"
 #include "driver.hpp"
@@ -107,6 +108,7 @@ struct Device {
   int cc_major = 0;
   int cc_minor = 0;
   int sm_count = 0;
+  int max_smem_per_block = 0;  // opt-in dynamic shared memory, as the runtime plans with
   size_t memory_bytes = 0;
 };
 
@@ -133,6 +135,7 @@ std::vector<Device> local_devices() {
     device.cc_major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
     device.cc_minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     device.sm_count = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    device.max_smem_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
     detail::check_cuda(cu.cuDeviceTotalMem(&device.memory_bytes, handle), "cuDeviceTotalMem");
     devices.push_back(std::move(device));
   }
@@ -703,6 +706,91 @@ json choice_json(const detail::TunedChoice& choice, const TileConfig& builtin) {
           {"gain_percent", choice.default_tflops > 0 ? json((choice.tflops / choice.default_tflops - 1) * 100) : json()}};
 }
 
+// ---- plan ----------------------------------------------------------------------------
+
+// The GPU a call is planned for, and where each value came from: its
+// option, this host's GPU, or the default.
+struct ChosenTarget {
+  PlanTarget target;
+  std::string arch_from, sm_count_from, smem_from;
+};
+
+// --arch, --sms and --smem; else this host's GPU 0 where it has one (its SMs
+// and shared memory only when it is of the target arch: another GPU's say
+// nothing about it); else sm_90a, 132 SMs (an H100 or H200) and the arch's
+// opt-in shared memory. The driver is asked only for what the options leave open.
+ChosenTarget plan_target(const PlanOptions& options) {
+  std::optional<Device> gpu;
+  if (!options.arch || !options.sms || !options.smem) {
+    const std::vector<Device> devices = local_devices();
+    if (!devices.empty() && Arch::for_device(devices[0].cc_major, devices[0].cc_minor).number() >= 80) gpu = devices[0];
+  }
+  const std::string gpu_text = gpu ? fmt::format("GPU {}: {}", gpu->index, gpu->name) : "";
+  ChosenTarget chosen;
+  PlanTarget& target = chosen.target;
+  if (options.arch) {
+    target.arch = Arch::parse(*options.arch);
+    chosen.arch_from = "--arch";
+  } else if (gpu) {
+    target.arch = Arch::for_device(gpu->cc_major, gpu->cc_minor);
+    chosen.arch_from = gpu_text;
+  } else {
+    target.arch = Arch{9, 0, true};
+    chosen.arch_from = "default";
+  }
+  const bool gpu_is_target = gpu && Arch::for_device(gpu->cc_major, gpu->cc_minor) == target.arch;
+  if (options.sms) {
+    if (*options.sms < 1) bad_option(fmt::format("--sms: {} must be >= 1", *options.sms));
+    target.sm_count = *options.sms;
+    chosen.sm_count_from = "--sms";
+  } else if (gpu_is_target) {
+    target.sm_count = gpu->sm_count;
+    chosen.sm_count_from = gpu_text;
+  } else {
+    target.sm_count = 132;
+    chosen.sm_count_from = "default";
+  }
+  if (options.smem) {
+    if (*options.smem < 1) bad_option(fmt::format("--smem: {} must be >= 1", *options.smem));
+    target.max_smem_bytes = *options.smem;
+    chosen.smem_from = "--smem";
+  } else if (gpu_is_target) {
+    target.max_smem_bytes = gpu->max_smem_per_block;
+    chosen.smem_from = gpu_text;
+  } else {
+    target.max_smem_bytes = max_smem_of(target.arch);
+    chosen.smem_from = "default for " + target.arch.text();
+  }
+  return chosen;
+}
+
+// Where the attention kernel's tiles came from.
+std::string tiles_from(const PlanOptions& options, const CallPlan& plan) {
+  if (!options.tiles.empty()) return "--tiles";
+  return plan.tiles_tuned ? "tuning table" : "built-in";
+}
+
+json launch_json(const PlannedLaunch& launch, const Arch& arch) {
+  json record = {{"launch", launch.role},       {"spec", launch.spec.text()},      {"arch", arch.text()},
+                 {"grid", launch.grid},         {"threads", launch.threads},       {"smem_bytes", launch.smem_bytes}};
+  if (launch.role == "attention") {
+    record["splits"] = launch.splits;
+    record["workspace_bytes"] = launch.workspace_bytes;
+  }
+  return record;
+}
+
+Row launch_row(const PlannedLaunch& launch) {
+  const bool attention = launch.role == "attention";
+  return {launch.role,
+          launch.spec.text(),
+          std::to_string(launch.grid),
+          std::to_string(launch.threads),
+          std::to_string(launch.smem_bytes),
+          attention ? std::to_string(launch.splits) : "-",
+          attention ? std::to_string(launch.workspace_bytes) : "-"};
+}
+
 }  // namespace
 
 // ---- the commands ---------------------------------------------------------------
@@ -862,6 +950,55 @@ int info(const Config& config, bool json_output) {
   } else {
     print_info(record);
   }
+  return 0;
+}
+
+int plan(const Config& config, const PlanOptions& options) {
+  const ChosenTarget chosen = plan_target(options);
+  const Arch& arch = chosen.target.arch;
+  // The table a Runtime of this configuration loads and plans with.
+  const detail::TuningTable tuning = load_tuning(config);
+  const CallPlan plan = plan_call(options, chosen.target, &tuning);
+  if (options.manifest) {
+    for (const PlannedLaunch& launch : plan.launches) fmt::print("{} @{}\n", launch.spec.text(), arch.text());
+    return 0;
+  }
+  const std::string from = tiles_from(options, plan);
+  if (options.json) {
+    json launches = json::array();
+    for (const PlannedLaunch& launch : plan.launches) launches.push_back(launch_json(launch, arch));
+    const json target = {{"arch", arch.text()},
+                         {"sm_count", chosen.target.sm_count},
+                         {"max_smem_bytes", chosen.target.max_smem_bytes},
+                         {"arch_from", chosen.arch_from},
+                         {"sm_count_from", chosen.sm_count_from},
+                         {"max_smem_from", chosen.smem_from}};
+    print_json({{"call", options.call},
+                {"target", target},
+                {"tiles_from", from},
+                {"tuning_table", tuning.empty() ? json() : json(tuning_path(config))},
+                {"launches", launches}});
+    return 0;
+  }
+  fmt::print("target  {} ({}), {} SMs ({}), {} bytes of shared memory per block ({})\n", arch.text(),
+             chosen.arch_from, chosen.target.sm_count, chosen.sm_count_from, chosen.target.max_smem_bytes,
+             chosen.smem_from);
+  if (from == "tuning table") {
+    fmt::print("tiles   from the tuning table {}\n", tuning_path(config));
+  } else if (from == "built-in" && !tuning.empty()) {
+    fmt::print("tiles   built-in (the tuning table {} does not change them)\n", tuning_path(config));
+  } else {
+    fmt::print("tiles   {}\n", from);
+  }
+  if (plan.launches.empty()) {
+    fmt::print("nothing to launch: the call has nothing to compute\n");
+    return 0;
+  }
+  std::vector<Row> rows;
+  for (const PlannedLaunch& launch : plan.launches) rows.push_back(launch_row(launch));
+  print_table({{"launch"}, {"spec"}, {"grid", true}, {"threads", true}, {"smem bytes", true}, {"splits", true},
+               {"workspace bytes", true}},
+              rows);
   return 0;
 }
 

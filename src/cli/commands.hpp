@@ -3,6 +3,8 @@
 // process exit status and lets jitattn::Error escape for main to report.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,41 @@ struct TuneOptions {
   bool dry_run = false;  // print what would be timed; needs no GPU
 };
 
+// `jitattn plan`: one call's shape and the GPU to plan it for. Unset
+// optionals take the defaults main.cpp's help describes.
+struct PlanOptions {
+  std::string call = "forward";  // forward (forward() with a workspace) or kvcache (forward_kvcache())
+  std::string dtype = "bf16";
+  int head_dim = 0;
+  int64_t batch = 1;
+  int64_t seqlen_q = 0;
+  std::optional<int64_t> seqlen_k;  // default seqlen_q; kvcache: the keys cached before the call
+  int64_t heads = 0;
+  std::optional<int64_t> heads_kv;  // default heads
+  bool causal = false;
+  std::string window;  // "L,R" (-1 = unbounded); "" = none
+  float softcap = 0;
+  bool alibi = false;
+  std::string rope;  // "", half or interleaved
+  std::optional<int> rotary_dim;   // default head_dim
+  std::string rope_tables = "none";  // none (angles from theta), f32, bf16 or f16
+  std::string tiles;               // "" = the planner's; else as python/jitattn_ctypes.py force_tiles
+  int splits = 0;                  // 0 = the planner's
+  std::string pack_gqa = "auto";   // yes, no or auto
+  bool no_workspace = false;       // forward() without a workspace (never splits)
+  // kvcache only
+  std::optional<int64_t> cache_len;  // rows per sequence; default seqlen_k + new_tokens
+  int page_size = 0;                 // 0 = contiguous cache
+  int new_tokens = 0;                // k_new/v_new rows appended per sequence
+  std::optional<int> max_seqlen_k;   // KVCacheArgs::max_seqlen_k; default seqlen_k + new_tokens
+  // The target; unset: this host's GPU 0, else sm_90a's
+  std::optional<std::string> arch;
+  std::optional<int> sms;
+  std::optional<int> smem;
+  bool json = false;
+  bool manifest = false;  // print `SPEC @ARCH` lines for `jitattn warm --manifest`
+};
+
 // Compiles (or finds in the disk cache) every requested spec for every arch.
 int warm(const Config& config, const WarmOptions& options);
 // Lists the presets and the specs each expands to for `archs` (default as for warm).
@@ -43,6 +80,9 @@ int clear(const Config& config);
 int tune(const Config& config, const TuneOptions& options);
 // Library, NVRTC, driver, devices, cache and template source.
 int info(const Config& config, bool json);
+// Prints the launches the planner makes for one call shape on a target GPU;
+// compiles and launches nothing, and needs no GPU.
+int plan(const Config& config, const PlanOptions& options);
 // Prints the source rendered for one spec.
 int source(const Config& config, const std::string& spec_text);
 

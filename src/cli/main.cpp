@@ -1,5 +1,5 @@
-// jitattn: warms, inspects and clears the kernel cache and tunes tile choices
-// from the command line.
+// jitattn: warms, inspects and clears the kernel cache, tunes tile choices and
+// shows what a call plans to, from the command line.
 // This file only parses the command line and dispatches; each command is one
 // function in commands.cpp.
 #include <CLI/CLI.hpp>
@@ -38,6 +38,31 @@ Prints a table (class, winning tiles, TFLOP/s, built-in tiles, built-in
 TFLOP/s, gain %). --dry-run prints the classes and candidates instead and
 needs no GPU.)";
 
+constexpr const char* plan_footer = R"(
+Plans one call as the library would on the target GPU, without needing one,
+and prints its launches in order (append: new keys into the KV cache;
+attention; combine: merges split-KV partials): kernel spec, grid (CTAs),
+threads, dynamic shared memory, and for the attention its key splits and the
+workspace bytes they need. Nothing is compiled or launched.
+
+--call forward plans forward() given a workspace (it may split over the keys;
+--no-workspace: forward() without one, which never splits). --call kvcache
+plans forward_kvcache() over a cache of --cache-len rows per sequence (pages
+of --page-size rows with a block table, or contiguous), each holding
+--seqlen-k keys (cache_seqlens) before --new-tokens new ones are appended.
+
+Without --arch, --sms and --smem: this host's GPU 0 (its SMs and shared memory
+only if it is of the target arch), else sm_90a, 132 SMs and the arch's opt-in
+shared memory per block (sm_90: 232448 bytes, sm_80: 166912, other sm_8x:
+101376). Tiles come from --tiles, else the tuning table in the cache
+directory (as a real call's would), else the planner's built-in choice.
+--tiles: BQxBKVxW, BQxBKVxWxS (producer layout, S stages), or that ending in
+w (wgmma warpgroups, sm_90a) or wp (wgmma, persistent grid): 128x128x8x2w.
+
+--manifest prints SPEC @ARCH lines, the format `jitattn warm --manifest` reads:
+    jitattn plan --head-dim 128 --seqlen-q 1024 --heads 32 --causal --manifest >> specs.txt
+    jitattn warm --manifest specs.txt)";
+
 // Repeatable options take one value per occurrence, so a spec written after
 // `--arch sm_80` stays a spec.
 CLI::Option* add_repeatable(CLI::App* app, const std::string& name, std::vector<std::string>& values,
@@ -52,7 +77,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"jitattn: FlashAttention kernels generated just in time. Warms, inspects and clears\n"
                "the on-disk kernel cache (JITATTN_CACHE_DIR, else $XDG_CACHE_HOME/jitattn, else ~/.cache/jitattn),\n"
-               "and tunes the tile choices for this GPU.",
+               "tunes the tile choices for this GPU, and shows the kernels a call shape plans to.",
                "jitattn"};
   app.set_version_flag("--version", "jitattn " + version());
   app.require_subcommand(1);
@@ -111,6 +136,59 @@ int main(int argc, char** argv) {
   CLI::App* info_cmd = app.add_subcommand("info", "Show version, NVRTC, driver, GPUs, cache and template source");
   info_cmd->add_flag("--json", info_json, "Print a JSON object");
 
+  cli::PlanOptions plan;
+  CLI::App* plan_cmd = app.add_subcommand("plan", "Print the kernels and launches a call shape plans to (no GPU needed)");
+  plan_cmd->add_option("--call", plan.call, "forward (default) or kvcache")
+      ->check(CLI::IsMember({"forward", "kvcache"}))
+      ->type_name("CALL");
+  plan_cmd->add_option("--dtype", plan.dtype, "bf16 (default) or f16")->type_name("DTYPE");
+  plan_cmd->add_option("--head-dim", plan.head_dim, "Head dim")->required()->type_name("D");
+  plan_cmd->add_option("--batch", plan.batch, "Sequences (default 1)")->type_name("B");
+  plan_cmd->add_option("--seqlen-q", plan.seqlen_q, "Queries per sequence")->required()->type_name("N");
+  plan_cmd->add_option("--seqlen-k", plan.seqlen_k, "Keys per sequence; kvcache: keys cached before the call (default --seqlen-q)")
+      ->type_name("N");
+  plan_cmd->add_option("--heads", plan.heads, "Query heads")->required()->type_name("H");
+  plan_cmd->add_option("--heads-kv", plan.heads_kv, "KV heads, dividing --heads (default --heads)")->type_name("H");
+  plan_cmd->add_flag("--causal", plan.causal, "Causal mask (bottom-right aligned)");
+  plan_cmd->add_option("--window", plan.window, "Sliding window: keys left and right of the diagonal, -1 = unbounded")
+      ->type_name("L,R");
+  plan_cmd->add_option("--softcap", plan.softcap, "Logit softcap (0 = off)")->type_name("X");
+  plan_cmd->add_flag("--alibi", plan.alibi, "ALiBi slopes, f32 [heads]");
+  CLI::Option* rope_option = plan_cmd->add_option("--rope", plan.rope, "Fused RoPE: half (rotate-half) or interleaved")
+                                 ->check(CLI::IsMember({"half", "interleaved"}))
+                                 ->type_name("STYLE");
+  plan_cmd->add_option("--rotary-dim", plan.rotary_dim, "Channels rotated (default --head-dim)")
+      ->needs(rope_option)
+      ->type_name("R");
+  plan_cmd->add_option("--rope-tables", plan.rope_tables,
+                       "none (default: angles from theta), or cos/sin tables of f32, bf16 or f16")
+      ->check(CLI::IsMember({"none", "f32", "bf16", "f16"}))
+      ->needs(rope_option)
+      ->type_name("DTYPE");
+  plan_cmd->add_option("--tiles", plan.tiles, "Force tiles: BQxBKVxW[xS][w|wp] (format below)")->type_name("TILES");
+  plan_cmd->add_option("--splits", plan.splits, "Key splits: 0 = the planner's (default), 1 = none, n forces n")
+      ->type_name("N");
+  plan_cmd->add_option("--pack-gqa", plan.pack_gqa, "Pack a KV head's query heads into one tile: yes, no or auto")
+      ->check(CLI::IsMember({"yes", "no", "auto"}))
+      ->type_name("WHEN");
+  plan_cmd->add_flag("--no-workspace", plan.no_workspace, "forward: plan forward() without a workspace (never splits)");
+  plan_cmd->add_option("--cache-len", plan.cache_len, "kvcache: rows per sequence (default --seqlen-k + --new-tokens)")
+      ->type_name("SMAX");
+  plan_cmd->add_option("--page-size", plan.page_size, "kvcache: rows per page, 0 = contiguous (default)")->type_name("P");
+  plan_cmd->add_option("--new-tokens", plan.new_tokens, "kvcache: new keys appended per sequence (default 0)")
+      ->type_name("N");
+  plan_cmd->add_option("--max-seqlen-k", plan.max_seqlen_k,
+                       "kvcache: KVCacheArgs::max_seqlen_k (default --seqlen-k + --new-tokens; 0 = the capacity)")
+      ->type_name("N");
+  plan_cmd->add_option("--arch", plan.arch, "Target arch (default: this host's GPU, else sm_90a)")->type_name("ARCH");
+  plan_cmd->add_option("--sms", plan.sms, "SM count (default: this host's GPU, else 132)")->type_name("N");
+  plan_cmd->add_option("--smem", plan.smem, "Opt-in shared memory per block in bytes (default: the GPU's or arch's)")
+      ->type_name("BYTES");
+  CLI::Option* plan_json = plan_cmd->add_flag("--json", plan.json, "Print a JSON object instead of a table");
+  plan_cmd->add_flag("--manifest", plan.manifest, "Print only SPEC @ARCH lines, for jitattn warm --manifest")
+      ->excludes(plan_json);
+  plan_cmd->footer(plan_footer);
+
   std::string source_spec;
   CLI::App* source_cmd = app.add_subcommand("source", "Print the CUDA source rendered for a spec");
   source_cmd->add_option("spec", source_spec, "Kernel spec, e.g. fwd.bf16.d64.br128.bc64.w4")->required()->type_name("SPEC");
@@ -133,6 +211,7 @@ int main(int argc, char** argv) {
     if (*tune_cmd) return cli::tune(config, tune);
     if (*info_cmd) return cli::info(config, info_json);
     if (*source_cmd) return cli::source(config, source_spec);
+    if (*plan_cmd) return cli::plan(config, plan);
   } catch (const std::exception& e) {
     fmt::print(stderr, "jitattn: {}\n", e.what());
     return 1;

@@ -8,11 +8,6 @@
 namespace jitattn::cli {
 namespace {
 
-// Opt-in shared memory per block: Hopper 227 KB, A100 163 KB, other sm_8x 99 KB.
-int max_smem_of(const detail::Arch& arch) {
-  return arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
-}
-
 // Fake device addresses: planning never dereferences them.
 void* address(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
@@ -139,6 +134,10 @@ std::string known_names() {
 }
 
 }  // namespace
+
+int max_smem_of(const detail::Arch& arch) {
+  return arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
+}
 
 const std::vector<Preset>& presets() {
   // Decoder LLMs run causal attention in bf16; the older GPT-2/BERT checkpoints

@@ -35,6 +35,10 @@ struct Preset {
   std::vector<AttentionShape> shapes;
 };
 
+// The opt-in shared memory per block of `arch`'s GPUs, for planning without
+// one: Hopper 227 KB, A100 163 KB, other sm_8x 99 KB.
+int max_smem_of(const detail::Arch& arch);
+
 // Every preset, in the order `jitattn presets` lists them ("default" first).
 const std::vector<Preset>& presets();
 

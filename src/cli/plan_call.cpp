@@ -1,0 +1,341 @@
+#include "cli/plan_call.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "plan.hpp"
+
+namespace jitattn::cli {
+namespace {
+
+using detail::KernelSpec;
+
+[[noreturn]] void bad_option(const std::string& message) { throw Error(ErrorCode::invalid_argument, message); }
+
+void require_at_least(const char* option, int64_t value, int64_t least) {
+  if (value < least) bad_option(fmt::format("{}: {} must be >= {}", option, value, least));
+}
+
+// The whole of `text` as a decimal integer, or nothing.
+std::optional<int> parse_int(std::string_view text) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+DType parse_dtype(const char* option, const std::string& text) {
+  if (text == "bf16") return DType::bf16;
+  if (text == "f16" || text == "fp16") return DType::f16;
+  bad_option(fmt::format("{}: '{}' is not bf16 or f16", option, text));
+}
+
+// --window L,R: FlashAttention's window_size, -1 = unbounded on that side.
+std::pair<int, int> parse_window(const std::string& text) {
+  const size_t comma = text.find(',');
+  const std::optional<int> left = parse_int(std::string_view(text).substr(0, comma));
+  const std::optional<int> right =
+      comma == std::string::npos ? std::nullopt : parse_int(std::string_view(text).substr(comma + 1));
+  if (!left || !right) {
+    bad_option(fmt::format("--window: '{}' is not L,R (keys seen left and right of the diagonal, -1 = unbounded), "
+                           "e.g. 4096,0",
+                           text));
+  }
+  for (const int bound : {*left, *right}) {
+    if (bound < -1) bad_option(fmt::format("--window: {} in '{}' must be -1 (unbounded) or >= 0", bound, text));
+  }
+  return {*left, *right};
+}
+
+// A tensor of these dimensions must have an element count (and byte size)
+// that int64 strides can hold.
+void check_elements(const char* tensor, std::initializer_list<int64_t> dims) {
+  int64_t bytes = 4;  // the widest element: f32 tables and slopes
+  for (const int64_t dim : dims) {
+    if (__builtin_mul_overflow(bytes, dim, &bytes)) {
+      bad_option(fmt::format("{}: the shape options make it larger than 2^63 bytes", tensor));
+    }
+  }
+}
+
+// Device addresses for the call's tensors. The planner never dereferences a
+// pointer, and nothing is launched here: it checks pointers' alignment and
+// copies them into launch parameters and tensor-map descriptions (which
+// only the launch encodes, through the driver). So each tensor gets an
+// address of its own, 1 TiB apart so that a plan's parameters tell them
+// apart, aligned to 256 bytes as cudaMalloc's are, which meets every
+// alignment rule (16-byte rows, 4-byte i32 vectors, the 256-byte workspace).
+enum class Buffer : uintptr_t {
+  q = 1, k, v, out, alibi_slopes, rope_cos, rope_sin, cache_seqlens, block_table, k_new, v_new, workspace
+};
+void* fake_address(Buffer buffer) { return reinterpret_cast<void*>(static_cast<uintptr_t>(buffer) << 40); }
+
+// Everything one call passes the planner. options and cache point at the
+// tensors held here, so it is built in place and never copied.
+struct CallArguments {
+  bool kvcache = false;
+  bool workspace = true;  // forward: the overload that takes a workspace
+  TensorView q, out;
+  TensorView k, v;  // forward only
+  TensorView alibi_slopes, rope_cos, rope_sin, block_table, k_new, v_new;
+  ForwardOptions options;
+  KVCacheArgs cache;  // kvcache only
+
+  CallArguments() = default;
+  CallArguments(const CallArguments&) = delete;
+  CallArguments& operator=(const CallArguments&) = delete;
+};
+
+// The options into the call's tensors and options. Rules that tie options
+// to one another (GQA heads, a cache that holds its keys) are checked here,
+// where they can be named; what kernels support is the planner's to say.
+void build_arguments(const PlanOptions& o, CallArguments& call) {
+  if (o.call != "forward" && o.call != "kvcache") bad_option(fmt::format("--call: '{}' is not forward or kvcache", o.call));
+  const bool kvcache = call.kvcache = o.call == "kvcache";
+  const DType dtype = parse_dtype("--dtype", o.dtype);
+  const int head_dim = o.head_dim;
+  const int64_t batch = o.batch, seqlen_q = o.seqlen_q, heads = o.heads;
+  const int64_t heads_kv = o.heads_kv.value_or(heads), seqlen_k = o.seqlen_k.value_or(seqlen_q);
+  require_at_least("--head-dim", head_dim, 1);
+  require_at_least("--batch", batch, 1);
+  require_at_least("--seqlen-q", seqlen_q, 1);
+  require_at_least("--seqlen-k", seqlen_k, 0);
+  require_at_least("--heads", heads, 1);
+  require_at_least("--heads-kv", heads_kv, 1);
+  if (heads % heads_kv != 0) {
+    bad_option(fmt::format("--heads: {} must be a multiple of --heads-kv {} (each KV head serves as many query heads)",
+                           heads, heads_kv));
+  }
+  require_at_least("--splits", o.splits, 0);
+  if (!kvcache) {
+    const std::pair<const char*, bool> cache_options[] = {{"--cache-len", o.cache_len.has_value()},
+                                                          {"--page-size", o.page_size != 0},
+                                                          {"--new-tokens", o.new_tokens != 0},
+                                                          {"--max-seqlen-k", o.max_seqlen_k.has_value()}};
+    for (const auto& [option, given] : cache_options) {
+      if (given) bad_option(fmt::format("{}: applies to --call kvcache only", option));
+    }
+  } else if (o.no_workspace) {
+    bad_option("--no-workspace: applies to --call forward only (forward_kvcache always takes a workspace)");
+  }
+  call.workspace = !o.no_workspace;
+  check_elements("q", {batch, seqlen_q, heads, head_dim});
+
+  ForwardOptions& options = call.options;
+  options.causal = o.causal;
+  if (!o.window.empty()) std::tie(options.window_left, options.window_right) = parse_window(o.window);
+  if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap)) {
+    bad_option(fmt::format("--softcap: {} must be >= 0 (0 = off) and finite", o.softcap));
+  }
+  options.softcap = o.softcap;
+  if (o.pack_gqa == "yes" || o.pack_gqa == "no") {
+    options.pack_gqa = o.pack_gqa == "yes";
+  } else if (o.pack_gqa != "auto") {
+    bad_option(fmt::format("--pack-gqa: '{}' is not yes, no or auto", o.pack_gqa));
+  }
+  if (!o.tiles.empty()) options.tiles = parse_tiles(o.tiles);
+  if (o.alibi) {
+    call.alibi_slopes = TensorView::contiguous(fake_address(Buffer::alibi_slopes), DType::f32, {heads});
+    options.alibi_slopes = &call.alibi_slopes;
+  }
+
+  call.q = TensorView::contiguous(fake_address(Buffer::q), dtype, {batch, seqlen_q, heads, head_dim});
+  call.out = TensorView::contiguous(fake_address(Buffer::out), dtype, {batch, seqlen_q, heads, head_dim});
+  int64_t rope_positions = std::max<int64_t>(seqlen_k, 1);  // forward: the keys' positions
+  if (!kvcache) {
+    check_elements("k", {batch, seqlen_k, heads_kv, head_dim});
+    call.k = TensorView::contiguous(fake_address(Buffer::k), dtype, {batch, seqlen_k, heads_kv, head_dim});
+    call.v = TensorView::contiguous(fake_address(Buffer::v), dtype, {batch, seqlen_k, heads_kv, head_dim});
+    options.num_splits = o.splits;
+  } else {
+    require_at_least("--new-tokens", o.new_tokens, 0);
+    require_at_least("--page-size", o.page_size, 0);
+    // The call attends to the keys cached before it and those it appends.
+    const int64_t keys = seqlen_k + o.new_tokens;
+    const int64_t cache_len = o.cache_len.value_or(std::max<int64_t>(keys, 1));
+    require_at_least("--cache-len", cache_len, 1);
+    if (cache_len > INT_MAX) bad_option(fmt::format("--cache-len: {} must be at most {}", cache_len, INT_MAX));
+    if (keys > cache_len) {
+      bad_option(fmt::format("--seqlen-k: {} cached keys{} must fit in --cache-len {}", seqlen_k,
+                             o.new_tokens > 0 ? fmt::format(" + {} new ones (--new-tokens)", o.new_tokens) : "",
+                             cache_len));
+    }
+    KVCacheArgs& cache = call.cache;
+    if (o.page_size == 0) {
+      check_elements("k_cache", {batch, cache_len, heads_kv, head_dim});
+      cache.k_cache = TensorView::contiguous(fake_address(Buffer::k), dtype, {batch, cache_len, heads_kv, head_dim});
+      cache.v_cache = TensorView::contiguous(fake_address(Buffer::v), dtype, {batch, cache_len, heads_kv, head_dim});
+      rope_positions = cache_len;
+    } else {
+      // Each sequence owns enough whole pages for cache_len rows.
+      const int64_t pages = (cache_len + o.page_size - 1) / o.page_size;
+      check_elements("k_cache", {batch, pages, o.page_size, heads_kv, head_dim});
+      const std::vector<int64_t> shape = {batch * pages, o.page_size, heads_kv, head_dim};
+      cache.k_cache = TensorView::contiguous(fake_address(Buffer::k), dtype, shape);
+      cache.v_cache = TensorView::contiguous(fake_address(Buffer::v), dtype, shape);
+      call.block_table = TensorView::contiguous(fake_address(Buffer::block_table), DType::i32, {batch, pages});
+      cache.block_table = &call.block_table;
+      rope_positions = pages * o.page_size;
+    }
+    cache.cache_seqlens = TensorView::contiguous(fake_address(Buffer::cache_seqlens), DType::i32, {batch});
+    if (o.new_tokens > 0) {
+      call.k_new = TensorView::contiguous(fake_address(Buffer::k_new), dtype, {batch, o.new_tokens, heads_kv, head_dim});
+      call.v_new = TensorView::contiguous(fake_address(Buffer::v_new), dtype, {batch, o.new_tokens, heads_kv, head_dim});
+      cache.k_new = &call.k_new;
+      cache.v_new = &call.v_new;
+    }
+    cache.num_splits = o.splits;
+    if (o.max_seqlen_k) require_at_least("--max-seqlen-k", *o.max_seqlen_k, 0);
+    cache.max_seqlen_k = o.max_seqlen_k.value_or(static_cast<int>(keys));
+  }
+
+  if (!o.rope.empty()) {
+    RopeOptions& rope = options.rope;
+    if (o.rope == "half") {
+      rope.style = RopeStyle::rotate_half;
+    } else if (o.rope == "interleaved") {
+      rope.style = RopeStyle::interleaved;
+    } else {
+      bad_option(fmt::format("--rope: '{}' is not half or interleaved", o.rope));
+    }
+    if (o.rotary_dim) require_at_least("--rotary-dim", *o.rotary_dim, 1);
+    rope.rotary_dim = o.rotary_dim.value_or(head_dim);
+    if (o.rope_tables != "none") {
+      // FlashAttention's rotary_cos / rotary_sin: [positions, rotary_dim / 2].
+      const DType table_dtype = o.rope_tables == "f32" ? DType::f32 : parse_dtype("--rope-tables", o.rope_tables);
+      const int64_t pairs = std::max(rope.rotary_dim / 2, 1);
+      call.rope_cos = TensorView::contiguous(fake_address(Buffer::rope_cos), table_dtype, {rope_positions, pairs});
+      call.rope_sin = TensorView::contiguous(fake_address(Buffer::rope_sin), table_dtype, {rope_positions, pairs});
+      rope.cos = &call.rope_cos;
+      rope.sin = &call.rope_sin;
+    }
+  }
+}
+
+[[noreturn]] void bad_tiles(const std::string& text, const std::string& why) {
+  bad_option(fmt::format("--tiles: '{}' {}; the forms are BQxBKVxW, BQxBKVxWxS (S producer stages), and those "
+                         "ending in w (wgmma) or wp (wgmma, persistent grid), e.g. 128x64x4, 128x128x8x2w",
+                         text, why));
+}
+
+PlannedLaunch launch_of(const char* role, const KernelSpec& spec, unsigned grid) {
+  PlannedLaunch launch;
+  launch.role = role;
+  launch.spec = spec;
+  launch.grid = grid;
+  launch.threads = spec.threads();
+  launch.smem_bytes = spec.smem_bytes();
+  return launch;
+}
+
+PlannedLaunch attention_launch(const detail::ForwardPlan& plan) {
+  PlannedLaunch launch = launch_of("attention", plan.spec, plan.grid);
+  launch.splits = plan.num_splits;
+  launch.workspace_bytes = plan.workspace_bytes;
+  return launch;
+}
+
+// The launches of the call, planned in the runtime's order (api.cpp): a
+// call that takes a workspace first asks its size (*_workspace_bytes: a
+// sizing-only plan), then runs with a workspace of exactly that size, and
+// only that plan holds the combine. A call whose attention has nothing to
+// compute launches nothing, as the runtime returns early.
+std::vector<PlannedLaunch> plan_launches(const CallArguments& call, const PlanTarget& target,
+                                         const detail::TuningTable* tuning) {
+  const detail::Arch& arch = target.arch;
+  const int smem = target.max_smem_bytes, sms = target.sm_count;
+  auto workspace_for = [](size_t bytes) { return bytes > 0 ? fake_address(Buffer::workspace) : nullptr; };
+  std::vector<PlannedLaunch> launches;
+  if (call.kvcache) {
+    auto plan_with = [&](void* workspace, size_t bytes, bool sizing_only) {
+      return detail::plan_kvcache(call.q, call.cache, call.out, nullptr, call.options, workspace, bytes, sizing_only,
+                                  arch, smem, sms, tuning);
+    };
+    const size_t bytes = plan_with(nullptr, 0, true).attention.workspace_bytes;
+    const detail::KVCachePlan plan = plan_with(workspace_for(bytes), bytes, false);
+    if (plan.attention.grid == 0) return launches;
+    if (plan.append.grid != 0) launches.push_back(launch_of("append", plan.append.spec, plan.append.grid));
+    launches.push_back(attention_launch(plan.attention));
+    if (plan.combine.grid != 0) launches.push_back(launch_of("combine", plan.combine.spec, plan.combine.grid));
+  } else if (call.workspace) {
+    auto plan_with = [&](void* workspace, size_t bytes, bool sizing_only) {
+      return detail::plan_forward_split(call.q, call.k, call.v, call.out, nullptr, call.options, workspace, bytes,
+                                        sizing_only, arch, smem, sms, tuning);
+    };
+    const size_t bytes = plan_with(nullptr, 0, true).attention.workspace_bytes;
+    const detail::SplitForwardPlan plan = plan_with(workspace_for(bytes), bytes, false);
+    if (plan.attention.grid == 0) return launches;
+    launches.push_back(attention_launch(plan.attention));
+    if (plan.combine.grid != 0) launches.push_back(launch_of("combine", plan.combine.spec, plan.combine.grid));
+  } else {
+    const detail::ForwardPlan plan =
+        detail::plan_forward(call.q, call.k, call.v, call.out, nullptr, call.options, arch, smem, sms, tuning);
+    if (plan.grid != 0) launches.push_back(attention_launch(plan));
+  }
+  return launches;
+}
+
+const PlannedLaunch* attention_of(const std::vector<PlannedLaunch>& launches) {
+  for (const PlannedLaunch& launch : launches) {
+    if (launch.role == "attention") return &launch;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TileConfig parse_tiles(const std::string& text) {
+  TileConfig tiles;
+  std::string_view numbers = text;
+  if (numbers.size() >= 2 && numbers.substr(numbers.size() - 2) == "wp") {
+    tiles.wgmma = tiles.persistent = true;
+    numbers.remove_suffix(2);
+  } else if (!numbers.empty() && numbers.back() == 'w') {
+    tiles.wgmma = true;
+    numbers.remove_suffix(1);
+  }
+  std::vector<int> fields;
+  for (size_t start = 0;;) {
+    const size_t x = numbers.find('x', start);
+    const std::optional<int> field = parse_int(numbers.substr(start, x == std::string_view::npos ? x : x - start));
+    if (!field) bad_tiles(text, "is not numbers joined by x");
+    if (*field < 1) bad_tiles(text, fmt::format("has {}, but every number must be >= 1", *field));
+    fields.push_back(*field);
+    if (x == std::string_view::npos) break;
+    start = x + 1;
+  }
+  if (fields.size() != 3 && fields.size() != 4) bad_tiles(text, fmt::format("has {} numbers, not 3 or 4", fields.size()));
+  tiles.block_q = fields[0];
+  tiles.block_kv = fields[1];
+  tiles.warps = fields[2];
+  tiles.stages = fields.size() == 4 ? fields[3] : 0;
+  return tiles;
+}
+
+CallPlan plan_call(const PlanOptions& options, const PlanTarget& target, const detail::TuningTable* tuning) {
+  CallArguments call;
+  build_arguments(options, call);
+  CallPlan plan;
+  plan.launches = plan_launches(call, target, tuning);
+  // Whether the table decided is seen by planning again without it: the
+  // planner may also override a tuned choice (sm_90a's wgmma tiles), and
+  // forced tiles leave it nothing to decide.
+  const PlannedLaunch* attention = attention_of(plan.launches);
+  if (tuning != nullptr && !tuning->empty() && options.tiles.empty() && attention != nullptr) {
+    const std::vector<PlannedLaunch> untuned = plan_launches(call, target, nullptr);
+    const PlannedLaunch* builtin = attention_of(untuned);
+    plan.tiles_tuned = builtin == nullptr || builtin->spec != attention->spec;
+  }
+  return plan;
+}
+
+}  // namespace jitattn::cli
