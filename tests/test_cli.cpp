@@ -115,6 +115,107 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 const char* const kSmallSpec = "fwd.f16.d64.br64.bc64.w4";
 
+// ---- plan: what the planner itself says for a call ----------------------------
+
+// Fake, 256-byte aligned device addresses: planning never dereferences them.
+void* plan_address(uintptr_t slot) { return reinterpret_cast<void*>(slot << 32); }
+
+struct ExpectedLaunch {
+  std::string role;
+  KernelSpec spec;
+  unsigned grid = 0;
+  int splits = 1;              // attention only
+  size_t workspace_bytes = 0;  // attention only
+};
+
+ExpectedLaunch attention_expected(const jitattn::detail::ForwardPlan& plan) {
+  return {"attention", plan.spec, plan.grid, plan.num_splits, plan.workspace_bytes};
+}
+
+// forward() with a workspace of forward_workspace_bytes(), planned directly.
+std::vector<ExpectedLaunch> planned_forward(jitattn::DType dtype, int64_t batch, int64_t seqlen, int64_t heads,
+                                            int64_t heads_kv, int head_dim, const jitattn::ForwardOptions& options,
+                                            const char* arch, int smem, int sm_count,
+                                            const jitattn::detail::TuningTable* tuning = nullptr) {
+  using jitattn::TensorView;
+  const TensorView q = TensorView::contiguous(plan_address(1), dtype, {batch, seqlen, heads, head_dim});
+  const TensorView k = TensorView::contiguous(plan_address(2), dtype, {batch, seqlen, heads_kv, head_dim});
+  const TensorView v = TensorView::contiguous(plan_address(3), dtype, {batch, seqlen, heads_kv, head_dim});
+  const TensorView out = TensorView::contiguous(plan_address(4), dtype, {batch, seqlen, heads, head_dim});
+  const Arch target = Arch::parse(arch);
+  const size_t bytes = jitattn::detail::plan_forward_split(q, k, v, out, nullptr, options, nullptr, 0, true, target,
+                                                           smem, sm_count, tuning)
+                           .attention.workspace_bytes;
+  const auto plan = jitattn::detail::plan_forward_split(q, k, v, out, nullptr, options,
+                                                        bytes > 0 ? plan_address(5) : nullptr, bytes, false, target,
+                                                        smem, sm_count, tuning);
+  std::vector<ExpectedLaunch> launches = {attention_expected(plan.attention)};
+  if (plan.combine.grid > 0) launches.push_back({"combine", plan.combine.spec, plan.combine.grid});
+  return launches;
+}
+
+// forward_kvcache() with a workspace of kvcache_workspace_bytes(), planned
+// directly: batch sequences of seqlen_q queries over a cache of cache_len
+// rows (pages of `page` rows, or contiguous), appending new_tokens keys.
+std::vector<ExpectedLaunch> planned_kvcache(int64_t batch, int64_t seqlen_q, int64_t cache_len, int page,
+                                            int64_t new_tokens, int64_t heads, int64_t heads_kv, int splits,
+                                            int max_seqlen_k, const jitattn::ForwardOptions& options) {
+  using jitattn::DType;
+  using jitattn::TensorView;
+  const TensorView q = TensorView::contiguous(plan_address(1), DType::bf16, {batch, seqlen_q, heads, 128});
+  const TensorView cache =
+      page == 0 ? TensorView::contiguous(plan_address(2), DType::bf16, {batch, cache_len, heads_kv, 128})
+                : TensorView::contiguous(plan_address(2), DType::bf16, {batch * cache_len / page, page, heads_kv, 128});
+  const TensorView table = TensorView::contiguous(plan_address(3), DType::i32, {batch, cache_len / std::max(page, 1)});
+  const TensorView k_new = TensorView::contiguous(plan_address(4), DType::bf16, {batch, new_tokens, heads_kv, 128});
+  jitattn::KVCacheArgs args;
+  args.k_cache = args.v_cache = cache;
+  args.cache_seqlens = TensorView::contiguous(plan_address(5), DType::i32, {batch});
+  if (page > 0) args.block_table = &table;
+  if (new_tokens > 0) args.k_new = args.v_new = &k_new;
+  args.num_splits = splits;
+  args.max_seqlen_k = max_seqlen_k;
+  const Arch hopper = Arch::parse("sm_90a");
+  const size_t bytes =
+      jitattn::detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, true, hopper, 232448, 132)
+          .attention.workspace_bytes;
+  const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options, bytes > 0 ? plan_address(6) : nullptr,
+                                                  bytes, false, hopper, 232448, 132);
+  std::vector<ExpectedLaunch> launches;
+  if (plan.append.grid > 0) launches.push_back({"append", plan.append.spec, plan.append.grid});
+  launches.push_back(attention_expected(plan.attention));
+  if (plan.combine.grid > 0) launches.push_back({"combine", plan.combine.spec, plan.combine.grid});
+  return launches;
+}
+
+// The launches of `plan --json` are the expected ones, in order, and the
+// text table shows the same rows.
+void check_launches(const CliSandbox& sandbox, const std::string& args, const std::vector<ExpectedLaunch>& expected) {
+  const json planned = sandbox.run_json("plan " + args + " --json");
+  INFO("plan " << args << "\n" << planned.dump(2));
+  REQUIRE(planned["launches"].size() == expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const json& launch = planned["launches"][i];
+    const ExpectedLaunch& want = expected[i];
+    CHECK(launch["launch"] == want.role);
+    CHECK(launch["spec"] == want.spec.text());
+    CHECK(launch["grid"] == want.grid);
+    CHECK(launch["threads"] == want.spec.threads());
+    CHECK(launch["smem_bytes"] == want.spec.smem_bytes());
+    if (want.role == "attention") {
+      CHECK(launch["splits"] == want.splits);
+      CHECK(launch["workspace_bytes"] == want.workspace_bytes);
+    }
+  }
+  const CliRun text = sandbox.run("plan " + args);
+  REQUIRE(text.status == 0);
+  for (const ExpectedLaunch& want : expected) {
+    const std::string row = row_of(text.out, want.role);
+    CHECK_MESSAGE(contains(row, " " + want.spec.text() + " "), row);
+    CHECK_MESSAGE(contains(row, fmt::format(" {} ", want.grid)), row);
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("cli") {
@@ -550,6 +651,212 @@ TEST_CASE("info reports the tuning table and clear removes it") {
   CHECK(contains(cleared.out, "removed the tuning table " + path));
   CHECK_FALSE(fs::exists(path));
   CHECK(sandbox.run_json("info --json")["tuning"]["status"] == "none");
+}
+
+TEST_CASE("plan prints the launches the planner makes for a forward call") {
+  CliSandbox sandbox;
+  using jitattn::DType;
+  jitattn::ForwardOptions causal;
+  causal.causal = true;
+  // A Llama-style prefill on an H200.
+  check_launches(sandbox,
+                 "--dtype bf16 --head-dim 128 --batch 16 --seqlen-q 1024 --heads 32 --heads-kv 8 --causal "
+                 "--arch sm_90a --sms 132 --smem 232448",
+                 planned_forward(DType::bf16, 16, 1024, 32, 8, 128, causal, "sm_90a", 232448, 132));
+  // One short sequence on an A100: few tiles, so the keys are split and combined.
+  const std::vector<ExpectedLaunch> split = planned_forward(DType::f16, 1, 256, 8, 8, 64, {}, "sm_80", 166912, 108);
+  REQUIRE(split.size() == 2);
+  CHECK(split[0].splits > 1);
+  check_launches(sandbox, "--dtype f16 --head-dim 64 --seqlen-q 256 --heads 8 --arch sm_80 --sms 108 --smem 166912",
+                 split);
+  // Forced tiles, and a split count.
+  jitattn::ForwardOptions forced;
+  forced.tiles = {64, 32, 4};
+  forced.num_splits = 3;
+  check_launches(sandbox, "--dtype f16 --head-dim 64 --seqlen-q 256 --heads 8 --arch sm_80 --sms 108 --smem 166912 "
+                          "--tiles 64x32x4 --splits 3",
+                 planned_forward(DType::f16, 1, 256, 8, 8, 64, forced, "sm_80", 166912, 108));
+  // Without a workspace: plan_forward, which never splits.
+  using jitattn::TensorView;
+  const TensorView q = TensorView::contiguous(plan_address(1), DType::f16, {1, 256, 8, 64});
+  const auto unsplit = jitattn::detail::plan_forward(q, q, q, q, nullptr, {}, Arch::parse("sm_80"), 166912, 108);
+  check_launches(sandbox, "--dtype f16 --head-dim 64 --seqlen-q 256 --heads 8 --arch sm_80 --sms 108 --smem 166912 "
+                          "--no-workspace",
+                 {attention_expected(unsplit)});
+}
+
+TEST_CASE("plan --call kvcache prints append, attention and combine as plan_kvcache plans them") {
+  CliSandbox sandbox;
+  jitattn::ForwardOptions causal;
+  causal.causal = true;
+  const std::string target = " --arch sm_90a --sms 132 --smem 232448";
+  // Decoding one token per sequence over a paged cache, with a forced split
+  // count: the keys are the 3000 cached and the one appended.
+  const std::vector<ExpectedLaunch> paged = planned_kvcache(4, 1, 4096, 16, 1, 32, 8, 4, 3001, causal);
+  REQUIRE(paged.size() == 3);
+  CHECK(paged[1].splits == 4);
+  check_launches(sandbox,
+                 "--call kvcache --dtype bf16 --head-dim 128 --batch 4 --seqlen-q 1 --seqlen-k 3000 --cache-len 4096 "
+                 "--page-size 16 --new-tokens 1 --heads 32 --heads-kv 8 --causal --splits 4" + target,
+                 paged);
+  // The planner's own split count follows the keys the call says it holds
+  // (KVCacheArgs::max_seqlen_k), or the capacity with --max-seqlen-k 0.
+  const std::string short_cache =
+      "--call kvcache --head-dim 128 --seqlen-q 1 --seqlen-k 100 --cache-len 8192 --heads 32 --heads-kv 8" + target;
+  const std::vector<ExpectedLaunch> hinted = planned_kvcache(1, 1, 8192, 0, 0, 32, 8, 0, 100, {});
+  const std::vector<ExpectedLaunch> capacity = planned_kvcache(1, 1, 8192, 0, 0, 32, 8, 0, 0, {});
+  CHECK(hinted[0].splits != capacity[0].splits);
+  check_launches(sandbox, short_cache, hinted);
+  check_launches(sandbox, short_cache + " --max-seqlen-k 0", capacity);
+}
+
+TEST_CASE("plan --json reports the target, where the tiles came from and each launch") {
+  CliSandbox sandbox;
+  const json planned = sandbox.run_json("plan --head-dim 128 --seqlen-q 1024 --heads 16 --causal --arch sm_80 --sms 108 "
+                                        "--json");
+  CHECK(planned["call"] == "forward");
+  CHECK(planned["target"]["arch"] == "sm_80");
+  CHECK(planned["target"]["arch_from"] == "--arch");
+  CHECK(planned["target"]["sm_count"] == 108);
+  CHECK(planned["target"]["sm_count_from"] == "--sms");
+  CHECK(planned["target"]["max_smem_bytes"] == jitattn::cli::max_smem_of(Arch::parse("sm_80")));
+  CHECK(planned["tiles_from"] == "built-in");
+  CHECK(planned["tuning_table"].is_null());
+  REQUIRE(planned["launches"].size() >= 1);
+  for (const json& launch : planned["launches"]) {
+    for (const char* field : {"launch", "spec", "arch", "grid", "threads", "smem_bytes"}) {
+      CHECK_MESSAGE(launch.contains(field), field);
+    }
+    CHECK(launch["arch"] == "sm_80");
+  }
+  const json& attention = planned["launches"][0];
+  CHECK(attention["launch"] == "attention");
+  CHECK(attention["splits"].get<int>() >= 1);
+  CHECK(attention["workspace_bytes"].is_number());
+  CHECK(sandbox.run_json("plan --head-dim 128 --seqlen-q 1024 --heads 16 --tiles 64x64x4 --arch sm_80 --json")["tiles_from"] ==
+        "--tiles");
+}
+
+TEST_CASE("plan takes the tuning table's tiles, as a real call would, and says so") {
+  CliSandbox sandbox;
+  const json nvrtc = sandbox.run_json("info --json")["nvrtc"];
+  const std::string nvrtc_version = nvrtc["available"] == true ? nvrtc["version"].get<std::string>() : "none";
+  const json choice = {{"arch", "sm_80"}, {"dtype", "bf16"}, {"head_dim", 128}, {"causal", true},
+                       {"seqlen_bucket", 1024}, {"block_q", 64}, {"block_kv", 32}, {"warps", 4},
+                       {"tflops", 1.0}, {"default_tflops", 0.5}};
+  fs::create_directories(sandbox.cache_dir() + "/v1");
+  std::ofstream(sandbox.cache_dir() + "/v1/tuning.json")
+      << json{{"format", 1}, {"library_version", jitattn::version()}, {"nvrtc_version", nvrtc_version},
+              {"choices", {choice}}}
+             .dump();
+  jitattn::detail::TuningTable tuning;
+  tuning.set({{Arch::parse("sm_80"), jitattn::DType::bf16, 128, true, 1024}, {64, 32, 4}, 1.0, 0.5});
+  jitattn::ForwardOptions causal;
+  causal.causal = true;
+  const std::vector<ExpectedLaunch> tuned =
+      planned_forward(jitattn::DType::bf16, 8, 1024, 32, 32, 128, causal, "sm_80", 166912, 108, &tuning);
+  REQUIRE(tuned[0].spec.text() == "fwd.bf16.d128.br64.bc32.w4.causal");
+  const std::string args = "--head-dim 128 --batch 8 --seqlen-q 1024 --heads 32 --causal --arch sm_80 --sms 108";
+  check_launches(sandbox, args, tuned);
+  const json planned = sandbox.run_json("plan " + args + " --json");
+  CHECK(planned["tiles_from"] == "tuning table");
+  CHECK(planned["tuning_table"] == sandbox.cache_dir() + "/v1/tuning.json");
+  CHECK(contains(sandbox.run("plan " + args).out, "from the tuning table"));
+  // Another seqlen bucket: the table has no choice for it.
+  CHECK(sandbox.run_json("plan --head-dim 128 --batch 8 --seqlen-q 4096 --heads 32 --causal --arch sm_80 --json")
+            ["tiles_from"] == "built-in");
+}
+
+TEST_CASE("plan --manifest prints SPEC @ARCH lines that warm --manifest reads") {
+  CliSandbox sandbox;
+  // A decoding step: three launches, each a line pinned to the target arch.
+  const CliRun decode = sandbox.run("plan --call kvcache --head-dim 128 --seqlen-q 1 --seqlen-k 3000 --cache-len 4096 "
+                                    "--page-size 16 --new-tokens 1 --heads 32 --heads-kv 8 --splits 4 --arch sm_90a "
+                                    "--manifest");
+  REQUIRE(decode.status == 0);
+  std::istringstream lines(decode.out);
+  size_t count = 0;
+  for (std::string line; std::getline(lines, line); ++count) {
+    std::istringstream words(line);
+    std::string spec, pin, extra;
+    words >> spec >> pin;
+    REQUIRE_FALSE(pin.empty());
+    CHECK_FALSE(static_cast<bool>(words >> extra));
+    CHECK(KernelSpec::parse(spec).text() == spec);
+    CHECK(pin == "@sm_90a");
+  }
+  CHECK(count == 3);
+
+  // A kernel that compiles in about a second, warmed from the manifest.
+  const CliRun small = sandbox.run("plan --dtype f16 --head-dim 64 --seqlen-q 256 --heads 8 --tiles 64x64x4 "
+                                   "--no-workspace --arch sm_80 --manifest");
+  REQUIRE(small.status == 0);
+  CHECK(small.out == std::string(kSmallSpec) + " @sm_80\n");
+  const std::string manifest = sandbox.write_file("specs.txt", small.out);
+  const json warmed = sandbox.run_json(fmt::format("warm --manifest {} --arch sm_90a --json", shell_quoted(manifest)));
+  REQUIRE(warmed.size() == 1);
+  CHECK(warmed[0]["spec"] == kSmallSpec);
+  CHECK(warmed[0]["arch"] == "sm_80");  // the pin, not --arch
+  CHECK(warmed[0]["result"] == "miss");
+}
+
+TEST_CASE("plan rejects bad options before planning, naming the option and the rule") {
+  CliSandbox sandbox;
+  const std::string shape = "plan --head-dim 128 --seqlen-q 64 ";
+  struct Bad {
+    std::string args;
+    std::string message;
+  };
+  const Bad cases[] = {
+      {"--heads 32 --heads-kv 6", "--heads: 32 must be a multiple of --heads-kv 6"},
+      {"--heads 32 --tiles 128x64", "--tiles: '128x64' has 2 numbers"},
+      {"--heads 32 --tiles 128xx64x4", "--tiles: '128xx64x4' is not numbers joined by x"},
+      {"--heads 32 --tiles 128x64x4q", "--tiles: '128x64x4q'"},
+      {"--heads 32 --call kvcache --seqlen-k 5000 --cache-len 4096", "--seqlen-k: 5000 cached keys must fit in --cache-len 4096"},
+      {"--heads 32 --call kvcache --seqlen-k 4000 --new-tokens 200 --cache-len 4096", "--seqlen-k: 4000 cached keys + 200 new ones (--new-tokens) must fit in --cache-len 4096"},
+      {"--heads 32 --dtype f32", "--dtype: 'f32' is not bf16 or f16"},
+      {"--heads 32 --window 128", "--window: '128' is not L,R"},
+      {"--heads 32 --page-size 16", "--page-size: applies to --call kvcache only"},
+      {"--heads 32 --call kvcache --no-workspace", "--no-workspace: applies to --call forward only"},
+      {"--heads 0", "--heads: 0 must be >= 1"},
+      {"--heads 32 --sms 0", "--sms: 0 must be >= 1"},
+      // The planner's own rules come through as it words them.
+      {"--heads 32 --head-dim 300", "q: head_dim=300 is above the largest supported, 256"},
+      {"--heads 32 --call kvcache --page-size 48", "k_cache: page_size=48 (dimension 1 of a paged cache) must be a power of two"},
+      {"--heads 32 --tiles 128x128x8x2w --arch sm_80", "options.tiles.wgmma needs sm_90a, not sm_80"},
+  };
+  for (const Bad& bad : cases) {
+    // --head-dim given twice is a usage error: the shape's is replaced.
+    std::string args = shape + bad.args;
+    if (contains(bad.args, "--head-dim")) args = "plan --seqlen-q 64 " + bad.args;
+    const CliRun result = sandbox.run(args);
+    INFO(args << "\nstderr: " << result.err);
+    CHECK(result.status == 1);
+    CHECK(result.out.empty());
+    CHECK(contains(result.err, "jitattn: " + bad.message));
+  }
+  // Usage errors exit 2: a missing required option, a word outside its set,
+  // options that need or exclude another.
+  for (const char* usage : {"plan --seqlen-q 64 --heads 8", "plan --head-dim 64 --seqlen-q 64 --heads 8 --pack-gqa maybe",
+                            "plan --head-dim 64 --seqlen-q 64 --heads 8 --rotary-dim 32",
+                            "plan --head-dim 64 --seqlen-q 64 --heads 8 --json --manifest"}) {
+    INFO(usage);
+    CHECK(sandbox.run(usage).status == 2);
+  }
+}
+
+TEST_CASE("plan --help lists its options") {
+  CliSandbox sandbox;
+  const CliRun help = sandbox.run("plan --help");
+  CHECK(help.status == 0);
+  for (const char* option : {"--call", "--dtype", "--head-dim", "--batch", "--seqlen-q", "--seqlen-k", "--heads",
+                             "--heads-kv", "--causal", "--window", "--softcap", "--alibi", "--rope", "--rotary-dim",
+                             "--rope-tables", "--tiles", "--splits", "--pack-gqa", "--no-workspace", "--cache-len",
+                             "--page-size", "--new-tokens", "--max-seqlen-k", "--arch", "--sms", "--smem", "--json",
+                             "--manifest"}) {
+    CHECK_MESSAGE(contains(help.out, option), option);
+  }
+  CHECK(contains(help.out, "jitattn warm --manifest"));
 }
 
 }  // TEST_SUITE("cli")
