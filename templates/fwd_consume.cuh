@@ -117,14 +117,18 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   const int q_buffer = at.q_buffer();
   unsigned char* const q_bytes = shared_bytes + q_buffer * Cfg::kSmemQ * 2;
   const unsigned q_rows = ring.q_tile(q_buffer) + group_row0 * 128;
+  const unsigned long long q_descriptor = wgmma_descriptor(q_rows, 16);
   auto issue_qk = [&](float (&s_acc)[Cfg::kMTiles][Cfg::kScoreTiles][4], int stage) {
     // Copies that landed without a producer store (K without RoPE) reach
     // the async proxy through this thread's fence.
     fence_async_shared();
     wgmma_fence();
-    auto q_at = [&](int ks) { return wgmma_descriptor(q_rows + (ks >> 2) * (Cfg::kBlockQ * 128) + (ks & 3) * 32, 16); };
+    const unsigned long long k_descriptor = wgmma_descriptor(ring.k_stage(stage), 16);
+    auto q_at = [&](int ks) {
+      return wgmma_descriptor_at(q_descriptor, (ks >> 2) * (Cfg::kBlockQ * 128) + (ks & 3) * 32);
+    };
     auto k_at = [&](int ks) {
-      return wgmma_descriptor(ring.k_stage(stage) + (ks >> 2) * (Cfg::kBlockKV * 128) + (ks & 3) * 32, 16);
+      return wgmma_descriptor_at(k_descriptor, (ks >> 2) * (Cfg::kBlockKV * 128) + (ks & 3) * 32);
     };
     wgmma_ss<Element, Cfg::kBlockKV, false>(s_acc[0], q_at(0), k_at(0));
 #pragma unroll
@@ -137,12 +141,13 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     mbarrier_wait(ring.v_landed(stage), parity);
     fence_async_shared();
     wgmma_fence();
+    const unsigned long long v_descriptor = wgmma_descriptor(ring.v_stage(stage), Cfg::kBlockKV * 128);
 #pragma unroll
     for (int ks = 0; ks < Cfg::kBlockKV / 16; ++ks) {
       // Keys 16ks..16ks+15: two 8-row groups of every panel; panels (64
       // columns of V each) are kBlockKV rows apart.
-      wgmma_rs_panels<Element, Cfg::kHeadDim>(o[0], probabilities[0][ks], ring.v_stage(stage) + ks * 16 * 128,
-                                              Cfg::kBlockKV * 128);
+      wgmma_rs_panels<Element, Cfg::kHeadDim>(o[0], probabilities[0][ks],
+                                              wgmma_descriptor_at(v_descriptor, ks * 16 * 128), Cfg::kBlockKV * 128);
     }
     wgmma_commit();
   };

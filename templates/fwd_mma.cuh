@@ -165,15 +165,32 @@ __device__ __forceinline__ void rewrite_scores(float (&s)[Cfg::kMTiles][Cfg::kSc
 template <class Cfg>
 __device__ __forceinline__ void apply_mask(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], const FwdParams& p,
                                            int seqlen_k, int first_row, int first_key, int diagonal_offset, int lane) {
-  for_each_score<Cfg>(s, first_row, first_key, lane, [&](float& score, int packed_row, int key, int, int) {
-    const int row = query_position<Cfg>(packed_row, p.heads_per_kv);
-    bool visible = key < seqlen_k;
-    if constexpr (Cfg::kCausal) visible = visible && key <= row + diagonal_offset;
-    if constexpr (Cfg::kLocal) {
-      visible = visible && key <= row + diagonal_offset + p.window_right && key >= row + diagonal_offset - p.window_left;
+  // Each row sees one range of keys. Held relative to this thread's first
+  // key, as [begin, end) of column offsets, it is tested with one compare
+  // against the element's constant offset n * 8 + (e & 1), instead of each
+  // element's key and row being formed and compared to every bound.
+  const int thread_key0 = first_key + (lane & 3) * 2;
+#pragma unroll
+  for (int m = 0; m < Cfg::kMTiles; ++m) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = query_position<Cfg>(first_row + m * 16 + (lane >> 2) + half * 8, p.heads_per_kv);
+      const int diagonal = row + diagonal_offset - thread_key0;
+      int end = seqlen_k - thread_key0;
+      if constexpr (Cfg::kCausal) end = min(end, diagonal + 1);
+      if constexpr (Cfg::kLocal) end = min(end, diagonal + p.window_right + 1);
+      const int begin = Cfg::kLocal ? diagonal - p.window_left : 0;
+#pragma unroll
+      for (int n = 0; n < Cfg::kScoreTiles; ++n) {
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          const int column = n * 8 + (e & 1);
+          const bool visible = column < end && (!Cfg::kLocal || column >= begin);
+          if (!visible) s[m][n][e] = -kInfinity;
+        }
+      }
     }
-    if (!visible) score = -kInfinity;
-  });
+  }
 }
 
 // O *= the per-row corrections of an online softmax step.

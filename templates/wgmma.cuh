@@ -24,6 +24,16 @@ __device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned address,
          static_cast<unsigned long long>((leading_bytes >> 4) & 0x3fff) << 16 | kGroupStride << 32 | kSwizzle128;
 }
 
+// The descriptor of `address + bytes` from that of `address`. Shared-window
+// addresses are below 256 KB, so the start-address field (bits 0-13, in
+// 16-byte units) never carries into the fields above it: a k-step's operand
+// is one 32-bit add from its tile's descriptor instead of a descriptor built
+// again from its address.
+__device__ __forceinline__ unsigned long long wgmma_descriptor_at(unsigned long long descriptor, unsigned bytes) {
+  const unsigned low = static_cast<unsigned>(descriptor) + (bytes >> 4);
+  return (descriptor & 0xffffffff00000000ull) | low;
+}
+
 // Orders this thread's earlier register and shared-memory accesses before the
 // next wgmma (required whenever its accumulators or A registers were written
 // by ordinary instructions since the last wgmma).
@@ -201,13 +211,16 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const unsigned (&
 // panel_bytes apart) for a 64×HEAD_DIM output: one wgmma per 128 columns,
 // the widest spelled out above, then what is left (192: 64). Each
 // instruction starts on a panel, where B's swizzle atoms start.
+// b_descriptor: B's first panel (its leading byte offset panel_bytes).
 template <class Element, int HEAD_DIM, int FIRST = 0>
-__device__ __forceinline__ void wgmma_rs_panels(float (&d)[HEAD_DIM / 8][4], const unsigned (&a)[4], unsigned b_address,
-                                                unsigned panel_bytes) {
+__device__ __forceinline__ void wgmma_rs_panels(float (&d)[HEAD_DIM / 8][4], const unsigned (&a)[4],
+                                                unsigned long long b_descriptor, unsigned panel_bytes) {
   constexpr int kColumns = HEAD_DIM - FIRST < 128 ? HEAD_DIM - FIRST : 128;
   wgmma_rs<Element, kColumns>(*reinterpret_cast<float(*)[kColumns / 8][4]>(&d[FIRST / 8]), a,
-                              wgmma_descriptor(b_address + FIRST / 64 * panel_bytes, panel_bytes));
-  if constexpr (FIRST + 128 < HEAD_DIM) wgmma_rs_panels<Element, HEAD_DIM, FIRST + 128>(d, a, b_address, panel_bytes);
+                              wgmma_descriptor_at(b_descriptor, FIRST / 64 * panel_bytes));
+  if constexpr (FIRST + 128 < HEAD_DIM) {
+    wgmma_rs_panels<Element, HEAD_DIM, FIRST + 128>(d, a, b_descriptor, panel_bytes);
+  }
 }
 
 #undef JITATTN_WGMMA_PICK
