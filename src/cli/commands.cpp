@@ -739,28 +739,26 @@ ChosenTarget plan_target(const PlanOptions& options) {
     chosen.arch_from = "default";
   }
   const bool gpu_is_target = gpu && Arch::for_device(gpu->cc_major, gpu->cc_minor) == target.arch;
-  if (options.sms) {
-    if (*options.sms < 1) bad_option(fmt::format("--sms: {} must be >= 1", *options.sms));
-    target.sm_count = *options.sms;
-    chosen.sm_count_from = "--sms";
-  } else if (gpu_is_target) {
-    target.sm_count = gpu->sm_count;
-    chosen.sm_count_from = gpu_text;
-  } else {
-    target.sm_count = 132;
-    chosen.sm_count_from = "default";
-  }
-  if (options.smem) {
-    if (*options.smem < 1) bad_option(fmt::format("--smem: {} must be >= 1", *options.smem));
-    target.max_smem_bytes = *options.smem;
-    chosen.smem_from = "--smem";
-  } else if (gpu_is_target) {
-    target.max_smem_bytes = gpu->max_smem_per_block;
-    chosen.smem_from = gpu_text;
-  } else {
-    target.max_smem_bytes = max_smem_of(target.arch);
-    chosen.smem_from = "default for " + target.arch.text();
-  }
+  // One value of the target: the option's, else the local GPU's where it is
+  // the target, else the default; `from` says which.
+  auto choose = [&](const std::optional<int>& option, const char* name, int gpu_value, int default_value,
+                    std::string default_from, int& value, std::string& from) {
+    if (option) {
+      if (*option < 1) bad_option(fmt::format("{}: {} must be >= 1", name, *option));
+      value = *option;
+      from = name;
+    } else if (gpu_is_target) {
+      value = gpu_value;
+      from = gpu_text;
+    } else {
+      value = default_value;
+      from = std::move(default_from);
+    }
+  };
+  choose(options.sms, "--sms", gpu_is_target ? gpu->sm_count : 0, 132, "default", target.sm_count,
+         chosen.sm_count_from);
+  choose(options.smem, "--smem", gpu_is_target ? gpu->max_smem_per_block : 0, max_smem_of(target.arch),
+         "default for " + target.arch.text(), target.max_smem_bytes, chosen.smem_from);
   return chosen;
 }
 
