@@ -859,4 +859,15 @@ TEST_CASE("plan --help lists its options") {
   CHECK(contains(help.out, "jitattn warm --manifest"));
 }
 
+TEST_CASE("planning without a GPU assumes each arch's opt-in shared memory per block") {
+  using jitattn::cli::max_smem_of;
+  CHECK(max_smem_of(Arch::parse("sm_90a")) == 232448);
+  CHECK(max_smem_of(Arch::parse("sm_100")) == 232448);
+  CHECK(max_smem_of(Arch::parse("sm_80")) == 166912);
+  CHECK(max_smem_of(Arch::parse("sm_87")) == 166912);
+  CHECK(max_smem_of(Arch::parse("sm_86")) == 101376);
+  CHECK(max_smem_of(Arch::parse("sm_89")) == 101376);
+  CHECK(max_smem_of(Arch::parse("sm_120")) == 101376);
+}
+
 }  // TEST_SUITE("cli")

@@ -136,7 +136,11 @@ std::string known_names() {
 }  // namespace
 
 int max_smem_of(const detail::Arch& arch) {
-  return arch.major >= 9 ? 227 * 1024 : arch.minor == 0 ? 163 * 1024 : 99 * 1024;
+  // The CUDA programming guide's per-compute-capability limits.
+  if (arch.major >= 12) return 99 * 1024;                                        // consumer Blackwell
+  if (arch.major >= 9) return 227 * 1024;                                        // Hopper, Blackwell, Thor
+  if (arch.minor == 0 || arch.minor == 7) return 163 * 1024;                     // A100, Orin
+  return 99 * 1024;                                                              // other sm_8x
 }
 
 const std::vector<Preset>& presets() {

@@ -36,7 +36,8 @@ struct Preset {
 };
 
 // The opt-in shared memory per block of `arch`'s GPUs, for planning without
-// one: Hopper 227 KB, A100 163 KB, other sm_8x 99 KB.
+// one: 227 KB on sm_90-110, 163 KB on sm_80 and sm_87, 99 KB on other sm_8x
+// and on sm_12x.
 int max_smem_of(const detail::Arch& arch);
 
 // Every preset, in the order `jitattn presets` lists them ("default" first).
