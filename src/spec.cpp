@@ -483,11 +483,13 @@ size_t KernelSpec::rope_table_slot_bytes() const {
 size_t KernelSpec::producer_ring_bytes() const {
   // The Q tile (two, persistent), the producer's ring of K and V stages, and
   // its mbarriers (five per stage; "Q landed" per Q tile, and "Q free" per Q
-  // tile when persistent; FwdConfig::kBarrierOffset, Ring).
+  // tile when persistent; FwdConfig::kBarrierOffset, Ring), then, where the
+  // producer stores outputs, a 32-byte record per Q tile of the tile whose
+  // output it stages (FwdConfig::kOutputRecords).
   const int row_elems = (head_dim + 63) / 64 * 64;
   const int q_tiles = persistent ? 2 : 1;
   const size_t tiles = static_cast<size_t>(q_tiles * block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype);
-  return tiles + static_cast<size_t>(5 * stages + (persistent ? 4 : 1)) * 8;
+  return tiles + static_cast<size_t>(5 * stages + (persistent ? 4 : 1)) * 8 + (producer_stores_output() ? 2 * 32 : 0);
 }
 
 int KernelSpec::rope_table_slots() const {

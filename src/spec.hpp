@@ -110,6 +110,14 @@ struct KernelSpec {
            unaligned_dim == 0 && !(warps == 12 && persistent && local);
   }
 
+  // Persistent fwd whose producer issues K/V by tensor copies and does not
+  // rotate K: its warps 1-3 copy out each tile's output, which the MMA warps
+  // stage in the tile's Q buffer (FwdConfig::kProducerStoresOutput), with a
+  // 32-byte record per Q buffer after the ring's barriers.
+  bool producer_stores_output() const {
+    return persistent && tensor_copies() && !(rope != RopeKind::none && !kvcache);
+  }
+
   // fwd with wgmma whose producer rotates K with tables at head dims 65-128:
   // the table slots beside the ring, as many as fit in sm_90's 227 KB up to
   // `stages` (0: none fit, the tables are read from L2). Each holds a key

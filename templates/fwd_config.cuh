@@ -53,6 +53,7 @@ struct FwdConfig {
   // blocks, while the MMA warps finish the current one.
   static constexpr bool kPersistent = PERSISTENT;
   static constexpr int kQBuffers = PERSISTENT ? 2 : 1;
+  static constexpr int kOutputRecordBytes = 32;  // kProducerStoresOutput
   static constexpr int kProducerThreads = kProducer ? 128 : 0;
   static constexpr int kThreads = WARPS * 32 + kProducerThreads;
   // The threads that copy (and rotate) tiles: the producer, or everyone.
@@ -109,15 +110,20 @@ struct FwdConfig {
   static constexpr bool kMmaTurns = WGMMA && kConsumerGroups >= 2;
   // Named barrier 1 syncs the producer warpgroup (produce_tiles); 2 .. 4
   // sync one warpgroup's four warps (at most three warpgroups); the turn
-  // barriers follow them, within the hardware's 16.
+  // barriers follow them, then the one of producer warps 1-3 that store
+  // persistent outputs, within the hardware's 16.
   static constexpr int kProducerBarrier = 1;
   static constexpr int kTurnBarrier0 = 2 + 3;
-  static_assert(!WGMMA || (kConsumerGroups <= 3 && kTurnBarrier0 + 3 <= 16), "named barriers 0-15");
+  static constexpr int kStorerBarrier = kTurnBarrier0 + 3;
+  static_assert(!WGMMA || (kConsumerGroups <= 3 && kStorerBarrier < 16), "named barriers 0-15");
   // The launch's registers per thread (65536 over the CTA, in steps of 8),
   // and what the MMA warpgroups can claim once the producer has given back.
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static constexpr int kMmaRegisters =
       ((kConsumerGroups + 1) * kLaunchRegisters - kProducerRegisters) / (kConsumerGroups > 0 ? kConsumerGroups : 1) / 8 * 8;
+  // Passes of the output copy in flight per storer (store_staged_tile):
+  // the three-warpgroup producer's 32 registers hold one.
+  static constexpr int kStorerUnroll = kProducerRegisters >= 72 ? 4 : 1;
   static constexpr bool kCausal = MASK == kMaskCausal;
   static constexpr bool kLocal = MASK == kMaskLocal;
   static constexpr bool kSoftcap = SOFTCAP;
@@ -164,6 +170,16 @@ struct FwdConfig {
   // copies do not (KernelSpec::tensor_copies says the same).
   static constexpr bool kTensorCopies = WGMMA && (ROPE == 0 || KVCACHE || HEAD_DIM > 128) && UNALIGNED_DIM == 0 &&
                                         !(WARPS == 12 && PERSISTENT && MASK == kMaskLocal);
+  // Persistent: the MMA warps only stage a tile's output (in its Q buffer)
+  // and go on to the next tile; producer warps 1-3 copy it to memory before
+  // a later tile's Q is loaded into that buffer (produce_tiles), from a
+  // record of the tile kept per Q buffer after the ring's barriers. Short
+  // calls then ran 1-4% faster than with the MMA warps copying (H200,
+  // docs/PERFORMANCE.md). Only where producer thread 0 alone issues the K/V
+  // copies (tensor copies, K not rotated): warps 1-3 are idle there.
+  static constexpr bool kProducerStoresOutput = PERSISTENT && kTensorCopies && !kRotateKeys;
+  static constexpr int kOutputRecords = kProducerStoresOutput ? kQBuffers : 0;
+  static constexpr int kOutputStorers = kProducerThreads - 32;  // producer warps 1-3
   // Pages shorter than this many rows are copied by cp.async: a page's box
   // must fill whole 1024-byte swizzle atoms of a 128-byte-swizzled panel.
   static constexpr int kMinTensorCopyPageShift = 3;
@@ -217,7 +233,11 @@ struct FwdConfig {
   static constexpr int kTableSlotBytes = kMayStageTables ? (2 * BLOCK_KV * kTableRowBytes + 1023) / 1024 * 1024 : 0;
   __host__ __device__ static constexpr int table_slots_that_fit() {
     for (int slots = kStages; slots > 0; --slots) {
-      if (kTileBytes + slots * kTableSlotBytes + (5 * kStages + kQBarriers + slots) * 8 <= kMaxSmemBytes) return slots;
+      if (kTileBytes + slots * kTableSlotBytes + (5 * kStages + kQBarriers + slots) * 8 +
+              kOutputRecords * kOutputRecordBytes <=
+          kMaxSmemBytes) {
+        return slots;
+      }
     }
     return 0;
   }
@@ -240,9 +260,12 @@ struct FwdConfig {
   static constexpr int kStagingSlotBytes = 2 * BLOCK_KV * kStagingRowBytes;
   static constexpr int kProducerBarriers =
       kProducer ? 5 * kStages + kQBarriers + kTableSlots + 2 * kStagingSlots + kStagedRows : 0;
-  static constexpr int kStagingOffset = (kBarrierOffset + kProducerBarriers * 8 + 15) / 16 * 16;
-  static constexpr int kSmemBytes =
-      kStagedRows ? kStagingOffset + kStagingSlots * kStagingSlotBytes : kBarrierOffset + kProducerBarriers * 8;
+  // The producer's records of staged outputs (kProducerStoresOutput) follow
+  // the barriers.
+  static constexpr int kOutputRecordOffset = kBarrierOffset + kProducerBarriers * 8;
+  static constexpr int kRingEnd = kOutputRecordOffset + kOutputRecords * kOutputRecordBytes;
+  static constexpr int kStagingOffset = (kRingEnd + 15) / 16 * 16;
+  static constexpr int kSmemBytes = kStagedRows ? kStagingOffset + kStagingSlots * kStagingSlotBytes : kRingEnd;
   static_assert(!kStagedRows || 2 * BLOCK_KV >= BLOCK_Q, "Q is staged in one slot's K and V rows");
 
   // Whether the next K block is requested before this block's softmax (more

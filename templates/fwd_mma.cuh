@@ -295,19 +295,16 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kSc
   }
 }
 
-// Normalizes O, writes it (through this warp's rows of the Q tile, so global
-// stores are full 16-byte chunks) and the log-sum-exp. A row that saw no key
-// has sum 0 and writes 0 and lse = -inf. Chunks past the caller's head dim
-// (zero padding) are not stored.
+// Normalizes O into this warp's rows of the staging tile (the Q tile's
+// rows, swizzled) and writes the log-sum-exp. A row that saw no key has sum
+// 0 and stages 0 with lse = -inf. copy_staged_output then moves the rows to
+// memory in full 16-byte chunks.
 template <class Cfg>
-__device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
+__device__ __forceinline__ void stage_output(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
                                              const float (&row_max)[Cfg::kMTiles][2],
                                              const float (&row_sum)[Cfg::kMTiles][2], unsigned char* staging,
-                                             unsigned short* out, long long out_row_stride, long long out_head_stride,
                                              float* lse, long long lse_row_stride, long long lse_head_stride, int q0,
-                                             int warp_row0, int rows, int group, int chunks_valid, float lse_scale,
-                                             int lane) {
-  using Element = typename Cfg::Element;
+                                             int warp_row0, int rows, int group, float lse_scale, int lane) {
 #pragma unroll
   for (int m = 0; m < Cfg::kMTiles; ++m) {
 #pragma unroll
@@ -318,7 +315,7 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
 #pragma unroll
       for (int n = 0; n < Cfg::kOutTiles; ++n) {
         *reinterpret_cast<unsigned*>(staging + swizzled_bytes<Cfg, Cfg::kBlockQ>(row, n) + (lane & 3) * 4) =
-            pack2<Element>(o[m][n][2 * half] * inverse, o[m][n][2 * half + 1] * inverse);
+            pack2<typename Cfg::Element>(o[m][n][2 * half] * inverse, o[m][n][2 * half + 1] * inverse);
       }
       if (lse != nullptr && (lane & 3) == 0 && q0 + row < rows) {
         // Natural log: max·lse_scale + ln(sum).
@@ -327,20 +324,30 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
       }
     }
   }
-  __syncwarp();
-  constexpr int kChunks = Cfg::kRowsPerWarp * Cfg::kChunksPerRow;
-  static_assert(kChunks % 32 == 0, "whole warp passes");
-#pragma unroll
-  for (int i = 0; i < kChunks / 32; ++i) {
-    const int chunk = i * 32 + lane;
-    const int row = warp_row0 + chunk / Cfg::kChunksPerRow;
+}
+
+// Copies staged rows first_row .. first_row + ROWS - 1 of a tile to the
+// output, THREADS threads (thread: this one's index among them) a 16-byte
+// chunk each per pass. Rows past the sequence's and chunks past the
+// caller's head dim (zero padding) are not stored; unaligned rows go
+// element by element up to the head dim. UNROLL passes are in flight at
+// once (the producer that runs it for persistent kernels has few
+// registers).
+template <class Cfg, int ROWS, int THREADS, int UNROLL>
+__device__ __forceinline__ void copy_staged_output(const unsigned char* staging, unsigned short* out,
+                                                   long long out_row_stride, long long out_head_stride, int q0,
+                                                   int first_row, int rows, int group, int chunks_valid, int thread) {
+  constexpr int kChunks = ROWS * Cfg::kChunksPerRow;
+#pragma unroll UNROLL
+  for (int i = 0; i < (kChunks + THREADS - 1) / THREADS; ++i) {
+    const int chunk = i * THREADS + thread;
+    const int row = first_row + chunk / Cfg::kChunksPerRow;
     const int column_chunk = chunk % Cfg::kChunksPerRow;
-    if (q0 + row < rows && column_chunk < chunks_valid) {
+    if ((kChunks % THREADS == 0 || chunk < kChunks) && q0 + row < rows && column_chunk < chunks_valid) {
       const uint4 value = *reinterpret_cast<const uint4*>(staging + swizzled_bytes<Cfg, Cfg::kBlockQ>(row, column_chunk));
       unsigned short* const destination =
           out + row_offset<Cfg>(q0 + row, group, out_row_stride, out_head_stride) + column_chunk * 8;
       if constexpr (Cfg::kUnaligned) {
-        // Unaligned rows: element by element, up to the head dim.
         const unsigned words[4] = {value.x, value.y, value.z, value.w};
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -353,6 +360,23 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
       }
     }
   }
+}
+
+// The whole epilogue by one warp: its rows staged, then stored.
+template <class Cfg>
+__device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
+                                             const float (&row_max)[Cfg::kMTiles][2],
+                                             const float (&row_sum)[Cfg::kMTiles][2], unsigned char* staging,
+                                             unsigned short* out, long long out_row_stride, long long out_head_stride,
+                                             float* lse, long long lse_row_stride, long long lse_head_stride, int q0,
+                                             int warp_row0, int rows, int group, int chunks_valid, float lse_scale,
+                                             int lane) {
+  stage_output<Cfg>(o, row_max, row_sum, staging, lse, lse_row_stride, lse_head_stride, q0, warp_row0, rows, group,
+                    lse_scale, lane);
+  __syncwarp();
+  constexpr int kPasses = Cfg::kRowsPerWarp * Cfg::kChunksPerRow / 32;
+  copy_staged_output<Cfg, Cfg::kRowsPerWarp, 32, kPasses>(staging, out, out_row_stride, out_head_stride, q0,
+                                                          warp_row0, rows, group, chunks_valid, lane);
 }
 
 

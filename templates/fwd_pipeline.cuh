@@ -37,9 +37,10 @@ struct TileJob {
 //     varlen block past its sequence: by tracked cp.async, produce_tiles);
 // then per Q buffer "Q landed" (the MMA warps rotate Q themselves for RoPE,
 // each its own rows, while the producer rotates the first K block) and,
-// persistent, "Q free" (the MMA warps have stored the output they staged in
-// its rows); with staged RoPE tables, "table landed" per table slot
-// (produce_tiles). Block i of the CTA's sequence (the key blocks from the last
+// persistent, "Q free" (the MMA warps have staged their output in its rows;
+// with kProducerStoresOutput producer warps 1-3 copy it out, then arrive on
+// "output copied": store_staged_tile); with staged RoPE tables, "table
+// landed" per table slot (produce_tiles). Block i of the CTA's sequence (the key blocks from the last
 // down) uses stage i % kStages in phase (i / kStages) & 1; a persistent CTA
 // counts its blocks on across its tiles (RingPosition).
 template <class Cfg>
@@ -83,6 +84,12 @@ struct Ring {
     return barrier(5 * Cfg::kStages + Cfg::kQBarriers + 2 * Cfg::kStagingSlots + Cfg::kStagedRows + t);
   }
 
+  // Persistent (Cfg::kProducerStoresOutput): "output copied" per Q buffer,
+  // in its record (staged_tile_record).
+  __device__ __forceinline__ unsigned output_copied(int b) const {
+    return base + Cfg::kOutputRecordOffset + b * Cfg::kOutputRecordBytes + Cfg::kOutputRecordBytes - 8;
+  }
+
   // Every barrier, by thread 0 before the CTA's first __syncthreads.
   __device__ __forceinline__ void init() const {
     for (int s = 0; s < Cfg::kStages; ++s) {
@@ -97,6 +104,7 @@ struct Ring {
     for (int b = 0; b < Cfg::kQBuffers; ++b) {
       mbarrier_init(q_landed(b), Cfg::kProducerThreads);
       if (Cfg::kPersistent) mbarrier_init(q_free(b), Cfg::kWarps * 32);
+      if (Cfg::kProducerStoresOutput) mbarrier_init(output_copied(b), Cfg::kOutputStorers);
     }
     if constexpr (Cfg::kStagedRows) {
       for (int slot = 0; slot < Cfg::kStagingSlots; ++slot) {
@@ -109,6 +117,37 @@ struct Ring {
     if constexpr (Cfg::kTensorCopies || Cfg::kStagedTables) fence_barrier_init();
   }
 };
+
+// A tile whose output the MMA warps stage in a Q buffer for producer warps
+// 1-3 to copy out (Cfg::kProducerStoresOutput): its record, one per Q
+// buffer after the ring's barriers (Cfg::kOutputRecordOffset), and the
+// buffer's "output copied" mbarrier (those 96 threads' arrivals) in the
+// record's last 8 bytes.
+struct StagedTile {
+  unsigned short* out;
+  int q0, rows, group, chunks_valid;
+};
+
+template <class Cfg>
+__device__ __forceinline__ StagedTile* staged_tile_record(unsigned char* shared_bytes, int buffer) {
+  static_assert(sizeof(StagedTile) + 8 <= Cfg::kOutputRecordBytes, "a record and a barrier per Q buffer");
+  return reinterpret_cast<StagedTile*>(shared_bytes + Cfg::kOutputRecordOffset + buffer * Cfg::kOutputRecordBytes);
+}
+
+// Copies the output staged in Q buffer `buffer` to memory, by producer
+// warps 1-3 (storer: this thread's index among them), once the MMA warps'
+// "Q free" arrivals have completed (the caller waited). Warp 1's lane 0
+// wrote the record when the tile began; the barrier makes it visible to
+// the others.
+template <class Cfg>
+__device__ __forceinline__ void store_staged_tile(const FwdParams& p, unsigned char* shared_bytes, int buffer,
+                                                  int storer) {
+  named_barrier_sync<Cfg::kStorerBarrier, Cfg::kOutputStorers>();
+  const StagedTile tile = *staged_tile_record<Cfg>(shared_bytes, buffer);
+  copy_staged_output<Cfg, Cfg::kBlockQ, Cfg::kOutputStorers, Cfg::kStorerUnroll>(
+      shared_bytes + buffer * Cfg::kSmemQ * 2, tile.out, p.o_row_stride, p.o_head_stride, tile.q0, 0, tile.rows,
+      tile.group, tile.chunks_valid, storer);
+}
 
 // Where a tile starts in the ring: the CTA's tiles before it (which Q buffer,
 // and its phase) and their key blocks (which stage, and its phase). Zero for
@@ -241,10 +280,18 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   };
   auto issue_k = [&](int i, bool first = false) { issue(i, false, first); };
   auto issue_v = [&](int i, bool first = false) { issue(i, true, first); };
-  // Persistent: the Q buffer is free once the MMA warps have stored the
-  // output of the CTA's tile before last from it.
+  // Persistent: the Q buffer is free once the MMA warps have staged the
+  // output of the CTA's tile before last in it, and (kProducerStoresOutput)
+  // producer warps 1-3 have copied that out (at the end of the last tile).
   const int q_buffer = at.q_buffer();
-  if (Cfg::kPersistent && at.tile >= 2) mbarrier_wait(ring.q_free(q_buffer), at.q_phase() ^ 1);
+  const int storer = threadIdx.x % Cfg::kProducerThreads - 32;
+  if (Cfg::kPersistent && at.tile >= 2) {
+    mbarrier_wait(ring.q_free(q_buffer), at.q_phase() ^ 1);
+    if (Cfg::kProducerStoresOutput) mbarrier_wait(ring.output_copied(q_buffer), at.q_phase() ^ 1);
+  }
+  if (Cfg::kProducerStoresOutput && storer == 0) {
+    *staged_tile_record<Cfg>(shared_bytes, q_buffer) = {job.out, job.q0, job.rows, job.group, job.chunks_valid};
+  }
   if constexpr (Cfg::kPackGqa) {
     load_packed_q<Cfg>(ring.q_tile(q_buffer), job.q, p.q_row_stride, p.q_head_stride, job.q0, job.rows, job.group,
                        job.chunks_valid);
@@ -337,6 +384,20 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   // The last copies complete before the producer's threads exit (a
   // persistent producer waits once, after its last tile).
   if constexpr (!Cfg::kPersistent) cp_async_wait<0>();
+  // Producer warps 1-3 copy out the previous tile's output, staged in the
+  // Q buffer that the next tile's Q goes to. They get here while thread 0
+  // still issues this tile's copies (they only copied their share of Q),
+  // so the copy runs as soon as the MMA warps have staged it. Here few of
+  // the producer's registers are live (at the next tile's start its job's
+  // are: the three-warpgroup producer's 32 spilled 24 bytes there).
+  if constexpr (Cfg::kProducerStoresOutput) {
+    if (at.tile >= 1 && storer >= 0) {
+      const RingPosition previous{at.tile - 1, 0};
+      mbarrier_wait(ring.q_free(previous.q_buffer()), previous.q_phase());
+      store_staged_tile<Cfg>(p, shared_bytes, previous.q_buffer(), storer);
+      mbarrier_arrive(ring.output_copied(previous.q_buffer()));
+    }
+  }
 }
 
 // produce_tiles for unaligned rows (Cfg::kStagedRows): each K/V block's

@@ -131,7 +131,7 @@ __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, cons
 // dim 128). work(job, at) runs for each of this CTA's tiles; producer and
 // MMA warps walk the same tiles, and skip the same empty ones (varlen).
 template <class Cfg, class Work>
-__device__ __forceinline__ void walk_persistent_tiles(const FwdParams& p, const Work& work) {
+__device__ __forceinline__ RingPosition walk_persistent_tiles(const FwdParams& p, const Work& work) {
   // Few values stay live across a tile (the MMA warps' registers are full):
   // the linear tile number, the round's parity and the ring position; the
   // rest is reread from the parameters and special registers.
@@ -150,12 +150,15 @@ __device__ __forceinline__ void walk_persistent_tiles(const FwdParams& p, const 
     // Round r's tile r · ctas + c, or r · ctas + ctas − 1 − c in odd rounds.
     linear += odd ? 2 * static_cast<int>(blockIdx.x) + 1 : 2 * (static_cast<int>(gridDim.x - blockIdx.x)) - 1;
   }
+  return at;
 }
 
 // The producer runs ahead into the CTA's next tile (its Q into the other
 // buffer, its first K/V blocks into the ring, K rotated for RoPE) while the
-// MMA warps finish the current one, so only the last tile's epilogue is left
-// uncovered. Each role has its own loop: register allocation follows the
+// MMA warps finish the current one, and (kProducerStoresOutput) copies out
+// each tile's output once they have staged it, so the MMA warps go from one
+// tile's last P V to the next tile's first S = Q Kᵀ with only the staging
+// between. Each role has its own loop: register allocation follows the
 // hand-over (setmaxnreg) only where the roles' code is apart (one shared
 // loop spilled 350-480 bytes, ptxas 13.0 through nvcc).
 template <class Cfg>
@@ -165,9 +168,17 @@ __device__ void fwd_prefill_persistent(const FwdParams& p, unsigned char* shared
   __syncthreads();
   if (threadIdx.x < Cfg::kProducerThreads) {
     warpgroup_registers_release<Cfg::kProducerRegisters>();
-    walk_persistent_tiles<Cfg>(p, [&](const TileJob& job, RingPosition at) {
+    const RingPosition end = walk_persistent_tiles<Cfg>(p, [&](const TileJob& job, RingPosition at) {
       produce_tiles<Cfg>(p, job, ring, shared_bytes, at);
     });
+    // The last tile's output is still staged (produce_tiles copies out
+    // each earlier one).
+    const int storer = threadIdx.x - 32;
+    if (Cfg::kProducerStoresOutput && storer >= 0 && end.tile >= 1) {
+      const RingPosition last{end.tile - 1, 0};
+      mbarrier_wait(ring.q_free(last.q_buffer()), last.q_phase());
+      store_staged_tile<Cfg>(p, shared_bytes, last.q_buffer(), storer);
+    }
     cp_async_wait<0>();
   } else {
     warpgroup_registers_claim<Cfg::kMmaRegisters>();

@@ -295,6 +295,17 @@ TEST_CASE("persistent wgmma specs: text, packing, two Q tiles in shared memory, 
   // Two Q tiles, two stages of K and V, 10 stage mbarriers and 4 for the Q
   // tiles (landed and free, each).
   CHECK(spec.smem_bytes() == (2 * 128 + 2 * 2 * 128) * 128 * 2 + 14 * 8);
+  CHECK_FALSE(spec.producer_stores_output());  // its producer rotates K
+  // Without RoPE the producer stores the outputs: a 32-byte record for
+  // each Q tile follows the barriers.
+  KernelSpec plain = spec;
+  plain.rope = RopeKind::none;
+  plain.rotary_dim = 0;
+  CHECK(plain.producer_stores_output());
+  CHECK(plain.smem_bytes() == (2 * 128 + 2 * 2 * 128) * 128 * 2 + 14 * 8 + 2 * 32);
+  plain.persistent = false;
+  CHECK_FALSE(plain.producer_stores_output());
+  CHECK(plain.smem_bytes() == (128 + 2 * 2 * 128) * 128 * 2 + 11 * 8);
   KernelSpec ordinary = spec;
   ordinary.persistent = false;
   CHECK(ordinary.packed() != spec.packed());
