@@ -273,19 +273,17 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   // reads of Q (all four warps' rows) have completed once all four are here.
   named_barrier_sync(2 + (consumer >> 7), 128);
   if constexpr (Cfg::kProducerStoresOutput) {
-    // Persistent: producer warps 1-3 copy the staged rows out, then a
-    // later tile's Q is loaded into them.
+    // Producer warps 1-3 copy the staged rows out.
     stage_output<Cfg>(o, row_max, row_sum, q_bytes, job.lse, p.lse_row_stride, p.lse_head_stride, job.q0, warp_row0,
                       job.rows, job.group, p.lse_scale, lane);
-    mbarrier_arrive(ring.q_free(q_buffer));
   } else {
     store_output<Cfg>(o, row_max, row_sum, q_bytes, job.out, p.o_row_stride, p.o_head_stride, job.lse,
                       p.lse_row_stride, p.lse_head_stride, job.q0, warp_row0, job.rows, job.group, job.chunks_valid,
                       p.lse_scale, lane);
-    // Persistent (a producer that rotates K, or copies by cp.async): the
-    // producer may load a later tile's Q into these rows.
-    if constexpr (Cfg::kPersistent) mbarrier_arrive(ring.q_free(q_buffer));
   }
+  // Persistent: the producer may load a later tile's Q into these rows
+  // (once warps 1-3 have copied the staged output out, where they do).
+  if constexpr (Cfg::kPersistent) mbarrier_arrive(ring.q_free(q_buffer));
 }
 
 }  // namespace jitattn
