@@ -53,6 +53,23 @@ struct FwdConfig {
   // blocks, while the MMA warps finish the current one.
   static constexpr bool kPersistent = PERSISTENT;
   static constexpr int kQBuffers = PERSISTENT ? 2 : 1;
+  // The order in which persistent CTAs take causal tiles
+  // (walk_persistent_tiles): query block major (every head's last block,
+  // then every head's next to last, ...) evens out the CTAs' totals for any
+  // block count, but a head's K/V is read again for each of its query
+  // blocks after every other head's has passed through L2, so from DRAM
+  // once the heads' K/V exceed L2. A 128-row tile does 128 flops per byte
+  // of K/V (192-row: 192), less than the H200 computes per byte it reads
+  // from DRAM: at d128, 32 x 512, that read 401 MB instead of 201 and took
+  // 1.10x the time. So dense 128-row tiles go head by head, in the grid's
+  // order (a head's query blocks run together and share its K/V in L2),
+  // which the snake rounds balance as well for their power-of-two block
+  // counts. 192-row tiles keep query block major (head by head measured up
+  // to 1.22x slower), and so does varlen: there a sequence shorter than the
+  // longest leaves empty tiles at fixed places in each head's run of
+  // blocks, and head by head handed a step's decoding tiles to a quarter of
+  // the CTAs (2.5x the time; docs/PERFORMANCE.md).
+  static constexpr bool kHeadMajorTiles = MASK != kMaskCausal || (BLOCK_Q <= 128 && !VARLEN);
   static constexpr int kOutputRecordBytes = 32;  // kProducerStoresOutput
   static constexpr int kProducerThreads = kProducer ? 128 : 0;
   static constexpr int kThreads = WARPS * 32 + kProducerThreads;

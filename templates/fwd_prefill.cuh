@@ -121,15 +121,18 @@ __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, cons
 // Persistent (Cfg::kPersistent): the grid's gridDim.x CTAs (at most one wave)
 // share the tiles that an ordinary launch gives one CTA each, in snake
 // rounds: round r gives CTA c tile r · ctas + c of an order, or r · ctas +
-// ctas − 1 − c in odd rounds. Causal tiles are ordered heaviest first (the
-// last query block of every head, then the next to last, ...), so the heavy
-// and light ends of the rounds even out each CTA's total. Grouping heads so
-// that their K/V fit in L2 together breaks that descending order, and
-// measured 1-17% slower from 4k keys (docs/PERFORMANCE.md). Other tiles
-// weigh alike and keep the grid's order, in which neighbouring CTAs share a
-// head's K/V in L2 (query block major, it measured up to 18% slower at head
-// dim 128). work(job, at) runs for each of this CTA's tiles; producer and
-// MMA warps walk the same tiles, and skip the same empty ones (varlen).
+// ctas − 1 − c in odd rounds. The order is the grid's, in which neighbouring
+// CTAs share a head's K/V in L2 (query block major, unmasked tiles measured
+// up to 18% slower at head dim 128), and within a head causal tiles come
+// heaviest first. Causal 192-row tiles, and varlen ones, are ordered
+// heaviest first across every head instead (the last query block of every
+// head, then the next to last, ...; Cfg::kHeadMajorTiles says why), so the
+// heavy and light ends of the rounds even out each CTA's total for any block
+// count. Grouping heads so that their K/V fit in L2 together breaks that
+// descending order, and measured 1-17% slower from 4k keys
+// (docs/PERFORMANCE.md). work(job, at) runs for each of this CTA's tiles;
+// producer and MMA warps walk the same tiles, and skip the same empty ones
+// (varlen).
 template <class Cfg, class Work>
 __device__ __forceinline__ RingPosition walk_persistent_tiles(const FwdParams& p, const Work& work) {
   // Few values stay live across a tile (the MMA warps' registers are full):
@@ -139,8 +142,8 @@ __device__ __forceinline__ RingPosition walk_persistent_tiles(const FwdParams& p
   RingPosition at;
   int linear = static_cast<int>(blockIdx.x);
   for (bool odd = false; linear < p.num_q_blocks * grid_heads(); odd = !odd) {
-    // The grid index of the linear-th tile (causal: query block major).
-    const int index = Cfg::kCausal ? linear % grid_heads() * p.num_q_blocks + linear / grid_heads() : linear;
+    // The grid index of the linear-th tile.
+    const int index = Cfg::kHeadMajorTiles ? linear : linear % grid_heads() * p.num_q_blocks + linear / grid_heads();
     TileJob job;
     if (locate_tile<Cfg>(p, index, job)) {
       work(job, at);

@@ -176,14 +176,16 @@ TEST_CASE("the planner runs the wgmma tiles persistent with more tiles than SMs 
   resize(2, 1024, 1024);  // 256 tiles: persistent on 132 SMs, not on 256
   CHECK(call.plan().spec.persistent);
   CHECK_FALSE(call.plan(true, 227 * 1024, "sm_90a", 256).spec.persistent);
-  // Longer causal grids at head dim 128: at most 12 waves of tiles beyond
-  // 512 keys.
+  // Full causal grids at head dim 128 up to 4096 keys, however many waves
+  // of tiles (their 128-row tiles go head by head).
   resize(4, 2048, 2048);  // 1024 tiles
   CHECK(call.plan().spec.persistent);
   resize(8, 2048, 2048);  // 2048 tiles
-  CHECK_FALSE(call.plan().spec.persistent);
+  CHECK(call.plan().spec.persistent);
   resize(16, 1024, 1024);  // 2048 tiles of 1024 keys
-  CHECK_FALSE(call.plan().spec.persistent);
+  CHECK(call.plan().spec.persistent);
+  resize(8, 4096, 4096);  // 4096 tiles
+  CHECK(call.plan().spec.persistent);
   resize(32, 512, 512);  // 2048 tiles of 512 keys
   CHECK(call.plan().spec.persistent);
   // Without a mask at head dim 128: up to 1024 keys.
@@ -195,6 +197,13 @@ TEST_CASE("the planner runs the wgmma tiles persistent with more tiles than SMs 
   CHECK_FALSE(call.plan().spec.persistent);
   CHECK(call.plan().spec.wgmma);
   call.options.causal = true;
+  // RoPE from theta: the same rule.
+  call.options.rope.style = RopeStyle::rotate_half;
+  call.options.rope.rotary_dim = 128;
+  resize(16, 1024, 1024);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.rope_half_r128");
+  resize(2, 8192, 8192);
+  CHECK_FALSE(call.plan().spec.persistent);
   // RoPE with f32 tables at 128: the ordinary kernel stages them beside K,
   // the persistent one has no room; persistent up to 2048 keys in 12 waves.
   TensorView cos = TensorView::contiguous(address(0x70000), DType::f32, {16384, 64});
@@ -1439,6 +1448,27 @@ TEST_CASE("tiles that exceed the device's shared memory are refused") {
   call.options.tiles = {128, 128, 8};
   CHECK_THROWS_WITH_AS(call.plan(true, 64 * 1024), doctest::Contains("shared memory"), Error);
   CHECK_NOTHROW(call.plan(true, 227 * 1024));
+}
+
+TEST_CASE("varlen causal calls at head dim 128 go persistent only within 12 waves of tiles; dense ones up to 4096 keys") {
+  // 16 sequences of up to 1024 tokens, 16 heads: 2048 tiles over the longest
+  // sequence. Varlen tiles keep the query-block-major order, whose full
+  // grids measured slower than ordinary ones (FwdConfig::kHeadMajorTiles).
+  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {16 * 1024, 16, 128});
+  const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {16 * 1024, 16, 128});
+  VarlenArgs varlen;
+  varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x60000), DType::i32, {17});
+  varlen.max_seqlen_q = varlen.max_seqlen_k = 1024;
+  ForwardOptions options;
+  options.causal = true;
+  const Arch hopper = Arch::parse("sm_90a");
+  auto varlen_plan = [&] { return plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, hopper, 227 * 1024, 132); };
+  CHECK(varlen_plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.varlen");
+  varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x60000), DType::i32, {5});
+  CHECK(varlen_plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.varlen");  // 512 tiles
+  const TensorView dense_q = TensorView::contiguous(address(0x10000), DType::bf16, {16, 1024, 16, 128});
+  CHECK(plan_forward(dense_q, dense_q, dense_q, dense_q, nullptr, options, hopper, 227 * 1024, 132).spec.text() ==
+        "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal");
 }
 
 TEST_CASE("varlen: packed tensors plan to a varlen spec, a per-sequence grid and packed strides") {

@@ -507,11 +507,15 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, const Problem& problem, 
     //   - causal at head dims up to 64 up to 8192 keys: 0.72-0.99 of the
     //     ordinary grid's time (the last wave evened out, the next tile's
     //     loads under the current epilogue), RoPE included; level at 16k;
-    //   - causal at larger head dims up to 4096 keys in at most
-    //     kPersistentMaxWaves waves of tiles, or up to 512 keys: 0.71-0.92.
-    //     Fuller grids of 1k-2k keys measured 0.98-1.09 since the
-    //     warpgroups take turns (heaviest first across every head keeps all
-    //     their K/V at work at once), and 8k keys up to 1.10;
+    //   - causal at larger head dims up to 4096 keys: 0.74-0.95, RoPE
+    //     0.70-0.95 (full grids of 512-4096 keys too, since their 128-row
+    //     tiles go head by head, FwdConfig::kHeadMajorTiles; heaviest first
+    //     across every head read each head's K/V from DRAM once per query
+    //     block, and full grids from 1k keys measured 0.98-1.11); 8k keys
+    //     0.98-1.07. Varlen tiles keep that order (head by head would
+    //     crowd a step's decoding tiles onto a few CTAs), so varlen calls
+    //     keep the rule it measured: at most kPersistentMaxWaves waves of
+    //     tiles (counted over the longest sequence), or up to 512 keys;
     //   - without a causal mask, head dims up to 64 up to 4096 keys
     //     (0.80-0.98; 0.99-1.06 beyond), larger ones up to 1024 keys
     //     (0.84-0.95 with full grids, 1.01-1.03 at batch 2 × 1024; from 4k
@@ -531,7 +535,7 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, const Problem& problem, 
     const bool loses_staged_tables = spec.rope_table_slots() > 0 && persistent_spec.rope_table_slots() == 0;
     const bool pays = causal ? (small_head            ? seqlen_k <= 8192
                                 : loses_staged_tables ? seqlen_k <= 2048 && in_waves
-                                                      : seqlen_k <= 4096 && (in_waves || seqlen_k <= 512))
+                                                      : seqlen_k <= 4096 && (!spec.varlen || in_waves || seqlen_k <= 512))
                              : seqlen_k <= (small_head ? 4096 : 1024);
     spec.persistent = !spills && !problem.kvcache && kernel_dim <= 128 && pays && tile_count > problem.sm_count;
   }
