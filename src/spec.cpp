@@ -485,11 +485,20 @@ size_t KernelSpec::producer_ring_bytes() const {
   // its mbarriers (five per stage; "Q landed" per Q tile, and "Q free" per Q
   // tile when persistent; FwdConfig::kBarrierOffset, Ring), then, where the
   // producer stores outputs, a 32-byte record per Q tile of the tile whose
-  // output it stages (FwdConfig::kOutputRecords).
+  // output it stages (FwdConfig::kOutputRecords), and the order of a varlen
+  // persistent kernel's sequences (sequence_order_bytes).
   const int row_elems = (head_dim + 63) / 64 * 64;
   const int q_tiles = persistent ? 2 : 1;
   const size_t tiles = static_cast<size_t>(q_tiles * block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype);
-  return tiles + static_cast<size_t>(5 * stages + (persistent ? 4 : 1)) * 8 + (producer_stores_output() ? 2 * 32 : 0);
+  return tiles + static_cast<size_t>(5 * stages + (persistent ? 4 : 1)) * 8 + (producer_stores_output() ? 2 * 32 : 0) +
+         sequence_order_bytes();
+}
+
+size_t KernelSpec::sequence_order_bytes() const {
+  // FwdConfig::kSequenceOrderBytes: four ints per ordered sequence (128 of
+  // them) and four more.
+  return family == Family::fwd && persistent && varlen && block_q <= 128 && causal ? (4 * kOrderedSequences + 4) * 4
+                                                                                   : 0;
 }
 
 int KernelSpec::rope_table_slots() const {

@@ -126,6 +126,13 @@ struct KernelSpec {
   int rope_table_slots() const;
   size_t rope_table_slot_bytes() const;
 
+  // Causal varlen persistent fwd with tiles of up to 128 rows: its tiles are
+  // walked in an order of at most kOrderedSequences sequences, built in
+  // shared memory after the ring (FwdConfig::kSequenceOrder); calls with
+  // more sequences walk the grid's order.
+  static constexpr int kOrderedSequences = 128;
+  size_t sequence_order_bytes() const;
+
   int threads() const;
   // fp32 accumulators per thread (output + scores): what decides whether a
   // configuration fits in 255 registers.

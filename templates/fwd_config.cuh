@@ -65,11 +65,30 @@ struct FwdConfig {
   // order (a head's query blocks run together and share its K/V in L2),
   // which the snake rounds balance as well for their power-of-two block
   // counts. 192-row tiles keep query block major (head by head measured up
-  // to 1.22x slower), and so does varlen: there a sequence shorter than the
-  // longest leaves empty tiles at fixed places in each head's run of
-  // blocks, and head by head handed a step's decoding tiles to a quarter of
-  // the CTAs (2.5x the time; docs/PERFORMANCE.md).
+  // to 1.22x slower), and so does varlen outside the sequence order below:
+  // in the grid a sequence shorter than the longest leaves empty tiles at
+  // fixed places in each head's run of blocks, and head by head handed a
+  // step's decoding tiles to a quarter of the CTAs (2.5x the time;
+  // docs/PERFORMANCE.md).
   static constexpr bool kHeadMajorTiles = MASK != kMaskCausal || (BLOCK_Q <= 128 && !VARLEN);
+  // Causal varlen persistent kernels of up to 128 rows a tile, with at
+  // most kOrderedSequences sequences and more than 512 keys in the longest,
+  // walk their sequences' real tiles only (order_sequences,
+  // walk_persistent_tiles): sequences by the weight of their heaviest tile
+  // (keys × its 64-row halves), most first, and head by head within each,
+  // as dense tiles go. Tiles past a sequence's rows are then not in the
+  // order at all, so they cannot crowd a step's real tiles onto a few CTAs,
+  // and a head's K/V stays in L2 while its query blocks run. The order is
+  // built in shared memory at the kernel's start, in time quadratic in the
+  // sequences (a rank per sequence), hence the limit; other calls keep the
+  // order above. Up to 512 keys it measured 5% slower than that, with
+  // packed GQA (H200, docs/PERFORMANCE.md).
+  static constexpr bool kSequenceOrder = PERSISTENT && VARLEN && BLOCK_Q <= 128 && MASK == kMaskCausal;
+  static constexpr int kOrderedSequences = 128;
+  // Per sequence its key count and query blocks (by index), the sequences
+  // by rank, and each rank's first tile (kOrderedSequences + 1 entries,
+  // padded to 16 bytes).
+  static constexpr int kSequenceOrderBytes = kSequenceOrder ? (4 * kOrderedSequences + 4) * 4 : 0;
   static constexpr int kOutputRecordBytes = 32;  // kProducerStoresOutput
   static constexpr int kProducerThreads = kProducer ? 128 : 0;
   static constexpr int kThreads = WARPS * 32 + kProducerThreads;
@@ -251,7 +270,7 @@ struct FwdConfig {
   __host__ __device__ static constexpr int table_slots_that_fit() {
     for (int slots = kStages; slots > 0; --slots) {
       if (kTileBytes + slots * kTableSlotBytes + (5 * kStages + kQBarriers + slots) * 8 +
-              kOutputRecords * kOutputRecordBytes <=
+              kOutputRecords * kOutputRecordBytes + kSequenceOrderBytes <=
           kMaxSmemBytes) {
         return slots;
       }
@@ -278,9 +297,10 @@ struct FwdConfig {
   static constexpr int kProducerBarriers =
       kProducer ? 5 * kStages + kQBarriers + kTableSlots + 2 * kStagingSlots + kStagedRows : 0;
   // The producer's records of staged outputs (kProducerStoresOutput) follow
-  // the barriers.
+  // the barriers, then the sequence order (kSequenceOrder).
   static constexpr int kOutputRecordOffset = kBarrierOffset + kProducerBarriers * 8;
-  static constexpr int kRingEnd = kOutputRecordOffset + kOutputRecords * kOutputRecordBytes;
+  static constexpr int kSequenceOrderOffset = kOutputRecordOffset + kOutputRecords * kOutputRecordBytes;
+  static constexpr int kRingEnd = kSequenceOrderOffset + kSequenceOrderBytes;
   static constexpr int kStagingOffset = (kRingEnd + 15) / 16 * 16;
   static constexpr int kSmemBytes = kStagedRows ? kStagingOffset + kStagingSlots * kStagingSlotBytes : kRingEnd;
   static_assert(!kStagedRows || 2 * BLOCK_KV >= BLOCK_Q, "Q is staged in one slot's K and V rows");

@@ -118,18 +118,126 @@ __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, cons
   }
 }
 
+// The sequence order of a varlen persistent kernel (Cfg::kSequenceOrder),
+// in shared memory after the ring: per sequence its weight (-1 when it has
+// no rows; once ranked, the ranks' query blocks) and query blocks, indexed
+// by sequence; the sequences by rank; and per rank the number of tiles
+// before its sequence's (first_tile[batch]: all of them).
+struct SequenceOrder {
+  int* keys;
+  int* blocks;
+  int* by_rank;
+  int* first_tile;
+};
+
+template <class Cfg>
+__device__ __forceinline__ SequenceOrder sequence_order() {
+  // The dynamic shared memory by its symbol (fwd_prefill's shared_bytes):
+  // a constant address, where a pointer passed down for the walk cost
+  // registers the warps do not have (24 bytes of spills at head dim 128
+  // with a window, softcap, ALiBi and packed GQA; ptxas, NVRTC 13.0).
+  extern __shared__ __align__(1024) unsigned char dynamic_shared[];
+  int* base = reinterpret_cast<int*>(dynamic_shared + Cfg::kSequenceOrderOffset);
+  constexpr int n = Cfg::kOrderedSequences;
+  return {base, base + n, base + 2 * n, base + 3 * n};
+}
+
+template <class Cfg>
+__device__ __forceinline__ bool walks_sequence_order(const FwdParams& p) {
+  return Cfg::kSequenceOrder && p.batch <= Cfg::kOrderedSequences && p.seqlen_k > 512;
+}
+
+// Builds the sequence order (every thread of the CTA; all its CTAs build
+// the same one): sequences ranked by the weight of their heaviest tile,
+// keys × 64-row halves (a tile of a few decoding rows runs one warpgroup's
+// MMAs: consume_tiles_wgmma), most first, ties by index, and those without
+// rows last; each contributes grid heads × its own query blocks tiles. Ranks by counting (a sequence's rank is the number of
+// sequences before it), which for 128 sequences is 128 shared-memory reads
+// a thread.
+template <class Cfg>
+__device__ void order_sequences(const FwdParams& p) {
+  const SequenceOrder order = sequence_order<Cfg>();
+  const int group = Cfg::kPackGqa ? p.heads_per_kv : 1;
+  for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
+    const VarlenSequence sequence = varlen_sequence(p, b);
+    // Blocks past the grid's (its max_seqlen_q) are not run, as in the grid.
+    const int blocks = min((sequence.seqlen_q * group + Cfg::kBlockQ - 1) / Cfg::kBlockQ, p.num_q_blocks);
+    order.blocks[b] = blocks;
+    const int halves = min((sequence.seqlen_q * group + 63) / 64, Cfg::kBlockQ / 64);
+    order.keys[b] = blocks > 0 ? sequence.seqlen_k * halves : -1;
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
+    const int keys = order.keys[b];
+    int rank = 0;
+    for (int other = 0; other < p.batch; ++other) {
+      const int other_keys = order.keys[other];
+      rank += other_keys > keys || (other_keys == keys && other < b);
+    }
+    order.by_rank[rank] = b;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    // Running sums of the ranks' tiles, a warp's 32 ranks at a time.
+    const int lane = static_cast<int>(threadIdx.x);
+    const int units = Cfg::kPackGqa ? p.heads_kv : p.heads_q;
+    if (lane == 0) order.first_tile[0] = 0;
+    int before = 0;
+    for (int rank0 = 0; rank0 < p.batch; rank0 += 32) {
+      const int rank = rank0 + lane;
+      const int blocks = rank < p.batch ? order.blocks[order.by_rank[rank]] : 0;
+      int tiles = blocks * units;
+      for (int step = 1; step < 32; step *= 2) {
+        const int lower = __shfl_up_sync(0xffffffffu, tiles, step);
+        if (lane >= step) tiles += lower;
+      }
+      if (rank < p.batch) {
+        order.first_tile[rank + 1] = before + tiles;
+        order.keys[rank] = blocks;  // the keys are ranked: now blocks by rank
+      }
+      before += __shfl_sync(0xffffffffu, tiles, 31);
+    }
+  }
+  // The caller's __syncthreads publishes first_tile.
+}
+
+// The grid index (locate_tile) of the linear-th tile of the sequence order:
+// the rank whose tiles hold it (binary search over first_tile), then its
+// sequence's heads one by one, each head's query blocks heaviest first
+// (causal: the last).
+template <class Cfg>
+__device__ __forceinline__ int sequence_order_tile(const FwdParams& p, int linear) {
+  const SequenceOrder order = sequence_order<Cfg>();
+  int rank = 0;
+  for (int high = p.batch - 1; rank < high;) {
+    const int middle = (rank + high + 1) / 2;
+    if (order.first_tile[middle] <= linear) {
+      rank = middle;
+    } else {
+      high = middle - 1;
+    }
+  }
+  const int in_sequence = linear - order.first_tile[rank], blocks = order.keys[rank];
+  const int unit = in_sequence / blocks, from_heaviest = in_sequence - unit * blocks;
+  // locate_tile counts causal blocks from the grid's last.
+  const int in_grid = Cfg::kCausal ? p.num_q_blocks - blocks + from_heaviest : from_heaviest;
+  return (order.by_rank[rank] * (Cfg::kPackGqa ? p.heads_kv : p.heads_q) + unit) * p.num_q_blocks + in_grid;
+}
+
 // Persistent (Cfg::kPersistent): the grid's gridDim.x CTAs (at most one wave)
 // share the tiles that an ordinary launch gives one CTA each, in snake
 // rounds: round r gives CTA c tile r · ctas + c of an order, or r · ctas +
 // ctas − 1 − c in odd rounds. The order is the grid's, in which neighbouring
 // CTAs share a head's K/V in L2 (query block major, unmasked tiles measured
 // up to 18% slower at head dim 128), and within a head causal tiles come
-// heaviest first. Causal 192-row tiles, and varlen ones, are ordered
-// heaviest first across every head instead (the last query block of every
-// head, then the next to last, ...; Cfg::kHeadMajorTiles says why), so the
-// heavy and light ends of the rounds even out each CTA's total for any block
-// count. Grouping heads so that their K/V fit in L2 together breaks that
-// descending order, and measured 1-17% slower from 4k keys
+// heaviest first. Varlen kernels with up to 128-row tiles walk the sequence
+// order instead (Cfg::kSequenceOrder), where they have at most
+// kOrderedSequences sequences. Causal 192-row tiles, and other varlen ones,
+// are ordered heaviest first across every head (the last query block of
+// every head, then the next to last, ...; Cfg::kHeadMajorTiles says why),
+// so the heavy and light ends of the rounds even out each CTA's total for
+// any block count. Grouping heads so that their K/V fit in L2 together
+// breaks that descending order, and measured 1-17% slower from 4k keys
 // (docs/PERFORMANCE.md). work(job, at) runs for each of this CTA's tiles;
 // producer and MMA warps walk the same tiles, and skip the same empty ones
 // (varlen).
@@ -137,13 +245,20 @@ template <class Cfg, class Work>
 __device__ __forceinline__ RingPosition walk_persistent_tiles(const FwdParams& p, const Work& work) {
   // Few values stay live across a tile (the MMA warps' registers are full):
   // the linear tile number, the round's parity and the ring position; the
-  // rest is reread from the parameters and special registers.
+  // rest is reread from the parameters, shared memory and special
+  // registers.
   auto grid_heads = [&] { return (Cfg::kPackGqa ? p.heads_kv : p.heads_q) * p.batch; };
+  auto tile_count = [&] {
+    return walks_sequence_order<Cfg>(p) ? sequence_order<Cfg>().first_tile[p.batch]
+                                        : p.num_q_blocks * grid_heads();
+  };
   RingPosition at;
   int linear = static_cast<int>(blockIdx.x);
-  for (bool odd = false; linear < p.num_q_blocks * grid_heads(); odd = !odd) {
+  for (bool odd = false; linear < tile_count(); odd = !odd) {
     // The grid index of the linear-th tile.
-    const int index = Cfg::kHeadMajorTiles ? linear : linear % grid_heads() * p.num_q_blocks + linear / grid_heads();
+    const int index = walks_sequence_order<Cfg>(p) ? sequence_order_tile<Cfg>(p, linear)
+                      : Cfg::kHeadMajorTiles       ? linear
+                                                   : linear % grid_heads() * p.num_q_blocks + linear / grid_heads();
     TileJob job;
     if (locate_tile<Cfg>(p, index, job)) {
       work(job, at);
@@ -168,6 +283,7 @@ template <class Cfg>
 __device__ void fwd_prefill_persistent(const FwdParams& p, unsigned char* shared_bytes) {
   const Ring<Cfg> ring{smem_u32(shared_bytes)};
   if (threadIdx.x == 0) ring.init();
+  if (walks_sequence_order<Cfg>(p)) order_sequences<Cfg>(p);
   __syncthreads();
   if (threadIdx.x < Cfg::kProducerThreads) {
     warpgroup_registers_release<Cfg::kProducerRegisters>();

@@ -790,6 +790,25 @@ TEST_CASE("varlen with the producer layouts (sm_90a): wgmma and mma.sync, masks,
   long_keys.tiles = {128, 128, 8, 2, true, true};
   long_keys.sm_limit = 5;
   cases.push_back(long_keys);
+  // Up to 128 sequences the persistent CTAs walk the sequences' own tiles,
+  // longest keys first (FwdConfig::kSequenceOrder); from 129 the grid's
+  // order. Both sides of that limit, with empty sequences, decoding rows
+  // beside prefill chunks, and as many tiles as CTAs or fewer.
+  for (int sequences : {128, 129}) {
+    for (int ctas : {7, 132}) {
+      std::vector<int> seqlens_q(sequences), seqlens_k(sequences);
+      for (int b = 0; b < sequences; ++b) {
+        const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
+        seqlens_q[b] = kind == 0 ? 0 : kind <= 6 ? 1 : std::uniform_int_distribution<int>(2, 300)(rng);
+        seqlens_k[b] = std::uniform_int_distribution<int>(seqlens_q[b], seqlens_q[b] + 400)(rng);
+      }
+      Case many;
+      many.shape = VarlenShape::packed(make_common(6, 2, 128, true), seqlens_q, seqlens_k, 2, 3);
+      many.tiles = {128, 128, 8, 2, true, true};
+      many.sm_limit = ctas;
+      cases.push_back(many);
+    }
+  }
   warm_cases(cases, spec_of);  // every kernel up front, in parallel
   check_cases(cases, rng, seed);
 }

@@ -1450,22 +1450,33 @@ TEST_CASE("tiles that exceed the device's shared memory are refused") {
   CHECK_NOTHROW(call.plan(true, 227 * 1024));
 }
 
-TEST_CASE("varlen causal calls at head dim 128 go persistent only within 12 waves of tiles; dense ones up to 4096 keys") {
-  // 16 sequences of up to 1024 tokens, 16 heads: 2048 tiles over the longest
-  // sequence. Varlen tiles keep the query-block-major order, whose full
-  // grids measured slower than ordinary ones (FwdConfig::kHeadMajorTiles).
-  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {16 * 1024, 16, 128});
-  const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {16 * 1024, 16, 128});
+TEST_CASE("varlen causal calls at head dim 128 go persistent up to 4096 keys with at most 128 sequences, else within 12 waves") {
+  // Up to 128 sequences the persistent kernel walks the sequences' own
+  // tiles head by head, as dense calls do (FwdConfig::kSequenceOrder), and
+  // takes their rule; beyond, tiles go heaviest first across every head,
+  // whose full grids measured slower than ordinary ones.
+  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {200 * 1024, 16, 128});
+  const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {200 * 1024, 16, 128});
   VarlenArgs varlen;
-  varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x60000), DType::i32, {17});
   varlen.max_seqlen_q = varlen.max_seqlen_k = 1024;
   ForwardOptions options;
   options.causal = true;
   const Arch hopper = Arch::parse("sm_90a");
-  auto varlen_plan = [&] { return plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, hopper, 227 * 1024, 132); };
-  CHECK(varlen_plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.varlen");
-  varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x60000), DType::i32, {5});
-  CHECK(varlen_plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.varlen");  // 512 tiles
+  auto plan_for = [&](int64_t sequences) {
+    varlen.cu_seqlens_q = varlen.cu_seqlens_k =
+        TensorView::contiguous(address(0x60000), DType::i32, {sequences + 1});
+    return plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, hopper, 227 * 1024, 132);
+  };
+  const std::string ordered = "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.varlen";
+  CHECK(plan_for(16).spec.text() == ordered);   // 2048 tiles over the longest sequence
+  CHECK(plan_for(128).spec.text() == ordered);  // 16384
+  CHECK(plan_for(128).spec.sequence_order_bytes() == (4 * KernelSpec::kOrderedSequences + 4) * 4);
+  CHECK(plan_for(129).spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.varlen");
+  CHECK(plan_for(200).spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.varlen");
+  varlen.max_seqlen_q = varlen.max_seqlen_k = 512;
+  CHECK(plan_for(200).spec.persistent);  // up to 512 keys, however many tiles
+  varlen.max_seqlen_q = varlen.max_seqlen_k = 8192;
+  CHECK_FALSE(plan_for(16).spec.persistent);
   const TensorView dense_q = TensorView::contiguous(address(0x10000), DType::bf16, {16, 1024, 16, 128});
   CHECK(plan_forward(dense_q, dense_q, dense_q, dense_q, nullptr, options, hopper, 227 * 1024, 132).spec.text() ==
         "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal");

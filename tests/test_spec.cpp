@@ -293,8 +293,10 @@ TEST_CASE("persistent wgmma specs: text, packing, two Q tiles in shared memory, 
   CHECK(spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.rope_half_r128.varlen");
   CHECK(spec.threads() == 8 * 32 + 128);
   // Two Q tiles, two stages of K and V, 10 stage mbarriers and 4 for the Q
-  // tiles (landed and free, each).
-  CHECK(spec.smem_bytes() == (2 * 128 + 2 * 2 * 128) * 128 * 2 + 14 * 8);
+  // tiles (landed and free, each), then (varlen) the order of up to 128
+  // sequences: four ints each and four more.
+  CHECK(spec.sequence_order_bytes() == 2064);
+  CHECK(spec.smem_bytes() == (2 * 128 + 2 * 2 * 128) * 128 * 2 + 14 * 8 + 2064);
   CHECK_FALSE(spec.producer_stores_output());  // its producer rotates K
   // Without RoPE the producer stores the outputs: a 32-byte record for
   // each Q tile follows the barriers.
@@ -302,8 +304,13 @@ TEST_CASE("persistent wgmma specs: text, packing, two Q tiles in shared memory, 
   plain.rope = RopeKind::none;
   plain.rotary_dim = 0;
   CHECK(plain.producer_stores_output());
+  CHECK(plain.smem_bytes() == (2 * 128 + 2 * 2 * 128) * 128 * 2 + 14 * 8 + 2 * 32 + 2064);
+  plain.varlen = false;
+  CHECK(plain.sequence_order_bytes() == 0);
   CHECK(plain.smem_bytes() == (2 * 128 + 2 * 2 * 128) * 128 * 2 + 14 * 8 + 2 * 32);
+  plain.varlen = true;
   plain.persistent = false;
+  CHECK(plain.sequence_order_bytes() == 0);
   CHECK_FALSE(plain.producer_stores_output());
   CHECK(plain.smem_bytes() == (128 + 2 * 2 * 128) * 128 * 2 + 11 * 8);
   KernelSpec ordinary = spec;

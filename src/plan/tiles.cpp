@@ -512,9 +512,12 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, const Problem& problem, 
     //     tiles go head by head, FwdConfig::kHeadMajorTiles; heaviest first
     //     across every head read each head's K/V from DRAM once per query
     //     block, and full grids from 1k keys measured 0.98-1.11); 8k keys
-    //     0.98-1.07. Varlen tiles keep that order (head by head would
-    //     crowd a step's decoding tiles onto a few CTAs), so varlen calls
-    //     keep the rule it measured: at most kPersistentMaxWaves waves of
+    //     0.98-1.07. Varlen calls walk their sequences' real tiles in the
+    //     same order where they have at most KernelSpec::kOrderedSequences
+    //     sequences (FwdConfig::kSequenceOrder), and take the same rule;
+    //     with more, their tiles keep the heaviest-first order (head by head
+    //     in the grid would crowd a step's decoding tiles onto a few CTAs),
+    //     and the rule it measured: at most kPersistentMaxWaves waves of
     //     tiles (counted over the longest sequence), or up to 512 keys;
     //   - without a causal mask, head dims up to 64 up to 4096 keys
     //     (0.80-0.98; 0.99-1.06 beyond), larger ones up to 1024 keys
@@ -533,9 +536,12 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, const Problem& problem, 
     KernelSpec persistent_spec = spec;
     persistent_spec.persistent = true;
     const bool loses_staged_tables = spec.rope_table_slots() > 0 && persistent_spec.rope_table_slots() == 0;
+    const bool ordered = persistent_spec.sequence_order_bytes() > 0 && problem.batch <= KernelSpec::kOrderedSequences &&
+                         seqlen_k > 512;
     const bool pays = causal ? (small_head            ? seqlen_k <= 8192
                                 : loses_staged_tables ? seqlen_k <= 2048 && in_waves
-                                                      : seqlen_k <= 4096 && (!spec.varlen || in_waves || seqlen_k <= 512))
+                                                      : seqlen_k <= 4096 && (!spec.varlen || ordered || in_waves ||
+                                                                             seqlen_k <= 512))
                              : seqlen_k <= (small_head ? 4096 : 1024);
     spec.persistent = !spills && !problem.kvcache && kernel_dim <= 128 && pays && tile_count > problem.sm_count;
   }
