@@ -1450,10 +1450,10 @@ TEST_CASE("tiles that exceed the device's shared memory are refused") {
   CHECK_NOTHROW(call.plan(true, 227 * 1024));
 }
 
-TEST_CASE("varlen causal calls at head dim 128 go persistent up to 4096 keys with at most 128 sequences, else within 12 waves") {
+TEST_CASE("varlen causal calls at head dim 128 go persistent up to 2048 keys with at most 128 sequences, else within 12 waves") {
   // Up to 128 sequences the persistent kernel walks the sequences' own
   // tiles head by head, as dense calls do (FwdConfig::kSequenceOrder), and
-  // takes their rule; beyond, tiles go heaviest first across every head,
+  // takes their rule up to 2048 keys; beyond, tiles go heaviest first across every head,
   // whose full grids measured slower than ordinary ones.
   const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {200 * 1024, 16, 128});
   const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {200 * 1024, 16, 128});
@@ -1477,6 +1477,17 @@ TEST_CASE("varlen causal calls at head dim 128 go persistent up to 4096 keys wit
   CHECK(plan_for(200).spec.persistent);  // up to 512 keys, however many tiles
   varlen.max_seqlen_q = varlen.max_seqlen_k = 8192;
   CHECK_FALSE(plan_for(16).spec.persistent);
+  // Over 2048 keys the old rule again (32 query heads over 8).
+  const TensorView gqa_q = TensorView::contiguous(address(0x10000), DType::bf16, {8 * 4096, 32, 128});
+  const TensorView gqa_kv = TensorView::contiguous(address(0x20000), DType::bf16, {8 * 4096, 8, 128});
+  auto gqa_plan = [&](int64_t sequences, int max_seqlen) {
+    varlen.cu_seqlens_q = varlen.cu_seqlens_k =
+        TensorView::contiguous(address(0x60000), DType::i32, {sequences + 1});
+    varlen.max_seqlen_q = varlen.max_seqlen_k = max_seqlen;
+    return plan_forward_varlen(gqa_q, gqa_kv, gqa_kv, gqa_q, nullptr, varlen, options, hopper, 227 * 1024, 132).spec;
+  };
+  CHECK(gqa_plan(8, 2048).persistent);
+  CHECK_FALSE(gqa_plan(4, 4096).persistent);  // 4096 tiles
   const TensorView dense_q = TensorView::contiguous(address(0x10000), DType::bf16, {16, 1024, 16, 128});
   CHECK(plan_forward(dense_q, dense_q, dense_q, dense_q, nullptr, options, hopper, 227 * 1024, 132).spec.text() ==
         "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal");

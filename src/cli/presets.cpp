@@ -93,7 +93,7 @@ void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch
 // up to 8192 keys (the decode kernel: split, one and two CTAs per SM), 4
 // sequences of 8 tokens (speculative decoding),
 // and 15 steps beside a 512-token prefill chunk (packed GQA tiles) over
-// 8192 keys and over 4096 (where the chunk's tiles go persistent); over
+// 8192 keys and over 4096; over
 // packed K/V and over pages of 16 and 64 rows; with a workspace (split)
 // and without.
 void add_varlen_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
