@@ -85,9 +85,9 @@ struct FwdConfig {
   // packed GQA (H200, docs/PERFORMANCE.md).
   static constexpr bool kSequenceOrder = PERSISTENT && VARLEN && BLOCK_Q <= 128 && MASK == kMaskCausal;
   static constexpr int kOrderedSequences = 128;
-  // Per sequence its key count and query blocks (by index), the sequences
-  // by rank, and each rank's first tile (kOrderedSequences + 1 entries,
-  // padded to 16 bytes).
+  // Per sequence its weight and query blocks (by index), the sequences by
+  // rank, and each rank's first tile (kOrderedSequences + 1 entries, padded
+  // to 16 bytes); SequenceOrder in fwd_prefill.cuh.
   static constexpr int kSequenceOrderBytes = kSequenceOrder ? (4 * kOrderedSequences + 4) * 4 : 0;
   static constexpr int kOutputRecordBytes = 32;  // kProducerStoresOutput
   static constexpr int kProducerThreads = kProducer ? 128 : 0;

@@ -151,9 +151,9 @@ __device__ __forceinline__ bool walks_sequence_order(const FwdParams& p) {
 // the same one): sequences ranked by the weight of their heaviest tile,
 // keys × 64-row halves (a tile of a few decoding rows runs one warpgroup's
 // MMAs: consume_tiles_wgmma), most first, ties by index, and those without
-// rows last; each contributes grid heads × its own query blocks tiles. Ranks by counting (a sequence's rank is the number of
-// sequences before it), which for 128 sequences is 128 shared-memory reads
-// a thread.
+// rows last; each contributes grid heads × its own query blocks tiles.
+// Ranks by counting (a sequence's rank is the number of sequences before
+// it), which for 128 sequences is 128 shared-memory reads a thread.
 template <class Cfg>
 __device__ void order_sequences(const FwdParams& p) {
   const SequenceOrder order = sequence_order<Cfg>();

@@ -92,19 +92,18 @@ void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch
 // `shape` (32 query heads over 8 KV heads): 1, 16 and 64 decoding steps over
 // up to 8192 keys (the decode kernel: split, one and two CTAs per SM), 4
 // sequences of 8 tokens (speculative decoding),
-// and 15 steps beside a 512-token prefill chunk (packed GQA tiles) over
-// 8192 keys and over 4096; over
+// and 15 steps beside a 512-token prefill chunk (packed GQA tiles); over
 // packed K/V and over pages of 16 and 64 rows; with a workspace (split)
 // and without.
 void add_varlen_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   struct Step {
-    int64_t batch, total_q, max_seqlen_q, max_seqlen_k;
+    int64_t batch, total_q, max_seqlen_q;
   };
-  for (const auto& [batch, total_q, max_seqlen_q, max_seqlen_k] :
-       {Step{1, 1, 1, 8192}, Step{16, 16, 1, 8192}, Step{64, 64, 1, 8192}, Step{4, 32, 8, 8192},
-        Step{16, 527, 512, 8192}, Step{16, 527, 512, 4096}}) {
+  for (const auto& [batch, total_q, max_seqlen_q] :
+       {Step{1, 1, 1}, Step{16, 16, 1}, Step{64, 64, 1}, Step{4, 32, 8}, Step{16, 527, 512}}) {
     for (int page : {0, 16, 64}) {
+      const int64_t max_seqlen_k = 8192;
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {total_q, 32, shape.head_dim});
       const TensorView kv =
           page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * max_seqlen_k, 8, shape.head_dim})
