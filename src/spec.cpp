@@ -396,10 +396,21 @@ void KernelSpec::validate() const {
          fmt::format("br={} is not one of 64, 128 (256 with a producer, sN; 192 with wgmma)", block_q));
   }
   // wgmma's S = Q Kᵀ is one instruction of N = bc (wgmma.cuh), so its
-  // tiles also take 80 and 96: the key blocks that fill shared memory above
-  // head_dim 128.
-  if (block_kv != 32 && block_kv != 64 && block_kv != 128 && !(wgmma && (block_kv == 80 || block_kv == 96))) {
-    fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128 (80, 96 with wgmma)", block_kv));
+  // tiles also take 80 and 96 (the key blocks that fill shared memory above
+  // head_dim 128) and 176 (longer non-causal calls at 128).
+  if (block_kv != 32 && block_kv != 64 && block_kv != 128 &&
+      !(wgmma && (block_kv == 80 || block_kv == 96 || block_kv == 176))) {
+    fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128 (80, 96, 176 with wgmma)", block_kv));
+  }
+  // 176 keys a block leave the MMA warps' 240 registers only beside a
+  // 24-register producer that issues tensor copies and nothing else
+  // (FwdConfig::kProducerRegisters): dense keys, not rotated, of a head dim
+  // up to 128, in an ordinary grid of two warpgroups (two such stages and
+  // a persistent kernel's second Q tile would not fit in shared memory).
+  if (block_kv == 176 && (head_dim > 128 || warps != 8 || persistent || rope != RopeKind::none || varlen ||
+                          kvcache || unaligned_dim != 0)) {
+    fail(ErrorCode::unsupported, "bc=176 takes dense keys by tensor copies only: head_dim up to 128, w=8, no "
+                                 "persistent, rope, varlen, kvcache or unaligned head dim");
   }
   if (warps != 4 && warps != 8 && !(wgmma && warps == 12)) {
     fail(ErrorCode::unsupported, fmt::format("w={} is not one of 4, 8 (12 with wgmma)", warps));
@@ -554,7 +565,7 @@ uint64_t KernelSpec::packed() const {
   // their family.
   key = key << 6 | static_cast<uint64_t>(head_dim / 8);    // multiples of 8 up to 256
   key = key << 6 | static_cast<uint64_t>(block_q / 16);     // multiples of 16 up to 256
-  key = key << 4 | static_cast<uint64_t>(block_kv / 16);    // 16 up to 128
+  key = key << 4 | static_cast<uint64_t>(block_kv / 16);    // 16 up to 176
   key = key << 8 | static_cast<uint64_t>(unaligned_dim);   // below 256
   key = key << 4 | static_cast<uint64_t>(warps);
   key = key << 4 | static_cast<uint64_t>(stages);

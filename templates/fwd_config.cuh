@@ -114,7 +114,11 @@ struct FwdConfig {
   // 56 at 192 (the MMA warps' 224 still hold S, O and P without spills),
   // 40 at 256 (their 232 spill 90-236 bytes). At 24 its rotation spilled
   // 500+ bytes and ran RoPE 1.5-1.7 times slower at 256, and 32 measured
-  // 2-5% slower than 40 (H200, docs/PERFORMANCE.md).
+  // 2-5% slower than 40 (H200, docs/PERFORMANCE.md). 176-key blocks (dense
+  // keys by tensor copies only: KernelSpec::validate) hold 88 S and 64 O
+  // accumulators and 44 words of P: with the 208 left beside an 88-register
+  // producer they spilled 212 bytes and serialized the wgmma; that producer
+  // only issues tensor copies, so it takes 24 and they 240.
   static constexpr bool kRotateKeysAbove128 = HEAD_DIM > 128 && ROPE != 0 && !KVCACHE;
   // Above 128 a paged KV cache's producer, which walks the block table
   // (and copies the last block a row at a time: load_paged_rows), takes
@@ -128,6 +132,7 @@ struct FwdConfig {
                                             : HEAD_DIM > 128                    ? (!kWideProducerWork ? 24
                                                                                    : HEAD_DIM <= 192 ? 56
                                                                                                      : 40)
+                                            : BLOCK_KV > 128                    ? 24
                                             : kConsumerGroups == 2              ? 88
                                             : (HEAD_DIM + BLOCK_KV) / 2 <= 64 ? 72
                                                                                 : 32;

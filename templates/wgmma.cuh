@@ -162,6 +162,13 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9), JITATTN_WGMMA_TILE(C, 10), JITATTN_WGMMA_TILE(C, 11), JITATTN_WGMMA_TILE(C, 12), JITATTN_WGMMA_TILE(C, 13), JITATTN_WGMMA_TILE(C, 14), JITATTN_WGMMA_TILE(C, 15) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor))
 
+#define JITATTN_WGMMA_SS_N176(TYPES, C, SCALE_D) \
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n176k16.f32" TYPES " " \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, " \
+               "%88, %89, p, 1, 1, 0, 0; }\n" \
+               : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9), JITATTN_WGMMA_TILE(C, 10), JITATTN_WGMMA_TILE(C, 11), JITATTN_WGMMA_TILE(C, 12), JITATTN_WGMMA_TILE(C, 13), JITATTN_WGMMA_TILE(C, 14), JITATTN_WGMMA_TILE(C, 15), JITATTN_WGMMA_TILE(C, 16), JITATTN_WGMMA_TILE(C, 17), JITATTN_WGMMA_TILE(C, 18), JITATTN_WGMMA_TILE(C, 19), JITATTN_WGMMA_TILE(C, 20), JITATTN_WGMMA_TILE(C, 21) \
+               : "l"(a_descriptor), "l"(b_descriptor))
 
 // Picks the instruction of width N.
 #define JITATTN_WGMMA_PICK(FORM, TYPES, C, SCALE_D)              \
@@ -172,6 +179,12 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
   else if constexpr (N == 128) FORM##_N128(TYPES, C, SCALE_D);   \
   else static_assert(N == 32, "wgmma N must be 32, 64, 80, 96 or 128");
 
+// S = Q Kᵀ also over 176-key blocks (SS only: P V's N is the head dim, at
+// most 128 an instruction).
+#define JITATTN_WGMMA_PICK_WIDE(FORM, TYPES, C, SCALE_D)          \
+  if constexpr (N == 176) FORM##_N176(TYPES, C, SCALE_D);        \
+  else JITATTN_WGMMA_PICK(FORM, TYPES, C, SCALE_D)
+
 // d (+)= A·B for a 64×N tile: A (64×16, K-major) and B (N×16, K-major) from
 // shared memory. ACCUMULATE false overwrites d (write-only registers, so no
 // instruction has to define them first).
@@ -180,13 +193,13 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], unsigned long lon
                                          unsigned long long b_descriptor) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   if constexpr (Element::is_bf16 && ACCUMULATE) {
-    JITATTN_WGMMA_PICK(JITATTN_WGMMA_SS, ".bf16.bf16", "+f", "1")
+    JITATTN_WGMMA_PICK_WIDE(JITATTN_WGMMA_SS, ".bf16.bf16", "+f", "1")
   } else if constexpr (Element::is_bf16) {
-    JITATTN_WGMMA_PICK(JITATTN_WGMMA_SS, ".bf16.bf16", "=f", "0")
+    JITATTN_WGMMA_PICK_WIDE(JITATTN_WGMMA_SS, ".bf16.bf16", "=f", "0")
   } else if constexpr (ACCUMULATE) {
-    JITATTN_WGMMA_PICK(JITATTN_WGMMA_SS, ".f16.f16", "+f", "1")
+    JITATTN_WGMMA_PICK_WIDE(JITATTN_WGMMA_SS, ".f16.f16", "+f", "1")
   } else {
-    JITATTN_WGMMA_PICK(JITATTN_WGMMA_SS, ".f16.f16", "=f", "0")
+    JITATTN_WGMMA_PICK_WIDE(JITATTN_WGMMA_SS, ".f16.f16", "=f", "0")
   }
 #endif
 }
@@ -223,6 +236,7 @@ __device__ __forceinline__ void wgmma_rs_panels(float (&d)[HEAD_DIM / 8][4], con
   }
 }
 
+#undef JITATTN_WGMMA_PICK_WIDE
 #undef JITATTN_WGMMA_PICK
 
 }  // namespace jitattn

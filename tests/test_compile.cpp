@@ -297,6 +297,36 @@ TEST_CASE("wgmma specs above head dim 128 compile with their features, without s
   CHECK(errors.empty());
 }
 
+TEST_CASE("wgmma specs with 176-key blocks compile with their features, without spills or serialized wgmma") {
+  // S holds 88 accumulators beside O's 64 and P's 44 words: only the 240
+  // registers beside a 24-register producer hold them (with 208 they
+  // spilled 212 bytes and serialized the wgmma; FwdConfig::kProducerRegisters).
+  // Every feature the spec takes with these blocks (masks, softcap, ALiBi,
+  // GQA packing, padding, split), at head dims 64-128.
+  std::vector<KernelSpec> specs;
+  int variant = 0;
+  for (int head_dim : {128, 96, 64}) {
+    for (int i = 0; i < 8; ++i, ++variant) {
+      KernelSpec spec{Family::fwd, variant % 2 ? DType::f16 : DType::bf16, head_dim, 128, 176, 8};
+      spec.stages = 2;
+      spec.wgmma = true;
+      set_feature_variant(spec, variant);
+      spec.rope = RopeKind::none, spec.rotary_dim = 0, spec.rope_tables = spec.rope_tables16 = false;
+      spec.padded = variant % 3 == 2;
+      spec.split = variant % 4 == 1;
+      spec.validate();
+      CHECK_MESSAGE(spec.smem_bytes() <= 227 * 1024, spec.text());
+      specs.push_back(spec);
+    }
+  }
+  const auto errors = compile_all(specs, Arch::parse("sm_90a"), [](const KernelSpec&, const std::string& log) -> std::string {
+    if (log.find(" 0 bytes spill stores") == std::string::npos) return "spills";
+    return "";
+  });
+  for (const auto& e : errors) FAIL_CHECK(e);
+  CHECK(errors.empty());
+}
+
 TEST_CASE("wgmma specs with three MMA warpgroups (w12, 192 rows) compile with their features, without serialized wgmma") {
   std::vector<KernelSpec> specs;
   int variant = 0;

@@ -439,6 +439,33 @@ TEST_CASE("wgmma above head dim 128 (sm_90a): 192 and 256, padded 136-248, RoPE 
   });
 }
 
+TEST_CASE("wgmma with 176-key blocks (sm_90a): no mask and masks, softcap, ALiBi, GQA packing, padded, split") {
+  // S = Q Kᵀ with N = 176 (the planner's blocks for long calls without a
+  // mask at head dim 128), beside a 24-register producer that only issues
+  // tensor copies. No length below is a multiple of 176, so every tile's
+  // first block ends past the keys; 120 and 104 run padded on 128-wide
+  // tiles, 96 and 64 on their own. Masks too, which the planner does not
+  // combine with these blocks but a caller may force. Every third case
+  // splits its keys into a workspace (3 splits, or the heuristic's).
+  if (!sm90a_or_skip("wgmma")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const int head_dims[] = {128, 120, 96, 64, 104, 128};
+  std::vector<Case> cases;
+  for (int index = 0; index < 24; ++index) {
+    const int head_dim = head_dims[(index / 6 + index) % 6];
+    Case c = producer_grid_case(index, head_dim, /*rope=*/false);
+    if (index % 2 == 0) c.shape.causal = false, c.shape.window_left = c.shape.window_right = -1;
+    if (index % 6 == 1) c.shape.seqlen_k = 2500;  // 14.2 blocks
+    if (index % 3 == 2) c.num_splits = index % 2 == 0 ? 3 : 0;
+    c.tiles = {128, 176, 8, 2, true};
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    CHECK_MESSAGE(run.spec.find(".br128.bc176.w8.s2.wgmma") != std::string::npos, run.spec);
+  });
+}
+
 TEST_CASE("wgmma with head dims that are not a multiple of 8 (sm_90a): staged rows, RoPE and plain, masks, GQA") {
   // The producer copies the 16-byte blocks that cover each row into staging
   // slots and shifts them into the tiles (FwdConfig::kStagedRows). The

@@ -382,6 +382,41 @@ TEST_CASE("sm_90a takes the wgmma family once its tiles fill the GPU (above head
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("holds at most 96 accumulators"), Error);
 }
 
+TEST_CASE("long calls without a mask at head dim 128 take 176-key blocks on sm_90a; masks, RoPE and varlen keep 128") {
+  Call call;
+  const auto resize = [&](int64_t batch, int64_t seqlen, int64_t head_dim) {
+    call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
+    call.k = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, 16, head_dim});
+    call.v = TensorView::contiguous(address(0x30000), DType::bf16, {batch, seqlen, 16, head_dim});
+    call.out = TensorView::contiguous(address(0x40000), DType::bf16, {batch, seqlen, 16, head_dim});
+    call.lse = TensorView::contiguous(address(0x50000), DType::f32, {batch, 16, seqlen});
+  };
+  resize(2, 8192, 128);
+  ForwardPlan plan = call.plan();
+  CHECK(plan.spec.text() == "fwd.bf16.d128.br128.bc176.w8.s2.wgmma");
+  CHECK(plan.k_map.box[1] == 176);  // the tensor copies read a block
+  CHECK(plan.spec.smem_bytes() <= 227 * 1024);
+  resize(1, 16384, 120);  // padded, softcap
+  call.options.softcap = 30.f;
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc176.w8.s2.wgmma.softcap.padded");
+  call.options.softcap = 0.f;
+  resize(4, 4096, 128);  // shorter: the last block would be a third empty
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma");
+  resize(2, 8192, 64);  // 192-row tiles of three warpgroups
+  CHECK(call.plan().spec.block_kv == 128);
+  resize(2, 8192, 128);
+  call.options.causal = true;
+  CHECK(call.plan().spec.block_kv == 128);
+  call.options.causal = false;
+  call.options.window_left = 1000;
+  CHECK(call.plan().spec.block_kv == 128);
+  call.options.window_left = -1;
+  call.options.rope.style = RopeStyle::rotate_half;
+  CHECK(call.plan().spec.block_kv == 128);
+  call.options.rope.style = RopeStyle::none;
+  CHECK(call.plan(true, 227 * 1024, "sm_80").spec.block_kv != 176);
+}
+
 TEST_CASE("dense wgmma kernels without RoPE get tile maps of K and V; views a map cannot describe keep mma.sync") {
   Call call;
   call.q = TensorView::contiguous(address(0x10000), DType::bf16, {8, 2048, 16, 128});

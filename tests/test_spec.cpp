@@ -238,6 +238,20 @@ TEST_CASE("wgmma fwd specs: text, packing and rules") {
     CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains("key blocks of a paged cache tile its pages"),
                          Error);
   }
+  // 176-key blocks: dense keys by tensor copies beside a producer that does
+  // nothing else, in an ordinary grid of two warpgroups at head dims up to 128.
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc176.w8.s2.wgmma.softcap.packgqa.split").tensor_copies());
+  CHECK(KernelSpec::parse("fwd.f16.d64.br128.bc176.w8.s2.wgmma.causal.padded").block_kv == 176);
+  for (const char* text : {"fwd.bf16.d128.br128.bc176.w8.s2.wgmma.persistent",
+                           "fwd.bf16.d128.br128.bc176.w8.s2.wgmma.rope_half_r128",
+                           "fwd.bf16.d128.br128.bc176.w8.s2.wgmma.varlen",
+                           "fwd.bf16.d128.br128.bc176.w8.s2.wgmma.kvcache",
+                           "fwd.bf16.d192.br128.bc176.w8.s2.wgmma"}) {
+    CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains("bc=176 takes dense keys by tensor copies only"),
+                         Error);
+  }
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc176.w8.s2"), doctest::Contains("bc=176 is not one of"),
+                       Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.wgmma"),
                        doctest::Contains("repeated flag 'wgmma'"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s3.wgmma"),
