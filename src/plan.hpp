@@ -75,8 +75,9 @@ TileConfig default_tiles(DType dtype, int head_dim, bool causal, const Arch& arc
 // takes once they fill the GPU; none elsewhere.
 std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch, bool paged = false);
 // Every distinct default_tiles() choice over the seqlen buckets, and the
-// wgmma tiles where they apply (ordinary and persistent): what warming a (dtype, head_dim, causal) class
-// must compile so no call compiles later.
+// wgmma tiles where they apply (ordinary and persistent, and at head dim 128
+// the 176-key blocks of long calls): what warming a (dtype, head_dim, causal)
+// class must compile so no call compiles later.
 std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal, const Arch& arch);
 // A spec's tile fields (block_q, block_kv, warps, stages, wgmma) from tiles.
 void apply_tiles(KernelSpec& spec, const TileConfig& tiles);

@@ -347,7 +347,8 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
                              .text());
         }
         // And the wgmma tiles the planner takes once they fill the GPU, in
-        // ordinary and persistent grids.
+        // ordinary and persistent grids, and at 128 its 176-key blocks of
+        // long calls.
         if (const auto wgmma = jitattn::detail::wgmma_tiles(head_dim, /*rope=*/false, hopper)) {
           KernelSpec spec{jitattn::detail::Family::fwd, dtype, head_dim};
           spec.causal = causal;
@@ -355,6 +356,11 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
           planned.insert(spec.text());
           spec.persistent = true;
           planned.insert(spec.text());
+          if (head_dim == 128) {
+            spec.persistent = false;
+            spec.block_kv = 176;
+            planned.insert(spec.text());
+          }
         }
       }
     }

@@ -382,7 +382,7 @@ TEST_CASE("sm_90a takes the wgmma family once its tiles fill the GPU (above head
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("holds at most 96 accumulators"), Error);
 }
 
-TEST_CASE("long calls without a mask at head dim 128 take 176-key blocks on sm_90a; masks, RoPE and varlen keep 128") {
+TEST_CASE("long calls at head dim 128, causal or without a mask, take 176-key blocks on sm_90a; windows, RoPE keep 128") {
   Call call;
   const auto resize = [&](int64_t batch, int64_t seqlen, int64_t head_dim) {
     call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
@@ -406,7 +406,10 @@ TEST_CASE("long calls without a mask at head dim 128 take 176-key blocks on sm_9
   CHECK(call.plan().spec.block_kv == 128);
   resize(2, 8192, 128);
   call.options.causal = true;
-  CHECK(call.plan().spec.block_kv == 128);
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc176.w8.s2.wgmma.causal");
+  resize(4, 4096, 128);  // persistent
+  CHECK(call.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal");
+  resize(2, 8192, 128);
   call.options.causal = false;
   call.options.window_left = 1000;
   CHECK(call.plan().spec.block_kv == 128);
@@ -1031,12 +1034,13 @@ TEST_CASE("forward with a workspace splits calls whose tiles leave the GPU under
   prefill.options.causal = true;
   CHECK(plan_split(prefill, hopper).attention.spec == prefill.plan().spec);
   CHECK(plan_split(prefill, hopper).attention.workspace_bytes == 0);
-  // 128 causal queries over 32768 keys: unpacked wgmma tiles, 4 splits.
+  // 128 causal queries over 32768 keys: unpacked wgmma tiles of 176-key
+  // blocks (the long-call rule), 4 splits.
   Call chunk = decode;
   chunk.q = chunk.out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 128, 32, 128});
   chunk.lse = TensorView::contiguous(address(0x50000), DType::f32, {1, 32, 128});
   chunk.options.causal = true;
-  CHECK(plan_split(chunk, hopper).attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.split");
+  CHECK(plan_split(chunk, hopper).attention.spec.text() == "fwd.bf16.d128.br128.bc176.w8.s2.wgmma.causal.split");
   CHECK(plan_split(chunk, hopper).attention.num_splits == 4);
   // Kernels that do not split: head dims that are not a multiple of 8 run
   // unsplit under the heuristic and refuse forced counts, as persistent grids do.

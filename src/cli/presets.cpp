@@ -67,23 +67,26 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
 }
 
 // The kernels forward() plans for `shape` with few query rows (32 query
-// heads over 8 KV heads, one sequence over 32768 keys): 1 and 16 query
-// tokens (the decode kernel over dense K/V; packed GQA tiles) and 128
-// (unpacked), with a workspace (split) and without, and the combine kernel.
+// heads over 8 KV heads, one sequence over 4096 and over 32768 keys, whose
+// key blocks differ at head dim 128): 1 and 16 query tokens (the decode
+// kernel over dense K/V; packed GQA tiles) and 128 (unpacked), with a
+// workspace (split) and without, and the combine kernel.
 void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch,
                            std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
-  for (int64_t seqlen_q : {1, 16, 128}) {
-    const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {1, seqlen_q, 32, shape.head_dim});
-    const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {1, 32768, 8, shape.head_dim});
-    ForwardOptions options;
-    options.causal = shape.causal;
-    if (shape.local) options.window_left = 4096;
-    if (shape.softcap) options.softcap = 50.f;
-    const detail::SplitForwardPlan plan =
-        detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem, 132);
-    specs.push_back(plan.attention.spec);
-    specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
+  for (int64_t seqlen_k : {4096, 32768}) {
+    for (int64_t seqlen_q : {1, 16, 128}) {
+      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {1, seqlen_q, 32, shape.head_dim});
+      const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {1, seqlen_k, 8, shape.head_dim});
+      ForwardOptions options;
+      options.causal = shape.causal;
+      if (shape.local) options.window_left = 4096;
+      if (shape.softcap) options.softcap = 50.f;
+      const detail::SplitForwardPlan plan = detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0,
+                                                                       /*sizing_only=*/true, arch, max_smem, 132);
+      specs.push_back(plan.attention.spec);
+      specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
+    }
   }
   specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
 }

@@ -17,8 +17,8 @@ namespace {
 // persistent (plan_problem).
 constexpr int64_t kPersistentMaxWaves = 12;
 
-// Key blocks of non-causal wgmma calls at head dim 128 from this many keys
-// (choose_family).
+// Key blocks of wgmma calls without a mask or causal at head dim 128 from
+// this many keys (choose_family).
 constexpr int kWideBlockKeys = 176;
 constexpr int64_t kWideBlockMinKeys = 8192;
 
@@ -253,6 +253,10 @@ std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal,
     TileConfig persistent = *wgmma;
     persistent.persistent = true;
     if (head_dim <= 128) set.push_back(persistent);
+    // Long calls at 128 (choose_family).
+    TileConfig wide = *wgmma;
+    wide.block_kv = kWideBlockKeys;
+    if (head_dim == 128) set.push_back(wide);
   }
   return set;
 }
@@ -551,15 +555,16 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, const Problem& problem, 
                                                                              seqlen_k <= 512))
                              : seqlen_k <= (small_head ? 4096 : 1024);
     spec.persistent = !spills && !problem.kvcache && kernel_dim <= 128 && pays && tile_count > problem.sm_count;
-    // Long calls without a mask at head dim 128 take 176-key blocks (as
-    // FlashAttention 3 does): a block's fixed costs (barriers, turns, row
-    // maxima across the quad, O rescaled) then cover 1.375x the keys.
-    // Measured on the H200 against 128 (docs/PERFORMANCE.md), 16 heads:
-    // 8192 keys 1.01-1.05x, 16384 1.03x; at 4096, where the last block is
-    // a third empty, 0.98-1.00x, so shorter calls keep 128. Dense keys only
+    // Long calls at head dim 128, without a mask or causal, take 176-key
+    // blocks (as FlashAttention 3 does without a mask): a block's fixed
+    // costs (barriers, turns, row maxima across the quad, O rescaled) then
+    // cover 1.375x the keys. Measured on the H200 against 128
+    // (docs/PERFORMANCE.md), 16 heads: without a mask 8192 keys 1.01-1.05x,
+    // 16384 1.03x; causal 1.01x and 1.02x; at 4096, where the last block is
+    // a third empty (and causal calls run persistent), 0.97-1.00x, so
+    // shorter calls keep 128. Windows were not measured. Dense keys only
     // (KernelSpec::validate).
-    const bool unmasked = !facts.causal && !facts.local;
-    if (!spec.persistent && kernel_dim == 128 && !has_rope && unmasked && !spec.varlen && !problem.kvcache &&
+    if (!spec.persistent && kernel_dim == 128 && !has_rope && !facts.local && !spec.varlen && !problem.kvcache &&
         seqlen_k >= kWideBlockMinKeys) {
       tiles.block_kv = kWideBlockKeys;
       spec.block_kv = kWideBlockKeys;
