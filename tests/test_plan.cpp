@@ -25,6 +25,15 @@ struct Call {
   }
 };
 
+// Makes `call` one of batch × seqlen queries and keys, 16 heads of head_dim.
+void resize_dense(Call& call, int64_t batch, int64_t seqlen, int64_t head_dim) {
+  call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
+  call.k = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, 16, head_dim});
+  call.v = TensorView::contiguous(address(0x30000), DType::bf16, {batch, seqlen, 16, head_dim});
+  call.out = TensorView::contiguous(address(0x40000), DType::bf16, {batch, seqlen, 16, head_dim});
+  call.lse = TensorView::contiguous(address(0x50000), DType::f32, {batch, 16, seqlen});
+}
+
 }  // namespace
 
 TEST_SUITE("plan") {
@@ -252,11 +261,7 @@ TEST_CASE("the planner runs the wgmma tiles persistent with more tiles than SMs 
 TEST_CASE("sm_90a takes the wgmma family once its tiles fill the GPU (above head dim 128 too)") {
   Call call;
   const auto resize = [&](int64_t batch, int64_t seqlen, int64_t head_dim) {
-    call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
-    call.k = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, 16, head_dim});
-    call.v = TensorView::contiguous(address(0x30000), DType::bf16, {batch, seqlen, 16, head_dim});
-    call.out = TensorView::contiguous(address(0x40000), DType::bf16, {batch, seqlen, 16, head_dim});
-    call.lse = TensorView::contiguous(address(0x50000), DType::f32, {batch, 16, seqlen});
+    resize_dense(call, batch, seqlen, head_dim);
   };
   call.options.causal = true;
   call.options.rope.style = RopeStyle::rotate_half;
@@ -382,14 +387,10 @@ TEST_CASE("sm_90a takes the wgmma family once its tiles fill the GPU (above head
   CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("holds at most 96 accumulators"), Error);
 }
 
-TEST_CASE("long calls at head dim 128, causal or without a mask, take 176-key blocks on sm_90a; windows, RoPE keep 128") {
+TEST_CASE("176-key blocks for long calls at head dim 128, causal or without a mask; windows and RoPE keep 128") {
   Call call;
   const auto resize = [&](int64_t batch, int64_t seqlen, int64_t head_dim) {
-    call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
-    call.k = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, 16, head_dim});
-    call.v = TensorView::contiguous(address(0x30000), DType::bf16, {batch, seqlen, 16, head_dim});
-    call.out = TensorView::contiguous(address(0x40000), DType::bf16, {batch, seqlen, 16, head_dim});
-    call.lse = TensorView::contiguous(address(0x50000), DType::f32, {batch, 16, seqlen});
+    resize_dense(call, batch, seqlen, head_dim);
   };
   resize(2, 8192, 128);
   ForwardPlan plan = call.plan();
