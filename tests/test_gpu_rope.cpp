@@ -440,12 +440,12 @@ TEST_CASE("wgmma above head dim 128 (sm_90a): 192 and 256, padded 136-248, RoPE 
 }
 
 TEST_CASE("wgmma with 176-key blocks (sm_90a): no mask and masks, softcap, ALiBi, GQA packing, padded, split") {
-  // S = Q Kᵀ with N = 176 (the planner's blocks for long calls without a
-  // mask at head dim 128), beside a 24-register producer that only issues
-  // tensor copies. No length below is a multiple of 176, so every tile's
-  // first block ends past the keys; 120 and 104 run padded on 128-wide
-  // tiles, 96 and 64 on their own. Masks too, which the planner does not
-  // combine with these blocks but a caller may force. Every third case
+  // S = Q Kᵀ with N = 176 (the planner's blocks for long calls at head dim
+  // 128, causal or without a mask), beside a 24-register producer that only
+  // issues tensor copies. No length below is a multiple of 176, so every
+  // tile's first block ends past the keys; 120 and 104 run padded on
+  // 128-wide tiles, 96 and 64 on their own. Windows too, which the planner
+  // does not give these blocks but a caller may force. Every third case
   // splits its keys into a workspace (3 splits, or the heuristic's).
   if (!sm90a_or_skip("wgmma")) return;
   const uint64_t seed = clock_seed();
