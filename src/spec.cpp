@@ -397,7 +397,7 @@ void KernelSpec::validate() const {
   }
   // wgmma's S = Q Kᵀ is one instruction of N = bc (wgmma.cuh), so its
   // tiles also take 80 and 96 (the key blocks that fill shared memory above
-  // head_dim 128) and 176 (longer non-causal calls at 128).
+  // head_dim 128) and 176 (long calls at 128, causal or without a mask).
   if (block_kv != 32 && block_kv != 64 && block_kv != 128 &&
       !(wgmma && (block_kv == 80 || block_kv == 96 || block_kv == 176))) {
     fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 32, 64, 128 (80, 96, 176 with wgmma)", block_kv));

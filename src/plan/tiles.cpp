@@ -253,10 +253,11 @@ std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal,
     TileConfig persistent = *wgmma;
     persistent.persistent = true;
     if (head_dim <= 128) set.push_back(persistent);
-    // Long calls at 128 (choose_family).
-    TileConfig wide = *wgmma;
-    wide.block_kv = kWideBlockKeys;
-    if (head_dim == 128) set.push_back(wide);
+    if (head_dim == 128) {  // long calls (choose_family)
+      TileConfig wide = *wgmma;
+      wide.block_kv = kWideBlockKeys;
+      set.push_back(wide);
+    }
   }
   return set;
 }
