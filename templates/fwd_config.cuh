@@ -226,10 +226,14 @@ struct FwdConfig {
   static constexpr int kMinTensorCopyPageShift = 3;
   // With the producer, the MMA warps rotate their own Q rows (while the
   // producer rotates the first K block) in pieces of this many words
-  // (rotate_consecutive_rows): 4-byte pieces (two pairs' sin and cos per
-  // thread instead of eight) measured 0.6-1.7% faster at head_dim 128 and
-  // 16-byte pieces 2.4% faster at 64 and N 8192 (H200, docs/PERFORMANCE.md).
-  static constexpr int kQRotationWords = HEAD_DIM <= 64 ? 4 : 1;
+  // (rotate_consecutive_rows): 4-byte pieces, whose runs of rows step two
+  // pairs' angles instead of evaluating eight pairs' sin and cos for runs of
+  // two rows. Q's rotation holds up each tile's first S = Q Kᵀ, and at
+  // head_dim 64 it shares the special-function unit with the exponentials:
+  // 4-byte pieces there took RoPE prefill from 1.32x to 1.28-1.29x the time
+  // without RoPE at 32 x 512, and from 1.29-1.30x to 1.26-1.27x at 8 x 2048;
+  // at head_dim 128 they measured 0.6-1.7% faster (H200, docs/PERFORMANCE.md).
+  static constexpr int kQRotationWords = 1;
   // Scores rewritten before the softmax (to log2-domain logits) instead of
   // the scale being folded into the exponent.
   static constexpr bool kRewriteScores = SOFTCAP || ALIBI;
