@@ -44,28 +44,45 @@ struct CtaTime {
   unsigned sm, pad;
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
 
-// Issues one K chunk and one V chunk (kChunkRows rows of kRowBytes, rows row_stride apart) into a stage: the
-// decode kernel's 16-byte cp.async, the calling warp alone (no commit).
-__device__ __forceinline__ void issue_chunk(unsigned char* stage, const char* k_rows, const char* v_rows,
-                                            long long row_stride, int lane) {
+// The tile with the most chunks left (left_of(t) > 0), -1 when none has any; every lane of the warp calls it
+// and gets the same answer.
+template <class LeftOf>
+__device__ __forceinline__ int richest_tile(int tiles, int lane, LeftOf&& left_of) {
+  int best = -1, best_left = 0;
+  for (int t = lane; t < tiles; t += 32) {
+    const int left = left_of(t);
+    if (left > best_left) best_left = left, best = t;
+  }
 #pragma unroll
-  for (int j = 0; j < kChunkBytes / 16 / 32; ++j) {
-    const int index = j * 32 + lane;
-    const int row = index / (kRowBytes / 16), piece = index % (kRowBytes / 16);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(stage + row * kRowBytes + piece * 16)),
-                 "l"(k_rows + row * row_stride + piece * 16));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                     smem_u32(stage + kChunkBytes + row * kRowBytes + piece * 16)),
-                 "l"(v_rows + row * row_stride + piece * 16));
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const int other_left = __shfl_xor_sync(0xffffffffu, best_left, offset);
+    const int other = __shfl_xor_sync(0xffffffffu, best, offset);
+    if (other_left > best_left || (other_left == best_left && other > best)) best_left = other_left, best = other;
+  }
+  return best;
+}
+
+// The first row of chunk `chunk` of tile t (sequence t / heads, head t % heads) in a [batch, seqlen, heads] cache.
+__device__ __forceinline__ const char* chunk_rows(const char* cache, int t, int chunk, int heads, int seqlen) {
+  const long long first_row = static_cast<long long>(t / heads) * seqlen * heads + t % heads;
+  return cache + (first_row + static_cast<long long>(chunk) * kChunkRows * heads) * kRowBytes;
+}
+
+// "Reads" a landed chunk: one word per lane of K and of V (kept by the checksum), then SPIN_CYCLES of spinning in
+// place of the math.
+__device__ __forceinline__ void touch_chunk(const unsigned char* stage, int lane, int spin, unsigned& acc) {
+  acc ^= *reinterpret_cast<const unsigned*>(stage + lane * kRowBytes) ^
+         *reinterpret_cast<const unsigned*>(stage + kChunkBytes + lane * kRowBytes);
+  if (spin > 0) {
+    const long long until = clock64() + spin;
+    while (clock64() < until) {
+    }
   }
 }
 
@@ -123,7 +140,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_kv(const char* k, const ch
     unsigned char* stage = stages + (i % kStages) * 2 * kChunkBytes;
     const char* k_rows = address(f, k);
     const char* v_rows = address(f, v);
-    issue_chunk(stage, k_rows, v_rows, row_stride, lane);
+    issue_chunk_copies<kRowBytes, kChunkRows>(stage, k_rows, v_rows, row_stride, lane);
     asm volatile("cp.async.commit_group;\n" ::);
   };
   unsigned acc = 0;
@@ -138,18 +155,11 @@ __global__ void __launch_bounds__(kWarps * 32) stream_kv(const char* k, const ch
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
     __syncwarp();
     const unsigned char* stage = stages + (i % kStages) * 2 * kChunkBytes;
-    acc ^= *reinterpret_cast<const unsigned*>(stage + lane * kRowBytes) ^
-           *reinterpret_cast<const unsigned*>(stage + kChunkBytes + lane * kRowBytes);
-    if (spin > 0) {
-      const long long until = clock64() + spin;
-      while (clock64() < until) {
-      }
-    }
+    touch_chunk(stage, lane, spin, acc);
   }
   if (acc == 0x12345678u) sink[0] = acc;  // keeps the reads
   finish_cta(start, times, nullptr, tiles, nullptr);
 }
-
 
 // Mode 2: chunks claimed one at a time from per-tile counters (claims[tiles], then a finished-CTA count).
 __global__ void __launch_bounds__(kWarps * 32) stream_kv_claimed(const char* k, const char* v, int heads, int seqlen,
@@ -161,27 +171,14 @@ __global__ void __launch_bounds__(kWarps * 32) stream_kv_claimed(const char* k, 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long row_stride = static_cast<long long>(heads) * kRowBytes;
   const int total_chunks = seqlen / kChunkRows;
-  // The tile with the most chunks left (-1: none left), read by the whole warp.
-  auto richest_tile = [&]() {
-    int best = -1, best_left = 0;
-    for (int t = lane; t < tiles; t += 32) {
-      const int left = total_chunks - static_cast<int>(*reinterpret_cast<volatile unsigned*>(claims + t));
-      if (left > best_left) best_left = left, best = t;
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const int other_left = __shfl_xor_sync(0xffffffffu, best_left, offset);
-      const int other = __shfl_xor_sync(0xffffffffu, best, offset);
-      if (other_left > best_left || (other_left == best_left && other > best)) best_left = other_left, best = other;
-    }
-    return best;
-  };
   // Claims the next chunk: of `tile` while it has any, else of the richest tile. Returns false when none is left.
   int tile = static_cast<int>(blockIdx.x) < tiles ? static_cast<int>(blockIdx.x) : -1;
   auto claim = [&](int& claimed_tile, int& claimed_chunk) {
     for (;;) {
       if (tile < 0) {
-        tile = richest_tile();
+        tile = richest_tile(tiles, lane, [&](int t) {
+          return total_chunks - static_cast<int>(*reinterpret_cast<volatile unsigned*>(claims + t));
+        });
         if (tile < 0) return false;
       }
       unsigned c = 0;
@@ -197,12 +194,8 @@ __global__ void __launch_bounds__(kWarps * 32) stream_kv_claimed(const char* k, 
   };
   unsigned char* stages = smem + warp * kStages * 2 * kChunkBytes;
   auto issue = [&](int slot, int t, int chunk) {
-    unsigned char* stage = stages + slot * 2 * kChunkBytes;
-    const int batch = t / heads, head = t % heads;
-    const long long first_row = static_cast<long long>(batch) * seqlen * heads + head;
-    const char* k_rows = k + first_row * kRowBytes + static_cast<long long>(chunk) * kChunkRows * row_stride;
-    const char* v_rows = v + first_row * kRowBytes + static_cast<long long>(chunk) * kChunkRows * row_stride;
-    issue_chunk(stage, k_rows, v_rows, row_stride, lane);
+    issue_chunk_copies<kRowBytes, kChunkRows>(stages + slot * 2 * kChunkBytes, chunk_rows(k, t, chunk, heads, seqlen),
+                                              chunk_rows(v, t, chunk, heads, seqlen), row_stride, lane);
   };
   static_assert(kStages == 2, "one chunk in flight ahead of the one read");
   unsigned acc = 0;
@@ -215,19 +208,13 @@ __global__ void __launch_bounds__(kWarps * 32) stream_kv_claimed(const char* k, 
     __syncwarp();
     if (have1) issue((i + 1) % kStages, t1, c1);
     asm volatile("cp.async.commit_group;\n" ::);
-    // The claim after next is made now; its answer is needed only at the next issue.
+    // The claim after next, made (and waited for) while this chunk's copies are in flight.
     int t2 = 0, c2 = 0;
     const bool have2 = have1 && claim(t2, c2);
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
     __syncwarp();
     const unsigned char* stage = stages + (i % kStages) * 2 * kChunkBytes;
-    acc ^= *reinterpret_cast<const unsigned*>(stage + lane * kRowBytes) ^
-           *reinterpret_cast<const unsigned*>(stage + kChunkBytes + lane * kRowBytes);
-    if (spin > 0) {
-      const long long until = clock64() + spin;
-      while (clock64() < until) {
-      }
-    }
+    touch_chunk(stage, lane, spin, acc);
     have0 = have1, t0 = t1, c0 = c1;
     have1 = have2, t1 = t2, c1 = c2;
   }
@@ -249,24 +236,11 @@ __global__ void __launch_bounds__(kWarps * 32) stream_kv_two_ended(const char* k
   const long long row_stride = static_cast<long long>(heads) * kRowBytes;
   const int total = seqlen / kChunkRows;
   auto left_of = [&](unsigned word) { return total - static_cast<int>(word & 0xffffu) - static_cast<int>(word >> 16); };
-  auto richest_tile = [&]() {
-    int best = -1, best_left = 0;
-    for (int t = lane; t < tiles; t += 32) {
-      const int left = left_of(*reinterpret_cast<volatile unsigned*>(words + t));
-      if (left > best_left) best_left = left, best = t;
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const int other_left = __shfl_xor_sync(0xffffffffu, best_left, offset);
-      const int other = __shfl_xor_sync(0xffffffffu, best, offset);
-      if (other_left > best_left || (other_left == best_left && other > best)) best_left = other_left, best = other;
-    }
-    return best;
-  };
   // A thief's claim: one chunk from the back of the richest tile; false when no chunk is left anywhere.
   auto steal = [&](int& t, int& chunk) {
     for (;;) {
-      const int victim = richest_tile();
+      const int victim =
+          richest_tile(tiles, lane, [&](int t) { return left_of(*reinterpret_cast<volatile unsigned*>(words + t)); });
       if (victim < 0) return false;
       unsigned old = 0;
       if (lane == 0) old = atomicAdd(words + victim, 1u << 16);
@@ -310,12 +284,8 @@ __global__ void __launch_bounds__(kWarps * 32) stream_kv_two_ended(const char* k
   if (home_left) send_claim();
   unsigned char* stages = smem + warp * kStages * 2 * kChunkBytes;
   auto issue = [&](int slot, int t, int chunk) {
-    unsigned char* stage = stages + slot * 2 * kChunkBytes;
-    const int batch = t / heads, head = t % heads;
-    const long long first_row = static_cast<long long>(batch) * seqlen * heads + head;
-    const char* k_rows = k + first_row * kRowBytes + static_cast<long long>(chunk) * kChunkRows * row_stride;
-    const char* v_rows = v + first_row * kRowBytes + static_cast<long long>(chunk) * kChunkRows * row_stride;
-    issue_chunk(stage, k_rows, v_rows, row_stride, lane);
+    issue_chunk_copies<kRowBytes, kChunkRows>(stages + slot * 2 * kChunkBytes, chunk_rows(k, t, chunk, heads, seqlen),
+                                              chunk_rows(v, t, chunk, heads, seqlen), row_stride, lane);
   };
   unsigned acc = 0;
   int t0, c0, t1, c1;
@@ -330,13 +300,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_kv_two_ended(const char* k
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
     __syncwarp();
     const unsigned char* stage = stages + (i % kStages) * 2 * kChunkBytes;
-    acc ^= *reinterpret_cast<const unsigned*>(stage + lane * kRowBytes) ^
-           *reinterpret_cast<const unsigned*>(stage + kChunkBytes + lane * kRowBytes);
-    if (spin > 0) {
-      const long long until = clock64() + spin;
-      while (clock64() < until) {
-      }
-    }
+    touch_chunk(stage, lane, spin, acc);
     have0 = have1, t0 = t1, c0 = c1;
   }
   if (acc == 0x12345678u) sink[0] = acc;  // keeps the reads

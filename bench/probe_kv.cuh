@@ -1,6 +1,7 @@
-// Shared by the stand-alone KV-cache copy probes (bench/probe_stream_*.cu): a K and a V buffer
-// filled with non-zero bytes (never time on zeros), a one-word sink that keeps the reads, and
-// the median time of repeated launches. Host code only; each probe is built alone with nvcc.
+// Shared by the stand-alone KV-cache copy probes (bench/probe_*.cu): a K and a V buffer
+// filled with non-zero bytes (never time on zeros), a one-word sink that keeps the reads, the
+// median time of repeated launches, and the decode kernel's chunk copies. Each probe is built
+// alone with nvcc.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +10,29 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+// Issues one K chunk and one V chunk of CHUNK_ROWS rows of ROW_BYTES (rows row_stride bytes apart in
+// memory, packed in the stage: K, then V) by 16-byte cp.async, the calling warp alone, as
+// fwd_decode.cuh's load_chunk does. No commit: the caller groups its copies.
+template <int ROW_BYTES, int CHUNK_ROWS>
+__device__ __forceinline__ void issue_chunk_copies(unsigned char* stage, const char* k_rows, const char* v_rows,
+                                                   long long row_stride, int lane) {
+  constexpr int kChunkBytes = ROW_BYTES * CHUNK_ROWS;
+  static_assert(kChunkBytes % (16 * 32) == 0, "whole warp passes of 16-byte copies");
+#pragma unroll
+  for (int j = 0; j < kChunkBytes / 16 / 32; ++j) {
+    const int index = j * 32 + lane;
+    const int row = index / (ROW_BYTES / 16), piece = index % (ROW_BYTES / 16);
+    unsigned char* k_to = stage + row * ROW_BYTES + piece * 16;
+    const long long from = row * row_stride + piece * 16;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                     static_cast<unsigned>(__cvta_generic_to_shared(k_to))),
+                 "l"(k_rows + from));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                     static_cast<unsigned>(__cvta_generic_to_shared(k_to + kChunkBytes))),
+                 "l"(v_rows + from));
+  }
+}
 
 struct ProbeCache {
   char* k = nullptr;

@@ -67,16 +67,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_kv(const char* k, const ch
     const char* k_rows = k_head + static_cast<long long>(chunk) * kChunkRows * row_stride;
     const char* v_rows = v_head + static_cast<long long>(chunk) * kChunkRows * row_stride;
     if (kAsync) {
-#pragma unroll
-      for (int j = 0; j < kChunkBytes / 16 / 32; ++j) {
-        const int index = j * 32 + lane;
-        const int row = index / (kRowBytes / 16), piece = index % (kRowBytes / 16);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(stage + row * kRowBytes + piece * 16)),
-                     "l"(k_rows + row * row_stride + piece * 16));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                         smem_u32(stage + kChunkBytes + row * kRowBytes + piece * 16)),
-                     "l"(v_rows + row * row_stride + piece * 16));
-      }
+      issue_chunk_copies<kRowBytes, kChunkRows>(stage, k_rows, v_rows, row_stride, lane);
       asm volatile("cp.async.commit_group;\n" ::);
     } else {
       const unsigned barrier = smem_u32(&barriers[warp][i % STAGES]);
