@@ -129,9 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_kv(const char* k, const ch
       tile = h + helpers * (f / piece_chunks);
       chunk = owner_chunks + f % piece_chunks;
     }
-    const int batch = tile / heads, head = tile % heads;
-    const long long first_row = static_cast<long long>(batch) * seqlen * heads + head;
-    return base + first_row * kRowBytes + static_cast<long long>(chunk) * kChunkRows * row_stride;
+    return chunk_rows(base, tile, chunk, heads, seqlen);
   };
   unsigned char* stages = smem + warp * kStages * 2 * kChunkBytes;
   const int count = warp < list ? (list - warp + kWarps - 1) / kWarps : 0;
