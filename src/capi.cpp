@@ -135,6 +135,7 @@ struct KVCacheViews {
     args.v_new = CallViews::optional_view(c_args->v_new, "v_new", v_new);
     args.num_splits = c_args->num_splits;
     args.max_seqlen_k = c_args->max_seqlen_k;
+    args.total_seqlen_k = c_args->total_seqlen_k;
   }
   CallViews call;
   jitattn::TensorView block_table, cache_batch_idx, k_new, v_new;
@@ -226,6 +227,7 @@ struct VarlenViews {
     args.block_table = CallViews::optional_view(c->block_table, "block_table", block_table);
     args.max_seqlen_q = c->max_seqlen_q;
     args.max_seqlen_k = c->max_seqlen_k;
+    args.total_seqlen_k = c->total_seqlen_k;
   }
   VarlenViews(const VarlenViews&) = delete;
   VarlenViews& operator=(const VarlenViews&) = delete;

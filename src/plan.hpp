@@ -89,6 +89,12 @@ void apply_tiles(KernelSpec& spec, const TileConfig& tiles);
 // best, counting only counts that change the blocks per split; at most
 // max_splits.
 int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int max_splits);
+// Split-KV for a decoding batch of `batch` sequences in `tiles` CTAs whose
+// longest sequence has longest_keys keys and all of them total_keys: 1
+// unless the longest is over 1.25x the mean; else as many splits as let the
+// longest sequence's tiles fill half the SMs, in pieces of about 2048 keys or
+// more (the nearest count).
+int uneven_splits(int64_t tiles, int64_t batch, int sm_count, int64_t longest_keys, int64_t total_keys);
 
 // RoPE inverse frequencies of pairs 0 .. rotary_dim / 2 − 1 from theta,
 // linear scaling and Llama 3.1 scaling (computed in double, rounded once).

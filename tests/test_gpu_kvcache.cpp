@@ -39,6 +39,9 @@ struct Case {
   int page_size = 0;  // 0: contiguous cache
   bool batch_index = false;
   int num_splits = 0;
+  // One sequence at seqlen_k, the others at most an eighth of it, and the
+  // call told their total (KVCacheArgs::total_seqlen_k) and longest.
+  bool uneven = false;
   // Forced kernel tiles (stages > 0: the decode kernel, or with wgmma the
   // producer layout); zeros: the planner's.
   TileConfig tiles{};
@@ -48,10 +51,10 @@ struct Case {
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} append={} rope={} "
-      "fraction={} tables={}{} page_size={} cache_batch_idx={} num_splits={} tiles={}x{}x{}x{} seed={}",
+      "fraction={} tables={}{} page_size={} cache_batch_idx={} num_splits={} uneven={} tiles={}x{}x{}x{} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
       c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.append, static_cast<int>(c.rope),
-      c.rotary_fraction, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.num_splits, c.tiles.block_q, c.tiles.block_kv,
+      c.rotary_fraction, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.num_splits, c.uneven, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
 }
 
@@ -102,8 +105,8 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   // Room for the longest sequence, rounded to whole pages.
   in.capacity = c.seqlen_k;
   if (c.page_size > 0) in.capacity = (c.seqlen_k + c.page_size - 1) / c.page_size * c.page_size;
-  std::uniform_int_distribution<int> length(std::max(0, c.seqlen_k - in.seqlen_new - c.seqlen_k / 3),
-                                            c.seqlen_k - in.seqlen_new);
+  std::uniform_int_distribution<int> length(c.uneven ? 0 : std::max(0, c.seqlen_k - in.seqlen_new - c.seqlen_k / 3),
+                                            c.uneven ? c.seqlen_k / 8 : c.seqlen_k - in.seqlen_new);
   for (int b = 0; b < c.batch; ++b) in.cache_seqlens.push_back(length(rng));
   in.cache_seqlens[0] = c.seqlen_k - in.seqlen_new;  // one sequence at the full length
   const size_t row = static_cast<size_t>(c.heads_kv) * c.head_dim;
@@ -272,6 +275,9 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
   v.args.num_splits = c.num_splits;
   v.options.tiles = c.tiles;
   v.args.max_seqlen_k = c.seqlen_k;
+  if (c.uneven) {
+    for (int length : in.cache_seqlens) v.args.total_seqlen_k += length + in.seqlen_new;
+  }
   v.options.causal = c.causal;
   v.options.window_left = c.window_left;
   if (c.rope != RopeStyle::none) {
@@ -488,6 +494,47 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
       c.num_splits = 0;
       cases.push_back(c);
     }
+  }
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache: uneven batches split by total_seqlen_k (one long sequence, fifteen short)") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  for (int variant = 0; variant < 4; ++variant) {
+    Case c;
+    c.uneven = true;
+    c.batch = 16;
+    c.seqlen_q = variant == 3 ? 3 : 1;
+    c.seqlen_k = 20000;
+    // 16 × 8 tiles of one CTA per SM at head dim 128: unsplit by the
+    // heuristic, which counts tiles only. MHA in variant 2.
+    c.heads_q = variant == 2 ? 8 : 32;
+    c.heads_kv = 8;
+    c.head_dim = 128;
+    c.dtype = variant % 2 == 0 ? DType::bf16 : DType::f16;
+    c.causal = true;
+    c.append = variant == 1 || variant == 3;
+    c.rope = variant == 1 ? RopeStyle::rotate_half : variant == 3 ? RopeStyle::interleaved : RopeStyle::none;
+    c.page_size = variant == 1 ? 64 : variant == 3 ? 256 : 0;
+    c.batch_index = variant == 2;
+    if (variant == 3) c.window_left = 5000;
+    cases.push_back(c);
+  }
+  // The planner splits these (a workspace), and not the same batch told
+  // nothing of its lengths.
+  for (const Case& c : cases) {
+    CAPTURE(describe(c, "", seed));
+    std::mt19937_64 inputs_rng(seed);
+    const Inputs in = make_inputs(c, inputs_rng);
+    CallViews v;
+    fill_call(c, in, v);
+    Runtime& runtime = gpu_tests_runtime();
+    const TensorView q = in.dq->view();  // also stands for out: only the sizes are planned
+    CHECK(runtime.kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0);
+    v.args.total_seqlen_k = 0;
+    CHECK(runtime.kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) == 0);
   }
   check_cases(cases, rng, seed);
 }

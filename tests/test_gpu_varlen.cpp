@@ -83,6 +83,8 @@ struct Case {
   // Paged with seqused_k: cu_seqlens_k left out of the call (it is then
   // never read; the kernels would fault on the null pointer).
   bool omit_cu_seqlens_k = false;
+  // VarlenArgs::total_seqlen_k: the sum of the keys the sequences use.
+  bool total_hint = false;
 };
 
 // A paged case's pages per sequence (at least one column in the table), and
@@ -321,6 +323,10 @@ void make_varlen(const Case& c, void* cu_q, void* cu_k, void* seqused, VarlenVie
   if (!c.shape.seqused_k.empty()) {
     views.seqused_k = TensorView::contiguous(seqused, DType::i32, {batch});
     views.args.seqused_k = &views.seqused_k;
+  }
+  views.args.total_seqlen_k = 0;
+  if (c.total_hint) {
+    for (int b = 0; b < batch; ++b) views.args.total_seqlen_k += c.shape.seqlen_k(b);
   }
   views.args.block_table = nullptr;
   if (c.page_size > 0) {
@@ -616,6 +622,40 @@ TEST_CASE("varlen: random packed batches, f16/bf16, head dims 64/128/80/59, MHA/
   size_t edge_empty_rows = 0;  // causal edge batches: (5, 0), (300, 1) and (700, 120) leave rows without keys
   for (size_t i = edge_first; i < cases.size(); ++i) edge_empty_rows += cases[i].shape.common.causal ? empty[i] : 0;
   CHECK_MESSAGE(edge_empty_rows > 0, "the causal edge batches were meant to include rows that see no key");
+}
+
+TEST_CASE("varlen: decoding batches of uneven lengths split their keys (total_seqlen_k, or packed k's rows)") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  // Sixteen decoding steps of 32 query heads over 8 KV heads at d128 (128
+  // tiles, unsplit when even): one sequence of 20000 keys, fifteen of up to
+  // 2500. Packed k/v (their rows tell the total), then paged with seqused_k
+  // and the total given.
+  std::uniform_int_distribution<int> short_length(0, 2500);
+  std::vector<int> seqlens_k{20000};
+  for (int b = 1; b < 16; ++b) seqlens_k.push_back(short_length(rng));
+  std::vector<Case> cases;
+  for (int variant = 0; variant < 2; ++variant) {
+    Case c;
+    c.dtype = variant == 0 ? DType::bf16 : DType::f16;
+    c.shape = VarlenShape::packed(make_common(32, 8, 128, true), std::vector<int>(16, 1), seqlens_k);
+    c.num_splits = 0;
+    if (variant == 1) {
+      c.page_size = 64;
+      c.shape.seqused_k = seqlens_k;
+      c.shape.seqused_k[3] /= 2;
+      c.total_hint = true;
+    }
+    CAPTURE(describe(c, spec_of(c), seed));
+    CHECK(spec_of(c).find(".split") != std::string::npos);
+    if (variant == 1) {
+      Case told_nothing = c;
+      told_nothing.total_hint = false;
+      CHECK(spec_of(told_nothing).find(".split") == std::string::npos);
+    }
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed);
 }
 
 TEST_CASE("varlen: q, k and v as slices of one packed qkv buffer (row stride (heads_q + 2 heads_kv) head_dim)") {

@@ -596,6 +596,98 @@ TEST_CASE("split-KV heuristic: none when the tiles fill the GPU, else the smalle
   CHECK(num_splits_heuristic(1, 132, 1, 1, 128) == 1);
 }
 
+TEST_CASE("split-KV for uneven decoding batches: the longest sequence's tiles fill half the SMs") {
+  // Batch 16 × 8 KV heads (128 tiles) of 32k keys: even, no split.
+  CHECK(uneven_splits(128, 16, 132, 32768, 16 * 32768) == 1);
+  CHECK(uneven_splits(128, 16, 132, 32768, 16 * 26215) == 1);  // longest under 1.25x the mean: even enough
+  CHECK(uneven_splits(128, 16, 132, 32768, 16 * 26200) == 8);
+  // One sequence of 32k keys and fifteen of 1k: its 8 tiles split 8 ways
+  // (64 CTAs, half of 132 SMs rounded down), pieces of 4096 keys.
+  CHECK(uneven_splits(128, 16, 132, 32768, 32768 + 15 * 1024) == 8);
+  // Pieces of about 2048 keys or more: 8k keys split at most 4 ways, 7.8k
+  // too (pieces of 1950), 7k 3 ways.
+  CHECK(uneven_splits(128, 16, 132, 8192, 8192 + 15 * 1024) == 4);
+  CHECK(uneven_splits(128, 16, 132, 7793, 7793 + 15 * 1024) == 4);
+  CHECK(uneven_splits(128, 16, 132, 7000, 7000 + 15 * 1024) == 3);
+  CHECK(uneven_splits(128, 16, 132, 3000, 3000 + 15 * 100) == 1);
+  // Fewer tiles per sequence (MQA) split more, up to 128.
+  CHECK(uneven_splits(16, 16, 132, 1 << 20, (1 << 20) + 15 * 1024) == 66);
+  CHECK(uneven_splits(1, 2, 264, 1 << 22, (1 << 22) + 1) == 128);
+  // One sequence, or no total known: nothing to balance.
+  CHECK(uneven_splits(8, 1, 132, 32768, 32768) == 1);
+  CHECK(uneven_splits(128, 16, 132, 32768, 0) == 1);
+}
+
+TEST_CASE("kvcache: total_seqlen_k splits a decoding batch of uneven lengths, with max_seqlen_k") {
+  const int64_t batch = 16;
+  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 32, 128});
+  KVCacheArgs args;
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {batch, 32768, 8, 128});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {batch, 32768, 8, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+  auto splits = [&] {
+    return plan_kvcache(q, args, q, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024,
+                        132)
+        .attention.num_splits;
+  };
+  CHECK(splits() == 1);  // 128 tiles fill the GPU
+  args.max_seqlen_k = 32768;
+  args.total_seqlen_k = 32768 + 15 * 1024;
+  CHECK(splits() == 8);
+  args.total_seqlen_k = batch * 32768;  // even
+  CHECK(splits() == 1);
+  // Without max_seqlen_k the longest is only the capacity: no split.
+  args.max_seqlen_k = 0;
+  args.total_seqlen_k = 32768 + 15 * 1024;
+  CHECK(splits() == 1);
+  // A forced count stays forced.
+  args.max_seqlen_k = 32768;
+  args.num_splits = 2;
+  CHECK(splits() == 2);
+  args.num_splits = 0;
+  // The total lies between the longest sequence and batch times it.
+  args.total_seqlen_k = 1000;
+  CHECK_THROWS_WITH_AS(splits(), doctest::Contains("total_seqlen_k=1000 must be 0 (unknown) or between"), Error);
+  args.total_seqlen_k = batch * 32768 + 1;
+  CHECK_THROWS_WITH_AS(splits(), doctest::Contains("total_seqlen_k=524289"), Error);
+}
+
+TEST_CASE("varlen decoding with a workspace: uneven batches split by total_seqlen_k, or by packed k's rows") {
+  // Sixteen decoding steps of 32 query heads over 8 KV heads at d128 (128
+  // tiles, one CTA per SM: unsplit when even), the longest 32768 keys.
+  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {16, 32, 128});
+  const TensorView pages = TensorView::contiguous(address(0x100000), DType::bf16, {8192, 64, 8, 128});
+  const TensorView table = TensorView::contiguous(address(0x63000), DType::i32, {16, 512});
+  const TensorView seqused = TensorView::contiguous(address(0x62000), DType::i32, {16});
+  VarlenArgs varlen;
+  varlen.cu_seqlens_q = TensorView::contiguous(address(0x60000), DType::i32, {17});
+  varlen.cu_seqlens_k = TensorView::contiguous(address(0x61000), DType::i32, {17});
+  varlen.max_seqlen_q = 1;
+  varlen.max_seqlen_k = 32768;
+  auto splits = [&](const TensorView& k) {
+    return plan_forward_varlen_split(q, k, k, q, nullptr, varlen, ForwardOptions{}, nullptr, 0, true,
+                                     Arch::parse("sm_90a"), 227 * 1024, 132)
+        .attention.num_splits;
+  };
+  // Paged with seqused_k: nothing known of the lengths but their longest.
+  varlen.block_table = &table;
+  varlen.seqused_k = &seqused;
+  CHECK(splits(pages) == 1);
+  varlen.total_seqlen_k = 32768 + 15 * 1024;
+  CHECK(splits(pages) == 8);
+  varlen.total_seqlen_k = 16 * 32768;
+  CHECK(splits(pages) == 1);
+  varlen.total_seqlen_k = 100;
+  CHECK_THROWS_WITH_AS(splits(pages), doctest::Contains("varlen: total_seqlen_k=100 must be 0 (unknown) or between"),
+                       Error);
+  // Packed keys without seqused_k: k's rows are the total.
+  varlen.block_table = nullptr;
+  varlen.seqused_k = nullptr;
+  varlen.total_seqlen_k = 0;
+  CHECK(splits(TensorView::contiguous(address(0x100000), DType::bf16, {32768 + 15 * 1024, 8, 128})) == 8);
+  CHECK(splits(TensorView::contiguous(address(0x100000), DType::bf16, {16 * 32768, 8, 128})) == 1);
+}
+
 TEST_CASE("kvcache: decode tiles fit every architecture's shared memory, up to head dim 256") {
   // Two stages of four warps' 32-key chunks of K and V take 128 KB at head
   // dim 128 (over sm_86's 99 KB), 192 KB at 192 and 256 KB at 256: the

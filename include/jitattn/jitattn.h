@@ -121,6 +121,7 @@ typedef struct jitattn_varlen_args {
   const struct jitattn_tensor* block_table;
   int32_t max_seqlen_q;
   int32_t max_seqlen_k;
+  int64_t total_seqlen_k; /* sum of the sequences' keys if known; 0: unknown (VarlenArgs::total_seqlen_k) */
 } jitattn_varlen_args;
 
 /* Calls whose tiles leave the GPU underused split over their keys (options->num_splits:
@@ -155,6 +156,8 @@ typedef struct jitattn_kvcache_args {
   const struct jitattn_tensor* v_new;
   int32_t num_splits;   /* 0: chosen by the library; 1: no split; n: forced (<= 128) */
   int32_t max_seqlen_k; /* longest cache_seqlens + seqlen_new if known; 0: the capacity */
+  int64_t total_seqlen_k; /* sum of cache_seqlens + seqlen_new if known (with max_seqlen_k): splits uneven
+                             batches; 0: unknown (KVCacheArgs::total_seqlen_k) */
 } jitattn_kvcache_args;
 
 /* q [B, Sq, Hq, D], out like q, lse (nullable) [B, Hq, Sq] f32. workspace: device memory

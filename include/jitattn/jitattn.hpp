@@ -217,6 +217,11 @@ struct VarlenArgs {
   const TensorView* seqused_k = nullptr;
   // Optional i32 [batch, max_pages] (pages contiguous): k and v are paged.
   const TensorView* block_table = nullptr;
+  // The sum of the sequences' keys, if known (as KVCacheArgs::total_seqlen_k:
+  // with max_seqlen_k, decoding batches of uneven lengths split their keys
+  // where a workspace is given). 0: unknown; packed k/v without seqused_k
+  // then count k's rows (total_k).
+  int64_t total_seqlen_k = 0;
 };
 
 // Attention over a KV cache (FlashAttention's flash_attn_with_kvcache).
@@ -244,6 +249,13 @@ struct KVCacheArgs {
   // The longest cache_seqlens[b] + seqlen_new, if known: sizes the splits.
   // 0 assumes the cache capacity.
   int max_seqlen_k = 0;
+  // The sum over the batch of cache_seqlens[b] + seqlen_new, if known (with
+  // max_seqlen_k): where the lengths are uneven, the library splits the keys
+  // so that the longest sequences do not run alone at the end. 0: every
+  // sequence is taken to be max_seqlen_k long. Like max_seqlen_k a promise
+  // about the device values, used only for planning (the results do not
+  // depend on it); a captured graph keeps the split count of its capture.
+  int64_t total_seqlen_k = 0;
 };
 
 // CUstream or cudaStream_t; nullptr is the legacy default stream.

@@ -180,6 +180,10 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--max-seqlen-k", plan.max_seqlen_k,
                        "kvcache: KVCacheArgs::max_seqlen_k (default --seqlen-k + --new-tokens; 0 = the capacity)")
       ->type_name("N");
+  plan_cmd->add_option("--total-seqlen-k", plan.total_seqlen_k,
+                       "kvcache: KVCacheArgs::total_seqlen_k, the batch's keys in all (default 0 = unknown: every "
+                       "sequence --max-seqlen-k long)")
+      ->type_name("N");
   plan_cmd->add_option("--arch", plan.arch, "Target arch (default: this host's GPU, else sm_90a)")->type_name("ARCH");
   plan_cmd->add_option("--sms", plan.sms, "SM count (default: this host's GPU, else 132)")->type_name("N");
   plan_cmd->add_option("--smem", plan.smem, "Opt-in shared memory per block in bytes (default: the GPU's or arch's)")

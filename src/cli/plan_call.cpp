@@ -120,7 +120,8 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
     const std::pair<const char*, bool> cache_options[] = {{"--cache-len", o.cache_len.has_value()},
                                                           {"--page-size", o.page_size != 0},
                                                           {"--new-tokens", o.new_tokens != 0},
-                                                          {"--max-seqlen-k", o.max_seqlen_k.has_value()}};
+                                                          {"--max-seqlen-k", o.max_seqlen_k.has_value()},
+                                                          {"--total-seqlen-k", o.total_seqlen_k != 0}};
     for (const auto& [option, given] : cache_options) {
       if (given) bad_option(fmt::format("{}: applies to --call kvcache only", option));
     }
@@ -196,6 +197,8 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
     cache.num_splits = o.splits;
     if (o.max_seqlen_k) require_at_least("--max-seqlen-k", *o.max_seqlen_k, 0);
     cache.max_seqlen_k = o.max_seqlen_k.value_or(static_cast<int>(keys));
+    require_at_least("--total-seqlen-k", o.total_seqlen_k, 0);
+    cache.total_seqlen_k = o.total_seqlen_k;
   }
 
   if (!o.rope.empty()) {

@@ -81,6 +81,17 @@ int64_t use_block_table(Problem& problem, const TensorView& table, const TensorV
   return page_size * table.shape[1];
 }
 
+// A caller's sum of its sequences' keys (KVCacheArgs and VarlenArgs
+// total_seqlen_k): 0, or between the longest (problem.seqlen_k) and batch
+// times that.
+void use_total_seqlen_k(Problem& problem, const char* name, int64_t total) {
+  if (total != 0 && (total < problem.seqlen_k || total > problem.batch * problem.seqlen_k)) {
+    reject(fmt::format("{}={} must be 0 (unknown) or between the longest sequence ({}) and batch × that ({})", name,
+                       total, problem.seqlen_k, problem.batch * problem.seqlen_k));
+  }
+  problem.total_seqlen_k = total;
+}
+
 // A varlen call's tensors and offsets, validated: q/out [total_q, heads_q,
 // head_dim], lse [heads_q, total_q]; k/v packed [total_k, heads_kv,
 // head_dim], or with a block table paged [num_pages, page_size, heads_kv,
@@ -132,6 +143,13 @@ Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorVie
   }
   problem.seqlen_q = varlen.max_seqlen_q;
   problem.seqlen_k = varlen.max_seqlen_k;
+  problem.seqlen_k_hinted = varlen.max_seqlen_k > 0;
+  use_total_seqlen_k(problem, "varlen: total_seqlen_k", varlen.total_seqlen_k);
+  if (varlen.total_seqlen_k == 0 && !paged && varlen.seqused_k == nullptr) {
+    // Packed keys: k's rows bound the sum (rows past cu_seqlens_k[batch]
+    // only make the batch look more even than it is).
+    problem.total_seqlen_k = std::min(capacity, batch * problem.seqlen_k);
+  }
   problem.cu_seqlens_q = static_cast<const int*>(varlen.cu_seqlens_q.data);
   problem.cu_seqlens_k = cu_k_given ? static_cast<const int*>(cu_k.data) : nullptr;
   problem.seqused_k = varlen.seqused_k != nullptr ? static_cast<const int*>(varlen.seqused_k->data) : nullptr;
@@ -232,6 +250,8 @@ ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, c
                        capacity));
   }
   problem.seqlen_k = args.max_seqlen_k > 0 ? args.max_seqlen_k : capacity;
+  problem.seqlen_k_hinted = args.max_seqlen_k > 0;
+  use_total_seqlen_k(problem, "total_seqlen_k", args.total_seqlen_k);
   check_num_splits("num_splits", args.num_splits);
   if (options.num_splits != 0) {
     reject(fmt::format("options.num_splits={}: forward_kvcache takes its split count from KVCacheArgs::num_splits",
