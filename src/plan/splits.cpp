@@ -35,9 +35,9 @@ int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t k
 int uneven_splits(int64_t tiles, int64_t batch, int sm_count, int64_t longest_keys, int64_t total_keys) {
   if (batch < 2 || total_keys <= 0 || longest_keys <= kUnevenRatio * total_keys / batch) return 1;
   // The longest sequence's tiles, split to fill about half the SMs (8 ways
-  // for 8 KV heads on 132 SMs: 9 measured 0-8% slower than 8 at 128k keys),
-  // in pieces of about kUnevenPieceKeys or more (7.8k keys in 4 pieces ran
-  // 5% faster than in 3).
+  // for 8 KV heads on 132 SMs: 9 ran 3-8% slower than 8 in two of three
+  // uneven 128k-key batches), in pieces of about kUnevenPieceKeys or more
+  // (7.8k keys in 4 pieces ran 5% faster than in 3; H200).
   const int64_t tiles_per_sequence = std::max<int64_t>(1, tiles / batch);
   int64_t splits = std::max(1, sm_count / 2) / tiles_per_sequence;
   const int64_t most_pieces = (longest_keys + kUnevenPieceKeys / 2) / kUnevenPieceKeys;
