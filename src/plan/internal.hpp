@@ -51,10 +51,11 @@ constexpr size_t kSmemPerSm = 228 * 1024;
 // of 16) took 1.08x the time of splits of two (head dim 256, one sequence of
 // 1024 keys: 16 splits 0.73 TB/s, 8 splits 0.79; H200, docs/PERFORMANCE.md).
 constexpr int kMinSplitKeys = 128;
-// Decoding batches of uneven lengths (KVCacheArgs::total_seqlen_k): a batch
-// whose longest sequence is more than kUnevenRatio times the mean splits its
-// keys so that the longest sequence's pieces fill about half the SMs, in
-// pieces of at least kUnevenPieceKeys keys. One wave of tiles ends with its
+// Decoding batches of uneven lengths (KVCacheArgs and VarlenArgs
+// total_seqlen_k): a batch whose longest sequence is more than kUnevenRatio
+// times the mean splits its keys so that the longest sequence's pieces fill
+// about half the SMs, in pieces of about kUnevenPieceKeys keys or more
+// (uneven_splits). One wave of tiles ends with its
 // longest tile, which then streams alone at a fraction of the bandwidth:
 // 16 x 8 tiles of one 32k-key sequence and fifteen of 1k ran at 0.75 TB/s
 // unsplit, 3.15 in 8 splits; 2k-key pieces were slower than 4k ones at 32k
@@ -94,7 +95,7 @@ struct Problem {
   int64_t block_table_stride = 0;
   int page_shift = 0;
   int num_splits = 0;  // requested; 0 = heuristic
-  // KV cache: the sum of the sequences' keys, if the caller knows it (0 if
+  // KV cache and varlen: the sum of the sequences' keys, if known (0 if
   // not); with seqlen_k from a max_seqlen_k hint it tells uneven batches.
   int64_t total_seqlen_k = 0;
   bool seqlen_k_hinted = false;
