@@ -83,10 +83,10 @@ class KVCacheArgs(ctypes.Structure):
     _fields_ = [("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("cache_seqlens", ctypes.c_void_p),
                 ("block_table", ctypes.c_void_p), ("cache_batch_idx", ctypes.c_void_p), ("k_new", ctypes.c_void_p),
                 ("v_new", ctypes.c_void_p), ("num_splits", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32),
-                ("total_seqlen_k", ctypes.c_int64)]
+                ("total_seqlen_k", ctypes.c_int64), ("dynamic_splits", ctypes.c_int32)]
 
 
 class VarlenArgs(ctypes.Structure):
     _fields_ = [("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p),
                 ("block_table", ctypes.c_void_p), ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32),
-                ("total_seqlen_k", ctypes.c_int64)]
+                ("total_seqlen_k", ctypes.c_int64), ("dynamic_splits", ctypes.c_int32)]

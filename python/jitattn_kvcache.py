@@ -23,14 +23,14 @@ def shuffled_pages(k_cache, v_cache, page, generator):
 
 
 def kvcache_call(lib, tq, tout, tseqlens, k_cache, v_cache, options, stream, num_splits, max_seqlen_k,
-                 block_table=None, total_seqlen_k=0):
+                 block_table=None, total_seqlen_k=0, dynamic_splits=False):
     """A callable running jitattn_fwd_kvcache (bf16 caches) into tout; raises with the
     library's message on failure. The workspace is sized and allocated here, once."""
     tk, tv = tensor_of(k_cache, BF16), tensor_of(v_cache, BF16)
     ttable = tensor_of(block_table, I32) if block_table is not None else None
     kv_args = KVCacheArgs(ctypes.addressof(tk), ctypes.addressof(tv), ctypes.addressof(tseqlens),
                           ctypes.addressof(ttable) if ttable is not None else None, None, None, None,
-                          num_splits, max_seqlen_k, total_seqlen_k)
+                          num_splits, max_seqlen_k, total_seqlen_k, 1 if dynamic_splits else 0)
     size = ctypes.c_size_t(0)
     check(lib, lib.jitattn_kvcache_workspace_bytes(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), None,
                                                    ctypes.byref(options), ctypes.byref(size)))

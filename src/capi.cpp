@@ -136,6 +136,7 @@ struct KVCacheViews {
     args.num_splits = c_args->num_splits;
     args.max_seqlen_k = c_args->max_seqlen_k;
     args.total_seqlen_k = c_args->total_seqlen_k;
+    args.dynamic_splits = c_args->dynamic_splits != 0;
   }
   CallViews call;
   jitattn::TensorView block_table, cache_batch_idx, k_new, v_new;
@@ -228,6 +229,7 @@ struct VarlenViews {
     args.max_seqlen_q = c->max_seqlen_q;
     args.max_seqlen_k = c->max_seqlen_k;
     args.total_seqlen_k = c->total_seqlen_k;
+    args.dynamic_splits = c->dynamic_splits != 0;
   }
   VarlenViews(const VarlenViews&) = delete;
   VarlenViews& operator=(const VarlenViews&) = delete;

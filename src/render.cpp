@@ -135,7 +135,8 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
                                                             : "kRopeNone"),
       fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_table_bytes()),
       fmt::arg("kvcache", spec.kvcache ? "true" : "false"), fmt::arg("paged", spec.paged ? "true" : "false"),
-      fmt::arg("split", spec.split ? "true" : "false"), fmt::arg("stages", spec.stages),
+      fmt::arg("split", spec.split ? "true" : "false"),
+      fmt::arg("dynamic_splits", spec.dynamic_splits ? "true" : "false"), fmt::arg("stages", spec.stages),
       fmt::arg("wgmma", spec.wgmma ? "true" : "false"), fmt::arg("persistent", spec.persistent ? "true" : "false"),
       fmt::arg("unaligned_dim", spec.unaligned_dim), fmt::arg("smem_bytes", spec.smem_bytes()),
       fmt::arg("entry_name", entry_name(spec)));

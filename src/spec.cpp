@@ -201,6 +201,7 @@ std::string KernelSpec::text() const {
   if (decode && !kvcache) out += ".dense";
   if (paged) out += ".paged";
   if (split) out += ".split";
+  if (dynamic_splits) out += ".dynsplit";
   if (padded) out += ".padded";
   if (varlen) out += ".varlen";
   if (unaligned_dim != 0) out += fmt::format(".unaligned_d{}", unaligned_dim);
@@ -276,6 +277,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "kvcache" ? &spec.kvcache
                  : fields[i] == "paged"   ? &spec.paged
                  : fields[i] == "split"   ? &spec.split
+                 : fields[i] == "dynsplit" ? &spec.dynamic_splits
                                           : nullptr;
     if (decode && (flag == &spec.pack_gqa || flag == &spec.kvcache || flag == &spec.wgmma || flag == &spec.persistent)) {
       bad_spec(text, fmt::format("flag '{}' does not apply to a decode spec (packgqa and kvcache are implied, "
@@ -283,8 +285,8 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     }
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, softcap, alibi, rope_half_rN, "
-                                 "rope_interleaved_rN, rope_tables, rope_tables16, packgqa, kvcache, dense, paged, split, padded, varlen, "
-                                 "unaligned_dN)",
+                                 "rope_interleaved_rN, rope_tables, rope_tables16, packgqa, kvcache, dense, paged, split, dynsplit, padded, "
+                                 "varlen, unaligned_dN)",
                                  fields[i]));
     }
     *flag = true;
@@ -316,6 +318,7 @@ void KernelSpec::validate() const {
     if (unaligned_dim != 0) fail(ErrorCode::unsupported, "unaligned_dN does not apply to a decode spec");
     return validate_decode(fail);
   }
+  if (dynamic_splits) fail(ErrorCode::unsupported, "dynsplit applies to decode specs only");
   if (unaligned_dim != 0) {
     // FwdConfig::kUnaligned: element-wise copies in the 4-warp kernels.
     if (unaligned_dim < 1 || unaligned_dim % 8 == 0 || unaligned_dim >= head_dim) {
@@ -448,6 +451,7 @@ void KernelSpec::check_varlen_cache(const Fail& fail) const {
 template <class Fail>
 void KernelSpec::validate_decode(const Fail& fail) const {
   if (!pack_gqa) fail(ErrorCode::invalid_argument, "a decode spec packs GQA heads");
+  if (dynamic_splits && !split) fail(ErrorCode::invalid_argument, "dynsplit chooses split counts: it needs split");
   // templates/fwd_decode.cuh: dense keys are read as they are.
   if (!kvcache && (paged || rope != RopeKind::none)) {
     fail(ErrorCode::unsupported, "dense (K/V tensors, not a cache) takes no paged and no rope: the decode kernel "
@@ -585,6 +589,7 @@ uint64_t KernelSpec::packed() const {
   key = key << 1 | static_cast<uint64_t>(kvcache);
   key = key << 1 | static_cast<uint64_t>(paged);
   key = key << 1 | static_cast<uint64_t>(split);
+  key = key << 1 | static_cast<uint64_t>(dynamic_splits);
   return key;
 }
 

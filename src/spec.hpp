@@ -54,6 +54,9 @@ struct KernelSpec {
   bool kvcache = false;  // keys from a KV cache: per-sequence lengths, keys already rotated
   bool paged = false;    // the KV cache is paged (block table)
   bool split = false;    // split-KV: writes fp32 partial results for the combine kernel
+  // decode with split: each sequence's split count chosen on the device from
+  // the lengths (KVCacheArgs::dynamic_splits); text .dynsplit.
+  bool dynamic_splits = false;
   DType out_dtype = DType::f32;    // combine: the output's dtype (fwd writes `dtype`)
   // decode: cp.async stages per warp. fwd: 0, or the stages of the K/V
   // ring a producer warpgroup fills (and rotates, for RoPE) for 8 MMA warps
@@ -88,7 +91,8 @@ struct KernelSpec {
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order wgmma, persistent, causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
-  // rope_tables|rope_tables16, packgqa, kvcache|dense, paged, split, padded, varlen, unaligned_dN), "combine.f32.bf16"
+  // rope_tables|rope_tables16, packgqa, kvcache|dense, paged, split, dynsplit, padded, varlen, unaligned_dN),
+  // "combine.f32.bf16"
   // (".elementwise" last where set).
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.

@@ -8,7 +8,8 @@ using Config = jitattn::DecodeConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}
                                      /*MASK=*/jitattn::{mask}, /*SOFTCAP=*/{softcap}, /*ALIBI=*/{alibi},
                                      /*PADDED=*/{padded}, /*ROPE=*/jitattn::{rope}, /*ROTARY_DIM=*/{rotary_dim},
                                      /*ROPE_TABLES=*/{rope_tables}, /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged},
-                                     /*SPLIT=*/{split}, /*VARLEN=*/{varlen}>;
+                                     /*SPLIT=*/{split}, /*DYNAMIC_SPLITS=*/{dynamic_splits},
+                                     /*VARLEN=*/{varlen}>;
 
 extern "C" __global__ void __launch_bounds__(Config::kCtaThreads)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{

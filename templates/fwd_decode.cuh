@@ -30,7 +30,7 @@ namespace jitattn {
 // are; the CTA-wide constants are added here.
 template <class Element_, int HEAD_DIM, int ROWS, int KEYS, int WARPS, int STAGES, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE, bool PAGED, bool SPLIT,
-          bool VARLEN>
+          bool DYNAMIC_SPLITS, bool VARLEN>
 struct DecodeConfig
     : FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, /*WARPS=*/1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN,
                 /*PACK_GQA=*/true, ROPE, ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT> {
@@ -46,8 +46,11 @@ struct DecodeConfig
   static constexpr int kSmemBytes = kQBytes + kPipelineBytes;
   // Keys one CTA step covers (every warp one chunk): the unit of split ranges.
   static constexpr int kStepKeys = WARPS * KEYS;
+  // Split counts per sequence chosen on the device (splits_from_lengths).
+  static constexpr bool kDynamicSplits = DYNAMIC_SPLITS;
 
   static_assert(STAGES >= 2, "a pipeline needs a stage being read and one being filled");
+  static_assert(SPLIT || !DYNAMIC_SPLITS, "dynamic splits choose split counts");
   static_assert(KVCACHE || (ROPE == 0 && !PAGED), "dense keys: no pages, and no RoPE (keys are not rotated here)");
   static_assert(!VARLEN || ROPE == 0, "varlen: no RoPE (positions come from a KV cache's lengths)");
   static_assert(!(VARLEN && KVCACHE) || PAGED, "varlen over a KV cache: a paged one (block table)");
@@ -76,6 +79,52 @@ __device__ __forceinline__ void load_chunk(unsigned tile, const unsigned short* 
     cp_async_16_evict_first(tile + swizzled_bytes<Cfg>(row, chunk),
                             valid ? first_row + row * row_stride + chunk * 8 : first_row, valid);
   }
+}
+
+// One sequence's visible steps (every warp one chunk) over all its queries,
+// and its query tiles (at most the grid's), from the lengths in device
+// memory.
+template <class Cfg>
+__device__ __forceinline__ int sequence_steps(const FwdParams& p, int b, int& tiles) {
+  using Warp = typename Cfg::Warp;
+  int seqlen_q = p.seqlen_q;
+  int seqlen_k = Cfg::kKVCache ? p.seqused_k[b] + p.seqlen_k_added : p.seqlen_k;
+  if constexpr (Cfg::kVarlen) {
+    const VarlenSequence sequence = varlen_sequence(p, b);
+    seqlen_q = sequence.seqlen_q;
+    seqlen_k = sequence.seqlen_k;
+  }
+  tiles = min((seqlen_q * p.heads_per_kv + Cfg::kBlockQ - 1) / Cfg::kBlockQ, p.num_q_blocks);
+  int first_chunk, end_chunk;
+  visible_blocks<Warp>(p, seqlen_k, seqlen_k - seqlen_q, 0, max(seqlen_q - 1, 0), first_chunk, end_chunk);
+  return (end_chunk - first_chunk + Cfg::kStreams - 1) / Cfg::kStreams;
+}
+
+__device__ __forceinline__ long long warp_sum(long long x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// The splits of a tile of `steps` visible steps when they are chosen on the
+// device (kDynamicSplits): the batch's work (steps × query tiles × KV heads)
+// is cut into split_slots shares (FlashAttention-3's rule: one per 1.1 SMs),
+// and a tile takes one split per share of its steps, at most num_splits. An
+// even batch that fills the GPU runs unsplit; the longest sequences of an
+// uneven one split the most, the short ones' CTAs filling the SMs around
+// them. Every warp computes it alike (no barrier).
+template <class Cfg>
+__device__ __forceinline__ int splits_from_lengths(const FwdParams& p, int steps) {
+  const int lane = threadIdx.x & 31;
+  long long work = 0;
+  for (int b = lane; b < p.batch; b += 32) {
+    int tiles;
+    const int sequence = sequence_steps<Cfg>(p, b, tiles);
+    work += static_cast<long long>(tiles) * sequence;
+  }
+  work = warp_sum(work) * p.heads_kv;
+  const long long share = max(static_cast<long long>(p.blocks_per_split), (work + p.split_slots - 1) / p.split_slots);
+  return static_cast<int>(min(static_cast<long long>(p.num_splits), max(1ll, (steps + share - 1) / share)));
 }
 
 template <class Cfg>
@@ -134,9 +183,31 @@ __device__ void fwd_decode(const FwdParams& p) {
   int chunk_begin, chunk_end;
   visible_blocks<Warp>(p, seqlen_k, diagonal_offset, first_query, last_query, chunk_begin, chunk_end);
   if constexpr (Cfg::kSplit) {
-    const int chunks_per_split = p.blocks_per_split * Cfg::kStreams;
-    chunk_begin = max(chunk_begin, split * chunks_per_split);
-    chunk_end = max(chunk_begin, min(chunk_end, (split + 1) * chunks_per_split));
+    // Split s takes piece s of this tile's own visible steps, so a sequence
+    // shorter than the planner assumed (no max_seqlen_k hint, or a graph
+    // replayed with other lengths) still spreads over the splits.
+    const int steps = (chunk_end - chunk_begin + Cfg::kStreams - 1) / Cfg::kStreams;
+    int splits = p.num_splits;
+    if constexpr (Cfg::kDynamicSplits) splits = splits_from_lengths<Cfg>(p, steps);
+    const int piece = max(p.blocks_per_split, (steps + splits - 1) / splits) * Cfg::kStreams;
+    const int first = chunk_begin + split * piece;
+    chunk_end = min(chunk_end, first + piece);
+    chunk_begin = first;
+    // A split without a visible key is an empty state: the combine reads only
+    // its lse, never its output. With counts from the lengths most splits of
+    // an even batch are such, and leave before Q's copy to hand the SM on.
+    // (Only there: the early exit compiled into the other split kernels cost
+    // them 2-4%, and leaving early measured up to 5% slower on some uneven
+    // batches; docs/PERFORMANCE.md.)
+    if (Cfg::kDynamicSplits && chunk_begin >= chunk_end) {
+      const int query0 = partial_query0<Warp>(p, batch);
+      const int end = min(q0 + Cfg::kBlockQ, rows);
+      for (int packed = q0 + static_cast<int>(threadIdx.x); packed < end; packed += Cfg::kCtaThreads) {
+        p.partial_lse[(static_cast<long long>(split) * p.partial_rows + query0 + packed / group) * p.heads_q + head +
+                      packed % group] = -kInfinity;
+      }
+      return;
+    }
   }
   // This warp's chunks: chunk_begin + warp + i · WARPS for i < count.
   const int first_chunk = chunk_begin + warp;

@@ -105,8 +105,15 @@ struct FwdParams {
   // combine kernel to merge. partial_rows is batch × seqlen_q (query i of
   // sequence b at row b · seqlen_q + i), or varlen the packed total_q (at
   // row cu_seqlens_q[b] + i).
+  // The decode kernel instead cuts each tile's own visible steps (every warp
+  // one chunk) into its splits' pieces, of at least blocks_per_split steps:
+  // num_splits pieces, or compiled with dynamic splits as many as its share
+  // of the batch's work (split_slots shares) asks for (at most num_splits;
+  // fwd_decode.cuh, splits_from_lengths), splits left without keys then
+  // writing only their lse = -inf.
   int num_splits;
   int blocks_per_split;
+  int split_slots;
   int partial_rows;
   float* partial_o;
   float* partial_lse;

@@ -210,6 +210,17 @@ TEST_CASE("varlen with a workspace and a paged cache through the C API: sized, v
   REQUIRE(jitattn_fwd_varlen_workspace_bytes(&q, &pages, &pages, &o, nullptr, &args, &options, &bytes) == JITATTN_OK);
   // Partial rows are the packed queries: 3 splits × 2 rows × 32 heads.
   CHECK(bytes == (3 * 2 * 32 * 128 * 4 + 255) / 256 * 256 + 3 * 2 * 32 * 4);
+  // dynamic_splits reaches the plan: the launch holds room for one
+  // sequence's 8 tiles to fill half the SMs (8 splits; an even batch of two
+  // would take 8 as well).
+  args.dynamic_splits = 1;
+  options.num_splits = 0;
+  size_t dynamic_bytes = 0;
+  REQUIRE(jitattn_fwd_varlen_workspace_bytes(&q, &pages, &pages, &o, nullptr, &args, &options, &dynamic_bytes) ==
+          JITATTN_OK);
+  CHECK(dynamic_bytes == (8 * 2 * 32 * 128 * 4 + 255) / 256 * 256 + 8 * 2 * 32 * 4);
+  args.dynamic_splits = 0;
+  options.num_splits = 3;
   CHECK(jitattn_fwd_varlen_split(&q, &pages, &pages, &o, nullptr, &args, &options, fake(0x100000), bytes - 1,
                                  nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(jitattn_last_error()).find("ask forward_varlen_workspace_bytes") != std::string::npos);

@@ -714,6 +714,22 @@ TEST_CASE("plan --call kvcache prints append, attention and combine as plan_kvca
   CHECK(hinted[0].splits != capacity[0].splits);
   check_launches(sandbox, short_cache, hinted);
   check_launches(sandbox, short_cache + " --max-seqlen-k 0", capacity);
+  // --dynamic-splits: the most splits, marked as such (room for one
+  // sequence's 8 tiles to fill half of 132 SMs: 8); each sequence's count is
+  // the device's.
+  const std::string batch16 = "--call kvcache --head-dim 128 --batch 16 --seqlen-q 1 --seqlen-k 4096 --heads 32 "
+                              "--heads-kv 8" + target;
+  const json unsplit = sandbox.run_json("plan " + batch16 + " --json")["launches"][0];
+  CHECK(unsplit["splits"] == 1);
+  CHECK(unsplit["dynamic_splits"] == false);
+  const json dynamic = sandbox.run_json("plan " + batch16 + " --dynamic-splits --json")["launches"];
+  REQUIRE(dynamic.size() == 2);
+  CHECK(dynamic[0]["splits"] == 8);
+  CHECK(dynamic[0]["dynamic_splits"] == true);
+  CHECK(dynamic[1]["launch"] == "combine");
+  CHECK(contains(sandbox.run("plan " + batch16 + " --dynamic-splits").out, "<= 8"));
+  CHECK(contains(sandbox.run("plan --heads 8 --head-dim 64 --seqlen-q 1 --dynamic-splits").err,
+                 "--dynamic-splits: applies to --call kvcache only"));
 }
 
 TEST_CASE("plan --json reports the target, where the tiles came from and each launch") {

@@ -601,6 +601,11 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
                            "decode.bf16.d128.br16.bc32.w4.s2.dense.split.varlen",
                            "decode.f16.d64.br32.bc64.w4.s2.causal.alibi.dense.varlen",
                            "decode.bf16.d128.br16.bc32.w4.s2.paged.split.varlen",
+                           // Split counts chosen on the device (dynamic_splits).
+                           "decode.bf16.d128.br16.bc32.w4.s2.split.dynsplit",
+                           "decode.f16.d64.br32.bc64.w4.s3.local.rope_half_r64.paged.split.dynsplit",
+                           "decode.bf16.d128.br16.bc32.w4.s2.paged.split.dynsplit.varlen",
+                           "decode.bf16.d256.br16.bc16.w4.s2.causal.softcap.dense.split.dynsplit.varlen",
                            "decode.bf16.d256.br16.bc16.w4.s2.local.softcap.paged.varlen"}) {
     specs.push_back(KernelSpec::parse(text));
   }

@@ -42,6 +42,11 @@ struct Case {
   // One sequence at seqlen_k, the others at most an eighth of it, and the
   // call told their total (KVCacheArgs::total_seqlen_k) and longest.
   bool uneven = false;
+  // KVCacheArgs::dynamic_splits: split counts chosen on the device.
+  bool dynamic = false;
+  // Every sequence at the full length (seqlen_k), so that a graph replayed
+  // with other lengths reads no NaN-poisoned row of an unused tail.
+  bool full_lengths = false;
   // Forced kernel tiles (stages > 0: the decode kernel, or with wgmma the
   // producer layout); zeros: the planner's.
   TileConfig tiles{};
@@ -51,10 +56,10 @@ struct Case {
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} append={} rope={} "
-      "fraction={} tables={}{} page_size={} cache_batch_idx={} num_splits={} uneven={} tiles={}x{}x{}x{} seed={}",
+      "fraction={} tables={}{} page_size={} cache_batch_idx={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
       c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.append, static_cast<int>(c.rope),
-      c.rotary_fraction, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.num_splits, c.uneven, c.tiles.block_q, c.tiles.block_kv,
+      c.rotary_fraction, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.num_splits, c.uneven, c.dynamic, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
 }
 
@@ -109,6 +114,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
                                             c.uneven ? c.seqlen_k / 8 : c.seqlen_k - in.seqlen_new);
   for (int b = 0; b < c.batch; ++b) in.cache_seqlens.push_back(length(rng));
   in.cache_seqlens[0] = c.seqlen_k - in.seqlen_new;  // one sequence at the full length
+  if (c.full_lengths) std::fill(in.cache_seqlens.begin(), in.cache_seqlens.end(), c.seqlen_k - in.seqlen_new);
   const size_t row = static_cast<size_t>(c.heads_kv) * c.head_dim;
   if (c.page_size > 0) {
     const int pages_per_sequence = in.capacity / c.page_size;
@@ -273,6 +279,7 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
     v.args.v_new = &v.v_new;
   }
   v.args.num_splits = c.num_splits;
+  v.args.dynamic_splits = c.dynamic;
   v.options.tiles = c.tiles;
   v.args.max_seqlen_k = c.seqlen_k;
   if (c.uneven) {
@@ -453,6 +460,7 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
         c.page_size = page_sizes[index % 4];
         c.batch_index = c.page_size == 0 && index % 3 == 1;
         c.num_splits = num_splits;
+        c.dynamic = num_splits != 1 && index % 4 == 2;
         cases.push_back(c);
       }
     }
@@ -498,32 +506,36 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
   check_cases(cases, rng, seed);
 }
 
-TEST_CASE("kvcache: uneven batches split by total_seqlen_k (one long sequence, fifteen short)") {
+TEST_CASE("kvcache: uneven batches split by total_seqlen_k or dynamic_splits (one long sequence, fifteen short)") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   std::vector<Case> cases;
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 8; ++variant) {
     Case c;
     c.uneven = true;
+    // Variants 4-7: the same told nothing of the lengths but to split on the
+    // device.
+    c.dynamic = variant >= 4;
     c.batch = 16;
-    c.seqlen_q = variant == 3 ? 3 : 1;
-    c.seqlen_k = 20000;
+    c.seqlen_q = variant % 4 == 3 ? 3 : 1;
+    c.seqlen_k = 8192;
     // 16 × 8 tiles of one CTA per SM at head dim 128: unsplit by the
     // heuristic, which counts tiles only. MHA in variant 2.
-    c.heads_q = variant == 2 ? 8 : 32;
+    const int shape = variant % 4;
+    c.heads_q = shape == 2 ? 8 : 32;
     c.heads_kv = 8;
     c.head_dim = 128;
     c.dtype = variant % 2 == 0 ? DType::bf16 : DType::f16;
     c.causal = true;
-    c.append = variant == 1 || variant == 3;
-    c.rope = variant == 1 ? RopeStyle::rotate_half : variant == 3 ? RopeStyle::interleaved : RopeStyle::none;
-    c.page_size = variant == 1 ? 64 : variant == 3 ? 256 : 0;
+    c.append = shape == 1 || shape == 3;
+    c.rope = shape == 1 ? RopeStyle::rotate_half : shape == 3 ? RopeStyle::interleaved : RopeStyle::none;
+    c.page_size = shape == 1 ? 64 : shape == 3 ? 256 : (variant == 6 ? 16 : 0);
     c.batch_index = variant == 2;
-    if (variant == 3) c.window_left = 5000;
+    if (shape == 3) c.window_left = 2000;
     cases.push_back(c);
   }
   // The planner splits these (a workspace), and not the same batch told
-  // nothing of its lengths.
+  // nothing of its lengths; dynamic splits need no total.
   for (const Case& c : cases) {
     CAPTURE(describe(c, "", seed));
     std::mt19937_64 inputs_rng(seed);
@@ -534,9 +546,88 @@ TEST_CASE("kvcache: uneven batches split by total_seqlen_k (one long sequence, f
     const TensorView q = in.dq->view();  // also stands for out: only the sizes are planned
     CHECK(runtime.kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0);
     v.args.total_seqlen_k = 0;
-    CHECK(runtime.kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) == 0);
+    CHECK((runtime.kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0) == c.dynamic);
   }
   check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache: dynamic_splits follow the lengths of each CUDA graph replay") {
+  // One call captured with every sequence full, then replayed with the
+  // device's cache_seqlens rewritten: one long sequence and fifteen short,
+  // every one short, random lengths with 0 and 1, and full again. The graph
+  // keeps its launches; the outputs must follow the lengths of the replay.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const auto& drv = detail::driver();
+  for (int variant = 0; variant < 3; ++variant) {
+    Case c;
+    c.batch = 16;
+    c.seqlen_k = 4096;
+    c.heads_q = 32;
+    c.heads_kv = 8;
+    c.head_dim = variant == 2 ? 64 : 128;
+    c.dtype = variant == 1 ? DType::f16 : DType::bf16;
+    c.causal = true;
+    c.window_left = variant == 2 ? 1000 : -1;
+    c.page_size = variant == 1 ? 64 : 0;
+    c.dynamic = true;
+    c.full_lengths = true;
+    Inputs in = make_inputs(c, rng);
+    CallViews v;
+    fill_call(c, in, v);
+    const int64_t q_shape[4] = {c.batch, c.seqlen_q, c.heads_q, c.head_dim};
+    int64_t strides[4];
+    contiguous_strides(q_shape, strides);
+    DeviceTensor out(c.dtype, q_shape, strides);
+    const size_t lse_count = static_cast<size_t>(c.batch) * c.heads_q * c.seqlen_q;
+    DeviceBuffer lse(lse_count * 4);
+    const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {c.batch, c.heads_q, c.seqlen_q});
+    Runtime& runtime = gpu_tests_runtime();
+    const size_t workspace_bytes =
+        runtime.kvcache_workspace_bytes(in.dq->view(), v.args, out.view(), &lse_view, v.options);
+    REQUIRE(workspace_bytes > 0);
+    DeviceBuffer workspace(workspace_bytes);
+    CUstream stream = nullptr;
+    REQUIRE(drv.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    // Warm (compiles and loads), then capture.
+    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
+                            stream);
+    REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    CUgraph graph = nullptr;
+    REQUIRE(drv.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
+                            stream);
+    REQUIRE(drv.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
+    CUgraphExec exec = nullptr;
+    REQUIRE(drv.cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS);
+    std::uniform_int_distribution<int> short_length(0, c.seqlen_k / 16), any_length(0, c.seqlen_k);
+    const char* names[] = {"one long, fifteen short", "all short", "random with 0 and 1", "full"};
+    for (int replay = 0; replay < 4; ++replay) {
+      std::vector<int> lengths(c.batch, c.seqlen_k);
+      for (int b = 0; b < c.batch; ++b) {
+        if (replay == 0 && b != 5) lengths[b] = short_length(rng);
+        if (replay == 1) lengths[b] = short_length(rng);
+        if (replay == 2) lengths[b] = b == 0 ? 0 : b == 1 ? 1 : any_length(rng);
+      }
+      in.cache_seqlens = lengths;
+      in.seqlens->upload(lengths.data(), lengths.size() * 4);
+      const References r = make_references(c, in);
+      out.buffer.fill_bytes(0xff);
+      lse.fill_bytes(0xff);
+      workspace.fill_bytes(0xff);
+      REQUIRE(drv.cuGraphLaunch(exec, stream) == CUDA_SUCCESS);
+      REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+      const Run run = read_outputs<Run>(out, lse, lse_count);
+      const AttentionShape shape =
+          AttentionShape::dense(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim);
+      const Verdict verdict = judge(shape, run.out, run.lse, r.exact, r.rounded);
+      CHECK_MESSAGE(verdict.ok(), fmt::format("{} replay {} ({}): {}", describe(c, "", seed), replay, names[replay],
+                                              verdict.summary()));
+    }
+    drv.cuGraphExecDestroy(exec);
+    drv.cuGraphDestroy(graph);
+    drv.cuStreamDestroy(stream);
+  }
 }
 
 namespace {

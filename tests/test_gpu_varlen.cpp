@@ -85,6 +85,8 @@ struct Case {
   bool omit_cu_seqlens_k = false;
   // VarlenArgs::total_seqlen_k: the sum of the keys the sequences use.
   bool total_hint = false;
+  // VarlenArgs::dynamic_splits: split counts chosen on the device.
+  bool dynamic = false;
 };
 
 // A paged case's pages per sequence (at least one column in the table), and
@@ -129,7 +131,7 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   if (!a.alibi_slopes.empty()) slopes = c.slopes_per_batch ? "[batch, heads_q]" : "[heads_q]";
   return fmt::format(
       "{} {} batch={} lengths(q,k)=[{}] total_q={} total_k={} max_seqlen=({}, {}) heads={}/{} head_dim={} causal={} "
-      "window=({}, {}) softcap={} alibi={} rope={} layout={} pages={} num_splits={} reference={} sm_limit={} seed={}",
+      "window=({}, {}) softcap={} alibi={} rope={} layout={} pages={} num_splits={}{} reference={} sm_limit={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch(), lengths_text(s), s.total_q,
       s.total_k, max_seqlen_q_of(c), max_seqlen_k_of(c), a.heads_q, a.heads_kv, a.head_dim, a.causal, a.window_left,
       a.window_right, a.softcap, slopes,
@@ -137,7 +139,8 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
               : fmt::format("{} r{}{}", c.rope->style == RopeStyle::rotate_half ? "half" : "interleaved",
                             c.rope->rotary_dim, c.rope_tables16 ? " tables16" : ""),
       layout_name(c.layout), c.page_size > 0 ? fmt::format("{} rows", c.page_size) : std::string("off"),
-      c.num_splits ? fmt::format("{}", *c.num_splits) : std::string("no workspace"), c.gpu_reference ? "gpu" : "cpu",
+      c.num_splits ? fmt::format("{}", *c.num_splits) : std::string("no workspace"), c.dynamic ? " dynamic" : "",
+      c.gpu_reference ? "gpu" : "cpu",
       c.sm_limit, seed);
 }
 
@@ -325,6 +328,7 @@ void make_varlen(const Case& c, void* cu_q, void* cu_k, void* seqused, VarlenVie
     views.args.seqused_k = &views.seqused_k;
   }
   views.args.total_seqlen_k = 0;
+  views.args.dynamic_splits = c.dynamic;
   if (c.total_hint) {
     for (int b = 0; b < batch; ++b) views.args.total_seqlen_k += c.shape.seqlen_k(b);
   }
@@ -624,7 +628,8 @@ TEST_CASE("varlen: random packed batches, f16/bf16, head dims 64/128/80/59, MHA/
   CHECK_MESSAGE(edge_empty_rows > 0, "the causal edge batches were meant to include rows that see no key");
 }
 
-TEST_CASE("varlen: decoding batches of uneven lengths split their keys (total_seqlen_k, or packed k's rows)") {
+TEST_CASE("varlen: decoding batches of uneven lengths split their keys (total_seqlen_k, packed k's rows, or "
+          "dynamic_splits)") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   // Sixteen decoding steps of 32 query heads over 8 KV heads at d128 (128
@@ -635,11 +640,19 @@ TEST_CASE("varlen: decoding batches of uneven lengths split their keys (total_se
   std::vector<int> seqlens_k{20000};
   for (int b = 1; b < 16; ++b) seqlens_k.push_back(short_length(rng));
   std::vector<Case> cases;
-  for (int variant = 0; variant < 2; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     Case c;
-    c.dtype = variant == 0 ? DType::bf16 : DType::f16;
+    c.dtype = variant % 2 == 0 ? DType::bf16 : DType::f16;
     c.shape = VarlenShape::packed(make_common(32, 8, 128, true), std::vector<int>(16, 1), seqlens_k);
     c.num_splits = 0;
+    // Variants 2 and 3: dynamic splits, told nothing of the total (paged
+    // with seqused_k in 3, with one sequence of no keys).
+    c.dynamic = variant >= 2;
+    if (variant == 3) {
+      c.page_size = 16;
+      c.shape.seqused_k = seqlens_k;
+      c.shape.seqused_k[7] = 0;
+    }
     if (variant == 1) {
       c.page_size = 64;
       c.shape.seqused_k = seqlens_k;

@@ -688,6 +688,96 @@ TEST_CASE("varlen decoding with a workspace: uneven batches split by total_seqle
   CHECK(splits(TensorView::contiguous(address(0x100000), DType::bf16, {16 * 32768, 8, 128})) == 1);
 }
 
+TEST_CASE("decode splits: pieces from each tile's own keys; dynamic_splits launches the most, counted on the device") {
+  const TensorView q16 = TensorView::contiguous(address(0x10000), DType::bf16, {16, 1, 32, 128});
+  const TensorView q1 = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 32, 128});
+  KVCacheArgs args;
+  int64_t heads_kv = 8;
+  auto plan = [&](const TensorView& q) {
+    KVCacheArgs call = args;
+    const int64_t batch = q.shape[0];
+    call.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {batch, 32768, heads_kv, 128});
+    call.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {batch, 32768, heads_kv, 128});
+    call.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+    return plan_kvcache(q, call, q, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024,
+                        132)
+        .attention;
+  };
+  // Batch 1 told nothing: the heuristic's count for the capacity. The
+  // kernel cuts each tile's own keys into that many pieces of at least
+  // kMinSplitKeys (one 128-key step of 4 warps × 32 keys here), so a
+  // sequence shorter than the capacity still fills every split.
+  ForwardPlan one = plan(q1);
+  CHECK(one.spec.family == Family::decode);
+  CHECK(one.num_splits == 14);
+  CHECK(one.params.blocks_per_split == 1);
+  CHECK(one.params.split_slots == 0);
+  CHECK_FALSE(one.spec.dynamic_splits);
+  // Batch 16: 128 tiles fill the GPU; no split.
+  CHECK(plan(q16).num_splits == 1);
+  // dynamic_splits: the launch holds the splits of an even batch of
+  // max_seqlen_k keys (batch 1: 14), and at least room for one sequence's 8
+  // tiles to fill half the SMs (8); the device cuts the batch's work into
+  // 120 shares (132 SMs / 1.1).
+  args.dynamic_splits = true;
+  for (const TensorView& q : {q1, q16}) {
+    const int expected = q.shape[0] == 1 ? 14 : 8;
+    const ForwardPlan dynamic = plan(q);
+    CHECK(dynamic.num_splits == expected);
+    CHECK(dynamic.params.split_slots == 120);  // 132 SMs / 1.1
+    CHECK(dynamic.params.blocks_per_split == 1);
+    CHECK(dynamic.spec.split);
+    CHECK(dynamic.spec.dynamic_splits);  // the kernel's own variant (.dynsplit)
+    CHECK(dynamic.grid == static_cast<unsigned>(q.shape[0] * 8 * expected));
+  }
+  // Short keys cap it (one 128-key step per split at least).
+  args.max_seqlen_k = 500;
+  CHECK(plan(q16).num_splits == 4);
+  args.max_seqlen_k = 0;
+  // num_splits caps it; 1 turns splitting off.
+  args.num_splits = 4;
+  CHECK(plan(q16).num_splits == 4);
+  CHECK(plan(q16).params.split_slots == 120);
+  args.num_splits = 1;
+  CHECK(plan(q16).num_splits == 1);
+  CHECK_FALSE(plan(q16).spec.split);
+  args.num_splits = 0;
+  // MHA: 32 tiles per sequence, 2 splits.
+  heads_kv = 32;
+  CHECK(plan(q16).num_splits == 2);
+  // Chunked prefill (64 queries × 4 heads per KV head) runs wgmma tiles,
+  // not the decode kernel: planned as without the flag.
+  heads_kv = 8;
+  const TensorView chunk = TensorView::contiguous(address(0x10000), DType::bf16, {16, 64, 32, 128});
+  const ForwardPlan prefill = plan(chunk);
+  CHECK(prefill.spec.family != Family::decode);
+  CHECK(prefill.params.split_slots == 0);
+}
+
+TEST_CASE("varlen decoding with dynamic_splits: the launch holds the most splits, chosen on the device") {
+  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {16, 32, 128});
+  const TensorView pages = TensorView::contiguous(address(0x100000), DType::bf16, {8192, 64, 8, 128});
+  const TensorView table = TensorView::contiguous(address(0x63000), DType::i32, {16, 512});
+  const TensorView seqused = TensorView::contiguous(address(0x62000), DType::i32, {16});
+  VarlenArgs varlen;
+  varlen.cu_seqlens_q = TensorView::contiguous(address(0x60000), DType::i32, {17});
+  varlen.max_seqlen_q = 1;
+  varlen.max_seqlen_k = 32768;
+  varlen.block_table = &table;
+  varlen.seqused_k = &seqused;
+  auto attention = [&] {
+    return plan_forward_varlen_split(q, pages, pages, q, nullptr, varlen, ForwardOptions{}, nullptr, 0, true,
+                                     Arch::parse("sm_90a"), 227 * 1024, 132)
+        .attention;
+  };
+  CHECK(attention().num_splits == 1);
+  varlen.dynamic_splits = true;
+  const ForwardPlan plan = attention();
+  CHECK(plan.num_splits == 8);
+  CHECK(plan.params.split_slots == 120);
+  CHECK(plan.workspace_bytes > 0);
+}
+
 TEST_CASE("kvcache: decode tiles fit every architecture's shared memory, up to head dim 256") {
   // Two stages of four warps' 32-key chunks of K and V take 128 KB at head
   // dim 128 (over sm_86's 99 KB), 192 KB at 192 and 256 KB at 256: the
@@ -777,10 +867,11 @@ TEST_CASE("kvcache: decode chunks hold 8 KB of K, and splits at least 128 keys")
   CHECK(paged16.num_splits == 8);
   CHECK(paged16.params.blocks_per_split == 2);
   // Longer caches: the wave rule alone (the fewest splits whose 8 × splits
-  // CTAs fill 85% of the best wave: 14), in whole 64-key steps.
+  // CTAs fill 85% of the best wave: 14). The kernel cuts each tile's own
+  // keys into 14 pieces of whole 64-key steps, two at least (128 keys).
   const ForwardPlan longer = plan_decode(256, 1, 32768);
   CHECK(longer.num_splits == 14);
-  CHECK(longer.params.blocks_per_split == (32768 / 64 + 13) / 14);
+  CHECK(longer.params.blocks_per_split == 2);
 }
 
 TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans append and combine") {
@@ -801,9 +892,12 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
   CHECK(spec.kvcache);
   CHECK(plan.attention.num_splits > 1);
   CHECK(plan.attention.grid == plan.attention.num_splits * 8 * 2);  // splits × KV heads × batch, one tile each
-  // Splits count CTA steps of 4 warps × 32 keys.
-  CHECK(plan.attention.params.blocks_per_split * plan.attention.num_splits >= 8192 / 128);
-  CHECK((plan.attention.params.blocks_per_split - 1) * plan.attention.num_splits < 8192 / 128);
+  // Splits count CTA steps of 4 warps × 32 keys: the planner's count never
+  // leaves a split of the longest sequence without a step, and the kernel's
+  // pieces (of each tile's own keys) hold one step at least.
+  CHECK(plan.attention.num_splits <= 8192 / 128);
+  CHECK(plan.attention.params.blocks_per_split == 1);
+  CHECK(plan.attention.params.split_slots == 0);
   {
     // 64 sequences × 8 KV heads fill every SM twice: two CTAs per SM, 16-key
     // chunks, three 32 KB stages; no split.
@@ -1083,7 +1177,7 @@ TEST_CASE("forward with a workspace splits calls whose tiles leave the GPU under
   CHECK_FALSE(split.attention.spec.kvcache);
   CHECK(split.attention.num_splits == 14);
   CHECK(split.attention.grid == 14 * 8);
-  CHECK(split.attention.params.blocks_per_split == 256 / 14 + 1);
+  CHECK(split.attention.params.blocks_per_split == 1);  // pieces of one step or more, cut by the kernel
   // fp32 outputs (256-byte aligned), then the LSEs, of every split × row × head.
   CHECK(split.attention.partial_o_bytes == (14 * 32 * 128 * 4 + 255) / 256 * 256);
   CHECK(split.attention.workspace_bytes == split.attention.partial_o_bytes + 14 * 32 * 4);

@@ -127,6 +127,16 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
   CHECK(decode.smem_bytes() == (16 + 4 * 4 * 2 * 16) * 128 * 2);
   CHECK(decode.threads() == 128);
   CHECK(decode.packed() != KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache").packed());
+  // dynsplit: split counts chosen on the device, only beside split.
+  const KernelSpec dynamic = KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.paged.split.dynsplit");
+  CHECK(dynamic.dynamic_splits);
+  CHECK(dynamic.text() == "decode.bf16.d128.br16.bc16.w4.s4.paged.split.dynsplit");
+  CHECK(dynamic.packed() != KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.paged.split").packed());
+  CHECK(dynamic.hash() != KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.paged.split").hash());
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.dynsplit"),
+                       doctest::Contains("dynsplit chooses split counts: it needs split"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache.split.dynsplit"),
+                       doctest::Contains("dynsplit"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4"), doctest::Contains("seventh field must be sN"),
                        Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.kvcache"),

@@ -122,6 +122,7 @@ typedef struct jitattn_varlen_args {
   int32_t max_seqlen_q;
   int32_t max_seqlen_k;
   int64_t total_seqlen_k; /* sum of the sequences' keys if known; 0: unknown (VarlenArgs::total_seqlen_k) */
+  int32_t dynamic_splits; /* nonzero: split counts chosen on the device (VarlenArgs::dynamic_splits) */
 } jitattn_varlen_args;
 
 /* Calls whose tiles leave the GPU underused split over their keys (options->num_splits:
@@ -158,6 +159,8 @@ typedef struct jitattn_kvcache_args {
   int32_t max_seqlen_k; /* longest cache_seqlens + seqlen_new if known; 0: the capacity */
   int64_t total_seqlen_k; /* sum of cache_seqlens + seqlen_new if known (with max_seqlen_k): splits uneven
                              batches; 0: unknown (KVCacheArgs::total_seqlen_k) */
+  int32_t dynamic_splits; /* nonzero: split counts chosen on the device from cache_seqlens, for graphs
+                             replayed with other lengths (KVCacheArgs::dynamic_splits) */
 } jitattn_kvcache_args;
 
 /* q [B, Sq, Hq, D], out like q, lse (nullable) [B, Hq, Sq] f32. workspace: device memory

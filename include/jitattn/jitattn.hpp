@@ -222,6 +222,9 @@ struct VarlenArgs {
   // where a workspace is given). 0: unknown; packed k/v without seqused_k
   // then count k's rows (total_k).
   int64_t total_seqlen_k = 0;
+  // Decoding splits chosen on the device from the lengths, for graphs
+  // replayed with other lengths (as KVCacheArgs::dynamic_splits).
+  bool dynamic_splits = false;
 };
 
 // Attention over a KV cache (FlashAttention's flash_attn_with_kvcache).
@@ -256,6 +259,18 @@ struct KVCacheArgs {
   // about the device values, used only for planning (the results do not
   // depend on it); a captured graph keeps the split count of its capture.
   int64_t total_seqlen_k = 0;
+  // Split counts chosen on the device, from cache_seqlens as they are when
+  // the call runs: for CUDA graphs replayed with lengths other than the
+  // capture's, where the hints above cannot follow. The launch holds the
+  // most splits lengths up to max_seqlen_k could use (num_splits > 1 caps
+  // it; the workspace is sized for them) and each sequence takes as many as
+  // its share of the batch's keys asks for: an even batch that fills the
+  // GPU runs unsplit, the longest sequences of an uneven one split the most,
+  // and unused splits leave at once. Every call then also reads the batch's
+  // lengths in each CTA and runs the combine launch. Applies where the call
+  // runs the decode kernel (a KV head's query rows fit two 16-row tiles);
+  // results never depend on it.
+  bool dynamic_splits = false;
 };
 
 // CUstream or cudaStream_t; nullptr is the legacy default stream.

@@ -773,6 +773,7 @@ json launch_json(const PlannedLaunch& launch, const Arch& arch) {
                  {"grid", launch.grid},         {"threads", launch.threads},       {"smem_bytes", launch.smem_bytes}};
   if (launch.role == "attention") {
     record["splits"] = launch.splits;
+    record["dynamic_splits"] = launch.dynamic_splits;
     record["workspace_bytes"] = launch.workspace_bytes;
   }
   return record;
@@ -785,7 +786,7 @@ Row launch_row(const PlannedLaunch& launch) {
           std::to_string(launch.grid),
           std::to_string(launch.threads),
           std::to_string(launch.smem_bytes),
-          attention ? std::to_string(launch.splits) : "-",
+          !attention ? "-" : launch.dynamic_splits ? fmt::format("<= {}", launch.splits) : std::to_string(launch.splits),
           attention ? std::to_string(launch.workspace_bytes) : "-"};
 }
 

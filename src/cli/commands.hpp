@@ -60,6 +60,7 @@ struct PlanOptions {
   int new_tokens = 0;                // k_new/v_new rows appended per sequence
   std::optional<int> max_seqlen_k;   // KVCacheArgs::max_seqlen_k; default seqlen_k + new_tokens
   int64_t total_seqlen_k = 0;        // KVCacheArgs::total_seqlen_k; 0 = unknown
+  bool dynamic_splits = false;       // KVCacheArgs::dynamic_splits
   // The target; unset: this host's GPU 0, else sm_90a's
   std::optional<std::string> arch;
   std::optional<int> sms;

@@ -184,6 +184,9 @@ int main(int argc, char** argv) {
                        "kvcache: KVCacheArgs::total_seqlen_k, the batch's keys in all (default 0 = unknown: every "
                        "sequence --max-seqlen-k long)")
       ->type_name("N");
+  plan_cmd->add_flag("--dynamic-splits", plan.dynamic_splits,
+                     "kvcache: KVCacheArgs::dynamic_splits, split counts chosen on the device from the lengths (the "
+                     "launch shows the most splits)");
   plan_cmd->add_option("--arch", plan.arch, "Target arch (default: this host's GPU, else sm_90a)")->type_name("ARCH");
   plan_cmd->add_option("--sms", plan.sms, "SM count (default: this host's GPU, else 132)")->type_name("N");
   plan_cmd->add_option("--smem", plan.smem, "Opt-in shared memory per block in bytes (default: the GPU's or arch's)")

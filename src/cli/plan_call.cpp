@@ -121,7 +121,8 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
                                                           {"--page-size", o.page_size != 0},
                                                           {"--new-tokens", o.new_tokens != 0},
                                                           {"--max-seqlen-k", o.max_seqlen_k.has_value()},
-                                                          {"--total-seqlen-k", o.total_seqlen_k != 0}};
+                                                          {"--total-seqlen-k", o.total_seqlen_k != 0},
+                                                          {"--dynamic-splits", o.dynamic_splits}};
     for (const auto& [option, given] : cache_options) {
       if (given) bad_option(fmt::format("{}: applies to --call kvcache only", option));
     }
@@ -199,6 +200,7 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
     cache.max_seqlen_k = o.max_seqlen_k.value_or(static_cast<int>(keys));
     require_at_least("--total-seqlen-k", o.total_seqlen_k, 0);
     cache.total_seqlen_k = o.total_seqlen_k;
+    cache.dynamic_splits = o.dynamic_splits;
   }
 
   if (!o.rope.empty()) {
@@ -243,6 +245,7 @@ PlannedLaunch launch_of(const char* role, const KernelSpec& spec, unsigned grid)
 PlannedLaunch attention_launch(const detail::ForwardPlan& plan) {
   PlannedLaunch launch = launch_of("attention", plan.spec, plan.grid);
   launch.splits = plan.num_splits;
+  launch.dynamic_splits = plan.spec.dynamic_splits;
   launch.workspace_bytes = plan.workspace_bytes;
   return launch;
 }

@@ -32,6 +32,7 @@ struct PlannedLaunch {
   size_t smem_bytes = 0;  // dynamic shared memory per CTA
   // attention only: the key splits (1 = not split) and the workspace they need
   int splits = 1;
+  bool dynamic_splits = false;  // splits is the most; each sequence's count is chosen on the device
   size_t workspace_bytes = 0;
 };
 

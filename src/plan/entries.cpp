@@ -145,6 +145,7 @@ Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorVie
   problem.seqlen_k = varlen.max_seqlen_k;
   problem.seqlen_k_hinted = varlen.max_seqlen_k > 0;
   use_total_seqlen_k(problem, "varlen: total_seqlen_k", varlen.total_seqlen_k);
+  problem.dynamic_splits = varlen.dynamic_splits;
   if (varlen.total_seqlen_k == 0 && !paged && varlen.seqused_k == nullptr) {
     // Packed keys: k's rows bound the sum (rows past cu_seqlens_k[batch]
     // only make the batch look more even than it is).
@@ -252,6 +253,7 @@ ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, c
   problem.seqlen_k = args.max_seqlen_k > 0 ? args.max_seqlen_k : capacity;
   problem.seqlen_k_hinted = args.max_seqlen_k > 0;
   use_total_seqlen_k(problem, "total_seqlen_k", args.total_seqlen_k);
+  problem.dynamic_splits = args.dynamic_splits;
   check_num_splits("num_splits", args.num_splits);
   if (options.num_splits != 0) {
     reject(fmt::format("options.num_splits={}: forward_kvcache takes its split count from KVCacheArgs::num_splits",

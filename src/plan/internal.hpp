@@ -99,6 +99,8 @@ struct Problem {
   // not); with seqlen_k from a max_seqlen_k hint it tells uneven batches.
   int64_t total_seqlen_k = 0;
   bool seqlen_k_hinted = false;
+  // KV cache and varlen: decode splits chosen on the device from the lengths.
+  bool dynamic_splits = false;
   int sm_count = 0;
   // Split-KV needs the caller's workspace: KV-cache calls always take one;
   // dense and varlen calls only through the workspace overloads.

@@ -72,13 +72,26 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
     const int64_t kv_blocks = std::max<int64_t>(1, (problem.seqlen_k + step - 1) / step);
     const int64_t split_keys = spec.family == Family::decode ? std::max<int64_t>(step, kMinSplitKeys) : step;
     const int64_t split_blocks = std::max<int64_t>(1, (problem.seqlen_k + split_keys - 1) / split_keys);
+    // Decode splits chosen on the device from the lengths (dynamic_splits):
+    // the launch holds the splits an even batch of seqlen_k keys would take,
+    // and at least enough for one sequence's tiles to fill half the SMs (as
+    // uneven_splits), or the forced count.
+    const bool from_lengths = problem.dynamic_splits && spec.family == Family::decode && problem.num_splits != 1;
+    const int ctas_per_sm = static_cast<int>(std::max<size_t>(
+        1, std::min<size_t>(kSmemPerSm / (spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
     int splits = problem.num_splits;
     if (splits == 0) {
-      const int ctas_per_sm = static_cast<int>(std::max<size_t>(
-          1, std::min<size_t>(kSmemPerSm / (spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
       splits = num_splits_heuristic(grid, problem.sm_count, ctas_per_sm, split_blocks, kMaxSplits);
-      // A decoding batch known to be uneven: its longest sequences split too.
-      if (spec.family == Family::decode && problem.seqlen_k_hinted) {
+      if (from_lengths) {
+        // Each split past those is an empty CTA for even batches (one more
+        // CTA launch each): 8 at most for 16 x 8 tiles of 32k keys ran 3%
+        // faster on even batches and as fast on uneven ones as 15 (H200,
+        // docs/PERFORMANCE.md).
+        const int64_t tiles_per_sequence = std::max<int64_t>(1, grid / std::max<int64_t>(1, problem.batch));
+        splits = static_cast<int>(std::max<int64_t>(
+            splits, std::min<int64_t>(std::max(1, problem.sm_count / 2) / tiles_per_sequence, kMaxSplits)));
+      } else if (spec.family == Family::decode && problem.seqlen_k_hinted) {
+        // A decoding batch known to be uneven: its longest sequences split too.
         splits = std::max(splits, uneven_splits(grid, problem.batch, problem.sm_count, problem.seqlen_k,
                                                 problem.total_seqlen_k));
       }
@@ -88,8 +101,23 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
       const int64_t per_split = (kv_blocks + splits - 1) / splits;
       splits = static_cast<int>((kv_blocks + per_split - 1) / per_split);  // no empty splits
       spec.split = true;
+      spec.dynamic_splits = from_lengths;
       p.num_splits = splits;
-      p.blocks_per_split = static_cast<int>(per_split);
+      // The decode kernel cuts each tile's own keys into pieces of at least
+      // blocks_per_split steps (FwdParams): those of the longest sequence where
+      // the caller gave its length, so shorter ones split less (pieces of a
+      // few steps cost more than they spread: one sequence of 32k keys and
+      // fifteen of 2k, split 8 ways, ran 12% slower so; H200,
+      // docs/PERFORMANCE.md); else kMinSplitKeys, so that sequences shorter
+      // than the capacity still fill the splits the planner chose for it.
+      const bool longest_known = problem.seqlen_k_hinted && !from_lengths;
+      p.blocks_per_split = static_cast<int>(spec.family != Family::decode || longest_known ? per_split
+                                                                                           : (split_keys + step - 1) / step);
+      // Dynamic splits: one share of the batch's work per 1.1 SMs
+      // (FlashAttention-3's rule). Growing the share until the pieces fit
+      // one wave of CTAs measured slower on most uneven batches: the short
+      // ones' CTAs end early and hand their SMs on (H200, docs/PERFORMANCE.md).
+      p.split_slots = from_lengths ? std::max(1, problem.sm_count * 10 / 11) : 0;
       plan.num_splits = splits;
       // Partial rows: every query of every sequence (varlen: the packed ones).
       const int64_t partial_rows = varlen ? problem.total_q : problem.batch * problem.seqlen_q;
