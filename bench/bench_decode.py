@@ -40,6 +40,8 @@ def main():
                              "BQxBKVxWARPSxSTAGES (decode kernel, e.g. 16x16x4x4; BQ 0 = planner's) or that "
                              "ending in w (wgmma tiles, e.g. 128x128x8x2w)")
     parser.add_argument("--splits", type=int, default=0)
+    parser.add_argument("--dynamic", action="store_true",
+                        help="KVCacheArgs::dynamic_splits: split counts chosen on the device from the lengths")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--seqlen-q", type=int, default=1, help="query tokens per sequence")
     parser.add_argument("--page", type=int, default=64, help="rows per page of the paged cache")
@@ -77,7 +79,8 @@ def main():
             paged = [shuffled_pages(k_cache, v_cache, page, gen) for k_cache, v_cache in caches]
 
             def make_call(k_cache, v_cache, table=None):
-                return kvcache_call(lib, tq, tout, tseq, k_cache, v_cache, options, stream, args.splits, kv, table)
+                return kvcache_call(lib, tq, tout, tseq, k_cache, v_cache, options, stream, args.splits, kv, table,
+                                    dynamic_splits=args.dynamic)
 
             contiguous_calls = [make_call(k, v) for k, v in caches]
             paged_calls = [make_call(k, v, t) for k, v, t in paged]

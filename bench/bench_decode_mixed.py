@@ -5,10 +5,12 @@ per sequence, of which sequence b uses cache_seqlens[b], by distribution (--dist
   uniform   every length kv;
   mixed     uniform in [--low-fraction x kv, kv];
   onelong   one sequence of kv, the others of --short rows;
-  bimodal   a quarter of the sequences kv, the rest --short. Reported: bytes of K and V the call needs
+  bimodal   a quarter of the sequences kv, the rest --short;
+  short     every length --short (a cache longer than its sequences). Reported: bytes of K and V the call needs
 (sum of cache_seqlens x 8 heads x head_dim x 2 bytes x 2 tensors) per second, for each --splits value
-(0: the planner's, told only the cache's rows; h: the planner's, told the longest length and the total,
-KVCacheArgs::max_seqlen_k and total_seqlen_k). One wave of sequences ends when its longest does; splitting the keys lets short
+(0: the planner's, told the cache's rows as max_seqlen_k; n: told nothing, max_seqlen_k 0; h: the planner's, told the longest length and the total,
+KVCacheArgs::max_seqlen_k and total_seqlen_k; d: told only the cache's rows and dynamic_splits, as a CUDA graph
+captured once and replayed with any lengths would be; dN: the same with num_splits N, the most). One wave of sequences ends when its longest does; splitting the keys lets short
 pieces fill the SMs that finish early. PyTorch's SDPA has no per-sequence lengths, so the reference is
 FA2 over each sequence's own rows, checked before timing. Calls rotate over copies of the cache
 adding up to 256 MB or more, so every call reads it from HBM.
@@ -55,7 +57,8 @@ def main():
     parser.add_argument("--dists", default="uniform,mixed,onelong,bimodal")
     parser.add_argument("--short", type=int, default=1024, help="length of the short sequences (onelong, bimodal)")
     parser.add_argument("--splits", default="h,0,1,2,4,8",
-                        help="num_splits values to time (0: the planner's; h: the planner's told the lengths)")
+                        help="num_splits values to time (0: the planner's; h: the planner's told the lengths; "
+                             "d: dynamic_splits; dN: dynamic_splits, at most N)")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--heads-kv", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
@@ -78,6 +81,7 @@ def main():
             "mixed": torch.randint(low, kv + 1, (batch,), generator=gen).tolist(),
             "onelong": [args.short] * (batch - 1) + [kv],
             "bimodal": [kv if b % 4 == 3 else args.short for b in range(batch)],
+            "short": [args.short] * batch,
         }
         for label in args.dists.split(","):
             lengths = dists[label]
@@ -97,9 +101,11 @@ def main():
             r = {"batch": batch, "kv": kv, "lengths": label, "sum_lengths": sum(lengths), "max_length": max(lengths),
                  "used_bytes": used_bytes, "ms": {}, "tbps": {}}
             for splits in splits_list:
-                hinted = splits == "h"
-                calls = [kvcache_call(lib, tq, tout, tseq, k, v, options, stream, 0 if hinted else int(splits),
-                                      max(lengths) if hinted else kv, None, sum(lengths) if hinted else 0)
+                hinted, dynamic, told_nothing = splits == "h", splits.startswith("d"), splits == "n"
+                count = 0 if hinted or told_nothing else int(splits[1:] or 0) if dynamic else int(splits)
+                longest = max(lengths) if hinted else 0 if told_nothing else kv
+                calls = [kvcache_call(lib, tq, tout, tseq, k, v, options, stream, count, longest, None,
+                                      sum(lengths) if hinted else 0, dynamic)
                          for k, v in caches]
                 out.fill_(float("nan"))
                 calls[0]()
