@@ -196,9 +196,9 @@ __device__ void fwd_decode(const FwdParams& p) {
     // A split without a visible key is an empty state: the combine reads only
     // its lse, never its output. With counts from the lengths most splits of
     // an even batch are such, and leave before Q's copy to hand the SM on.
-    // (Only there: the early exit compiled into the other split kernels cost
-    // them 2-4%, and leaving early measured up to 5% slower on some uneven
-    // batches; docs/PERFORMANCE.md.)
+    // (Only there: compiled into the other split kernels, this and the
+    // device count cost them 1-4%, and leaving early measured up to 5%
+    // slower on some uneven batches; docs/PERFORMANCE.md.)
     if (Cfg::kDynamicSplits && chunk_begin >= chunk_end) {
       const int query0 = partial_query0<Warp>(p, batch);
       const int end = min(q0 + Cfg::kBlockQ, rows);

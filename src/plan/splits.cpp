@@ -115,8 +115,9 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
                                                                                            : (split_keys + step - 1) / step);
       // Dynamic splits: one share of the batch's work per 1.1 SMs
       // (FlashAttention-3's rule). Growing the share until the pieces fit
-      // one wave of CTAs measured slower on most uneven batches: the short
-      // ones' CTAs end early and hand their SMs on (H200, docs/PERFORMANCE.md).
+      // one wave of CTAs measured 1.5-2.2x slower where one long sequence
+      // sits among short ones, whose CTAs end early and hand their SMs on
+      // (H200, docs/PERFORMANCE.md).
       p.split_slots = from_lengths ? std::max(1, problem.sm_count * 10 / 11) : 0;
       plan.num_splits = splits;
       // Partial rows: every query of every sequence (varlen: the packed ones).
