@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -330,25 +331,80 @@ std::string check_cache(const Case& c, const Inputs& in) {
   return {};
 }
 
-// through_graph: a warm call on a stream of its own, then the same call
-// captured into a CUDA graph and replayed twice on re-poisoned outputs (an
-// append writes the same rows to the same places every time).
+// A call's out [batch, seqlen_q, heads_q, head_dim] and lse [batch, heads_q,
+// seqlen_q] on the device, LSE poisoned.
+struct Outputs {
+  explicit Outputs(const Case& c)
+      : shape{c.batch, c.seqlen_q, c.heads_q, c.head_dim},
+        out(c.dtype, shape, contiguous()),
+        lse_count(static_cast<size_t>(c.batch) * c.heads_q * c.seqlen_q),
+        lse(lse_count * 4),
+        lse_view(TensorView::contiguous(lse.get(), DType::f32, {c.batch, c.heads_q, c.seqlen_q})) {
+    lse.fill_bytes(0xff);
+  }
+  Run read() const { return read_outputs<Run>(out, lse, lse_count); }
+  // The contiguous strides of shape, filled in (members above out, so they
+  // are set before out is made).
+  const int64_t (&contiguous())[4] {
+    contiguous_strides(shape, strides);
+    return strides;
+  }
+  int64_t shape[4];
+  int64_t strides[4] = {};
+  DeviceTensor out;
+  size_t lse_count;
+  DeviceBuffer lse;
+  TensorView lse_view;
+};
+
+// A warm forward_kvcache call on a stream of its own (it compiles and loads
+// the kernels), then the same call captured into a CUDA graph, to replay.
+class CapturedCall {
+ public:
+  explicit CapturedCall(const std::function<void(CUstream)>& call) {
+    REQUIRE(drv_.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    call(stream_);
+    REQUIRE(drv_.cuStreamSynchronize(stream_) == CUDA_SUCCESS);
+    REQUIRE(drv_.cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    call(stream_);
+    REQUIRE(drv_.cuStreamEndCapture(stream_, &graph_) == CUDA_SUCCESS);
+    REQUIRE(drv_.cuGraphInstantiateWithFlags(&exec_, graph_, 0) == CUDA_SUCCESS);
+  }
+  ~CapturedCall() {
+    if (exec_ != nullptr) drv_.cuGraphExecDestroy(exec_);
+    if (graph_ != nullptr) drv_.cuGraphDestroy(graph_);
+    if (stream_ != nullptr) drv_.cuStreamDestroy(stream_);
+  }
+  CapturedCall(const CapturedCall&) = delete;
+  CapturedCall& operator=(const CapturedCall&) = delete;
+  // One replay, waited for.
+  void replay() {
+    REQUIRE(drv_.cuGraphLaunch(exec_, stream_) == CUDA_SUCCESS);
+    REQUIRE(drv_.cuStreamSynchronize(stream_) == CUDA_SUCCESS);
+  }
+
+ private:
+  const detail::Driver& drv_ = detail::driver();
+  CUstream stream_ = nullptr;
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
+};
+
+// through_graph: the call captured into a CUDA graph (CapturedCall) and
+// replayed twice on re-poisoned outputs (an append writes the same rows to
+// the same places every time).
 Run run_kernel(const Case& c, const Inputs& in, bool through_graph = false) {
-  const int64_t q_shape[4] = {c.batch, c.seqlen_q, c.heads_q, c.head_dim};
-  int64_t strides[4];
-  contiguous_strides(q_shape, strides);
-  DeviceTensor out(c.dtype, q_shape, strides);
-  const size_t lse_count = static_cast<size_t>(c.batch) * c.heads_q * c.seqlen_q;
-  DeviceBuffer lse(lse_count * 4);
-  lse.fill_bytes(0xff);
-  const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {c.batch, c.heads_q, c.seqlen_q});
+  Outputs outputs(c);
+  DeviceTensor& out = outputs.out;
+  DeviceBuffer& lse = outputs.lse;
+  const TensorView& lse_view = outputs.lse_view;
   CallViews v;
   fill_call(c, in, v);
   Runtime& runtime = gpu_tests_runtime();
   const size_t workspace_bytes = runtime.kvcache_workspace_bytes(in.dq->view(), v.args, out.view(), &lse_view, v.options);
   DeviceBuffer workspace(std::max<size_t>(workspace_bytes, 256));
   workspace.fill_bytes(0xff);
-  auto read_back = [&] { return read_outputs<Run>(out, lse, lse_count); };
+  auto read_back = [&] { return outputs.read(); };
   if (!through_graph) {
     // A repeat appends the same rows to the same places again.
     std::string mismatch;
@@ -366,29 +422,16 @@ Run run_kernel(const Case& c, const Inputs& in, bool through_graph = false) {
     run.repeat_mismatch = std::move(mismatch);
     return run;
   }
-  const auto& drv = detail::driver();
-  CUstream stream = nullptr;
-  REQUIRE(drv.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
-                          stream);
-  REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
-  CUgraph graph = nullptr;
-  REQUIRE(drv.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
-  runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
-                          stream);
-  REQUIRE(drv.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
-  CUgraphExec exec = nullptr;
-  REQUIRE(drv.cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS);
+  CapturedCall captured([&](CUstream stream) {
+    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
+                            stream);
+  });
   for (int replay = 0; replay < 2; ++replay) {
     out.buffer.fill_bytes(0xff);
     lse.fill_bytes(0xff);
     workspace.fill_bytes(0xff);
-    REQUIRE(drv.cuGraphLaunch(exec, stream) == CUDA_SUCCESS);
-    REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+    captured.replay();
   }
-  drv.cuGraphExecDestroy(exec);
-  drv.cuGraphDestroy(graph);
-  drv.cuStreamDestroy(stream);
   Run run = read_back();
   run.spec = fmt::format("workspace={}", workspace_bytes);
   return run;
@@ -558,7 +601,6 @@ TEST_CASE("kvcache: dynamic_splits follow the lengths of each CUDA graph replay"
   // keeps its launches; the outputs must follow the lengths of the replay.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
-  const auto& drv = detail::driver();
   for (int variant = 0; variant < 3; ++variant) {
     Case c;
     c.batch = 16;
@@ -575,31 +617,16 @@ TEST_CASE("kvcache: dynamic_splits follow the lengths of each CUDA graph replay"
     Inputs in = make_inputs(c, rng);
     CallViews v;
     fill_call(c, in, v);
-    const int64_t q_shape[4] = {c.batch, c.seqlen_q, c.heads_q, c.head_dim};
-    int64_t strides[4];
-    contiguous_strides(q_shape, strides);
-    DeviceTensor out(c.dtype, q_shape, strides);
-    const size_t lse_count = static_cast<size_t>(c.batch) * c.heads_q * c.seqlen_q;
-    DeviceBuffer lse(lse_count * 4);
-    const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {c.batch, c.heads_q, c.seqlen_q});
+    Outputs outputs(c);
     Runtime& runtime = gpu_tests_runtime();
     const size_t workspace_bytes =
-        runtime.kvcache_workspace_bytes(in.dq->view(), v.args, out.view(), &lse_view, v.options);
+        runtime.kvcache_workspace_bytes(in.dq->view(), v.args, outputs.out.view(), &outputs.lse_view, v.options);
     REQUIRE(workspace_bytes > 0);
     DeviceBuffer workspace(workspace_bytes);
-    CUstream stream = nullptr;
-    REQUIRE(drv.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-    // Warm (compiles and loads), then capture.
-    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
-                            stream);
-    REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
-    CUgraph graph = nullptr;
-    REQUIRE(drv.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
-    runtime.forward_kvcache(in.dq->view(), v.args, out.view(), &lse_view, v.options, workspace.get(), workspace_bytes,
-                            stream);
-    REQUIRE(drv.cuStreamEndCapture(stream, &graph) == CUDA_SUCCESS);
-    CUgraphExec exec = nullptr;
-    REQUIRE(drv.cuGraphInstantiateWithFlags(&exec, graph, 0) == CUDA_SUCCESS);
+    CapturedCall captured([&](CUstream stream) {
+      runtime.forward_kvcache(in.dq->view(), v.args, outputs.out.view(), &outputs.lse_view, v.options,
+                              workspace.get(), workspace_bytes, stream);
+    });
     std::uniform_int_distribution<int> short_length(0, c.seqlen_k / 16), any_length(0, c.seqlen_k);
     const char* names[] = {"one long, fifteen short", "all short", "random with 0 and 1", "full"};
     for (int replay = 0; replay < 4; ++replay) {
@@ -612,21 +639,17 @@ TEST_CASE("kvcache: dynamic_splits follow the lengths of each CUDA graph replay"
       in.cache_seqlens = lengths;
       in.seqlens->upload(lengths.data(), lengths.size() * 4);
       const References r = make_references(c, in);
-      out.buffer.fill_bytes(0xff);
-      lse.fill_bytes(0xff);
+      outputs.out.buffer.fill_bytes(0xff);
+      outputs.lse.fill_bytes(0xff);
       workspace.fill_bytes(0xff);
-      REQUIRE(drv.cuGraphLaunch(exec, stream) == CUDA_SUCCESS);
-      REQUIRE(drv.cuStreamSynchronize(stream) == CUDA_SUCCESS);
-      const Run run = read_outputs<Run>(out, lse, lse_count);
+      captured.replay();
+      const Run run = outputs.read();
       const AttentionShape shape =
           AttentionShape::dense(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim);
       const Verdict verdict = judge(shape, run.out, run.lse, r.exact, r.rounded);
       CHECK_MESSAGE(verdict.ok(), fmt::format("{} replay {} ({}): {}", describe(c, "", seed), replay, names[replay],
                                               verdict.summary()));
     }
-    drv.cuGraphExecDestroy(exec);
-    drv.cuGraphDestroy(graph);
-    drv.cuStreamDestroy(stream);
   }
 }
 

@@ -652,7 +652,7 @@ TEST_CASE("kvcache: total_seqlen_k splits a decoding batch of uneven lengths, wi
   CHECK_THROWS_WITH_AS(splits(), doctest::Contains("total_seqlen_k=524289"), Error);
 }
 
-TEST_CASE("varlen decoding with a workspace: uneven batches split by total_seqlen_k, or by packed k's rows") {
+TEST_CASE("varlen decoding with a workspace: uneven batches split by total_seqlen_k, by packed k's rows, or on the device") {
   // Sixteen decoding steps of 32 query heads over 8 KV heads at d128 (128
   // tiles, one CTA per SM: unsplit when even), the longest 32768 keys.
   const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {16, 32, 128});
@@ -686,6 +686,19 @@ TEST_CASE("varlen decoding with a workspace: uneven batches split by total_seqle
   varlen.total_seqlen_k = 0;
   CHECK(splits(TensorView::contiguous(address(0x100000), DType::bf16, {32768 + 15 * 1024, 8, 128})) == 8);
   CHECK(splits(TensorView::contiguous(address(0x100000), DType::bf16, {16 * 32768, 8, 128})) == 1);
+  // dynamic_splits, paged with seqused_k (no total known): the launch holds
+  // room for one sequence's 8 tiles to fill half the SMs; the decode kernel
+  // (.dynsplit) picks each sequence's count from 120 shares of the batch.
+  varlen.block_table = &table;
+  varlen.seqused_k = &seqused;
+  varlen.dynamic_splits = true;
+  const ForwardPlan dynamic = plan_forward_varlen_split(q, pages, pages, q, nullptr, varlen, ForwardOptions{}, nullptr,
+                                                        0, true, Arch::parse("sm_90a"), 227 * 1024, 132)
+                                  .attention;
+  CHECK(dynamic.num_splits == 8);
+  CHECK(dynamic.spec.dynamic_splits);
+  CHECK(dynamic.params.split_slots == 120);
+  CHECK(dynamic.workspace_bytes > 0);
 }
 
 TEST_CASE("decode splits: pieces from each tile's own keys; dynamic_splits launches the most, counted on the device") {
@@ -752,30 +765,6 @@ TEST_CASE("decode splits: pieces from each tile's own keys; dynamic_splits launc
   const ForwardPlan prefill = plan(chunk);
   CHECK(prefill.spec.family != Family::decode);
   CHECK(prefill.params.split_slots == 0);
-}
-
-TEST_CASE("varlen decoding with dynamic_splits: the launch holds the most splits, chosen on the device") {
-  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {16, 32, 128});
-  const TensorView pages = TensorView::contiguous(address(0x100000), DType::bf16, {8192, 64, 8, 128});
-  const TensorView table = TensorView::contiguous(address(0x63000), DType::i32, {16, 512});
-  const TensorView seqused = TensorView::contiguous(address(0x62000), DType::i32, {16});
-  VarlenArgs varlen;
-  varlen.cu_seqlens_q = TensorView::contiguous(address(0x60000), DType::i32, {17});
-  varlen.max_seqlen_q = 1;
-  varlen.max_seqlen_k = 32768;
-  varlen.block_table = &table;
-  varlen.seqused_k = &seqused;
-  auto attention = [&] {
-    return plan_forward_varlen_split(q, pages, pages, q, nullptr, varlen, ForwardOptions{}, nullptr, 0, true,
-                                     Arch::parse("sm_90a"), 227 * 1024, 132)
-        .attention;
-  };
-  CHECK(attention().num_splits == 1);
-  varlen.dynamic_splits = true;
-  const ForwardPlan plan = attention();
-  CHECK(plan.num_splits == 8);
-  CHECK(plan.params.split_slots == 120);
-  CHECK(plan.workspace_bytes > 0);
 }
 
 TEST_CASE("kvcache: decode tiles fit every architecture's shared memory, up to head dim 256") {
