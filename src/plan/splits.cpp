@@ -77,15 +77,15 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
     // and at least enough for one sequence's tiles to fill half the SMs (as
     // uneven_splits), or the forced count.
     const bool from_lengths = problem.dynamic_splits && spec.family == Family::decode && problem.num_splits != 1;
-    const int ctas_per_sm = static_cast<int>(std::max<size_t>(
-        1, std::min<size_t>(kSmemPerSm / (spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
     int splits = problem.num_splits;
     if (splits == 0) {
+      const int ctas_per_sm = static_cast<int>(std::max<size_t>(
+          1, std::min<size_t>(kSmemPerSm / (spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
       splits = num_splits_heuristic(grid, problem.sm_count, ctas_per_sm, split_blocks, kMaxSplits);
       if (from_lengths) {
         // Each split past those is an empty CTA for even batches (one more
-        // CTA launch each): 8 at most for 16 x 8 tiles of 32k keys ran 3%
-        // faster on even batches and as fast on uneven ones as 15 (H200,
+        // CTA launch each): 8 for 16 x 8 tiles of 32k keys ran 3% faster
+        // than 15 on even batches and no slower on uneven ones (H200,
         // docs/PERFORMANCE.md).
         const int64_t tiles_per_sequence = std::max<int64_t>(1, grid / std::max<int64_t>(1, problem.batch));
         splits = static_cast<int>(std::max<int64_t>(
