@@ -46,7 +46,8 @@ struct DecodeConfig
   static constexpr int kSmemBytes = kQBytes + kPipelineBytes;
   // Keys one CTA step covers (every warp one chunk): the unit of split ranges.
   static constexpr int kStepKeys = WARPS * KEYS;
-  // Split counts per sequence chosen on the device (splits_from_lengths).
+  // Split counts per tile chosen on the device, CTA k taking piece k
+  // (find_piece).
   static constexpr bool kDynamicSplits = DYNAMIC_SPLITS;
 
   static_assert(STAGES >= 2, "a pipeline needs a stage being read and one being filled");
@@ -81,12 +82,27 @@ __device__ __forceinline__ void load_chunk(unsigned tile, const unsigned short* 
   }
 }
 
-// One sequence's visible steps (every warp one chunk) over all its queries,
-// and its query tiles (at most the grid's), from the lengths in device
-// memory.
+// The chunks [begin, end) that the query tile starting at packed row q0 of a
+// sequence may see (bottom-right diagonal), in whole chunks.
 template <class Cfg>
-__device__ __forceinline__ int sequence_steps(const FwdParams& p, int b, int& tiles) {
-  using Warp = typename Cfg::Warp;
+__device__ __forceinline__ void tile_chunks(const FwdParams& p, int seqlen_q, int seqlen_k, int q0, int& begin,
+                                            int& end) {
+  const int group = p.heads_per_kv;
+  const int last_row = min(q0 + Cfg::kBlockQ, seqlen_q * group) - 1;
+  visible_blocks<typename Cfg::Warp>(p, seqlen_k, seqlen_k - seqlen_q, q0 / group, max(last_row, 0) / group, begin,
+                                     end);
+}
+
+template <class Cfg>
+__device__ __forceinline__ int chunk_steps(int begin, int end) {
+  return (end - begin + Cfg::kStreams - 1) / Cfg::kStreams;
+}
+
+// Calls visit(q_block, steps) for each query tile of sequence b (at most the
+// grid's) with its visible steps (every warp one chunk), from the lengths in
+// device memory.
+template <class Cfg, class Visit>
+__device__ __forceinline__ void for_each_tile(const FwdParams& p, int b, Visit&& visit) {
   int seqlen_q = p.seqlen_q;
   int seqlen_k = Cfg::kKVCache ? p.seqused_k[b] + p.seqlen_k_added : p.seqlen_k;
   if constexpr (Cfg::kVarlen) {
@@ -94,37 +110,224 @@ __device__ __forceinline__ int sequence_steps(const FwdParams& p, int b, int& ti
     seqlen_q = sequence.seqlen_q;
     seqlen_k = sequence.seqlen_k;
   }
-  tiles = min((seqlen_q * p.heads_per_kv + Cfg::kBlockQ - 1) / Cfg::kBlockQ, p.num_q_blocks);
-  int first_chunk, end_chunk;
-  visible_blocks<Warp>(p, seqlen_k, seqlen_k - seqlen_q, 0, max(seqlen_q - 1, 0), first_chunk, end_chunk);
-  return (end_chunk - first_chunk + Cfg::kStreams - 1) / Cfg::kStreams;
+  const int tiles = min((seqlen_q * p.heads_per_kv + Cfg::kBlockQ - 1) / Cfg::kBlockQ, p.num_q_blocks);
+  for (int q_block = 0; q_block < tiles; ++q_block) {
+    int begin, end;
+    tile_chunks<Cfg>(p, seqlen_q, seqlen_k, q_block * Cfg::kBlockQ, begin, end);
+    visit(q_block, chunk_steps<Cfg>(begin, end));
+  }
 }
 
-__device__ __forceinline__ long long warp_sum(long long x) {
+template <class T>
+__device__ __forceinline__ T warp_sum(T x) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
 }
 
-// The splits of a tile of `steps` visible steps when they are chosen on the
-// device (kDynamicSplits): the batch's work (steps × query tiles × KV heads)
-// is cut into split_slots shares (FlashAttention-3's rule: one per 1.1 SMs),
-// and a tile takes one split per share of its steps, at most num_splits. An
-// even batch that fills the GPU runs unsplit; the longest sequences of an
-// uneven one split the most, the short ones' CTAs filling the SMs around
-// them. Every warp computes it alike (no barrier).
-template <class Cfg>
-__device__ __forceinline__ int splits_from_lengths(const FwdParams& p, int steps) {
+__device__ __forceinline__ int warp_inclusive_sum(int x) {
   const int lane = threadIdx.x & 31;
-  long long work = 0;
-  for (int b = lane; b < p.batch; b += 32) {
-    int tiles;
-    const int sequence = sequence_steps<Cfg>(p, b, tiles);
-    work += static_cast<long long>(tiles) * sequence;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int before = __shfl_up_sync(0xffffffffu, x, offset);
+    if (lane >= offset) x += before;
   }
-  work = warp_sum(work) * p.heads_kv;
-  const long long share = max(static_cast<long long>(p.blocks_per_split), (work + p.split_slots - 1) / p.split_slots);
-  return static_cast<int>(min(static_cast<long long>(p.num_splits), max(1ll, (steps + share - 1) / share)));
+  return x;
+}
+
+// One CTA's piece of a batch whose splits are chosen on the device
+// (kDynamicSplits).
+struct DecodePiece {
+  int batch;
+  int q_block;
+  int kv_head;
+  int split;        // the piece's index in its tile
+  int pieces;       // the tile's pieces
+  int piece_steps;  // steps per piece (the last may be shorter)
+};
+
+// A tile of `steps` visible steps takes one split per share of the batch's
+// work (at most num_splits) and pieces of at least blocks_per_split steps;
+// returns how many of its pieces have keys (1 for a tile with none, whose
+// CTA writes its empty state).
+__device__ __forceinline__ int tile_pieces(const FwdParams& p, int steps, int share, int& piece_steps) {
+  const int splits = min(p.num_splits, max(1, (steps + share - 1) / share));
+  piece_steps = max(p.blocks_per_split, (steps + splits - 1) / splits);
+  return max(1, (steps + piece_steps - 1) / piece_steps);
+}
+
+// Pieces are dispatched longest first, in four classes of length (a
+// quarter of a share apart): split tiles' pieces first, sequence by sequence,
+// measured 12% slower than this at batch 16 of 4-27k keys, where whole tiles
+// of up to a share outlast the halves of split ones (H200,
+// docs/PERFORMANCE.md).
+constexpr int kPieceClasses = 4;
+
+__device__ __forceinline__ int piece_class(int pieces, int piece_steps, int steps, int share) {
+  const int length = 4 * (pieces == 1 ? steps : piece_steps);
+  return length >= 3 * share ? 0 : length >= 2 * share ? 1 : length >= share ? 2 : 3;
+}
+
+// Dynamic splits: the batch's work (visible steps of every tile and KV head)
+// is cut into split_slots shares (FlashAttention-3's rule: one per 1.1 SMs),
+// and each tile into its pieces (tile_pieces). An even batch that fills the
+// GPU runs unsplit; the longest sequences of an uneven one split the most,
+// the short ones' CTAs filling the SMs around them.
+__device__ __forceinline__ int share_of(const FwdParams& p, long long steps_of_every_head) {
+  const long long work = steps_of_every_head * p.heads_kv;
+  return static_cast<int>(max(static_cast<long long>(p.blocks_per_split), (work + p.split_slots - 1) / p.split_slots));
+}
+
+template <class Cfg>
+__device__ __forceinline__ int share_of_batch(const FwdParams& p) {
+  long long steps = 0;
+  for (int b = threadIdx.x & 31; b < p.batch; b += 32) {
+    for_each_tile<Cfg>(p, b, [&](int, int tile_steps) { steps += tile_steps; });
+  }
+  return share_of(p, warp_sum(steps));
+}
+
+// A grid of every tile's every split (tiles × num_splits CTAs, no more than
+// the pieces the lengths may ask for): CTA k is the split it is without
+// dynamic splits, and the splits past its tile's pieces have nothing to do.
+template <class Cfg>
+__device__ __forceinline__ bool piece_of_split_grid(const FwdParams& p, int k, DecodePiece& piece) {
+  piece.q_block = k % p.num_q_blocks;
+  piece.split = k / p.num_q_blocks % p.num_splits;
+  const int batch_head = k / p.num_q_blocks / p.num_splits;
+  piece.batch = batch_head / p.heads_kv;
+  piece.kv_head = batch_head % p.heads_kv;
+  // The tile's own steps first: its lengths load beside the batch's.
+  int steps = 0;
+  for_each_tile<Cfg>(p, piece.batch, [&](int q_block, int tile_steps) {
+    if (q_block == piece.q_block) steps = tile_steps;
+  });
+  piece.pieces = tile_pieces(p, steps, share_of_batch<Cfg>(p), piece.piece_steps);
+  return piece.split < piece.pieces;
+}
+
+// Up to 32 sequences of at most one query tile: one sequence per lane, whose
+// lengths are read once; the rest is a handful of warp reductions. (Three
+// passes over the lengths, as piece_in_batch makes, cost up to 8% more at
+// 8k keys.)
+template <class Cfg>
+__device__ __forceinline__ bool piece_in_small_batch(const FwdParams& p, int rank, DecodePiece& piece) {
+  const int lane = threadIdx.x & 31;
+  int steps = 0, tiles = 0;
+  if (lane < p.batch) {
+    for_each_tile<Cfg>(p, lane, [&](int, int tile_steps) {
+      steps = tile_steps;
+      tiles = 1;
+    });
+  }
+  const int share = share_of(p, warp_sum(static_cast<long long>(steps)));
+  int piece_steps;
+  const int pieces = tiles * tile_pieces(p, steps, share, piece_steps);
+  const int mine_class = piece_class(pieces, piece_steps, steps, share);
+  // Every class's count in 16 bits of one sum (at most 32 × 128 pieces).
+  const unsigned long long counts = warp_sum(static_cast<unsigned long long>(pieces) << (16 * mine_class));
+  auto class_count = [&](int c) { return static_cast<int>(counts >> (16 * c) & 0xffff) * p.heads_kv; };
+  int c = 0;
+  while (c + 1 < kPieceClasses && rank >= class_count(c)) rank -= class_count(c++);
+  const int mine = mine_class == c ? pieces * p.heads_kv : 0;
+  const int through = warp_inclusive_sum(mine);
+  const unsigned holders = __ballot_sync(0xffffffffu, rank < through);
+  if (holders == 0) return false;
+  const int owner = __ffs(holders) - 1;
+  rank -= __shfl_sync(0xffffffffu, through - mine, owner);
+  piece.batch = owner;
+  piece.q_block = 0;
+  piece.pieces = __shfl_sync(0xffffffffu, pieces, owner);
+  piece.piece_steps = __shfl_sync(0xffffffffu, piece_steps, owner);
+  piece.kv_head = rank / piece.pieces;
+  piece.split = rank % piece.pieces;
+  return true;
+}
+
+// Any batch: three passes over the lengths (the share, the classes' counts,
+// then the sequence that holds the piece, 32 at a time).
+template <class Cfg>
+__device__ bool piece_in_batch(const FwdParams& p, int rank, DecodePiece& piece) {
+  const int lane = threadIdx.x & 31;
+  const int share = share_of_batch<Cfg>(p);
+  int counts[kPieceClasses] = {};
+  for (int b = lane; b < p.batch; b += 32) {
+    for_each_tile<Cfg>(p, b, [&](int, int steps) {
+      int piece_steps;
+      const int pieces = tile_pieces(p, steps, share, piece_steps);
+      const int own_class = piece_class(pieces, piece_steps, steps, share);
+#pragma unroll
+      for (int c = 0; c < kPieceClasses; ++c) counts[c] += c == own_class ? pieces : 0;
+    });
+  }
+#pragma unroll
+  for (int c = 0; c < kPieceClasses; ++c) counts[c] = warp_sum(counts[c]) * p.heads_kv;
+  int c = 0;
+  while (c + 1 < kPieceClasses && rank >= counts[c]) rank -= counts[c++];
+  // A sequence's pieces of class c.
+  auto sequence_pieces = [&](int b) {
+    int count = 0;
+    for_each_tile<Cfg>(p, b, [&](int, int steps) {
+      int piece_steps;
+      const int pieces = tile_pieces(p, steps, share, piece_steps);
+      if (piece_class(pieces, piece_steps, steps, share) == c) count += pieces;
+    });
+    return count * p.heads_kv;
+  };
+  for (int b0 = 0; b0 < p.batch; b0 += 32) {
+    const int mine = b0 + lane < p.batch ? sequence_pieces(b0 + lane) : 0;
+    const int through = warp_inclusive_sum(mine);
+    const unsigned holders = __ballot_sync(0xffffffffu, rank < through);
+    if (holders == 0) {
+      rank -= __shfl_sync(0xffffffffu, through, 31);
+      continue;
+    }
+    const int owner = __ffs(holders) - 1;
+    rank -= __shfl_sync(0xffffffffu, through - mine, owner);
+    piece.batch = b0 + owner;
+    bool found = false;
+    for_each_tile<Cfg>(p, piece.batch, [&](int q_block, int steps) {
+      int piece_steps;
+      const int pieces = tile_pieces(p, steps, share, piece_steps);
+      if (found || piece_class(pieces, piece_steps, steps, share) != c) return;
+      if (rank < pieces * p.heads_kv) {
+        found = true;
+        piece.q_block = q_block;
+        piece.kv_head = rank / pieces;
+        piece.split = rank % pieces;
+        piece.pieces = pieces;
+        piece.piece_steps = piece_steps;
+      } else {
+        rank -= pieces * p.heads_kv;
+      }
+    });
+    return found;
+  }
+  return false;
+}
+
+// The piece of CTA k, or false for a CTA past the batch's last piece. Every
+// warp computes it alike (no barrier).
+//
+// Past a split grid the pieces are numbered so that the grid holds no empty
+// CTA before the last one: by class (piece_class), then sequence by
+// sequence, query tile by query tile, KV head by KV head. In the first wave
+// the ranks are spread: the hardware hands consecutive CTAs to the two SMs of
+// one TPC, so even CTAs take the first half of the ranks and odd ones the
+// rest, each heavy piece beside a light one. (Unspread, batch 4 with one
+// sequence of 32k keys and three of 2k ran 3.0-3.2 TB/s against 3.3; H200,
+// docs/PERFORMANCE.md.)
+template <class Cfg>
+__device__ __forceinline__ bool find_piece(const FwdParams& p, int k, DecodePiece& piece) {
+  if (gridDim.x == static_cast<unsigned>(p.num_q_blocks * p.num_splits * p.heads_kv * p.batch)) {
+    return piece_of_split_grid<Cfg>(p, k, piece);
+  }
+  unsigned sms;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  const int wave = min(static_cast<int>(gridDim.x), static_cast<int>(sms));
+  const int rank = k >= wave ? k : k % 2 == 0 ? k / 2 : (wave + 1) / 2 + k / 2;
+  if (p.batch <= 32 && p.num_q_blocks == 1) return piece_in_small_batch<Cfg>(p, rank, piece);
+  return piece_in_batch<Cfg>(p, rank, piece);
 }
 
 template <class Cfg>
@@ -135,13 +338,23 @@ __device__ void fwd_decode(const FwdParams& p) {
   const unsigned pipeline = q_tile + Cfg::kQBytes;
 
   // Grid: (query tile, split, KV head, batch) flattened with the query tile
-  // fastest, as in fwd_prefill.
-  const int q_block = static_cast<int>(blockIdx.x % p.num_q_blocks);
-  const int split = Cfg::kSplit ? static_cast<int>(blockIdx.x / p.num_q_blocks % p.num_splits) : 0;
-  const int batch_head = blockIdx.x / p.num_q_blocks / (Cfg::kSplit ? p.num_splits : 1);
+  // fastest, as in fwd_prefill; with dynamic splits, the batch's pieces
+  // (find_piece).
+  DecodePiece piece;
+  if constexpr (Cfg::kDynamicSplits) {
+    if (!find_piece<Cfg>(p, static_cast<int>(blockIdx.x), piece)) return;
+  } else {
+    piece.q_block = static_cast<int>(blockIdx.x % p.num_q_blocks);
+    piece.split = Cfg::kSplit ? static_cast<int>(blockIdx.x / p.num_q_blocks % p.num_splits) : 0;
+    const int batch_head = blockIdx.x / p.num_q_blocks / (Cfg::kSplit ? p.num_splits : 1);
+    piece.batch = batch_head / p.heads_kv;
+    piece.kv_head = batch_head % p.heads_kv;
+  }
+  const int q_block = piece.q_block;
+  const int split = piece.split;
   const int group = p.heads_per_kv;
-  const int batch = batch_head / p.heads_kv;
-  const int kv_head = batch_head % p.heads_kv;
+  const int batch = piece.batch;
+  const int kv_head = piece.kv_head;
   const int head = kv_head * group;  // the group's first query head
   const int q0 = q_block * Cfg::kBlockQ;
   const int lane = threadIdx.x & 31;
@@ -181,33 +394,31 @@ __device__ void fwd_decode(const FwdParams& p) {
   const int first_query = q0 / group;
   const int last_query = (min(q0 + Cfg::kBlockQ, rows) - 1) / group;
   int chunk_begin, chunk_end;
-  visible_blocks<Warp>(p, seqlen_k, diagonal_offset, first_query, last_query, chunk_begin, chunk_end);
+  tile_chunks<Cfg>(p, seqlen_q, seqlen_k, q0, chunk_begin, chunk_end);
   if constexpr (Cfg::kSplit) {
     // Split s takes piece s of this tile's own visible steps, so a sequence
     // shorter than the planner assumed (no max_seqlen_k hint, or a graph
     // replayed with other lengths) still spreads over the splits.
-    const int steps = (chunk_end - chunk_begin + Cfg::kStreams - 1) / Cfg::kStreams;
-    int splits = p.num_splits;
-    if constexpr (Cfg::kDynamicSplits) splits = splits_from_lengths<Cfg>(p, steps);
-    const int piece = max(p.blocks_per_split, (steps + splits - 1) / splits) * Cfg::kStreams;
-    const int first = chunk_begin + split * piece;
-    chunk_end = min(chunk_end, first + piece);
-    chunk_begin = first;
-    // A split without a visible key is an empty state: the combine reads only
-    // its lse, never its output. With counts from the lengths most splits of
-    // an even batch are such, and leave before Q's copy to hand the SM on.
-    // (Only there: compiled into the other split kernels, this and the
-    // device count cost them 1-4%, and leaving early measured up to 5%
-    // slower on some uneven batches; docs/PERFORMANCE.md.)
-    if (Cfg::kDynamicSplits && chunk_begin >= chunk_end) {
-      const int query0 = partial_query0<Warp>(p, batch);
-      const int end = min(q0 + Cfg::kBlockQ, rows);
-      for (int packed = q0 + static_cast<int>(threadIdx.x); packed < end; packed += Cfg::kCtaThreads) {
-        p.partial_lse[(static_cast<long long>(split) * p.partial_rows + query0 + packed / group) * p.heads_q + head +
-                      packed % group] = -kInfinity;
+    const int steps = chunk_steps<Cfg>(chunk_begin, chunk_end);
+    int piece_steps = max(p.blocks_per_split, (steps + p.num_splits - 1) / p.num_splits);
+    if constexpr (Cfg::kDynamicSplits) {
+      piece_steps = piece.piece_steps;
+      // The tile's splits past its pieces have no CTA: its first piece's
+      // marks them empty (lse -inf), which the combine reads as no keys.
+      if (split == 0 && piece.pieces < p.num_splits) {
+        const int query0 = partial_query0<Warp>(p, batch);
+        const int end = min(q0 + Cfg::kBlockQ, rows);
+        for (int empty = piece.pieces; empty < p.num_splits; ++empty) {
+          for (int packed = q0 + static_cast<int>(threadIdx.x); packed < end; packed += Cfg::kCtaThreads) {
+            p.partial_lse[(static_cast<long long>(empty) * p.partial_rows + query0 + packed / group) * p.heads_q +
+                          head + packed % group] = -kInfinity;
+          }
+        }
       }
-      return;
     }
+    const int first = chunk_begin + split * piece_steps * Cfg::kStreams;
+    chunk_end = min(chunk_end, first + piece_steps * Cfg::kStreams);
+    chunk_begin = first;
   }
   // This warp's chunks: chunk_begin + warp + i · WARPS for i < count.
   const int first_chunk = chunk_begin + warp;

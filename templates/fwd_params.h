@@ -109,8 +109,9 @@ struct FwdParams {
   // one chunk) into its splits' pieces, of at least blocks_per_split steps:
   // num_splits pieces, or compiled with dynamic splits as many as its share
   // of the batch's work (split_slots shares) asks for (at most num_splits;
-  // fwd_decode.cuh, splits_from_lengths), splits left without keys then
-  // writing only their lse = -inf.
+  // fwd_decode.cuh, find_piece). There a CTA takes the batch's piece k, not
+  // a fixed tile and split, and the grid holds every piece the lengths can
+  // ask for; a tile's splits left without a piece get lse = -inf.
   int num_splits;
   int blocks_per_split;
   int split_slots;

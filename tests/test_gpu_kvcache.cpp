@@ -601,10 +601,16 @@ TEST_CASE("kvcache: dynamic_splits follow the lengths of each CUDA graph replay"
   // keeps its launches; the outputs must follow the lengths of the replay.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
-  for (int variant = 0; variant < 3; ++variant) {
+  // Variants 3 and 4 take the kernel's general way to its piece (batch over
+  // 32; two query tiles a sequence), the others one sequence per lane.
+  for (int variant = 0; variant < 5; ++variant) {
     Case c;
-    c.batch = 16;
+    c.batch = variant == 3 ? 40 : 16;
     c.seqlen_k = 4096;
+    if (variant == 4) {
+      c.seqlen_q = 8;  // 32 packed rows: two 16-row tiles
+      c.tiles = {16, 32, 4, 2};
+    }
     c.heads_q = 32;
     c.heads_kv = 8;
     c.head_dim = variant == 2 ? 64 : 128;

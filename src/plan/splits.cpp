@@ -127,7 +127,13 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
       const size_t partial_elements = static_cast<size_t>(splits) * partial_rows * problem.heads_q;
       plan.partial_o_bytes = (partial_elements * problem.head_dim * 4 + 255) / 256 * 256;
       plan.workspace_bytes = plan.partial_o_bytes + partial_elements * 4;
-      grid *= splits;
+      // Dynamic splits: CTA k takes the batch's piece k (fwd_decode.cuh,
+      // find_piece). A tile takes at most one piece per share of the work
+      // plus one, so tiles + split_slots CTAs hold every piece the lengths
+      // can ask for, and those past the last piece only read the lengths.
+      // (One CTA per tile and split left 7 empty CTAs of 8 in an even batch
+      // of 16, costing it 1-41%; H200, docs/PERFORMANCE.md.)
+      grid = from_lengths ? std::min<int64_t>(grid * splits, grid + p.split_slots) : grid * splits;
       if (!problem.sizing_only) {
         if (problem.workspace_bytes < plan.workspace_bytes) {
           reject(fmt::format("workspace: {} bytes given; this call needs {} (ask {})", problem.workspace_bytes,
