@@ -265,8 +265,9 @@ struct KVCacheArgs {
   // most splits lengths up to max_seqlen_k could use (num_splits > 1 caps
   // it; the workspace is sized for them) and each sequence takes as many as
   // its share of the batch's keys asks for: an even batch that fills the
-  // GPU runs unsplit, the longest sequences of an uneven one split the most,
-  // and unused splits leave at once. Every call then also reads the batch's
+  // GPU runs unsplit, the longest sequences of an uneven one split the most.
+  // Each CTA takes one of the batch's pieces, longest first, so no CTA sits
+  // idle before the last piece. Every call then also reads the batch's
   // lengths in each CTA and runs the combine launch. Applies where the call
   // runs the decode kernel (a KV head's query rows fit two 16-row tiles);
   // results never depend on it.
