@@ -178,18 +178,81 @@ __device__ __forceinline__ int share_of(const FwdParams& p, long long steps_of_e
   return static_cast<int>(max(static_cast<long long>(p.blocks_per_split), (work + p.split_slots - 1) / p.split_slots));
 }
 
+// The batch's visible steps and query tiles (one KV head's).
+struct BatchWork {
+  long long steps;
+  int tiles;
+};
+
 template <class Cfg>
-__device__ __forceinline__ int share_of_batch(const FwdParams& p) {
-  long long steps = 0;
+__device__ __forceinline__ BatchWork batch_work(const FwdParams& p) {
+  BatchWork work{0, 0};
   for (int b = threadIdx.x & 31; b < p.batch; b += 32) {
-    for_each_tile<Cfg>(p, b, [&](int, int tile_steps) { steps += tile_steps; });
+    for_each_tile<Cfg>(p, b, [&](int, int steps) {
+      work.steps += steps;
+      ++work.tiles;
+    });
   }
-  return share_of(p, warp_sum(steps));
+  return BatchWork{warp_sum(work.steps), warp_sum(work.tiles)};
 }
 
-// A grid of every tile's every split (tiles × num_splits CTAs, no more than
-// the pieces the lengths may ask for): CTA k is the split it is without
-// dynamic splits, and the splits past its tile's pieces have nothing to do.
+// Where the pieces of a share overflow one wave of CTAs (wave_ctas), the
+// share may grow by eighths until they fit (share_growth_limit says how
+// far): a piece a little longer can cost less than a second wave of pieces
+// (batch 4 of 15-29k keys: 136 pieces on 132 SMs ran 2.9 TB/s, fitted 3.7;
+// H200, docs/PERFORMANCE.md).
+constexpr int kShareGrowths = 4;  // share × (1 + g/8), 1 <= g <= kShareGrowths
+
+__device__ __forceinline__ int grown_share(int share, int growth) { return share + share * growth / 8; }
+
+// The class that holds rank (pieces longest first, counts by class), and
+// the rank within it; a negative rank is class 0's. (Indices stay
+// constants, so the counts stay in registers.)
+__device__ __forceinline__ int class_of_rank(const int (&counts)[kPieceClasses], int& rank) {
+  int c = 0;
+#pragma unroll
+  for (int i = 0; i + 1 < kPieceClasses; ++i) {
+    if (c == i && rank >= counts[i]) {
+      rank -= counts[i];
+      c = i + 1;
+    }
+  }
+  return c;
+}
+
+// How far the share may grow, in eighths (0: not at all), to fit a wave.
+// Growing pays where the grid and the pieces (counts: every KV head's, by
+// class) overflow a wave and the tiles alone (each a piece at least) do
+// not, if the fitted pieces (at most the grown share) end before the
+// overflow would. Pieces go longest first, so the overflow's O pieces start
+// as the first wave's O shortest end: the overflow ends near the length of
+// rank wave - O plus that of rank wave, each taken at its class's middle.
+// (Where those are short, as for one sequence of 32k keys among fifteen of
+// 2k, the overflow ends within the share. Batch 16 of 4-27k keys grown by
+// half to fit ran 4% slower.)
+__device__ __forceinline__ int share_growth_limit(const FwdParams& p, const int (&counts)[kPieceClasses], int tiles) {
+  int total = 0;
+  int first = kPieceClasses - 1;  // the longest pieces' class
+#pragma unroll
+  for (int c = kPieceClasses - 1; c >= 0; --c) {
+    total += counts[c];
+    if (counts[c] != 0) first = c;
+  }
+  if (gridDim.x <= static_cast<unsigned>(p.wave_ctas) || total <= p.wave_ctas || tiles * p.heads_kv > p.wave_ctas) {
+    return 0;
+  }
+  // Class c spans lengths [(3 - c) / 4, (4 - c) / 4) of the share.
+  auto middle_eighths = [](int c) { return 7 - 2 * c; };
+  int last_of_wave = 2 * p.wave_ctas - total, first_past_wave = p.wave_ctas;
+  const int overflow_end = middle_eighths(class_of_rank(counts, last_of_wave)) +
+                           middle_eighths(class_of_rank(counts, first_past_wave));
+  return min(kShareGrowths, max(8 - 2 * first, overflow_end) - 8);
+}
+
+// A grid of every tile's every split (tiles × num_splits CTAs within one
+// wave, no more than the pieces the lengths may ask for): CTA k is the split
+// it is without dynamic splits, and the splits past its tile's pieces have
+// nothing to do.
 template <class Cfg>
 __device__ __forceinline__ bool piece_of_split_grid(const FwdParams& p, int k, DecodePiece& piece) {
   piece.q_block = k % p.num_q_blocks;
@@ -202,7 +265,7 @@ __device__ __forceinline__ bool piece_of_split_grid(const FwdParams& p, int k, D
   for_each_tile<Cfg>(p, piece.batch, [&](int q_block, int tile_steps) {
     if (q_block == piece.q_block) steps = tile_steps;
   });
-  piece.pieces = tile_pieces(p, steps, share_of_batch<Cfg>(p), piece.piece_steps);
+  piece.pieces = tile_pieces(p, steps, share_of(p, batch_work<Cfg>(p).steps), piece.piece_steps);
   return piece.split < piece.pieces;
 }
 
@@ -220,16 +283,42 @@ __device__ __forceinline__ bool piece_in_small_batch(const FwdParams& p, int ran
       tiles = 1;
     });
   }
-  const int share = share_of(p, warp_sum(static_cast<long long>(steps)));
-  int piece_steps;
-  const int pieces = tiles * tile_pieces(p, steps, share, piece_steps);
-  const int mine_class = piece_class(pieces, piece_steps, steps, share);
-  // Every class's count in 16 bits of one sum (at most 32 × 128 pieces).
-  const unsigned long long counts = warp_sum(static_cast<unsigned long long>(pieces) << (16 * mine_class));
-  auto class_count = [&](int c) { return static_cast<int>(counts >> (16 * c) & 0xffff) * p.heads_kv; };
-  int c = 0;
-  while (c + 1 < kPieceClasses && rank >= class_count(c)) rank -= class_count(c++);
-  const int mine = mine_class == c ? pieces * p.heads_kv : 0;
+  int share = share_of(p, warp_sum(static_cast<long long>(steps)));
+  int piece_steps, pieces, own_class;
+  int counts[kPieceClasses];  // every KV head's pieces, by class
+  auto count_classes = [&] {
+    pieces = tiles * tile_pieces(p, steps, share, piece_steps);
+    own_class = piece_class(pieces, piece_steps, steps, share);
+    // Every class's count in 16 bits of one sum: at most 32 lanes × 128.
+    const unsigned long long packed = warp_sum(static_cast<unsigned long long>(pieces) << (16 * own_class));
+#pragma unroll
+    for (int c = 0; c < kPieceClasses; ++c) counts[c] = static_cast<int>(packed >> (16 * c) & 0xffff) * p.heads_kv;
+  };
+  count_classes();
+  const int growth_limit = share_growth_limit(p, counts, __popc(__ballot_sync(0xffffffffu, tiles != 0)));
+  if (growth_limit > 0) {
+    unsigned long long grown = 0;
+#pragma unroll
+    for (int g = 1; g <= kShareGrowths; ++g) {
+      int grown_steps;
+      grown += static_cast<unsigned long long>(tiles * tile_pieces(p, steps, grown_share(share, g), grown_steps))
+               << (16 * (g - 1));
+    }
+    grown = warp_sum(grown);
+    int growth = 0;
+#pragma unroll
+    for (int g = kShareGrowths; g >= 1; --g) {
+      if (g <= growth_limit && static_cast<int>(grown >> (16 * (g - 1)) & 0xffff) * p.heads_kv <= p.wave_ctas) {
+        growth = g;
+      }
+    }
+    if (growth > 0) {
+      share = grown_share(share, growth);
+      count_classes();
+    }
+  }
+  const int c = class_of_rank(counts, rank);
+  const int mine = own_class == c ? pieces * p.heads_kv : 0;
   const int through = warp_inclusive_sum(mine);
   const unsigned holders = __ballot_sync(0xffffffffu, rank < through);
   if (holders == 0) return false;
@@ -244,26 +333,54 @@ __device__ __forceinline__ bool piece_in_small_batch(const FwdParams& p, int ran
   return true;
 }
 
-// Any batch: three passes over the lengths (the share, the classes' counts,
-// then the sequence that holds the piece, 32 at a time).
+// Any batch: passes over the lengths for the share, the classes' counts
+// (twice where the share grows to fit a wave, with a pass between), then the
+// sequence that holds the piece, 32 at a time.
 template <class Cfg>
 __device__ bool piece_in_batch(const FwdParams& p, int rank, DecodePiece& piece) {
   const int lane = threadIdx.x & 31;
-  const int share = share_of_batch<Cfg>(p);
-  int counts[kPieceClasses] = {};
-  for (int b = lane; b < p.batch; b += 32) {
-    for_each_tile<Cfg>(p, b, [&](int, int steps) {
-      int piece_steps;
-      const int pieces = tile_pieces(p, steps, share, piece_steps);
-      const int own_class = piece_class(pieces, piece_steps, steps, share);
+  const BatchWork work = batch_work<Cfg>(p);
+  int share = share_of(p, work.steps);
+  int counts[kPieceClasses];
+  auto count_classes = [&] {
 #pragma unroll
-      for (int c = 0; c < kPieceClasses; ++c) counts[c] += c == own_class ? pieces : 0;
-    });
+    for (int c = 0; c < kPieceClasses; ++c) counts[c] = 0;
+    for (int b = lane; b < p.batch; b += 32) {
+      for_each_tile<Cfg>(p, b, [&](int, int steps) {
+        int piece_steps;
+        const int pieces = tile_pieces(p, steps, share, piece_steps);
+        const int own_class = piece_class(pieces, piece_steps, steps, share);
+#pragma unroll
+        for (int c = 0; c < kPieceClasses; ++c) counts[c] += c == own_class ? pieces : 0;
+      });
+    }
+#pragma unroll
+    for (int c = 0; c < kPieceClasses; ++c) counts[c] = warp_sum(counts[c]) * p.heads_kv;
+  };
+  count_classes();
+  const int growth_limit = share_growth_limit(p, counts, work.tiles);
+  if (growth_limit > 0) {
+    int grown[kShareGrowths] = {};
+    for (int b = lane; b < p.batch; b += 32) {
+      for_each_tile<Cfg>(p, b, [&](int, int steps) {
+        int piece_steps;
+#pragma unroll
+        for (int g = 1; g <= kShareGrowths; ++g) {
+          grown[g - 1] += tile_pieces(p, steps, grown_share(share, g), piece_steps);
+        }
+      });
+    }
+    int growth = 0;
+#pragma unroll
+    for (int g = kShareGrowths; g >= 1; --g) {
+      if (g <= growth_limit && warp_sum(grown[g - 1]) * p.heads_kv <= p.wave_ctas) growth = g;
+    }
+    if (growth > 0) {
+      share = grown_share(share, growth);
+      count_classes();
+    }
   }
-#pragma unroll
-  for (int c = 0; c < kPieceClasses; ++c) counts[c] = warp_sum(counts[c]) * p.heads_kv;
-  int c = 0;
-  while (c + 1 < kPieceClasses && rank >= counts[c]) rank -= counts[c++];
+  const int c = class_of_rank(counts, rank);
   // A sequence's pieces of class c.
   auto sequence_pieces = [&](int b) {
     int count = 0;
@@ -319,7 +436,8 @@ __device__ bool piece_in_batch(const FwdParams& p, int rank, DecodePiece& piece)
 // docs/PERFORMANCE.md.)
 template <class Cfg>
 __device__ __forceinline__ bool find_piece(const FwdParams& p, int k, DecodePiece& piece) {
-  if (gridDim.x == static_cast<unsigned>(p.num_q_blocks * p.num_splits * p.heads_kv * p.batch)) {
+  if (gridDim.x == static_cast<unsigned>(p.num_q_blocks * p.num_splits * p.heads_kv * p.batch) &&
+      gridDim.x <= static_cast<unsigned>(p.wave_ctas)) {
     return piece_of_split_grid<Cfg>(p, k, piece);
   }
   unsigned sms;

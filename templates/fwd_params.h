@@ -116,6 +116,9 @@ struct FwdParams {
   int blocks_per_split;
   int split_slots;
   int partial_rows;
+  // Dynamic splits: CTAs resident at once (SMs × CTAs per SM). Placed in what
+  // was padding before partial_o, so no other field moved.
+  int wave_ctas;
   float* partial_o;
   float* partial_lse;
 

@@ -742,6 +742,7 @@ TEST_CASE("decode splits: pieces from each tile's own keys; dynamic_splits launc
     const ForwardPlan dynamic = plan(q);
     CHECK(dynamic.num_splits == expected);
     CHECK(dynamic.params.split_slots == 120);  // 132 SMs / 1.1
+    CHECK(dynamic.params.wave_ctas == 132);    // one CTA per SM at these tiles
     CHECK(dynamic.params.blocks_per_split == 1);
     CHECK(dynamic.spec.split);
     CHECK(dynamic.spec.dynamic_splits);  // the kernel's own variant (.dynsplit)

@@ -78,9 +78,9 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
     // uneven_splits), or the forced count.
     const bool from_lengths = problem.dynamic_splits && spec.family == Family::decode && problem.num_splits != 1;
     int splits = problem.num_splits;
+    const int ctas_per_sm = static_cast<int>(
+        std::max<size_t>(1, std::min<size_t>(kSmemPerSm / (spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
     if (splits == 0) {
-      const int ctas_per_sm = static_cast<int>(std::max<size_t>(
-          1, std::min<size_t>(kSmemPerSm / (spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
       splits = num_splits_heuristic(grid, problem.sm_count, ctas_per_sm, split_blocks, kMaxSplits);
       if (from_lengths) {
         // Each split past those is an empty CTA for even batches (one more
@@ -119,6 +119,8 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
       // sits among short ones, whose CTAs end early and hand their SMs on
       // (H200, docs/PERFORMANCE.md).
       p.split_slots = from_lengths ? std::max(1, problem.sm_count * 10 / 11) : 0;
+      // The CTAs of one wave, past which pieces wait for a free SM.
+      p.wave_ctas = from_lengths ? std::max(1, problem.sm_count) * ctas_per_sm : 0;
       plan.num_splits = splits;
       // Partial rows: every query of every sequence (varlen: the packed ones).
       const int64_t partial_rows = varlen ? problem.total_q : problem.batch * problem.seqlen_q;
