@@ -199,7 +199,7 @@ __device__ __forceinline__ BatchWork batch_work(const FwdParams& p) {
 // Where the pieces of a share overflow one wave of CTAs (wave_ctas), the
 // share may grow by eighths until they fit (share_growth_limit says how
 // far): a piece a little longer can cost less than a second wave of pieces
-// (batch 4 of 15-29k keys: 136 pieces on 132 SMs ran 2.9 TB/s, fitted 3.7;
+// (batch 4 of 15-29k keys: 136 pieces on 132 SMs ran 2.94 TB/s, fitted 3.78;
 // H200, docs/PERFORMANCE.md).
 constexpr int kShareGrowths = 4;  // share × (1 + g/8), 1 <= g <= kShareGrowths
 

@@ -267,7 +267,8 @@ struct KVCacheArgs {
   // its share of the batch's keys asks for: an even batch that fills the
   // GPU runs unsplit, the longest sequences of an uneven one split the most.
   // Each CTA takes one of the batch's pieces, longest first, so no CTA sits
-  // idle before the last piece. Every call then also reads the batch's
+  // idle before the last piece; pieces that overflow one wave of CTAs by
+  // little are grown to fit it. Every call then also reads the batch's
   // lengths in each CTA and runs the combine launch. Applies where the call
   // runs the decode kernel (a KV head's query rows fit two 16-row tiles);
   // results never depend on it.
