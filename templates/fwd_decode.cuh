@@ -249,17 +249,27 @@ __device__ __forceinline__ int share_growth_limit(const FwdParams& p, const int 
   return min(kShareGrowths, max(8 - 2 * first, overflow_end) - 8);
 }
 
+// The tile and split of CTA k in a grid of (query tile, split, KV head,
+// batch), flattened with the query tile fastest, as in fwd_prefill. (Index:
+// blockIdx.x's unsigned, or a signed CTA number.)
+template <class Index>
+__device__ __forceinline__ DecodePiece piece_of_grid(const FwdParams& p, Index k, int splits) {
+  DecodePiece piece;
+  piece.q_block = static_cast<int>(k % p.num_q_blocks);
+  piece.split = static_cast<int>(k / p.num_q_blocks % splits);
+  const int batch_head = k / p.num_q_blocks / splits;
+  piece.batch = batch_head / p.heads_kv;
+  piece.kv_head = batch_head % p.heads_kv;
+  return piece;
+}
+
 // A grid of every tile's every split (tiles × num_splits CTAs within one
 // wave, no more than the pieces the lengths may ask for): CTA k is the split
 // it is without dynamic splits, and the splits past its tile's pieces have
 // nothing to do.
 template <class Cfg>
 __device__ __forceinline__ bool piece_of_split_grid(const FwdParams& p, int k, DecodePiece& piece) {
-  piece.q_block = k % p.num_q_blocks;
-  piece.split = k / p.num_q_blocks % p.num_splits;
-  const int batch_head = k / p.num_q_blocks / p.num_splits;
-  piece.batch = batch_head / p.heads_kv;
-  piece.kv_head = batch_head % p.heads_kv;
+  piece = piece_of_grid(p, k, p.num_splits);
   // The tile's own steps first: its lengths load beside the batch's.
   int steps = 0;
   for_each_tile<Cfg>(p, piece.batch, [&](int q_block, int tile_steps) {
@@ -455,18 +465,13 @@ __device__ void fwd_decode(const FwdParams& p) {
   const unsigned q_tile = smem_u32(shared_bytes);
   const unsigned pipeline = q_tile + Cfg::kQBytes;
 
-  // Grid: (query tile, split, KV head, batch) flattened with the query tile
-  // fastest, as in fwd_prefill; with dynamic splits, the batch's pieces
-  // (find_piece).
+  // CTA k's tile and split (piece_of_grid), or with dynamic splits the
+  // batch's piece k (find_piece).
   DecodePiece piece;
   if constexpr (Cfg::kDynamicSplits) {
     if (!find_piece<Cfg>(p, static_cast<int>(blockIdx.x), piece)) return;
   } else {
-    piece.q_block = static_cast<int>(blockIdx.x % p.num_q_blocks);
-    piece.split = Cfg::kSplit ? static_cast<int>(blockIdx.x / p.num_q_blocks % p.num_splits) : 0;
-    const int batch_head = blockIdx.x / p.num_q_blocks / (Cfg::kSplit ? p.num_splits : 1);
-    piece.batch = batch_head / p.heads_kv;
-    piece.kv_head = batch_head % p.heads_kv;
+    piece = piece_of_grid(p, blockIdx.x, Cfg::kSplit ? p.num_splits : 1);
   }
   const int q_block = piece.q_block;
   const int split = piece.split;
