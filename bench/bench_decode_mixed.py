@@ -17,7 +17,7 @@ adding up to 256 MB or more, so every call reads it from HBM.
 
   python3 bench/bench_decode_mixed.py --lib build/libjitattn.so [--batches 16,64] [--kv 32768]
       [--dists uniform,mixed,onelong,bimodal] [--low-fraction 0.1] [--short 1024] [--splits 0,1,2,4,8]
-      [--seed 1] [--json FILE]
+      [--seed 1] [--no-check] [--json FILE]
 """
 import argparse
 import json
@@ -62,6 +62,8 @@ def main():
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--heads-kv", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-check", action="store_true",
+                        help="time without checking against FA2 first (timing-only template variants)")
     args = parser.parse_args()
     lib = load(args.lib)
     stream = __import__("ctypes").c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -110,7 +112,7 @@ def main():
                 out.fill_(float("nan"))
                 calls[0]()
                 diff = (out.float() - expected.float()).abs().max().item()
-                if not diff <= 2e-2:
+                if not diff <= 2e-2 and not args.no_check:
                     print(f"MISMATCH batch={batch} {label} splits={splits}: max |jitattn - FA2| = {diff}")
                     return 1
                 ms = median_ms(lambda i: calls[i % copies](), 50, 5, with_index=True)
