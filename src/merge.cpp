@@ -153,7 +153,7 @@ CombinePlan plan_combine(const CombineProblem& problem) {
                        (!split_b || vectors_fit(q.states_b, q.state_dtype, q.states_b_strides, row_extents, 3));
 
   CombinePlan plan;
-  plan.spec = KernelSpec::combine(q.state_dtype, q.out_dtype, /*elementwise=*/!vectors);
+  plan.spec = KernelSpec::combine(q.state_dtype, q.out_dtype, /*elementwise=*/!vectors, q.dynamic_splits);
   plan.spec.validate();
   CombineParams& p = plan.params;
   p.states = q.states;

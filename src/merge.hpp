@@ -38,6 +38,10 @@ struct CombineProblem {
   int64_t out_lse_strides[3] = {};  // batch, row, head
   // Optional, in device memory: rows at or past *rows_used are not merged.
   const int* rows_used = nullptr;
+  // The partials of a decode with dynamic splits: pairs whose state 0's LSE
+  // is kStateWrittenMark were written by the decode kernel and are skipped
+  // (KernelSpec::dynamic_splits).
+  bool dynamic_splits = false;
 
   // Optional: state 1 in buffers of its own (num_states must be 2); the
   // state strides above are then unused.

@@ -106,7 +106,8 @@ std::string render_combine(const KernelSpec& spec, const TemplateSet& templates)
   const std::string entry = fmt::format(
       fmt::runtime(templates.read("entry_combine.cu")), fmt::arg("spec", spec.text()),
       fmt::arg("state", combine_element(spec.dtype)), fmt::arg("out", combine_element(spec.out_dtype)),
-      fmt::arg("elementwise", spec.elementwise ? "true" : "false"), fmt::arg("entry_name", entry_name(spec)));
+      fmt::arg("elementwise", spec.elementwise ? "true" : "false"),
+      fmt::arg("dynamic_splits", spec.dynamic_splits ? "true" : "false"), fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;
   expand_includes("entry_combine.cu", entry, templates, seen, source);

@@ -35,7 +35,7 @@ bool parse_field(std::string_view field, std::string_view prefix, int& value) {
   throw Error(ErrorCode::invalid_argument, fmt::format("spec '{}': {}", text, why), std::string(text));
 }
 
-// --- the combine family: combine.<state dtype>.<out dtype>[.elementwise] ---
+// --- the combine family: combine.<state dtype>.<out dtype>[.elementwise][.dynsplit] ---
 
 bool combine_dtype(DType dtype) { return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16; }
 
@@ -43,8 +43,13 @@ std::string combine_text(const KernelSpec& spec);
 
 KernelSpec parse_combine(std::string_view text) {
   auto fields = split_fields(text, '.');
-  if (fields.size() != 3 && !(fields.size() == 4 && fields[3] == "elementwise")) {
-    bad_spec(text, "expected combine.<state dtype>.<out dtype>[.elementwise], e.g. combine.f32.bf16");
+  // The optional flags, each at most once and in this order.
+  const bool dynamic_splits = fields.size() > 3 && fields.back() == "dynsplit";
+  if (dynamic_splits) fields.pop_back();
+  const bool elementwise = fields.size() > 3 && fields.back() == "elementwise";
+  if (elementwise) fields.pop_back();
+  if (fields.size() != 3) {
+    bad_spec(text, "expected combine.<state dtype>.<out dtype>[.elementwise][.dynsplit], e.g. combine.f32.bf16");
   }
   auto dtype_of = [&](std::string_view field, const char* role) {
     if (field == "f32") return DType::f32;
@@ -52,7 +57,8 @@ KernelSpec parse_combine(std::string_view text) {
     if (field == "bf16") return DType::bf16;
     bad_spec(text, fmt::format("{} dtype '{}' is not f32, f16 or bf16", role, field));
   };
-  KernelSpec spec = KernelSpec::combine(dtype_of(fields[1], "state"), dtype_of(fields[2], "out"), fields.size() == 4);
+  KernelSpec spec = KernelSpec::combine(dtype_of(fields[1], "state"), dtype_of(fields[2], "out"), elementwise,
+                                        dynamic_splits);
   spec.validate();
   return spec;
 }
@@ -65,14 +71,15 @@ void validate_combine(const KernelSpec& spec) {
 }
 
 std::string combine_text(const KernelSpec& spec) {
-  return fmt::format("combine.{}.{}{}", dtype_name(spec.dtype), dtype_name(spec.out_dtype),
-                     spec.elementwise ? ".elementwise" : "");
+  return fmt::format("combine.{}.{}{}{}", dtype_name(spec.dtype), dtype_name(spec.out_dtype),
+                     spec.elementwise ? ".elementwise" : "", spec.dynamic_splits ? ".dynsplit" : "");
 }
 
 uint64_t combine_packed(const KernelSpec& spec) {
   // The family in the top four bits: fwd keys (family 0) stay far below
   // bit 60 whatever fields they gain, so no fwd key equals a combine key.
-  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.elementwise) << 8 |
+  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.dynamic_splits) << 9 |
+         static_cast<uint64_t>(spec.elementwise) << 8 |
          static_cast<uint64_t>(spec.dtype) << 4 | static_cast<uint64_t>(spec.out_dtype);
 }
 
@@ -151,12 +158,13 @@ KernelSpec KernelSpec::append(DType dtype, RopeKind rope, int rotary_dim, bool r
   return spec;
 }
 
-KernelSpec KernelSpec::combine(DType state_dtype, DType out_dtype, bool elementwise) {
+KernelSpec KernelSpec::combine(DType state_dtype, DType out_dtype, bool elementwise, bool dynamic_splits) {
   KernelSpec spec;
   spec.family = Family::combine;
   spec.dtype = state_dtype;
   spec.out_dtype = out_dtype;
   spec.elementwise = elementwise;
+  spec.dynamic_splits = dynamic_splits;
   return spec;
 }
 

@@ -55,7 +55,10 @@ struct KernelSpec {
   bool paged = false;    // the KV cache is paged (block table)
   bool split = false;    // split-KV: writes fp32 partial results for the combine kernel
   // decode with split: each sequence's split count chosen on the device from
-  // the lengths (KVCacheArgs::dynamic_splits); text .dynsplit.
+  // the lengths (KVCacheArgs::dynamic_splits); text .dynsplit. combine: the
+  // combine of such a decode, which skips the (row, head) pairs whose tile
+  // was one piece: the decode kernel wrote their output and marked them
+  // (kStateWrittenMark, combine_params.h).
   bool dynamic_splits = false;
   DType out_dtype = DType::f32;    // combine: the output's dtype (fwd writes `dtype`)
   // decode: cp.async stages per warp. fwd: 0, or the stages of the K/V
@@ -83,7 +86,7 @@ struct KernelSpec {
   bool elementwise = false;
 
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
-  static KernelSpec combine(DType state_dtype, DType out_dtype, bool elementwise = false);
+  static KernelSpec combine(DType state_dtype, DType out_dtype, bool elementwise = false, bool dynamic_splits = false);
   // An append spec (RoPE and paging as in the attention call it serves).
   static KernelSpec append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool rope_tables16, bool paged);
   // The template's ROPE_TABLES: bytes of a table entry (0 without tables).
@@ -93,7 +96,7 @@ struct KernelSpec {
   // the order wgmma, persistent, causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
   // rope_tables|rope_tables16, packgqa, kvcache|dense, paged, split, dynsplit, padded, varlen, unaligned_dN),
   // "combine.f32.bf16"
-  // (".elementwise" last where set).
+  // (".elementwise", then ".dynsplit", where set).
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.
   static KernelSpec parse(std::string_view text);

@@ -18,6 +18,10 @@
 // state with e_s == 0 (LSE -inf, or far below the max) never enters the sum,
 // so a split that saw no key may leave anything in its O_s, NaN included;
 // a pair whose every state is empty writes out = 0 and lse = -inf.
+// DYNAMIC_SPLITS: a pair whose state 0 holds kStateWrittenMark for its LSE
+// was written by the decode kernel (its tile was one piece). Every lane reads
+// that LSE before anything else, and a marked pair then loads, merges and
+// stores nothing.
 // ELEMENTWISE: lanes read and write their chunks one element at a time, and
 // the last chunk of a head dim that is not a multiple of 8 holds only the
 // elements below it (rows on any element boundary); otherwise 16-byte
@@ -171,7 +175,7 @@ __device__ __forceinline__ float group_reduce(float x, int group, float* scratch
 
 }  // namespace combine_io
 
-template <class State, class Out, bool ELEMENTWISE>
+template <class State, class Out, bool ELEMENTWISE, bool DYNAMIC_SPLITS>
 __device__ __forceinline__ void combine_states(const CombineParams& p) {
   using In = combine_io::Eight<State>;
   using Result = combine_io::Eight<Out>;
@@ -200,8 +204,8 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
   }
   // Rows past *rows_used (varlen: the packed rows no sequence owns) are
   // neither read nor written.
-  const bool active = pair < p.pairs && (p.rows_used == nullptr || r < *p.rows_used);
-  const bool has_chunk = active && chunk * 8 < p.head_dim;
+  bool active = pair < p.pairs && (p.rows_used == nullptr || r < *p.rows_used);
+  bool has_chunk = active && chunk * 8 < p.head_dim;
   const int chunk_elements = min(p.head_dim - chunk * 8, 8);  // ELEMENTWISE: the last chunk may hold fewer
   const int num_states = p.num_states;
 
@@ -235,13 +239,24 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
       }
     }
   };
-  load_batch(state_lane, nullptr);
+  if constexpr (!DYNAMIC_SPLITS) load_batch(state_lane, nullptr);
 
   // --- 1. LSE: max, then e_s and their sum ---------------------------------
   const float* lse = p.lse + b * p.lse_batch_stride + r * p.lse_row_stride + h * p.lse_head_stride;
   const float* lse_1 = p.lse_b != nullptr
                            ? p.lse_b + b * p.lse_b_batch_stride + r * p.lse_b_row_stride + h * p.lse_b_head_stride
                            : lse + p.lse_state_stride;
+  // A pair the decode kernel wrote (DYNAMIC_SPLITS) loads nothing past state
+  // 0's LSE, which every lane of its group reads first; a CTA of such pairs
+  // leaves at once. Other pairs load their first batch after it.
+  if constexpr (DYNAMIC_SPLITS) {
+    if (active && __float_as_uint(*lse) == kStateWrittenMark) {
+      active = false;
+      has_chunk = false;
+    }
+    if (__syncthreads_and(!active)) return;
+    load_batch(state_lane, nullptr);
+  }
   float* e = weights + slot * num_states;
   float max_lse = -kInfinity;
   if (active) {

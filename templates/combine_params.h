@@ -17,6 +17,12 @@ constexpr int kCombineMaxHeadDim = 512;  // head_dim: up to this (a multiple of 
 // States a lane loads before it uses any (combine.cuh); the host gives each
 // lane at most this many when there are few states.
 constexpr int kCombineStatesInFlight = 4;
+// Dynamic decode splits (KernelSpec::dynamic_splits): a tile that took one
+// piece writes its rows' output and LSE itself, and puts these bits in state
+// 0's LSE; the combine leaves such (row, head) pairs alone and reads none of
+// their other states. A NaN no arithmetic produces (the GPU's NaNs are
+// 0x7fffffff), so no real LSE is taken for it.
+constexpr unsigned kStateWrittenMark = 0x7fa0'5a17u;
 
 struct CombineParams {
   const void* states;  // [num_states, batch, seqlen, heads, head_dim]

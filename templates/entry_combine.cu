@@ -1,6 +1,7 @@
 // jitattn kernel for spec {spec}
-// Rendered from templates/entry_combine.cu: this file only fixes the dtypes
-// and the access width; the kernel is templates/combine.cuh.
+// Rendered from templates/entry_combine.cu: this file only fixes the dtypes,
+// the access width and whether pairs may be marked written; the kernel is
+// templates/combine.cuh.
 #include "combine.cuh"
 
 extern "C" __global__ void __launch_bounds__(jitattn::kCombineThreads)
@@ -8,5 +9,6 @@ extern "C" __global__ void __launch_bounds__(jitattn::kCombineThreads)
   // Split-KV: this grid may be scheduled while the attention grid that
   // writes the partials still runs; it reads nothing before that grid is done.
   jitattn::begin_dependent_grid();  // ptx.cuh: programmatic launch
-  jitattn::combine_states</*State=*/{state}, /*Out=*/{out}, /*ELEMENTWISE=*/{elementwise}>(params);
+  jitattn::combine_states</*State=*/{state}, /*Out=*/{out}, /*ELEMENTWISE=*/{elementwise},
+                          /*DYNAMIC_SPLITS=*/{dynamic_splits}>(params);
 }}

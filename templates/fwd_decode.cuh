@@ -21,6 +21,7 @@
 // keys; a paged cache keeps its pages.
 #pragma once
 
+#include "combine_params.h"
 #include "fwd_prefill.cuh"
 
 namespace jitattn {
@@ -98,24 +99,36 @@ __device__ __forceinline__ int chunk_steps(int begin, int end) {
   return (end - begin + Cfg::kStreams - 1) / Cfg::kStreams;
 }
 
-// Calls visit(q_block, steps) for each query tile of sequence b (at most the
-// grid's) with its visible steps (every warp one chunk), from the lengths in
-// device memory.
-template <class Cfg, class Visit>
-__device__ __forceinline__ void for_each_tile(const FwdParams& p, int b, Visit&& visit) {
-  int seqlen_q = p.seqlen_q;
-  int seqlen_k = Cfg::kKVCache ? p.seqused_k[b] + p.seqlen_k_added : p.seqlen_k;
+// Sequence b's queries and keys (and, varlen, its first packed query row),
+// from the lengths in device memory.
+struct DecodeSequence {
+  int q_row0, seqlen_q, seqlen_k;
+};
+
+template <class Cfg>
+__device__ __forceinline__ DecodeSequence decode_sequence(const FwdParams& p, int b) {
   if constexpr (Cfg::kVarlen) {
     const VarlenSequence sequence = varlen_sequence(p, b);
-    seqlen_q = sequence.seqlen_q;
-    seqlen_k = sequence.seqlen_k;
+    return DecodeSequence{sequence.q_row0, sequence.seqlen_q, sequence.seqlen_k};
   }
-  const int tiles = min((seqlen_q * p.heads_per_kv + Cfg::kBlockQ - 1) / Cfg::kBlockQ, p.num_q_blocks);
+  return DecodeSequence{0, p.seqlen_q, Cfg::kKVCache ? p.seqused_k[b] + p.seqlen_k_added : p.seqlen_k};
+}
+
+// Calls visit(q_block, steps) for each query tile of a sequence (at most the
+// grid's) with its visible steps (every warp one chunk).
+template <class Cfg, class Visit>
+__device__ __forceinline__ void for_each_tile(const FwdParams& p, const DecodeSequence& sequence, Visit&& visit) {
+  const int tiles = min((sequence.seqlen_q * p.heads_per_kv + Cfg::kBlockQ - 1) / Cfg::kBlockQ, p.num_q_blocks);
   for (int q_block = 0; q_block < tiles; ++q_block) {
     int begin, end;
-    tile_chunks<Cfg>(p, seqlen_q, seqlen_k, q_block * Cfg::kBlockQ, begin, end);
+    tile_chunks<Cfg>(p, sequence.seqlen_q, sequence.seqlen_k, q_block * Cfg::kBlockQ, begin, end);
     visit(q_block, chunk_steps<Cfg>(begin, end));
   }
+}
+
+template <class Cfg, class Visit>
+__device__ __forceinline__ void for_each_tile(const FwdParams& p, int b, Visit&& visit) {
+  for_each_tile<Cfg>(p, decode_sequence<Cfg>(p, b), visit);
 }
 
 template <class T>
@@ -144,6 +157,9 @@ struct DecodePiece {
   int split;        // the piece's index in its tile
   int pieces;       // the tile's pieces
   int piece_steps;  // steps per piece (the last may be shorter)
+  // Dynamic splits: the sequence's lengths as find_piece read them, so the
+  // CTA does not wait on a second read before its first copy.
+  DecodeSequence sequence;
 };
 
 // A tile of `steps` visible steps takes one split per share of the batch's
@@ -175,7 +191,11 @@ __device__ __forceinline__ int piece_class(int pieces, int piece_steps, int step
 // the short ones' CTAs filling the SMs around them.
 __device__ __forceinline__ int share_of(const FwdParams& p, long long steps_of_every_head) {
   const long long work = steps_of_every_head * p.heads_kv;
-  return static_cast<int>(max(static_cast<long long>(p.blocks_per_split), (work + p.split_slots - 1) / p.split_slots));
+  // In 32 bits where the work fits: a 64-bit division is a long subroutine,
+  // and every CTA divides before its first copy.
+  const long long share = work <= 0x7fffffffLL ? (static_cast<unsigned>(work) + p.split_slots - 1) / p.split_slots
+                                               : (work + p.split_slots - 1) / p.split_slots;
+  return static_cast<int>(max(static_cast<long long>(p.blocks_per_split), share));
 }
 
 // The batch's visible steps and query tiles (one KV head's).
@@ -272,7 +292,8 @@ __device__ __forceinline__ bool piece_of_split_grid(const FwdParams& p, int k, D
   piece = piece_of_grid(p, k, p.num_splits);
   // The tile's own steps first: its lengths load beside the batch's.
   int steps = 0;
-  for_each_tile<Cfg>(p, piece.batch, [&](int q_block, int tile_steps) {
+  piece.sequence = decode_sequence<Cfg>(p, piece.batch);
+  for_each_tile<Cfg>(p, piece.sequence, [&](int q_block, int tile_steps) {
     if (q_block == piece.q_block) steps = tile_steps;
   });
   piece.pieces = tile_pieces(p, steps, share_of(p, batch_work<Cfg>(p).steps), piece.piece_steps);
@@ -287,8 +308,10 @@ template <class Cfg>
 __device__ __forceinline__ bool piece_in_small_batch(const FwdParams& p, int rank, DecodePiece& piece) {
   const int lane = threadIdx.x & 31;
   int steps = 0, tiles = 0;
+  DecodeSequence sequence{0, 0, 0};
   if (lane < p.batch) {
-    for_each_tile<Cfg>(p, lane, [&](int, int tile_steps) {
+    sequence = decode_sequence<Cfg>(p, lane);
+    for_each_tile<Cfg>(p, sequence, [&](int, int tile_steps) {
       steps = tile_steps;
       tiles = 1;
     });
@@ -338,6 +361,9 @@ __device__ __forceinline__ bool piece_in_small_batch(const FwdParams& p, int ran
   piece.q_block = 0;
   piece.pieces = __shfl_sync(0xffffffffu, pieces, owner);
   piece.piece_steps = __shfl_sync(0xffffffffu, piece_steps, owner);
+  piece.sequence.q_row0 = __shfl_sync(0xffffffffu, sequence.q_row0, owner);
+  piece.sequence.seqlen_q = __shfl_sync(0xffffffffu, sequence.seqlen_q, owner);
+  piece.sequence.seqlen_k = __shfl_sync(0xffffffffu, sequence.seqlen_k, owner);
   piece.kv_head = rank / piece.pieces;
   piece.split = rank % piece.pieces;
   return true;
@@ -412,8 +438,9 @@ __device__ bool piece_in_batch(const FwdParams& p, int rank, DecodePiece& piece)
     const int owner = __ffs(holders) - 1;
     rank -= __shfl_sync(0xffffffffu, through - mine, owner);
     piece.batch = b0 + owner;
+    piece.sequence = decode_sequence<Cfg>(p, piece.batch);
     bool found = false;
-    for_each_tile<Cfg>(p, piece.batch, [&](int q_block, int steps) {
+    for_each_tile<Cfg>(p, piece.sequence, [&](int q_block, int steps) {
       int piece_steps;
       const int pieces = tile_pieces(p, steps, share, piece_steps);
       if (found || piece_class(pieces, piece_steps, steps, share) != c) return;
@@ -484,10 +511,17 @@ __device__ void fwd_decode(const FwdParams& p) {
   const int warp = threadIdx.x >> 5;
   const int chunks_valid = Cfg::kPadded ? p.head_dim / 8 : Cfg::kChunksPerRow;
 
-  // This sequence's lengths, and where its rows start: batch strides, or
-  // (varlen) the packed rows of its offsets.
-  int seqlen_q = p.seqlen_q;
-  int seqlen_k = Cfg::kKVCache ? p.seqused_k[batch] + p.seqlen_k_added : p.seqlen_k;
+  // This sequence's lengths (read by find_piece with dynamic splits), and
+  // where its rows start: batch strides, or (varlen) the packed rows of its
+  // offsets.
+  DecodeSequence sequence;
+  if constexpr (Cfg::kDynamicSplits) {
+    sequence = piece.sequence;
+  } else {
+    sequence = decode_sequence<Cfg>(p, batch);
+  }
+  const int seqlen_q = sequence.seqlen_q;
+  const int seqlen_k = sequence.seqlen_k;
   const int cache_batch = Cfg::kKVCache && p.kv_batch_index != nullptr ? p.kv_batch_index[batch] : batch;
   long long q_start = batch * p.q_batch_stride, o_start = batch * p.o_batch_stride;
   long long lse_start = batch * p.lse_batch_stride;
@@ -495,9 +529,6 @@ __device__ void fwd_decode(const FwdParams& p) {
   long long k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
   long long v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
   if constexpr (Cfg::kVarlen) {
-    const VarlenSequence sequence = varlen_sequence(p, batch);
-    seqlen_q = sequence.seqlen_q;
-    seqlen_k = sequence.seqlen_k;
     // The grid covers the longest sequence.
     if (q0 >= seqlen_q * group) return;
     start_at_packed_rows<Cfg>(p, batch, sequence.q_row0, q_start, o_start, lse_start, k_start, v_start);
@@ -526,15 +557,20 @@ __device__ void fwd_decode(const FwdParams& p) {
     int piece_steps = max(p.blocks_per_split, (steps + p.num_splits - 1) / p.num_splits);
     if constexpr (Cfg::kDynamicSplits) {
       piece_steps = piece.piece_steps;
-      // The tile's splits past its pieces have no CTA: its first piece's
-      // marks them empty (lse -inf), which the combine reads as no keys.
-      if (split == 0 && piece.pieces < p.num_splits) {
+      // The tile's splits past its pieces have no CTA: its first piece marks
+      // them empty (lse -inf), which the combine reads as no keys. A tile of
+      // one piece writes its output itself (final_output below) and marks
+      // state 0 instead, so the combine leaves its rows alone.
+      if (split == 0) {
         const int query0 = partial_query0<Warp>(p, batch);
         const int end = min(q0 + Cfg::kBlockQ, rows);
-        for (int empty = piece.pieces; empty < p.num_splits; ++empty) {
-          for (int packed = q0 + static_cast<int>(threadIdx.x); packed < end; packed += Cfg::kCtaThreads) {
-            p.partial_lse[(static_cast<long long>(empty) * p.partial_rows + query0 + packed / group) * p.heads_q +
-                          head + packed % group] = -kInfinity;
+        const bool one_piece = piece.pieces == 1;
+        const int first_marked = one_piece ? 0 : piece.pieces, last_marked = one_piece ? 0 : p.num_splits - 1;
+        const float mark = one_piece ? __uint_as_float(kStateWrittenMark) : -kInfinity;
+        for (int packed = q0 + static_cast<int>(threadIdx.x); packed < end; packed += Cfg::kCtaThreads) {
+          const long long pair = static_cast<long long>(query0 + packed / group) * p.heads_q + head + packed % group;
+          for (int marked = first_marked; marked <= last_marked; ++marked) {
+            p.partial_lse[static_cast<long long>(marked) * p.partial_rows * p.heads_q + pair] = mark;
           }
         }
       }
@@ -662,7 +698,12 @@ __device__ void fwd_decode(const FwdParams& p) {
   }
   __syncthreads();
 
-  // Each thread finishes four adjacent columns of one row at a time.
+  // Each thread finishes four adjacent columns of one row at a time, into
+  // out and lse, or a split's partial state. Dynamic splits: a tile of one
+  // piece writes out and lse itself (its combine pairs are marked written),
+  // which spares the combine its rows: an even batch of 16 × 1k keys took
+  // 22.7 us so against 25.0 through the partials (H200, docs/PERFORMANCE.md).
+  const bool final_output = !Cfg::kSplit || (Cfg::kDynamicSplits && piece.pieces == 1);
   constexpr int kQuads = Cfg::kHeadDim / 4;
   unsigned short* out = static_cast<unsigned short*>(p.o) + o_start + head * p.o_head_stride;
   float* lse = p.lse == nullptr ? nullptr : p.lse + lse_start + head * p.lse_head_stride;
@@ -692,7 +733,7 @@ __device__ void fwd_decode(const FwdParams& p) {
     const float inverse = sum > 0.f ? 1.f / sum : 0.f;
     const float row_lse = sum > 0.f ? max * p.lse_scale + fast_log2(sum) * 0.69314718055994531f : -kInfinity;
     const int packed = q0 + row;
-    if constexpr (Cfg::kSplit) {
+    if (!final_output) {
       const int query = packed / group;
       const long long at =
           (static_cast<long long>(split) * p.partial_rows + query0 + query) * p.heads_q + head + packed % group;

@@ -627,16 +627,22 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
 
 TEST_CASE("every combine dtype pair compiles for sm_80 and sm_90a, vectors and elementwise, without spills") {
   std::vector<KernelSpec> specs;
-  for (bool elementwise : {false, true})
+  for (bool elementwise : {false, true}) {
     for (DType state : {DType::f32, DType::f16, DType::bf16})
       for (DType out : {DType::f32, DType::f16, DType::bf16}) specs.push_back(KernelSpec::combine(state, out, elementwise));
+    // The combine of dynamic decode splits (fp32 partials only).
+    for (DType out : {DType::f32, DType::f16, DType::bf16}) {
+      specs.push_back(KernelSpec::combine(DType::f32, out, elementwise, /*dynamic_splits=*/true));
+    }
+  }
   for (const char* arch_text : {"sm_80", "sm_90a"}) {
     const Arch arch = Arch::parse(arch_text);
     const auto errors = compile_all(specs, arch);
     for (const auto& e : errors) FAIL_CHECK(e);
     CHECK(errors.empty());
   }
-  for (const KernelSpec& spec : {KernelSpec::combine(DType::f32, DType::bf16), KernelSpec::combine(DType::bf16, DType::f16, true)}) {
+  for (const KernelSpec& spec : {KernelSpec::combine(DType::f32, DType::bf16), KernelSpec::combine(DType::bf16, DType::f16, true),
+                                  KernelSpec::combine(DType::f32, DType::bf16, false, true)}) {
     const CompileOutput out = compile_cubin(render(spec, TemplateSet()), "combine.cu", Arch::parse("sm_90a"), spec.text());
     CHECK_MESSAGE(out.log.find("0 bytes spill stores") != std::string::npos, out.log);
     CHECK_MESSAGE(out.log.find("jitattn_combine") != std::string::npos, out.log);

@@ -599,6 +599,9 @@ TEST_CASE("kvcache: dynamic_splits follow the lengths of each CUDA graph replay"
   // device's cache_seqlens rewritten: one long sequence and fifteen short,
   // every one short, random lengths with 0 and 1, and full again. The graph
   // keeps its launches; the outputs must follow the lengths of the replay.
+  // Tiles of one piece write their rows and mark them in the workspace for
+  // the combine to skip; the last two replays find the workspace as the
+  // replay before left it (marks included), as an engine's replays do.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   // Variants 3 and 4 take the kernel's general way to its piece (batch over
@@ -647,7 +650,7 @@ TEST_CASE("kvcache: dynamic_splits follow the lengths of each CUDA graph replay"
       const References r = make_references(c, in);
       outputs.out.buffer.fill_bytes(0xff);
       outputs.lse.fill_bytes(0xff);
-      workspace.fill_bytes(0xff);
+      if (replay < 2) workspace.fill_bytes(0xff);
       captured.replay();
       const Run run = outputs.read();
       const AttentionShape shape =

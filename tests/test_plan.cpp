@@ -749,6 +749,22 @@ TEST_CASE("decode splits: pieces from each tile's own keys; dynamic_splits launc
     const int64_t tiles = q.shape[0] * 8;
     CHECK(dynamic.grid == static_cast<unsigned>(std::min<int64_t>(tiles * expected, tiles + 120)));
   }
+  // Its combine is the variant that skips the rows of tiles of one piece,
+  // which the decode kernel writes itself and marks (.dynsplit); without
+  // dynamic splits, the plain combine.
+  for (bool dynamic_splits : {true, false}) {
+    KVCacheArgs call = args;
+    call.dynamic_splits = dynamic_splits;
+    call.num_splits = 3;
+    call.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {16, 32768, 8, 128});
+    call.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {16, 32768, 8, 128});
+    call.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {16});
+    const KVCachePlan full = plan_kvcache(q16, call, q16, nullptr, ForwardOptions{}, address(0x100000), size_t{1} << 30,
+                                          false, Arch::parse("sm_90a"), 227 * 1024, 132);
+    CHECK(full.attention.spec.dynamic_splits == dynamic_splits);
+    CHECK(full.combine.grid > 0);
+    CHECK(full.combine.spec.text() == (dynamic_splits ? "combine.f32.bf16.dynsplit" : "combine.f32.bf16"));
+  }
   // Short keys cap it (one 128-key step per split at least).
   args.max_seqlen_k = 500;
   CHECK(plan(q16).num_splits == 4);

@@ -43,24 +43,30 @@ TEST_CASE("a combine spec renders entry_combine.cu over combine.cuh, determinist
   CHECK(std::string(entry_name(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4"))) == "jitattn_fwd");
   CHECK(source.find("// jitattn kernel for spec combine.f32.bf16") != std::string::npos);
   CHECK(source.find("jitattn_combine(const __grid_constant__ jitattn::CombineParams params)") != std::string::npos);
-  CHECK(source.find("combine_states</*State=*/float, /*Out=*/jitattn::bf16, /*ELEMENTWISE=*/false>") != std::string::npos);
+  CHECK(source.find("combine_states</*State=*/float, /*Out=*/jitattn::bf16, /*ELEMENTWISE=*/false,") != std::string::npos);
+  CHECK(source.find("/*DYNAMIC_SPLITS=*/false>") != std::string::npos);
   CHECK(source.find("struct CombineParams") != std::string::npos);
   CHECK(source.find("#line 1 \"combine.cuh\"") != std::string::npos);
   CHECK(source.find("FwdParams") == std::string::npos);  // nothing of the forward family
   CHECK(source.find("#include") == std::string::npos);
   CHECK(source.find("cuda_fp16") == std::string::npos);
   CHECK(source.find("cuda_bf16") == std::string::npos);
-  CHECK(render(KernelSpec::parse("combine.f16.f16"), templates).find("combine_states</*State=*/jitattn::f16, /*Out=*/jitattn::f16, /*ELEMENTWISE=*/false>") !=
+  CHECK(render(KernelSpec::parse("combine.f16.f16"), templates).find("combine_states</*State=*/jitattn::f16, /*Out=*/jitattn::f16, /*ELEMENTWISE=*/false,") !=
         std::string::npos);
   CHECK(render(KernelSpec::parse("combine.f16.bf16.elementwise"), templates)
-            .find("combine_states</*State=*/jitattn::f16, /*Out=*/jitattn::bf16, /*ELEMENTWISE=*/true>") != std::string::npos);
+            .find("combine_states</*State=*/jitattn::f16, /*Out=*/jitattn::bf16, /*ELEMENTWISE=*/true,") != std::string::npos);
+  const std::string dynamic = render(KernelSpec::parse("combine.f32.bf16.elementwise.dynsplit"), templates);
+  CHECK(dynamic.find("// jitattn kernel for spec combine.f32.bf16.elementwise.dynsplit") != std::string::npos);
+  CHECK(dynamic.find("/*ELEMENTWISE=*/true,") != std::string::npos);
+  CHECK(dynamic.find("/*DYNAMIC_SPLITS=*/true>") != std::string::npos);
   std::set<std::string> sources;
   for (const char* text : {"combine.f32.f32", "combine.f32.f16", "combine.f32.bf16", "combine.f16.f32", "combine.f16.f16",
                            "combine.f16.bf16", "combine.bf16.f32", "combine.bf16.f16", "combine.bf16.bf16"}) {
     sources.insert(render(KernelSpec::parse(text), templates));
     sources.insert(render(KernelSpec::parse(std::string(text) + ".elementwise"), templates));
+    sources.insert(render(KernelSpec::parse(std::string(text) + ".dynsplit"), templates));
   }
-  CHECK(sources.size() == 18);
+  CHECK(sources.size() == 27);
 }
 
 TEST_CASE("different specs render different source") {

@@ -414,17 +414,19 @@ TEST_CASE("bad spec text is rejected naming the field") {
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128"), doctest::Contains("expected family.dtype"), Error);
 }
 
-TEST_CASE("combine specs: text is combine.<state>.<out>[.elementwise], round-trips, and packs apart from every other spec") {
+TEST_CASE("combine specs: text is combine.<state>.<out>[.elementwise][.dynsplit], round-trips, and packs apart from every other spec") {
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   std::vector<uint64_t> keys;
+  for (bool dynamic_splits : {false, true})
   for (bool elementwise : {false, true})
     for (DType state : dtypes)
       for (DType out : dtypes) {
-        const KernelSpec spec = KernelSpec::combine(state, out, elementwise);
+        const KernelSpec spec = KernelSpec::combine(state, out, elementwise, dynamic_splits);
         CHECK(spec.family == Family::combine);
         CHECK(spec.elementwise == elementwise);
+        CHECK(spec.dynamic_splits == dynamic_splits);
         CHECK(spec.text() == std::string("combine.") + dtype_name(state) + "." + dtype_name(out) +
-                                 (elementwise ? ".elementwise" : ""));
+                                 (elementwise ? ".elementwise" : "") + (dynamic_splits ? ".dynsplit" : ""));
         const KernelSpec parsed = KernelSpec::parse(spec.text());
         CHECK(parsed == spec);
         CHECK(parsed.text() == spec.text());
@@ -469,6 +471,10 @@ TEST_CASE("bad combine spec text is rejected naming the field") {
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.d128"), doctest::Contains("expected combine.<state dtype>.<out dtype>"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.elementwise.elementwise"),
                        doctest::Contains("[.elementwise]"), Error);
+  // The flags go in one order, each once.
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.dynsplit.elementwise"),
+                       doctest::Contains("[.elementwise][.dynsplit]"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.dynsplit.dynsplit"), doctest::Contains("[.dynsplit]"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine"), doctest::Contains("expected combine."), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combiner.f32.bf16.d1.br1.bc1"), doctest::Contains("unknown family 'combiner' (known: fwd, decode, combine, append)"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::combine(DType::i32, DType::f32).validate(), doctest::Contains("combine.i32.f32"), Error);

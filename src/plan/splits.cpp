@@ -191,6 +191,8 @@ CombinePlan combine_splits(const ForwardPlan& attention, const TensorView& out, 
   }
   // Varlen: the packed rows past the last sequence's are no one's.
   if (packed) combine.rows_used = fwd.cu_seqlens_q + fwd.batch;
+  // Dynamic splits: the tiles of one piece wrote their rows themselves.
+  combine.dynamic_splits = attention.spec.dynamic_splits;
   combine.states_name = "workspace";
   combine.lse_name = "workspace";
   return plan_combine(combine);
