@@ -269,7 +269,8 @@ struct KVCacheArgs {
   // Each CTA takes one of the batch's pieces, longest first, so no CTA sits
   // idle before the last piece; pieces that overflow one wave of CTAs by
   // little are grown to fit it. Every call then also reads the batch's
-  // lengths in each CTA and runs the combine launch. Applies where the call
+  // lengths in each CTA and runs the combine launch, which skips the rows
+  // of tiles that took one piece (they write their own). Applies where the call
   // runs the decode kernel (a KV head's query rows fit two 16-row tiles);
   // results never depend on it.
   bool dynamic_splits = false;
