@@ -99,25 +99,18 @@ __device__ __forceinline__ int chunk_steps(int begin, int end) {
   return (end - begin + Cfg::kStreams - 1) / Cfg::kStreams;
 }
 
-// Sequence b's queries and keys (and, varlen, its first packed query row),
-// from the lengths in device memory.
-struct DecodeSequence {
-  int q_row0, seqlen_q, seqlen_k;
-};
-
+// Sequence b's queries and keys (and, varlen, its first packed query row;
+// 0 otherwise), from the lengths in device memory.
 template <class Cfg>
-__device__ __forceinline__ DecodeSequence decode_sequence(const FwdParams& p, int b) {
-  if constexpr (Cfg::kVarlen) {
-    const VarlenSequence sequence = varlen_sequence(p, b);
-    return DecodeSequence{sequence.q_row0, sequence.seqlen_q, sequence.seqlen_k};
-  }
-  return DecodeSequence{0, p.seqlen_q, Cfg::kKVCache ? p.seqused_k[b] + p.seqlen_k_added : p.seqlen_k};
+__device__ __forceinline__ VarlenSequence decode_sequence(const FwdParams& p, int b) {
+  if constexpr (Cfg::kVarlen) return varlen_sequence(p, b);
+  return VarlenSequence{0, p.seqlen_q, Cfg::kKVCache ? p.seqused_k[b] + p.seqlen_k_added : p.seqlen_k};
 }
 
 // Calls visit(q_block, steps) for each query tile of a sequence (at most the
 // grid's) with its visible steps (every warp one chunk).
 template <class Cfg, class Visit>
-__device__ __forceinline__ void for_each_tile(const FwdParams& p, const DecodeSequence& sequence, Visit&& visit) {
+__device__ __forceinline__ void for_each_tile(const FwdParams& p, const VarlenSequence& sequence, Visit&& visit) {
   const int tiles = min((sequence.seqlen_q * p.heads_per_kv + Cfg::kBlockQ - 1) / Cfg::kBlockQ, p.num_q_blocks);
   for (int q_block = 0; q_block < tiles; ++q_block) {
     int begin, end;
@@ -159,7 +152,7 @@ struct DecodePiece {
   int piece_steps;  // steps per piece (the last may be shorter)
   // Dynamic splits: the sequence's lengths as find_piece read them, so the
   // CTA does not wait on a second read before its first copy.
-  DecodeSequence sequence;
+  VarlenSequence sequence;
 };
 
 // A tile of `steps` visible steps takes one split per share of the batch's
@@ -308,7 +301,7 @@ template <class Cfg>
 __device__ __forceinline__ bool piece_in_small_batch(const FwdParams& p, int rank, DecodePiece& piece) {
   const int lane = threadIdx.x & 31;
   int steps = 0, tiles = 0;
-  DecodeSequence sequence{0, 0, 0};
+  VarlenSequence sequence{0, 0, 0};
   if (lane < p.batch) {
     sequence = decode_sequence<Cfg>(p, lane);
     for_each_tile<Cfg>(p, sequence, [&](int, int tile_steps) {
@@ -514,7 +507,7 @@ __device__ void fwd_decode(const FwdParams& p) {
   // This sequence's lengths (read by find_piece with dynamic splits), and
   // where its rows start: batch strides, or (varlen) the packed rows of its
   // offsets.
-  DecodeSequence sequence;
+  VarlenSequence sequence;
   if constexpr (Cfg::kDynamicSplits) {
     sequence = piece.sequence;
   } else {
