@@ -383,15 +383,17 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   }
   CHECK(llama_prefill == jitattn::detail::default_tile_set(jitattn::DType::bf16, 128, true, hopper).size());
   // Decoding calls of Llama 3 8B's shape (32 q / 8 kv heads) find every kernel
-  // they plan warmed: one sequence and 64, contiguous and paged (16 and 256
-  // rows), with and without new keys, the heuristic's split or none; and so
-  // do 16 tokens of speculative decoding (one sequence and 64) and chunked
-  // prefill calls (1 × 2048 and 2 × 1024 new tokens).
+  // they plan warmed: one sequence, 16 and 64, contiguous and paged (16 and
+  // 256 rows), with and without new keys, the heuristic's split or none, and
+  // with dynamic splits (graphs replayed with other lengths); and so do 4, 8
+  // and 16 tokens of speculative decoding and chunked prefill calls (1 × 2048
+  // and 2 × 1024 new tokens).
   auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
-  for (const auto& [batch, seqlen_q] : {std::pair<int64_t, int64_t>{1, 1}, {64, 1}, {1, 16}, {64, 16}, {1, 2048}, {2, 1024}}) {
+  for (const auto& [batch, seqlen_q] : {std::pair<int64_t, int64_t>{1, 1}, {16, 1}, {64, 1}, {16, 4}, {1, 8}, {64, 8},
+                                        {1, 16}, {64, 16}, {1, 2048}, {2, 1024}}) {
     for (int page : {0, 16, 256}) {
       for (bool append : {false, true}) {
-        for (int splits : {0, 1}) {
+        for (const auto& [splits, dynamic] : {std::pair<int, bool>{0, false}, {1, false}, {0, true}}) {
           using jitattn::TensorView;
           const TensorView q = TensorView::contiguous(address(0x10000), jitattn::DType::bf16, {batch, seqlen_q, 32, 128});
           const TensorView k_new =
@@ -407,20 +409,26 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
           args.block_table = page == 0 ? nullptr : &table;
           if (append) args.k_new = args.v_new = &k_new;
           args.num_splits = splits;
+          args.dynamic_splits = dynamic;
           jitattn::ForwardOptions options;
           options.causal = true;
           const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, true, hopper,
                                                            227 * 1024, 132);
-          const std::string context =
-              fmt::format("batch={} seqlen_q={} page={} append={} splits={}", batch, seqlen_q, page, append, splits);
+          const std::string context = fmt::format("batch={} seqlen_q={} page={} append={} splits={} dynamic={}", batch,
+                                                  seqlen_q, page, append, splits, dynamic);
           auto warmed = [&](const KernelSpec& spec) {
             return std::find(llama.begin(), llama.end(), spec) != llama.end();
           };
           CHECK_MESSAGE(warmed(plan.attention.spec), std::string(context + ": " + plan.attention.spec.text()));
           if (append) CHECK_MESSAGE(warmed(plan.append.spec), std::string(context + ": " + plan.append.spec.text()));
           if (plan.attention.spec.split) {
-            CHECK_MESSAGE(warmed(KernelSpec::combine(jitattn::DType::f32, jitattn::DType::bf16)), context);
+            const bool dynamic_combine = plan.attention.spec.dynamic_splits;
+            CHECK_MESSAGE(warmed(KernelSpec::combine(jitattn::DType::f32, jitattn::DType::bf16, false, dynamic_combine)),
+                          context);
           }
+          // Dynamic splits apply where the decode kernel runs (up to 8
+          // tokens here: two 16-row tiles of a KV head's 4 query heads).
+          CHECK_MESSAGE(plan.attention.spec.dynamic_splits == (dynamic && seqlen_q <= 8), context);
         }
       }
     }
@@ -449,11 +457,11 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   }
   // Varlen steps of an engine (decoding steps, speculative tokens, steps
   // beside a prefill chunk), over packed K/V or pages, with a workspace or
-  // not, find their kernels warmed too.
+  // not, and with dynamic splits, find their kernels warmed too.
   for (const auto& [batch, total_q, max_seqlen_q] :
        {std::tuple<int64_t, int64_t, int>{8, 8, 1}, {64, 64, 1}, {2, 16, 8}, {31, 542, 512}}) {
     for (int page : {0, 16, 64}) {
-      for (bool workspace : {false, true}) {
+      for (const auto& [workspace, dynamic] : {std::pair<bool, bool>{false, false}, {true, false}, {true, true}}) {
         using jitattn::TensorView;
         const TensorView q = TensorView::contiguous(address(0x10000), jitattn::DType::bf16, {total_q, 32, 128});
         const TensorView kv = page == 0 ? TensorView::contiguous(address(0x20000), jitattn::DType::bf16, {batch * 4096, 8, 128})
@@ -467,6 +475,7 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
         varlen.max_seqlen_q = max_seqlen_q;
         varlen.max_seqlen_k = 4096;
         varlen.block_table = page == 0 ? nullptr : &table;
+        varlen.dynamic_splits = dynamic;
         jitattn::ForwardOptions options;
         options.causal = true;
         const KernelSpec spec =
@@ -477,8 +486,14 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
                                                              132)
                             .spec;
         CHECK_MESSAGE(std::find(llama.begin(), llama.end(), spec) != llama.end(),
-                      fmt::format("varlen batch={} max_seqlen_q={} page={} workspace={}: {}", batch, max_seqlen_q,
-                                  page, workspace, spec.text()));
+                      fmt::format("varlen batch={} max_seqlen_q={} page={} workspace={} dynamic={}: {}", batch,
+                                  max_seqlen_q, page, workspace, dynamic, spec.text()));
+        if (spec.dynamic_splits) {
+          CHECK(std::find(llama.begin(), llama.end(),
+                          KernelSpec::combine(jitattn::DType::f32, jitattn::DType::bf16, false, true)) != llama.end());
+        }
+        // Decoding steps and speculative tokens take the decode kernel.
+        CHECK(spec.dynamic_splits == (dynamic && max_seqlen_q <= 8));
       }
     }
   }

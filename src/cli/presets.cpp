@@ -23,23 +23,42 @@ std::vector<AttentionShape> all_generated_shapes() {
   return shapes;
 }
 
+// The combine of a call with dynamic splits (which skips the rows of tiles
+// that wrote their own), where `attention` is one (sizing-only plans leave
+// the combine unplanned).
+void add_dynamic_combine(const detail::KernelSpec& attention, const AttentionShape& shape,
+                         std::vector<detail::KernelSpec>& specs) {
+  if (attention.dynamic_splits) {
+    specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype, /*elementwise=*/false, /*dynamic_splits=*/true));
+  }
+}
+
 // The kernels forward_kvcache plans for `shape` (32 query heads over 8 KV
 // heads, new keys appended): one-token decoding of one sequence (one CTA
-// per SM) and of many (two per SM), one split and several; 16 tokens
-// (speculative decoding: 64 packed rows, beyond the decode kernel) of one
-// sequence and of many; chunked prefill of 2048 tokens over 8192 cached
+// per SM) and of many (two per SM), one split and several; 8 tokens
+// (speculative decoding: 32 packed rows, the decode kernel's two-tile rows)
+// and 16 (64 packed rows, beyond the decode kernel) of one sequence and of
+// many; chunked prefill of 2048 tokens over 8192 cached
 // ones; a contiguous cache and pages of 16 and 64 rows each; and the
-// combine kernel.
+// combine kernel. Also the kernels of calls captured in CUDA graphs with
+// dynamic_splits (KVCacheArgs): 1 and 8 tokens (one 16-row tile a KV head,
+// and two) of one sequence and of 64, whose tiles differ, and the combine
+// that skips the rows such calls write themselves.
 void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   const int heads_kv = 8, heads_q = 32;
   struct Call {
     int64_t batch, seqlen_q, capacity;
     int splits;
+    bool dynamic_splits;
   };
-  const Call calls[] = {{1, 1, 4096, 1},  {1, 1, 4096, 3},  {64, 1, 4096, 1}, {64, 1, 4096, 3},
-                        {1, 16, 4096, 1}, {1, 16, 4096, 3}, {64, 16, 4096, 1}, {1, 2048, 8192, 1}};
-  for (const auto& [batch, seqlen_q, capacity, splits] : calls) {
+  const Call calls[] = {{1, 1, 4096, 1, false},  {1, 1, 4096, 3, false},  {64, 1, 4096, 1, false},
+                        {64, 1, 4096, 3, false}, {1, 8, 4096, 1, false},  {1, 8, 4096, 3, false},
+                        {64, 8, 4096, 1, false}, {64, 8, 4096, 3, false}, {1, 16, 4096, 1, false},
+                        {1, 16, 4096, 3, false}, {64, 16, 4096, 1, false}, {1, 2048, 8192, 1, false},
+                        {1, 1, 4096, 0, true},   {64, 1, 4096, 0, true},  {1, 8, 4096, 0, true},
+                        {64, 8, 4096, 0, true}};
+  for (const auto& [batch, seqlen_q, capacity, splits, dynamic_splits] : calls) {
     for (int page : {0, 16, 64}) {
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen_q, heads_q, shape.head_dim});
       const TensorView k_new = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen_q, heads_kv, shape.head_dim});
@@ -53,6 +72,7 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
       args.block_table = page == 0 ? nullptr : &table;
       args.k_new = args.v_new = &k_new;
       args.num_splits = splits;
+      args.dynamic_splits = dynamic_splits;
       ForwardOptions options;
       options.causal = shape.causal;
       if (shape.local) options.window_left = capacity / 2;
@@ -61,6 +81,7 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
           detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem, 132);
       specs.push_back(plan.attention.spec);
       specs.push_back(plan.append.spec);
+      add_dynamic_combine(plan.attention.spec, shape, specs);
     }
   }
   specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
@@ -97,7 +118,8 @@ void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch
 // sequences of 8 tokens (speculative decoding),
 // and 15 steps beside a 512-token prefill chunk (packed GQA tiles); over
 // packed K/V and over pages of 16 and 64 rows; with a workspace (split)
-// and without.
+// and without, and with dynamic splits (graphs replayed with other lengths:
+// VarlenArgs::dynamic_splits).
 void add_varlen_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   struct Step {
@@ -126,6 +148,13 @@ void add_varlen_specs(const AttentionShape& shape, const detail::Arch& arch, std
                                                         /*sizing_only=*/true, arch, max_smem, 132)
                           .attention.spec);
       specs.push_back(detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch, max_smem, 132).spec);
+      varlen.dynamic_splits = true;
+      const detail::KernelSpec dynamic = detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options,
+                                                                           nullptr, 0, /*sizing_only=*/true, arch,
+                                                                           max_smem, 132)
+                                             .attention.spec;
+      specs.push_back(dynamic);
+      add_dynamic_combine(dynamic, shape, specs);
     }
   }
 }
