@@ -262,6 +262,18 @@ __device__ __forceinline__ int share_growth_limit(const FwdParams& p, const int 
   return min(kShareGrowths, max(8 - 2 * first, overflow_end) - 8);
 }
 
+// The smallest growth g up to growth_limit (share_growth_limit) whose
+// pieces, pieces_at(g) a KV head, fit one wave of CTAs; 0 where none does.
+template <typename PiecesAt>
+__device__ __forceinline__ int smallest_fitting_growth(const FwdParams& p, int growth_limit, PiecesAt&& pieces_at) {
+  int growth = 0;
+#pragma unroll
+  for (int g = kShareGrowths; g >= 1; --g) {
+    if (g <= growth_limit && pieces_at(g) * p.heads_kv <= p.wave_ctas) growth = g;
+  }
+  return growth;
+}
+
 // The tile and split of CTA k in a grid of (query tile, split, KV head,
 // batch), flattened with the query tile fastest, as in fwd_prefill. (Index:
 // blockIdx.x's unsigned, or a signed CTA number.)
@@ -331,13 +343,8 @@ __device__ __forceinline__ bool piece_in_small_batch(const FwdParams& p, int ran
                << (16 * (g - 1));
     }
     grown = warp_sum(grown);
-    int growth = 0;
-#pragma unroll
-    for (int g = kShareGrowths; g >= 1; --g) {
-      if (g <= growth_limit && static_cast<int>(grown >> (16 * (g - 1)) & 0xffff) * p.heads_kv <= p.wave_ctas) {
-        growth = g;
-      }
-    }
+    const int growth = smallest_fitting_growth(
+        p, growth_limit, [&](int g) { return static_cast<int>(grown >> (16 * (g - 1)) & 0xffff); });
     if (growth > 0) {
       share = grown_share(share, growth);
       count_classes();
@@ -399,11 +406,7 @@ __device__ bool piece_in_batch(const FwdParams& p, int rank, DecodePiece& piece)
         }
       });
     }
-    int growth = 0;
-#pragma unroll
-    for (int g = kShareGrowths; g >= 1; --g) {
-      if (g <= growth_limit && warp_sum(grown[g - 1]) * p.heads_kv <= p.wave_ctas) growth = g;
-    }
+    const int growth = smallest_fitting_growth(p, growth_limit, [&](int g) { return warp_sum(grown[g - 1]); });
     if (growth > 0) {
       share = grown_share(share, growth);
       count_classes();
