@@ -89,6 +89,13 @@ void apply_tiles(KernelSpec& spec, const TileConfig& tiles);
 // best, counting only counts that change the blocks per split; at most
 // max_splits.
 int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int max_splits);
+// Split-KV for a decoding grid of more than one wave and less than two
+// whose second wave is mostly empty (under 80% wave efficiency unsplit),
+// which the rule above leaves unsplit: one token at batch 20 over 8 KV heads
+// (160 CTAs on 132 SMs) ran at 0.83x cuDNN's rate unsplit. The same
+// efficiency rule picks the count, in splits of at least 1024 keys
+// (seqlen_k: the longest sequence); 1 otherwise.
+int partial_wave_splits(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int64_t seqlen_k);
 // Split-KV for a decoding batch of `batch` sequences in `tiles` CTAs whose
 // longest sequence has longest_keys keys and all of them total_keys: 1
 // unless the longest is over 1.25x the mean; else as many splits as let the

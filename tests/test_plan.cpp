@@ -597,6 +597,43 @@ TEST_CASE("split-KV heuristic: none when the tiles fill the GPU, else the smalle
   CHECK(num_splits_heuristic(1, 132, 1, 1, 128) == 1);
 }
 
+TEST_CASE("split-KV for decoding grids of one wave and a mostly empty second") {
+  // 160 CTAs on 132 SMs (batch 20 × 8 KV heads): 61% wave efficiency
+  // unsplit, which the 80%-of-a-wave rule leaves alone. In splits of at
+  // least 1024 keys: none at 1024 keys; at 4096 (32 blocks of 128) 3, the
+  // smallest within 85% of the best of 1..4 (4: 97%; 3: 91%).
+  CHECK(num_splits_heuristic(160, 132, 1, 32, 128) == 1);
+  CHECK(partial_wave_splits(160, 132, 1, 8, 1024) == 1);
+  CHECK(partial_wave_splits(160, 132, 1, 32, 4096) == 3);
+  // 192 CTAs (72.7%): 2 (97%).
+  CHECK(partial_wave_splits(192, 132, 1, 256, 32768) == 2);
+  // 224 (85%), 256 (97%), one wave or less, two waves or more: none.
+  CHECK(partial_wave_splits(224, 132, 1, 256, 32768) == 1);
+  CHECK(partial_wave_splits(256, 132, 1, 256, 32768) == 1);
+  CHECK(partial_wave_splits(132, 132, 1, 256, 32768) == 1);
+  CHECK(partial_wave_splits(100, 132, 1, 256, 32768) == 1);
+  CHECK(partial_wave_splits(300, 132, 1, 256, 32768) == 1);
+  // Waves count every CTA an SM holds: 320 CTAs two to an SM are 1.2 waves.
+  CHECK(partial_wave_splits(320, 132, 2, 256, 32768) == 3);
+  // And the planner takes it for a decoding call (not for forward()'s
+  // prefill kernels, whose rule is unchanged).
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  for (const auto& [batch, keys, splits] : {std::tuple<int64_t, int64_t, int>{20, 1024, 1}, {20, 4096, 3},
+                                            {20, 32768, 3}, {24, 32768, 2}, {28, 32768, 1}, {16, 32768, 1}}) {
+    const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 32, 128});
+    KVCacheArgs args;
+    args.k_cache = args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {batch, keys, 8, 128});
+    args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+    const KVCachePlan plan = plan_kvcache(q, args, q, nullptr, ForwardOptions{}, nullptr, 0, true,
+                                          Arch::parse("sm_90a"), 227 * 1024, 132);
+    CAPTURE(batch);
+    CAPTURE(keys);
+    CHECK(plan.attention.spec.family == Family::decode);
+    CHECK(plan.attention.spec.split == (splits > 1));
+    CHECK(std::max(1, plan.attention.params.num_splits) == splits);
+  }
+}
+
 TEST_CASE("split-KV for uneven decoding batches: the longest sequence's tiles fill half the SMs") {
   // Batch 16 × 8 KV heads (128 tiles) of 32k keys: even, no split.
   CHECK(uneven_splits(128, 16, 132, 32768, 16 * 32768) == 1);

@@ -51,6 +51,12 @@ constexpr size_t kSmemPerSm = 228 * 1024;
 // of 16) took 1.08x the time of splits of two (head dim 256, one sequence of
 // 1024 keys: 16 splits 0.73 TB/s, 8 splits 0.79; H200, docs/PERFORMANCE.md).
 constexpr int kMinSplitKeys = 128;
+// Decoding grids of more than one wave of CTAs and under 80% of two
+// (partial_wave_splits) split only into pieces of at least this many keys:
+// one token, 32/8 heads at head dim 128, batch 20 (160 CTAs on 132 SMs), 3
+// splits of 4096 keys ran 13% faster than none, of 1024 keys 9% slower;
+// batch 24, 2 splits of 1024 keys 12% slower (H200, docs/PERFORMANCE.md).
+constexpr int64_t kPartialWaveMinSplitKeys = 1024;
 // Decoding batches of uneven lengths (KVCacheArgs and VarlenArgs
 // total_seqlen_k): a batch whose longest sequence is more than kUnevenRatio
 // times the mean splits its keys so that the longest sequence's pieces fill

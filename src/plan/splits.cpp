@@ -11,9 +11,11 @@
 
 namespace jitattn::detail {
 
-int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int max_splits) {
-  const double wave = static_cast<double>(std::max(1, sm_count)) * std::max(1, ctas_per_sm);
-  if (tiles >= 0.8 * wave) return 1;
+namespace {
+
+// The smallest split count up to max_splits (and kv_blocks, and a wave)
+// whose wave efficiency reaches 85% of the best.
+int efficient_splits(int64_t tiles, double wave, int64_t kv_blocks, int max_splits) {
   const int limit = static_cast<int>(std::min<int64_t>({max_splits, kv_blocks, static_cast<int64_t>(wave)}));
   auto blocks_per_split = [&](int splits) { return (kv_blocks + splits - 1) / splits; };
   // A split count that leaves blocks per split unchanged only adds empty splits.
@@ -30,6 +32,22 @@ int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t k
     if (eligible(splits) && efficiency(splits) >= 0.85 * best) return splits;
   }
   return 1;
+}
+
+}  // namespace
+
+int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int max_splits) {
+  const double wave = static_cast<double>(std::max(1, sm_count)) * std::max(1, ctas_per_sm);
+  if (tiles >= 0.8 * wave) return 1;
+  return efficient_splits(tiles, wave, kv_blocks, max_splits);
+}
+
+int partial_wave_splits(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int64_t seqlen_k) {
+  const double wave = static_cast<double>(std::max(1, sm_count)) * std::max(1, ctas_per_sm);
+  const double waves = static_cast<double>(tiles) / wave;
+  if (waves <= 1 || waves >= 2 || waves / 2 >= 0.8) return 1;
+  const int64_t most = std::min<int64_t>(kMaxSplits, seqlen_k / kPartialWaveMinSplitKeys);
+  return most < 2 ? 1 : efficient_splits(tiles, wave, kv_blocks, static_cast<int>(most));
 }
 
 int uneven_splits(int64_t tiles, int64_t batch, int sm_count, int64_t longest_keys, int64_t total_keys) {
@@ -90,10 +108,15 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
         const int64_t tiles_per_sequence = std::max<int64_t>(1, grid / std::max<int64_t>(1, problem.batch));
         splits = static_cast<int>(std::max<int64_t>(
             splits, std::min<int64_t>(std::max(1, problem.sm_count / 2) / tiles_per_sequence, kMaxSplits)));
-      } else if (spec.family == Family::decode && problem.seqlen_k_hinted) {
+      } else if (spec.family == Family::decode) {
         // A decoding batch known to be uneven: its longest sequences split too.
-        splits = std::max(splits, uneven_splits(grid, problem.batch, problem.sm_count, problem.seqlen_k,
-                                                problem.total_seqlen_k));
+        if (problem.seqlen_k_hinted) {
+          splits = std::max(splits, uneven_splits(grid, problem.batch, problem.sm_count, problem.seqlen_k,
+                                                  problem.total_seqlen_k));
+        }
+        // One wave and a mostly empty second: split so that the waves fill.
+        splits = std::max(splits, partial_wave_splits(grid, problem.sm_count, ctas_per_sm, split_blocks,
+                                                      problem.seqlen_k));
       }
     }
     splits = static_cast<int>(std::min<int64_t>(splits, kv_blocks));
