@@ -96,6 +96,7 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
     // uneven_splits), or the forced count.
     const bool from_lengths = problem.dynamic_splits && spec.family == Family::decode && problem.num_splits != 1;
     int splits = problem.num_splits;
+    bool partial_wave = false;  // splits from partial_wave_splits
     const int ctas_per_sm = static_cast<int>(
         std::max<size_t>(1, std::min<size_t>(kSmemPerSm / (spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
     if (splits == 0) {
@@ -115,8 +116,9 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
                                                   problem.total_seqlen_k));
         }
         // One wave and a mostly empty second: split so that the waves fill.
-        splits = std::max(splits, partial_wave_splits(grid, problem.sm_count, ctas_per_sm, split_blocks,
-                                                      problem.seqlen_k));
+        const int balancing = partial_wave_splits(grid, problem.sm_count, ctas_per_sm, split_blocks, problem.seqlen_k);
+        partial_wave = balancing > splits;
+        splits = std::max(splits, balancing);
       }
     }
     splits = static_cast<int>(std::min<int64_t>(splits, kv_blocks));
@@ -132,10 +134,13 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
       // few steps cost more than they spread: one sequence of 32k keys and
       // fifteen of 2k, split 8 ways, ran 12% slower so; H200,
       // docs/PERFORMANCE.md); else kMinSplitKeys, so that sequences shorter
-      // than the capacity still fill the splits the planner chose for it.
+      // than the capacity still fill the splits the planner chose for it,
+      // or for partial-wave splits kPartialWaveMinSplitKeys, below which
+      // they measured slower than none.
       const bool longest_known = problem.seqlen_k_hinted && !from_lengths;
+      const int64_t piece_keys = partial_wave ? kPartialWaveMinSplitKeys : split_keys;
       p.blocks_per_split = static_cast<int>(spec.family != Family::decode || longest_known ? per_split
-                                                                                           : (split_keys + step - 1) / step);
+                                                                                           : (piece_keys + step - 1) / step);
       // Dynamic splits: one share of the batch's work per 1.1 SMs
       // (FlashAttention-3's rule). Growing the share until the pieces fit
       // one wave of CTAs measured 1.5-2.2x slower where one long sequence
