@@ -617,7 +617,6 @@ TEST_CASE("split-KV for decoding grids of one wave and a mostly empty second") {
   CHECK(partial_wave_splits(320, 132, 2, 256, 32768) == 3);
   // And the planner takes it for a decoding call (not for forward()'s
   // prefill kernels, whose rule is unchanged).
-  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
   for (const auto& [batch, keys, splits] : {std::tuple<int64_t, int64_t, int>{20, 1024, 1}, {20, 4096, 3},
                                             {20, 32768, 3}, {24, 32768, 2}, {28, 32768, 1}, {16, 32768, 1}}) {
     const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 32, 128});
@@ -630,7 +629,7 @@ TEST_CASE("split-KV for decoding grids of one wave and a mostly empty second") {
     CAPTURE(keys);
     CHECK(plan.attention.spec.family == Family::decode);
     CHECK(plan.attention.spec.split == (splits > 1));
-    CHECK(std::max(1, plan.attention.params.num_splits) == splits);
+    CHECK(plan.attention.num_splits == splits);
     // Not told the longest length, the kernel cuts each sequence's own keys
     // into pieces of at least 1024 (8 steps of 4 × 32 keys), so short
     // sequences in a long cache do not split into slower short pieces.

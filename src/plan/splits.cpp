@@ -13,6 +13,11 @@ namespace jitattn::detail {
 
 namespace {
 
+// CTAs the SMs hold at once.
+double wave_of(int sm_count, int ctas_per_sm) {
+  return static_cast<double>(std::max(1, sm_count)) * std::max(1, ctas_per_sm);
+}
+
 // The smallest split count up to max_splits (and kv_blocks, and a wave)
 // whose wave efficiency reaches 85% of the best.
 int efficient_splits(int64_t tiles, double wave, int64_t kv_blocks, int max_splits) {
@@ -37,15 +42,16 @@ int efficient_splits(int64_t tiles, double wave, int64_t kv_blocks, int max_spli
 }  // namespace
 
 int num_splits_heuristic(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int max_splits) {
-  const double wave = static_cast<double>(std::max(1, sm_count)) * std::max(1, ctas_per_sm);
+  const double wave = wave_of(sm_count, ctas_per_sm);
   if (tiles >= 0.8 * wave) return 1;
   return efficient_splits(tiles, wave, kv_blocks, max_splits);
 }
 
 int partial_wave_splits(int64_t tiles, int sm_count, int ctas_per_sm, int64_t kv_blocks, int64_t seqlen_k) {
-  const double wave = static_cast<double>(std::max(1, sm_count)) * std::max(1, ctas_per_sm);
+  const double wave = wave_of(sm_count, ctas_per_sm);
+  // Unsplit, 1-2 waves run at waves / 2 of two waves' efficiency: 80% at 1.6.
   const double waves = static_cast<double>(tiles) / wave;
-  if (waves <= 1 || waves >= 2 || waves / 2 >= 0.8) return 1;
+  if (waves <= 1 || waves >= 1.6) return 1;
   const int64_t most = std::min<int64_t>(kMaxSplits, seqlen_k / kPartialWaveMinSplitKeys);
   return most < 2 ? 1 : efficient_splits(tiles, wave, kv_blocks, static_cast<int>(most));
 }
