@@ -405,6 +405,26 @@ std::string current_arch() {
   return detail::Arch::for_device(major, minor).text();
 }
 
+namespace {
+int current_device_attribute(CUdevice_attribute attribute, const char* what) {
+  const auto& d = driver();
+  CUdevice device = 0;
+  check_cuda(d.cuCtxGetDevice(&device), "cuCtxGetDevice");
+  int value = 0;
+  check_cuda(d.cuDeviceGetAttribute(&value, attribute, device), what);
+  return value;
+}
+}  // namespace
+
+int current_sm_count() {
+  return current_device_attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "cuDeviceGetAttribute(SM count)");
+}
+
+int current_max_smem_per_block() {
+  return current_device_attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                  "cuDeviceGetAttribute(shared memory per block, opt-in)");
+}
+
 bool sm90a_or_skip(const char* feature) {
   const std::string arch = current_arch();
   if (arch == "sm_90a") return true;

@@ -95,6 +95,10 @@ uint64_t clock_seed();
 Runtime& gpu_tests_runtime();
 // The compile target of the current context's device, e.g. "sm_90a".
 std::string current_arch();
+// The current context's device: its SMs, and the shared memory a block may
+// opt into (bytes).
+int current_sm_count();
+int current_max_smem_per_block();
 // Whether the device is sm_90a; if not, the test case reports why it skips
 // ("skipped: <feature> needs sm_90a, this GPU is ...").
 bool sm90a_or_skip(const char* feature);

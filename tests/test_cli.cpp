@@ -385,12 +385,15 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   // Decoding calls of Llama 3 8B's shape (32 q / 8 kv heads) find every kernel
   // they plan warmed: one sequence, 16 and 64, contiguous and paged (16 and
   // 256 rows), with and without new keys, the heuristic's split or none, and
-  // with dynamic splits (graphs replayed with other lengths); and so do 4, 8
+  // with dynamic splits (graphs replayed with other lengths); 20 and 48
+  // sequences over 4096-key caches (resident decode tiles); and so do 4, 8
   // and 16 tokens of speculative decoding and chunked prefill calls (1 × 2048
   // and 2 × 1024 new tokens).
   auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
-  for (const auto& [batch, seqlen_q] : {std::pair<int64_t, int64_t>{1, 1}, {16, 1}, {64, 1}, {16, 4}, {1, 8}, {64, 8},
-                                        {1, 16}, {64, 16}, {1, 2048}, {2, 1024}}) {
+  for (const auto& [batch, seqlen_q, capacity] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 1, 32768}, {16, 1, 32768}, {64, 1, 32768}, {20, 1, 4096},
+        {48, 1, 4096}, {16, 4, 32768}, {1, 8, 32768}, {64, 8, 32768}, {1, 16, 32768}, {64, 16, 32768},
+        {1, 2048, 32768}, {2, 1024, 32768}}) {
     for (int page : {0, 16, 256}) {
       for (bool append : {false, true}) {
         for (const auto& [splits, dynamic] : {std::pair<int, bool>{0, false}, {1, false}, {0, true}}) {
@@ -399,11 +402,11 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
           const TensorView k_new =
               TensorView::contiguous(address(0x20000), jitattn::DType::bf16, {batch, seqlen_q, 8, 128});
           const TensorView table =
-              TensorView::contiguous(address(0x30000), jitattn::DType::i32, {batch, 32768 / std::max(page, 1)});
+              TensorView::contiguous(address(0x30000), jitattn::DType::i32, {batch, capacity / std::max(page, 1)});
           jitattn::KVCacheArgs args;
-          args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), jitattn::DType::bf16, {batch, 32768, 8, 128})
+          args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), jitattn::DType::bf16, {batch, capacity, 8, 128})
                                    : TensorView::contiguous(address(0x40000), jitattn::DType::bf16,
-                                                            {batch * 32768 / page, page, 8, 128});
+                                                            {batch * capacity / page, page, 8, 128});
           args.v_cache = args.k_cache;
           args.cache_seqlens = TensorView::contiguous(address(0x50000), jitattn::DType::i32, {batch});
           args.block_table = page == 0 ? nullptr : &table;
@@ -414,8 +417,8 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
           options.causal = true;
           const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, true, hopper,
                                                            227 * 1024, 132);
-          const std::string context = fmt::format("batch={} seqlen_q={} page={} append={} splits={} dynamic={}", batch,
-                                                  seqlen_q, page, append, splits, dynamic);
+          const std::string context = fmt::format("batch={} seqlen_q={} capacity={} page={} append={} splits={} "
+                                                  "dynamic={}", batch, seqlen_q, capacity, page, append, splits, dynamic);
           auto warmed = [&](const KernelSpec& spec) {
             return std::find(llama.begin(), llama.end(), spec) != llama.end();
           };
@@ -459,7 +462,7 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   // beside a prefill chunk), over packed K/V or pages, with a workspace or
   // not, and with dynamic splits, find their kernels warmed too.
   for (const auto& [batch, total_q, max_seqlen_q] :
-       {std::tuple<int64_t, int64_t, int>{8, 8, 1}, {64, 64, 1}, {2, 16, 8}, {31, 542, 512}}) {
+       {std::tuple<int64_t, int64_t, int>{8, 8, 1}, {20, 20, 1}, {64, 64, 1}, {2, 16, 8}, {31, 542, 512}}) {
     for (int page : {0, 16, 64}) {
       for (const auto& [workspace, dynamic] : {std::pair<bool, bool>{false, false}, {true, false}, {true, true}}) {
         using jitattn::TensorView;

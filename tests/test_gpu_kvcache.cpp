@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gpu_support.hpp"
+#include "plan.hpp"
 
 using namespace jitattn;
 using namespace jitattn::test;
@@ -591,6 +592,62 @@ TEST_CASE("kvcache: uneven batches split by total_seqlen_k or dynamic_splits (on
     v.args.total_seqlen_k = 0;
     CHECK((runtime.kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0) == c.dynamic);
   }
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache: resident decode tiles (a little more than one tile per SM, and nearly three), unsplit") {
+  // One token, 32/8 heads, caches of 2048 and 1024 keys: batches of 1.2 and
+  // 2.85 tiles per SM of this GPU, which the planner decodes unsplit with
+  // three CTAs an SM on sm_90 (plan/tiles.cpp, decode_grid_resident):
+  // contiguous and paged, appends with both RoPE styles and tables, windows,
+  // head dims 128 and 64, and a forced split of the same tiles.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const int sms = current_sm_count();
+  const int little_more = (sms * 6 / 5 + 7) / 8, nearly_three = sms * 57 / 20 / 8;
+  std::vector<Case> cases;
+  for (int variant = 0; variant < 7; ++variant) {
+    Case c;
+    c.batch = variant < 5 ? little_more : nearly_three;
+    c.heads_q = 32;
+    c.heads_kv = 8;
+    c.head_dim = variant == 3 ? 64 : 128;
+    c.seqlen_k = variant < 5 ? 2048 : 1024;  // the CPU references' time grows with batch × keys
+    c.dtype = variant % 2 == 0 ? DType::bf16 : DType::f16;
+    c.causal = variant != 2;
+    c.append = variant % 3 != 0;
+    c.rope = variant == 1 || variant == 5 ? RopeStyle::rotate_half : variant == 4 ? RopeStyle::interleaved : RopeStyle::none;
+    c.rotary_fraction = variant == 5 ? 0.5 : 1.0;
+    c.tables = variant == 4;
+    const int pages[] = {0, 64, 16, 256, 0, 64, 0};
+    c.page_size = pages[variant];
+    c.batch_index = variant == 6;
+    if (variant == 2) c.window_left = 1000;
+    c.num_splits = variant == 4 ? 3 : 0;
+    cases.push_back(c);
+  }
+  // Where three of these CTAs fit an SM (sm_90's 228 KB), the planner takes
+  // them, unsplit (no workspace) unless forced.
+  const bool three_fit = 3 * (64 * 1024 + 16 * 256 + 1024) <= current_max_smem_per_block() + 1024;
+  for (const Case& c : cases) {
+    CAPTURE(describe(c, "", seed));
+    std::mt19937_64 inputs_rng(seed);
+    const Inputs in = make_inputs(c, inputs_rng);
+    CallViews v;
+    fill_call(c, in, v);
+    const TensorView q = in.dq->view();
+    const detail::KernelSpec spec =
+        detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true,
+                             detail::Arch::parse(current_arch()), current_max_smem_per_block(), sms)
+            .attention.spec;
+    if (three_fit) {
+      CHECK(spec.block_kv == (c.head_dim == 64 && c.page_size != 16 ? 32 : 16));
+      CHECK(spec.stages == (c.page_size == 16 && c.head_dim == 64 ? 4 : 2));
+      CHECK(spec.split == (c.num_splits > 1));
+      CHECK((gpu_tests_runtime().kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0) == (c.num_splits > 1));
+    }
+  }
+  if (!three_fit) MESSAGE("this GPU holds fewer than three resident decode CTAs an SM: the cases run the planner's other tiles");
   check_cases(cases, rng, seed);
 }
 

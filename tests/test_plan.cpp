@@ -616,9 +616,10 @@ TEST_CASE("split-KV for decoding grids of one wave and a mostly empty second") {
   // Waves count every CTA an SM holds: 320 CTAs two to an SM are 1.2 waves.
   CHECK(partial_wave_splits(320, 132, 2, 256, 32768) == 3);
   // And the planner takes it for a decoding call (not for forward()'s
-  // prefill kernels, whose rule is unchanged).
-  for (const auto& [batch, keys, splits] : {std::tuple<int64_t, int64_t, int>{20, 1024, 1}, {20, 4096, 3},
-                                            {20, 32768, 3}, {24, 32768, 2}, {28, 32768, 1}, {16, 32768, 1}}) {
+  // prefill kernels, whose rule is unchanged). Up to 8192 keys batch 20
+  // takes resident tiles instead (next case).
+  for (const auto& [batch, keys, splits] : {std::tuple<int64_t, int64_t, int>{20, 16384, 3}, {20, 32768, 3},
+                                            {24, 32768, 2}, {28, 32768, 1}, {16, 32768, 1}}) {
     const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 32, 128});
     KVCacheArgs args;
     args.k_cache = args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {batch, keys, 8, 128});
@@ -635,6 +636,93 @@ TEST_CASE("split-KV for decoding grids of one wave and a mostly empty second") {
     // sequences in a long cache do not split into slower short pieces.
     if (splits > 1) CHECK(plan.attention.params.blocks_per_split == 8);
   }
+}
+
+TEST_CASE("decode grids of a little more than one tile per SM, or nearly three, over short caches stay resident") {
+  // One token, 32/8 heads: batch B is 8 B tiles on 132 SMs. Resident tiles
+  // hold half the bytes a chunk (16 keys of 256-byte rows, 32 of 128-byte
+  // ones) in two stages, so three CTAs fit an SM and no split is needed.
+  auto plan_of = [](int64_t batch, int64_t keys, int head_dim, int num_splits = 0, TileConfig tiles = {},
+                    int page = 0, bool dynamic_splits = false) {
+    const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 32, head_dim});
+    const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, keys / std::max(page, 1)});
+    KVCacheArgs args;
+    args.k_cache = args.v_cache =
+        page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16, {batch, keys, 8, head_dim})
+                  : TensorView::contiguous(address(0x40000), DType::bf16, {batch * keys / page, page, 8, head_dim});
+    args.block_table = page == 0 ? nullptr : &table;
+    args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+    args.num_splits = num_splits;
+    args.dynamic_splits = dynamic_splits;
+    ForwardOptions options;
+    options.tiles = tiles;
+    return plan_kvcache(q, args, q, nullptr, options, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024, 132)
+        .attention;
+  };
+  const std::string resident128 = "decode.bf16.d128.br16.bc16.w4.s2";
+  // 136-192 tiles (batch 17-24) up to 8192 keys; 368-392 (batch 46-49) at
+  // d128. Every one unsplit, three CTAs of 68 KB an SM.
+  for (const auto& [batch, keys] : {std::pair<int64_t, int64_t>{17, 1024}, {20, 4096}, {24, 8192}, {46, 1024},
+                                    {48, 4096}, {49, 8192}}) {
+    CAPTURE(batch);
+    CAPTURE(keys);
+    const ForwardPlan plan = plan_of(batch, keys, 128);
+    CHECK(plan.spec.text() == resident128);
+    CHECK(plan.num_splits == 1);
+    CHECK(plan.grid == batch * 8);
+    CHECK(3 * (plan.spec.smem_bytes() + 1024) <= 228 * 1024);
+  }
+  // Past the bands, or over longer caches: the tiles and splits of before.
+  CHECK(plan_of(16, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc32.w4.s2");     // one tile an SM
+  CHECK(plan_of(25, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.split");  // 1.52 an SM
+  CHECK(plan_of(40, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3.split");  // 2.42
+  CHECK(plan_of(45, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3.split");  // 2.73
+  CHECK(plan_of(64, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3");        // 3.88
+  CHECK(plan_of(20, 16384, 128).spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.split");
+  CHECK(plan_of(48, 16384, 128).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3.split");
+  // Head dim 64: 32-key chunks, in the first band only.
+  CHECK(plan_of(20, 4096, 64).spec.text() == "decode.bf16.d64.br16.bc32.w4.s2");
+  CHECK(plan_of(20, 4096, 64).num_splits == 1);
+  CHECK(plan_of(48, 1024, 64).spec.text() == "decode.bf16.d64.br16.bc64.w2.s3");  // two CTAs an SM, as before
+  // Above 128 the rows take 512 bytes: not resident (split, as before).
+  CHECK(plan_of(20, 4096, 256).spec.text() == "decode.bf16.d256.br16.bc16.w4.s2.split");
+  // Pages shorter than a chunk take chunks of a page in the same 64 KB.
+  CHECK(plan_of(20, 4096, 64, 0, {}, 16).spec.text() == "decode.bf16.d64.br16.bc16.w4.s4.paged");
+  CHECK(plan_of(20, 4096, 128, 0, {}, 64).spec.text() == "decode.bf16.d128.br16.bc16.w4.s2.paged");
+  // A forced split count stays forced; forced tiles keep the split rules of
+  // their occupancy (the heuristic over three CTAs an SM); split counts
+  // chosen on the device keep the tiles of before.
+  CHECK(plan_of(20, 4096, 128, 2).num_splits == 2);
+  CHECK(plan_of(20, 4096, 128, 2).spec.text() == resident128 + ".split");
+  CHECK(plan_of(20, 4096, 128, 0, TileConfig{16, 16, 4, 2}).num_splits > 1);
+  CHECK(plan_of(20, 4096, 128, 0, {}, 0, true).spec.text() != resident128 + ".split.dynsplit");
+  // Speculative decoding (8 tokens: 32 packed rows) is not resident.
+  const TensorView q8 = TensorView::contiguous(address(0x10000), DType::bf16, {20, 8, 32, 128});
+  KVCacheArgs args;
+  args.k_cache = args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {20, 4096, 8, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {20});
+  CHECK(plan_kvcache(q8, args, q8, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024, 132)
+            .attention.spec.block_q == 32);
+  // Three CTAs need 207 KB of an SM's shared memory: sm_80's 164 KB hold
+  // two, so A100s keep the tiles and splits of before (136 tiles on 108
+  // SMs: partial-wave splits).
+  const TensorView q17a = TensorView::contiguous(address(0x10000), DType::bf16, {17, 1, 32, 128});
+  args.k_cache = args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {17, 4096, 8, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {17});
+  CHECK(plan_kvcache(q17a, args, q17a, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_80"), 163 * 1024,
+                     108)
+            .attention.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.split");
+  // The band in SMs: on 114 SMs batch 17 (136 tiles, 1.19 an SM) is
+  // resident, batch 24 (192, 1.68) is not.
+  CHECK(plan_kvcache(q17a, args, q17a, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024,
+                     114)
+            .attention.spec.text() == resident128);
+  const TensorView q24 = TensorView::contiguous(address(0x10000), DType::bf16, {24, 1, 32, 128});
+  args.k_cache = args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {24, 4096, 8, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {24});
+  CHECK(plan_kvcache(q24, args, q24, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024,
+                     114)
+            .attention.spec.text() != resident128);
 }
 
 TEST_CASE("split-KV for uneven decoding batches: the longest sequence's tiles fill half the SMs") {

@@ -220,10 +220,10 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
                          const TuningTable* tuning, bool varlen) {
   const CallFacts facts = check_options(problem, options, varlen);
   ForwardPlan plan;
-  choose_kernel(plan.spec, problem, options, facts, arch, max_smem_bytes, tuning, varlen);
+  const KernelChoice choice = choose_kernel(plan.spec, problem, options, facts, arch, max_smem_bytes, tuning, varlen);
   set_tensor_maps(plan, problem);
   int64_t grid = fill_params(plan, problem, options, facts);
-  grid = plan_splits(plan, problem, grid, varlen);
+  grid = plan_splits(plan, problem, choice, grid, varlen);
   if (plan.spec.persistent) {
     // One wave of CTAs at most, as many per SM as shared memory holds; the
     // kernel hands them the grid's tiles (FwdConfig::kPersistent).

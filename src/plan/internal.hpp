@@ -147,10 +147,19 @@ inline int64_t packed_rows(const Problem& problem, const KernelSpec& spec) {
 ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, const Arch& arch, int max_smem_bytes,
                          const TuningTable* tuning, bool varlen);
 
+// What choose_kernel decided besides the spec, for the later steps.
+struct KernelChoice {
+  // Decode tiles of three CTAs an SM, chosen so that every tile is resident
+  // at once (tiles.cpp, decode_grid_resident): plan_splits leaves the grid
+  // unsplit unless the caller forces splits or the batch is uneven.
+  bool resident_decode = false;
+};
+
 // tiles.cpp: the spec's family and tiles for the call, its feature flags
 // included; validated, fitted into shared memory.
-void choose_kernel(KernelSpec& spec, const Problem& problem, const ForwardOptions& options, const CallFacts& facts,
-                   const Arch& arch, int max_smem_bytes, const TuningTable* tuning, bool varlen);
+KernelChoice choose_kernel(KernelSpec& spec, const Problem& problem, const ForwardOptions& options,
+                           const CallFacts& facts, const Arch& arch, int max_smem_bytes, const TuningTable* tuning,
+                           bool varlen);
 // The tensor map of K or V rows for blocks of `block_kv` keys (a page where
 // pages are shorter), if one can describe them.
 std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
@@ -163,7 +172,7 @@ void check_unsplit(const ForwardOptions& options, const char* entry, const char*
 // Split-KV over the keys where the tiles alone leave the GPU underused (or
 // the caller asks): the split fields of the plan and its workspace. Returns
 // the grid with the splits.
-int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, bool varlen);
+int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoice& choice, int64_t grid, bool varlen);
 // The combine launch that merges a split attention into out and lse.
 CombinePlan combine_splits(const ForwardPlan& attention, const TensorView& out, const TensorView* lse);
 // A dense or varlen call given a workspace: the attention and its combine.

@@ -69,7 +69,7 @@ int uneven_splits(int64_t tiles, int64_t batch, int sm_count, int64_t longest_ke
   return static_cast<int>(std::max<int64_t>(1, splits));
 }
 
-int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, bool varlen) {
+int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoice& choice, int64_t grid, bool varlen) {
   KernelSpec& spec = plan.spec;
   FwdParams& p = plan.params;
   // The kernels that write partial results: the decode kernel, the 4-warp
@@ -106,7 +106,12 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
     const int ctas_per_sm = static_cast<int>(
         std::max<size_t>(1, std::min<size_t>(kSmemPerSm / (spec.smem_bytes() + 1024), kDecodeCtasPerSm)));
     if (splits == 0) {
-      splits = num_splits_heuristic(grid, problem.sm_count, ctas_per_sm, split_blocks, kMaxSplits);
+      // Resident decode tiles fill the SMs unsplit: counted in their CTA
+      // slots, the heuristic would split them to fill every slot, which
+      // measured slower (tiles.cpp).
+      splits = choice.resident_decode ? 1
+                                      : num_splits_heuristic(grid, problem.sm_count, ctas_per_sm, split_blocks,
+                                                             kMaxSplits);
       if (from_lengths) {
         // Each split past those is an empty CTA for even batches (one more
         // CTA launch each): 8 for 16 x 8 tiles of 32k keys ran 3% faster
@@ -121,8 +126,11 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, int64_t grid, boo
           splits = std::max(splits, uneven_splits(grid, problem.batch, problem.sm_count, problem.seqlen_k,
                                                   problem.total_seqlen_k));
         }
-        // One wave and a mostly empty second: split so that the waves fill.
-        const int balancing = partial_wave_splits(grid, problem.sm_count, ctas_per_sm, split_blocks, problem.seqlen_k);
+        // One wave and a mostly empty second: split so that the waves fill
+        // (resident tiles have no second wave).
+        const int balancing = choice.resident_decode ? 1
+                                                     : partial_wave_splits(grid, problem.sm_count, ctas_per_sm,
+                                                                           split_blocks, problem.seqlen_k);
         partial_wave = balancing > splits;
         splits = std::max(splits, balancing);
       }

@@ -44,13 +44,65 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodePipelineBytes = 128 * 1024;
 constexpr int kDecodeShareSmPipelineBytes = 96 * 1024;
 constexpr int64_t kDecodeShareSmMaxKeys = 2048;
+// Resident decode grids (decode_grid_resident): one-token grids of a little
+// more than one tile per SM, or of nearly three, over short caches take
+// chunks of half the bytes in a 64 KB pipeline, so that three CTAs fit an SM
+// and every tile is resident at once, unsplit. In one wave of one CTA per SM
+// the tiles past the SMs run as a second wave, nearly alone, and splitting
+// them measured slower than this at up to 8192 keys. Measured on the H200
+// (one token, 32/8 heads; docs/PERFORMANCE.md), resident against the
+// planner's tiles and splits before:
+//   - d128, batch 17-24 (136-192 tiles): 1.09-1.32x the rate at 1024 keys,
+//     1.04-1.14x at 4096, 1.00-1.06x at 8192; at 16384 0.98-1.01x, at 32768
+//     0.96-0.98x. Batch 25 gained too, but 26 (208 tiles) ran 0.75-0.92x:
+//     hence at most 1.5 tiles per SM;
+//   - d128, batch 46-49 (368-392 tiles): 1.05-1.16x at 1024 keys, 1.03-1.04x
+//     at 4096, 1.00-1.02x at 8192. Batch 44 (352) gained 3-8% on one H200
+//     and lost up to 3.5% on another, batch 40 (320) ran 0.92-1.01x: hence
+//     at least 2.75 tiles per SM;
+//   - d64 (32-key chunks of 128-byte rows), batch 17-24: 1.14-1.32x at 1024
+//     keys, 1.11-1.16x at 4096, 1.02-1.14x at 8192; batch 48 gained at 1024
+//     keys only (1.12x; 0.99x at 4096), so head dims up to 64 keep the first
+//     band only.
+constexpr int kDecodeResidentPipelineBytes = 64 * 1024;
+constexpr int64_t kDecodeResidentMaxKeys = 8192;
+constexpr double kDecodeResidentMaxTilesPerSm = 1.5;
+constexpr double kDecodeResidentNearlyFullTilesPerSm = 2.75;
+constexpr int kDecodeResidentCtasPerSm = 3;
+
+// Bytes of a K or V row as the decode kernel copies it (head dims padded to
+// 64 channels).
+int decode_row_bytes(const KernelSpec& spec) {
+  return (spec.head_dim + 63) / 64 * 64 * static_cast<int>(dtype_size(spec.dtype));
+}
+
+// Whether a decode grid of `tiles` CTAs (one per tile, before any split) of
+// `rows` packed query rows over at most seqlen_k keys takes the resident
+// tiles (kDecodeResidentPipelineBytes above): one tile row (one token of a
+// group of up to 16), the keys not split on the device (dynamic_splits),
+// three CTAs in an SM's shared memory (max_smem_bytes per block, an SM's
+// less the 1 KB the driver keeps a CTA: sm_90's 228 KB hold three, sm_80's
+// 164 KB two), and a little more than one tile per SM, or at 256-byte rows
+// (head dims 65-128) nearly three.
+bool decode_grid_resident(int64_t tiles, int sm_count, int64_t rows, int row_bytes, int64_t seqlen_k,
+                          bool dynamic_splits, int max_smem_bytes) {
+  if (rows > 16 || dynamic_splits || seqlen_k > kDecodeResidentMaxKeys || row_bytes > 256) return false;
+  const int cta_bytes = kDecodeResidentPipelineBytes + 16 * row_bytes + 1024;
+  if (kDecodeResidentCtasPerSm * cta_bytes > max_smem_bytes + 1024) return false;
+  const double per_sm = static_cast<double>(tiles) / std::max(1, sm_count);
+  const bool little_more_than_one = per_sm > 1 && per_sm <= kDecodeResidentMaxTilesPerSm;
+  const bool nearly_three =
+      row_bytes == 256 && per_sm >= kDecodeResidentNearlyFullTilesPerSm && per_sm <= kDecodeResidentCtasPerSm;
+  return little_more_than_one || nearly_three;
+}
 
 // Fills the decode fields of `spec` (rows: packed query rows of the call;
 // page_shift: log2 of the page size, -1 when not paged; tiles: CTAs before
-// any split; seqlen_k: the longest sequence, or the cache's capacity), from
-// `forced` where the caller set them.
+// any split; seqlen_k: the longest sequence, or the cache's capacity;
+// resident: decode_grid_resident's verdict), from `forced` where the caller
+// set them.
 void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t rows, int page_shift, int max_smem_bytes,
-                         int64_t tiles, int sm_count, int64_t seqlen_k) {
+                         int64_t tiles, int sm_count, int64_t seqlen_k, bool resident) {
   spec.family = Family::decode;
   spec.pack_gqa = true;
   spec.block_q = forced.block_q != 0 ? forced.block_q : rows <= 16 ? 16 : 32;
@@ -59,13 +111,14 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
     reject(fmt::format("options.tiles: decode chunks of bc={} keys need pages of at least that many rows; "
                        "page_size is {}", smallest_chunk, 1 << page_shift));
   }
-  const int row_bytes = (spec.head_dim + 63) / 64 * 64 * static_cast<int>(dtype_size(spec.dtype));
+  const int row_bytes = decode_row_bytes(spec);
   const bool short_rows = row_bytes < kDecodeChunkBytes / kDecodeChunkKeys;
-  const bool share_sm =
-      tiles >= 2 * static_cast<int64_t>(sm_count) && (!short_rows || seqlen_k <= kDecodeShareSmMaxKeys);
-  const int chunk_keys = short_rows ? kDecodeChunkBytes / row_bytes
-                         : share_sm ? kDecodeChunkKeys / 2
-                                    : kDecodeChunkKeys;
+  const bool share_sm = !resident && tiles >= 2 * static_cast<int64_t>(sm_count) &&
+                        (!short_rows || seqlen_k <= kDecodeShareSmMaxKeys);
+  const int chunk_keys = resident   ? kDecodeChunkBytes / 2 / row_bytes
+                         : short_rows ? kDecodeChunkBytes / row_bytes
+                         : share_sm   ? kDecodeChunkKeys / 2
+                                      : kDecodeChunkKeys;
   spec.block_kv = forced.block_kv != 0 ? forced.block_kv
                  : page_shift >= 0    ? std::min(chunk_keys, 1 << page_shift)
                                       : chunk_keys;
@@ -77,7 +130,10 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
   // forced (a forced tile that does not fit is rejected by the caller).
   while (forced.block_kv == 0 && spec.block_kv > kDecodeMinChunkKeys && 2 * stage_bytes() > room) spec.block_kv /= 2;
   while (forced.warps == 0 && spec.warps > 1 && 2 * stage_bytes() > room) spec.warps /= 2;
-  const int budget = std::min(share_sm ? kDecodeShareSmPipelineBytes : kDecodePipelineBytes, room);
+  const int budget = std::min(resident   ? kDecodeResidentPipelineBytes
+                              : share_sm ? kDecodeShareSmPipelineBytes
+                                         : kDecodePipelineBytes,
+                              room);
   spec.stages = forced.stages != 0 ? forced.stages : std::clamp(budget / stage_bytes(), 2, 8);
 }
 // Forced tiles that the selected kernel does not take are the caller's to
@@ -365,8 +421,8 @@ TileConfig base_spec(KernelSpec& spec, const Problem& problem, const ForwardOpti
 // The kernel family and its tiles: the decode kernel for few query rows,
 // 64-row tiles for short packed rows that may split, the wgmma tiles (and
 // persistent grids) on sm_90a where they measured faster.
-void choose_family(KernelSpec& spec, TileConfig& tiles, const Problem& problem, const ForwardOptions& options,
-                   const CallFacts& facts, const Arch& arch, int max_smem_bytes) {
+void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, const Problem& problem,
+                   const ForwardOptions& options, const CallFacts& facts, const Arch& arch, int max_smem_bytes) {
   const int64_t batch = problem.batch, seqlen_q = problem.seqlen_q, seqlen_k = problem.seqlen_k;
   const int64_t heads_q = problem.heads_q, heads_kv = problem.heads_kv;
   const int kernel_dim = facts.kernel_dim;
@@ -392,8 +448,15 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, const Problem& problem, 
       !problem.kvcache && few_rows && options.tiles.stages == 0 && !has_rope && !unaligned;
   if (cache_decode || dense_decode) {
     const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
-    choose_decode_tiles(spec, options.tiles, seqlen_q * group, problem.paged ? problem.page_shift : -1,
-                        max_smem_bytes, decode_tiles, problem.sm_count, seqlen_k);
+    // Resident tiles are the planner's choice only: forced tiles keep the
+    // split rules of their own occupancy.
+    const TileConfig& forced = options.tiles;
+    choice.resident_decode = forced.block_q == 0 && forced.block_kv == 0 && forced.warps == 0 && forced.stages == 0 &&
+                             decode_grid_resident(decode_tiles, problem.sm_count, seqlen_q * group,
+                                                  decode_row_bytes(spec), seqlen_k, problem.dynamic_splits,
+                                                  max_smem_bytes);
+    choose_decode_tiles(spec, forced, seqlen_q * group, problem.paged ? problem.page_shift : -1, max_smem_bytes,
+                        decode_tiles, problem.sm_count, seqlen_k, choice.resident_decode);
     tiles = {spec.block_q, spec.block_kv, spec.warps, spec.stages};
   } else if (may_split && !tiles_forced && options.tiles.stages == 0 && !unaligned && packed_rows() <= 64) {
     // Longer packed tiles (speculative decoding, chunked prefill, short
@@ -575,12 +638,15 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, const Problem& problem, 
 
 }  // namespace
 
-void choose_kernel(KernelSpec& spec, const Problem& problem, const ForwardOptions& options, const CallFacts& facts,
-                   const Arch& arch, int max_smem_bytes, const TuningTable* tuning, bool varlen) {
+KernelChoice choose_kernel(KernelSpec& spec, const Problem& problem, const ForwardOptions& options,
+                           const CallFacts& facts, const Arch& arch, int max_smem_bytes, const TuningTable* tuning,
+                           bool varlen) {
+  KernelChoice choice;
   TileConfig tiles = base_spec(spec, problem, options, facts, arch, tuning, varlen);
-  choose_family(spec, tiles, problem, options, facts, arch, max_smem_bytes);
+  choose_family(spec, tiles, choice, problem, options, facts, arch, max_smem_bytes);
   validate_forced(spec, options, facts);
   fit_shared_memory(spec, facts, arch, max_smem_bytes);
+  return choice;
 }
 
 }  // namespace jitattn::detail
