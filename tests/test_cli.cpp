@@ -385,14 +385,15 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   // Decoding calls of Llama 3 8B's shape (32 q / 8 kv heads) find every kernel
   // they plan warmed: one sequence, 16 and 64, contiguous and paged (16 and
   // 256 rows), with and without new keys, the heuristic's split or none, and
-  // with dynamic splits (graphs replayed with other lengths); 20 and 48
-  // sequences over 4096-key caches (resident decode tiles); and so do 4, 8
+  // with dynamic splits (graphs replayed with other lengths); 20, 28, 40 and
+  // 48 sequences over 4096-key caches (resident decode tiles of each pipeline
+  // size); and so do 4, 8
   // and 16 tokens of speculative decoding and chunked prefill calls (1 × 2048
   // and 2 × 1024 new tokens).
   auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
   for (const auto& [batch, seqlen_q, capacity] :
        {std::tuple<int64_t, int64_t, int64_t>{1, 1, 32768}, {16, 1, 32768}, {64, 1, 32768}, {20, 1, 4096},
-        {48, 1, 4096}, {16, 4, 32768}, {1, 8, 32768}, {64, 8, 32768}, {1, 16, 32768}, {64, 16, 32768},
+        {28, 1, 4096}, {40, 1, 4096}, {48, 1, 4096}, {16, 4, 32768}, {1, 8, 32768}, {64, 8, 32768}, {1, 16, 32768}, {64, 16, 32768},
         {1, 2048, 32768}, {2, 1024, 32768}}) {
     for (int page : {0, 16, 256}) {
       for (bool append : {false, true}) {
@@ -462,7 +463,8 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   // beside a prefill chunk), over packed K/V or pages, with a workspace or
   // not, and with dynamic splits, find their kernels warmed too.
   for (const auto& [batch, total_q, max_seqlen_q] :
-       {std::tuple<int64_t, int64_t, int>{8, 8, 1}, {20, 20, 1}, {64, 64, 1}, {2, 16, 8}, {31, 542, 512}}) {
+       {std::tuple<int64_t, int64_t, int>{8, 8, 1}, {20, 20, 1}, {28, 28, 1}, {40, 40, 1}, {64, 64, 1}, {2, 16, 8},
+        {31, 542, 512}}) {
     for (int page : {0, 16, 64}) {
       for (const auto& [workspace, dynamic] : {std::pair<bool, bool>{false, false}, {true, false}, {true, true}}) {
         using jitattn::TensorView;

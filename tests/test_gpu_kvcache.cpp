@@ -595,40 +595,47 @@ TEST_CASE("kvcache: uneven batches split by total_seqlen_k or dynamic_splits (on
   check_cases(cases, rng, seed);
 }
 
-TEST_CASE("kvcache: resident decode tiles (a little more than one tile per SM, and nearly three), unsplit") {
-  // One token, 32/8 heads, caches of 2048 and 1024 keys: batches of 1.2 and
-  // 2.85 tiles per SM of this GPU, which the planner decodes unsplit with
-  // three CTAs an SM on sm_90 (plan/tiles.cpp, decode_grid_resident):
-  // contiguous and paged, appends with both RoPE styles and tables, windows,
-  // head dims 128 and 64, and a forced split of the same tiles.
+TEST_CASE("kvcache: resident decode tiles (64, 48 and 32 KB pipelines, every tile at once), unsplit") {
+  // One token, 32/8 heads, caches of 2048 and 1024 keys: batches of 1.2
+  // tiles per SM of this GPU, 28 and 40 sequences (224 and 320 tiles) and
+  // 2.85 tiles per SM, which the planner decodes unsplit in resident CTAs of
+  // 64, 48, 32 and 64 KB on a 132-SM sm_90 (plan/tiles.cpp,
+  // decode_grid_resident): contiguous and paged, appends with both RoPE
+  // styles and tables, windows, head dims 128 and 64, and a forced split of
+  // the same tiles.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const int sms = current_sm_count();
   const int little_more = (sms * 6 / 5 + 7) / 8, nearly_three = sms * 57 / 20 / 8;
+  const int batches[] = {little_more, little_more, little_more, little_more, little_more, 28, 40, nearly_three,
+                         nearly_three};
   std::vector<Case> cases;
-  for (int variant = 0; variant < 7; ++variant) {
+  for (int variant = 0; variant < 9; ++variant) {
     Case c;
-    c.batch = variant < 5 ? little_more : nearly_three;
+    c.batch = batches[variant];
     c.heads_q = 32;
     c.heads_kv = 8;
     c.head_dim = variant == 3 ? 64 : 128;
-    c.seqlen_k = variant < 5 ? 2048 : 1024;  // the CPU references' time grows with batch × keys
+    c.seqlen_k = c.batch * 8 <= sms * 3 / 2 ? 2048 : 1024;  // the CPU references' time grows with batch × keys
     c.dtype = variant % 2 == 0 ? DType::bf16 : DType::f16;
     c.causal = variant != 2;
     c.append = variant % 3 != 0;
-    c.rope = variant == 1 || variant == 5 ? RopeStyle::rotate_half : variant == 4 ? RopeStyle::interleaved : RopeStyle::none;
-    c.rotary_fraction = variant == 5 ? 0.5 : 1.0;
+    c.rope = variant == 1 || variant == 7 ? RopeStyle::rotate_half
+             : variant == 4 || variant == 5 ? RopeStyle::interleaved
+                                            : RopeStyle::none;
+    c.rotary_fraction = variant == 7 ? 0.5 : 1.0;
     c.tables = variant == 4;
-    const int pages[] = {0, 64, 16, 256, 0, 64, 0};
+    const int pages[] = {0, 64, 16, 256, 0, 16, 64, 64, 0};
     c.page_size = pages[variant];
-    c.batch_index = variant == 6;
-    if (variant == 2) c.window_left = 1000;
+    c.batch_index = variant == 8;
+    if (variant == 2 || variant == 6) c.window_left = 500;
     c.num_splits = variant == 4 ? 3 : 0;
     cases.push_back(c);
   }
-  // Where three of these CTAs fit an SM (sm_90's 228 KB), the planner takes
-  // them, unsplit (no workspace) unless forced.
-  const bool three_fit = 3 * (64 * 1024 + 16 * 256 + 1024) <= current_max_smem_per_block() + 1024;
+  // On sm_90 the planner takes resident CTAs for these (4 KB chunks: 16 keys
+  // of 256-byte rows, 32 of 128-byte ones), unsplit (no workspace) unless
+  // forced, with every tile resident at once.
+  const bool hopper = current_arch().rfind("sm_90", 0) == 0;
   for (const Case& c : cases) {
     CAPTURE(describe(c, "", seed));
     std::mt19937_64 inputs_rng(seed);
@@ -640,14 +647,19 @@ TEST_CASE("kvcache: resident decode tiles (a little more than one tile per SM, a
         detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true,
                              detail::Arch::parse(current_arch()), current_max_smem_per_block(), sms)
             .attention.spec;
-    if (three_fit) {
-      CHECK(spec.block_kv == (c.head_dim == 64 && c.page_size != 16 ? 32 : 16));
-      CHECK(spec.stages == (c.page_size == 16 && c.head_dim == 64 ? 4 : 2));
+    if (hopper) {
+      const int chunk_keys = c.head_dim == 64 && c.page_size != 16 ? 32 : 16;
+      CHECK(spec.block_kv == chunk_keys);
+      const int row_bytes = c.head_dim <= 64 ? 128 : 256;
+      const int pipeline_bytes = spec.warps * spec.stages * chunk_keys * 2 * row_bytes;
+      CHECK((pipeline_bytes == 64 * 1024 || pipeline_bytes == 48 * 1024 || pipeline_bytes == 32 * 1024));
+      const int ctas_per_sm = (current_max_smem_per_block() + 1024) / static_cast<int>(spec.smem_bytes() + 1024);
+      CHECK(c.batch * c.heads_kv <= sms * ctas_per_sm);
       CHECK(spec.split == (c.num_splits > 1));
       CHECK((gpu_tests_runtime().kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0) == (c.num_splits > 1));
     }
   }
-  if (!three_fit) MESSAGE("this GPU holds fewer than three resident decode CTAs an SM: the cases run the planner's other tiles");
+  if (!hopper) MESSAGE("resident decode tiles are planned on sm_90 only: the cases run this GPU's other tiles");
   check_cases(cases, rng, seed);
 }
 

@@ -638,10 +638,11 @@ TEST_CASE("split-KV for decoding grids of one wave and a mostly empty second") {
   }
 }
 
-TEST_CASE("decode grids of a little more than one tile per SM, or nearly three, over short caches stay resident") {
-  // One token, 32/8 heads: batch B is 8 B tiles on 132 SMs. Resident tiles
-  // hold half the bytes a chunk (16 keys of 256-byte rows, 32 of 128-byte
-  // ones) in two stages, so three CTAs fit an SM and no split is needed.
+TEST_CASE("decode grids of more tiles than SMs over short caches stay resident, unsplit") {
+  // One token, 32/8 heads: batch B is 8 B tiles on 132 SMs. Resident CTAs
+  // hold 4 KB chunks (16 keys of 256-byte rows, 32 of 128-byte ones) in the
+  // largest of 64 KB, 48 KB and 32 KB pipelines whose bytes over all tiles
+  // stay within 12 MB, so that every tile runs at once and no split is needed.
   auto plan_of = [](int64_t batch, int64_t keys, int head_dim, int num_splits = 0, TileConfig tiles = {},
                     int page = 0, bool dynamic_splits = false) {
     const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 32, head_dim});
@@ -660,30 +661,37 @@ TEST_CASE("decode grids of a little more than one tile per SM, or nearly three, 
         .attention;
   };
   const std::string resident128 = "decode.bf16.d128.br16.bc16.w4.s2";
-  // 136-192 tiles (batch 17-24) up to 8192 keys; 368-392 (batch 46-49) at
-  // d128. Every one unsplit, three CTAs of 68 KB an SM.
-  for (const auto& [batch, keys] : {std::pair<int64_t, int64_t>{17, 1024}, {20, 4096}, {24, 8192}, {46, 1024},
-                                    {48, 4096}, {49, 8192}}) {
+  // 64 KB (four warps, two stages): 136-192 tiles (batch 17-24, 8.5-12 MB),
+  // and 368-392 (batch 46-49: three an SM, nearly even); 48 KB (two warps,
+  // three stages): 200-256 (batch 25-32); 32 KB (two, two): 264-360 (batch
+  // 33-45). Every one unsplit, all tiles at once on 132 SMs.
+  for (const auto& [batch, keys, text, ctas_per_sm] :
+       {std::tuple<int64_t, int64_t, std::string, int>{17, 1024, resident128, 3}, {20, 4096, resident128, 3},
+        {24, 8192, resident128, 3}, {46, 1024, resident128, 3}, {49, 8192, resident128, 3},
+        {25, 4096, "decode.bf16.d128.br16.bc16.w2.s3", 4}, {32, 8192, "decode.bf16.d128.br16.bc16.w2.s3", 4},
+        {33, 1024, "decode.bf16.d128.br16.bc16.w2.s2", 6}, {45, 8192, "decode.bf16.d128.br16.bc16.w2.s2", 6}}) {
     CAPTURE(batch);
     CAPTURE(keys);
     const ForwardPlan plan = plan_of(batch, keys, 128);
-    CHECK(plan.spec.text() == resident128);
+    CHECK(plan.spec.text() == text);
     CHECK(plan.num_splits == 1);
     CHECK(plan.grid == batch * 8);
-    CHECK(3 * (plan.spec.smem_bytes() + 1024) <= 228 * 1024);
+    CHECK(ctas_per_sm * (plan.spec.smem_bytes() + 1024) <= 228 * 1024);
+    CHECK(plan.grid <= 132 * ctas_per_sm);
   }
   // Past the bands, or over longer caches: the tiles and splits of before.
-  CHECK(plan_of(16, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc32.w4.s2");     // one tile an SM
-  CHECK(plan_of(25, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.split");  // 1.52 an SM
-  CHECK(plan_of(40, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3.split");  // 2.42
-  CHECK(plan_of(45, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3.split");  // 2.73
-  CHECK(plan_of(64, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3");        // 3.88
+  CHECK(plan_of(16, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc32.w4.s2");  // one tile an SM
+  CHECK(plan_of(50, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3.split");  // 400: over 12 MB at 32 KB
+  CHECK(plan_of(64, 4096, 128).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3");        // 3.88 an SM
   CHECK(plan_of(20, 16384, 128).spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.split");
   CHECK(plan_of(48, 16384, 128).spec.text() == "decode.bf16.d128.br16.bc16.w4.s3.split");
-  // Head dim 64: 32-key chunks, in the first band only.
+  // Head dim 64: 32-key chunks, the same bytes; the nearly even band is
+  // d128's (batch 49: 392 tiles, over 12 MB at 32 KB).
   CHECK(plan_of(20, 4096, 64).spec.text() == "decode.bf16.d64.br16.bc32.w4.s2");
   CHECK(plan_of(20, 4096, 64).num_splits == 1);
-  CHECK(plan_of(48, 1024, 64).spec.text() == "decode.bf16.d64.br16.bc64.w2.s3");  // two CTAs an SM, as before
+  CHECK(plan_of(28, 4096, 64).spec.text() == "decode.bf16.d64.br16.bc32.w2.s3");
+  CHECK(plan_of(36, 4096, 64).spec.text() == "decode.bf16.d64.br16.bc32.w2.s2");
+  CHECK(plan_of(49, 1024, 64).spec.text() == "decode.bf16.d64.br16.bc64.w2.s3");  // two CTAs an SM, as before
   // Above 128 the rows take 512 bytes: not resident (split, as before).
   CHECK(plan_of(20, 4096, 256).spec.text() == "decode.bf16.d256.br16.bc16.w4.s2.split");
   // Pages shorter than a chunk take chunks of a page in the same 64 KB.
@@ -703,26 +711,28 @@ TEST_CASE("decode grids of a little more than one tile per SM, or nearly three, 
   args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {20});
   CHECK(plan_kvcache(q8, args, q8, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024, 132)
             .attention.spec.block_q == 32);
-  // Three CTAs need 207 KB of an SM's shared memory: sm_80's 164 KB hold
-  // two, so A100s keep the tiles and splits of before (136 tiles on 108
-  // SMs: partial-wave splits).
+  // Measured on sm_90 only: A100s keep the tiles and splits of before (136
+  // tiles on 108 SMs: partial-wave splits).
   const TensorView q17a = TensorView::contiguous(address(0x10000), DType::bf16, {17, 1, 32, 128});
   args.k_cache = args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {17, 4096, 8, 128});
   args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {17});
   CHECK(plan_kvcache(q17a, args, q17a, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_80"), 163 * 1024,
                      108)
             .attention.spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.split");
-  // The band in SMs: on 114 SMs batch 17 (136 tiles, 1.19 an SM) is
-  // resident, batch 24 (192, 1.68) is not.
-  CHECK(plan_kvcache(q17a, args, q17a, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024,
-                     114)
-            .attention.spec.text() == resident128);
-  const TensorView q24 = TensorView::contiguous(address(0x10000), DType::bf16, {24, 1, 32, 128});
-  args.k_cache = args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {24, 4096, 8, 128});
-  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {24});
-  CHECK(plan_kvcache(q24, args, q24, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024,
-                     114)
-            .attention.spec.text() != resident128);
+  // The bands are bytes in flight, not tiles per SM: on 114 SMs batch 24
+  // (192 tiles, 12 MB of 64 KB CTAs) takes 64 KB CTAs, batch 25 48 KB ones;
+  // on 100 SMs batch 12 (96 tiles) fills one wave of one CTA an SM.
+  auto plan_on = [&](int64_t batch, int sms) {
+    const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 32, 128});
+    args.k_cache = args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {batch, 4096, 8, 128});
+    args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+    return plan_kvcache(q, args, q, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"), 227 * 1024,
+                        sms)
+        .attention.spec.text();
+  };
+  CHECK(plan_on(24, 114) == resident128);
+  CHECK(plan_on(25, 114) == "decode.bf16.d128.br16.bc16.w2.s3");
+  CHECK(plan_on(12, 100) == "decode.bf16.d128.br16.bc32.w4.s2");
 }
 
 TEST_CASE("split-KV for uneven decoding batches: the longest sequence's tiles fill half the SMs") {

@@ -35,8 +35,8 @@ void add_dynamic_combine(const detail::KernelSpec& attention, const AttentionSha
 
 // The kernels forward_kvcache plans for `shape` (32 query heads over 8 KV
 // heads, new keys appended): one-token decoding of one sequence (one CTA
-// per SM) and of many (two per SM), one split and several, and of 20 and
-// 48 sequences (resident tiles, three per SM); 8 tokens
+// per SM) and of many (two per SM), one split and several, and of 20, 28,
+// 40 and 48 sequences (resident tiles of each pipeline size); 8 tokens
 // (speculative decoding: 32 packed rows, the decode kernel's two-tile rows)
 // and 16 (64 packed rows, beyond the decode kernel) of one sequence and of
 // many; chunked prefill of 2048 tokens over 8192 cached
@@ -54,7 +54,8 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
     bool dynamic_splits;
   };
   const Call calls[] = {{1, 1, 4096, 1, false},  {1, 1, 4096, 3, false},  {64, 1, 4096, 1, false},
-                        {64, 1, 4096, 3, false}, {20, 1, 4096, 0, false}, {48, 1, 4096, 0, false},
+                        {64, 1, 4096, 3, false}, {20, 1, 4096, 0, false}, {28, 1, 4096, 0, false},
+                        {40, 1, 4096, 0, false}, {48, 1, 4096, 0, false},
                         {1, 8, 4096, 1, false},  {1, 8, 4096, 3, false},
                         {64, 8, 4096, 1, false}, {64, 8, 4096, 3, false}, {1, 16, 4096, 1, false},
                         {1, 16, 4096, 3, false}, {64, 16, 4096, 1, false}, {1, 2048, 8192, 1, false},
@@ -115,9 +116,9 @@ void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch
 }
 
 // The kernels forward_varlen plans for an inference engine's step of
-// `shape` (32 query heads over 8 KV heads): 1, 16, 20 and 64 decoding steps
-// over up to 8192 keys (the decode kernel: split, one, three (resident) and
-// two CTAs per SM), 4
+// `shape` (32 query heads over 8 KV heads): 1, 16, 20, 28, 40 and 64
+// decoding steps over up to 8192 keys (the decode kernel: split, one CTA per
+// SM, resident tiles of each pipeline size, two per SM), 4
 // sequences of 8 tokens (speculative decoding),
 // and 15 steps beside a 512-token prefill chunk (packed GQA tiles); over
 // packed K/V and over pages of 16 and 64 rows; with a workspace (split)
@@ -129,7 +130,8 @@ void add_varlen_specs(const AttentionShape& shape, const detail::Arch& arch, std
     int64_t batch, total_q, max_seqlen_q;
   };
   for (const auto& [batch, total_q, max_seqlen_q] :
-       {Step{1, 1, 1}, Step{16, 16, 1}, Step{20, 20, 1}, Step{64, 64, 1}, Step{4, 32, 8}, Step{16, 527, 512}}) {
+       {Step{1, 1, 1}, Step{16, 16, 1}, Step{20, 20, 1}, Step{28, 28, 1}, Step{40, 40, 1}, Step{64, 64, 1},
+        Step{4, 32, 8}, Step{16, 527, 512}}) {
     for (int page : {0, 16, 64}) {
       const int64_t max_seqlen_k = 8192;
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {total_q, 32, shape.head_dim});

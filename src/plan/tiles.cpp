@@ -44,31 +44,42 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodePipelineBytes = 128 * 1024;
 constexpr int kDecodeShareSmPipelineBytes = 96 * 1024;
 constexpr int64_t kDecodeShareSmMaxKeys = 2048;
-// Resident decode grids (decode_grid_resident): one-token grids of a little
-// more than one tile per SM, or of nearly three, over short caches take
-// chunks of half the bytes in a 64 KB pipeline, so that three CTAs fit an SM
-// and every tile is resident at once, unsplit. In one wave of one CTA per SM
-// the tiles past the SMs run as a second wave, nearly alone, and splitting
-// them measured slower than this at up to 8192 keys. Measured on the H200
-// (one token, 32/8 heads; docs/PERFORMANCE.md), resident against the
-// planner's tiles and splits before:
-//   - d128, batch 17-24 (136-192 tiles): 1.09-1.32x the rate at 1024 keys,
-//     1.04-1.14x at 4096, 1.00-1.06x at 8192; at 16384 0.98-1.01x, at 32768
-//     0.96-0.98x. Batch 25 gained too, but 26 (208 tiles) ran 0.75-0.92x:
-//     hence at most 1.5 tiles per SM;
-//   - d128, batch 46-49 (368-392 tiles): 1.05-1.16x at 1024 keys, 1.03-1.04x
-//     at 4096, 1.00-1.02x at 8192. Batch 44 (352) gained 3-8% on one H200
-//     and lost up to 3.5% on another, batch 40 (320) ran 0.92-1.01x: hence
-//     at least 2.75 tiles per SM;
-//   - d64 (32-key chunks of 128-byte rows), batch 17-24: 1.14-1.32x at 1024
-//     keys, 1.11-1.16x at 4096, 1.02-1.14x at 8192; batch 48 gained at 1024
-//     keys only (1.12x; 0.99x at 4096), so head dims up to 64 keep the first
-//     band only.
-constexpr int kDecodeResidentPipelineBytes = 64 * 1024;
+// Resident decode grids (decode_grid_resident): one-token grids of more
+// tiles than SMs over short caches run every tile at once, unsplit, in CTAs
+// of a smaller pipeline (4 KB chunks) that several fit an SM. In one wave of
+// one CTA per SM the tiles past the SMs run as a second wave nearly alone,
+// and splitting them measured slower than this at up to 8192 keys. The CTAs'
+// pipeline is the largest of 64 KB (four warps, two stages), 48 KB (two
+// warps, three) and 32 KB (two, two) whose bytes over all tiles stay within
+// 12 MB: past that, SMs holding more tiles than others fell behind (batch 26
+// in 64 KB CTAs: 13 MB, 0.75-0.92x; batch 36 in 48 KB ones: 13.5 MB,
+// 0.72-0.78x), within it they kept pace. Measured on the H200 (one token,
+// 32/8 heads; docs/PERFORMANCE.md), against the planner's tiles and splits
+// before:
+//   - d128, 64 KB, batch 17-24 (136-192 tiles): 1.09-1.32x the rate at 1024
+//     keys, 1.04-1.14x at 4096, 1.00-1.06x at 8192; at 16384 0.98-1.01x, at
+//     32768 0.96-0.98x: hence the 8192-key bound;
+//   - d128, 48 KB, batch 25-32: 1.06-1.10x at 1024 keys, 1.00-1.10x at 4096,
+//     1.00-1.04x at 8192; 32 KB, batch 36-45: 1.06-1.19x, 1.03-1.07x,
+//     1.01-1.03x; batch 33 (264 tiles, two an SM before, evenly) level to
+//     0.99x;
+//   - d128, 64 KB where three tiles an SM are nearly even anyway (2.75-3 an
+//     SM, batch 46-49): 1.05-1.16x at 1024 keys, 1.03-1.04x at 4096,
+//     1.00-1.02x at 8192 (batch 44, 2.67 an SM, gained on one H200 and lost
+//     up to 3.5% on another; 32 KB CTAs there ran as 64 KB ones at 46-48);
+//   - d64 (32-key chunks of 128-byte rows): 64 KB, batch 17-24: 1.14-1.32x at
+//     1024 keys, 1.11-1.16x at 4096, 1.02-1.14x at 8192; 48 KB, batch 28:
+//     1.14x, 1.03x, 1.02x; 32 KB, batch 36: 1.33x, 1.13x, 1.11x. Batch 48 in
+//     64 KB gained at 1024 keys only, so the nearly even band is d128's.
 constexpr int64_t kDecodeResidentMaxKeys = 8192;
-constexpr double kDecodeResidentMaxTilesPerSm = 1.5;
+constexpr int64_t kDecodeResidentMaxBytesInFlight = 12 << 20;
 constexpr double kDecodeResidentNearlyFullTilesPerSm = 2.75;
-constexpr int kDecodeResidentCtasPerSm = 3;
+constexpr int kDecodeResidentChunkBytes = kDecodeChunkBytes / 2;
+// Resident decode CTAs: their pipeline's bytes (0: not resident) and warps.
+struct ResidentDecode {
+  int pipeline_bytes = 0;
+  int warps = 0;
+};
 
 // Bytes of a K or V row as the decode kernel copies it (head dims padded to
 // 64 channels).
@@ -76,33 +87,40 @@ int decode_row_bytes(const KernelSpec& spec) {
   return (spec.head_dim + 63) / 64 * 64 * static_cast<int>(dtype_size(spec.dtype));
 }
 
-// Whether a decode grid of `tiles` CTAs (one per tile, before any split) of
-// `rows` packed query rows over at most seqlen_k keys takes the resident
-// tiles (kDecodeResidentPipelineBytes above): one tile row (one token of a
-// group of up to 16), the keys not split on the device (dynamic_splits),
-// three CTAs in an SM's shared memory (max_smem_bytes per block, an SM's
-// less the 1 KB the driver keeps a CTA: sm_90's 228 KB hold three, sm_80's
-// 164 KB two), and a little more than one tile per SM, or at 256-byte rows
-// (head dims 65-128) nearly three.
-bool decode_grid_resident(int64_t tiles, int sm_count, int64_t rows, int row_bytes, int64_t seqlen_k,
-                          bool dynamic_splits, int max_smem_bytes) {
-  if (rows > 16 || dynamic_splits || seqlen_k > kDecodeResidentMaxKeys || row_bytes > 256) return false;
-  const int cta_bytes = kDecodeResidentPipelineBytes + 16 * row_bytes + 1024;
-  if (kDecodeResidentCtasPerSm * cta_bytes > max_smem_bytes + 1024) return false;
-  const double per_sm = static_cast<double>(tiles) / std::max(1, sm_count);
-  const bool little_more_than_one = per_sm > 1 && per_sm <= kDecodeResidentMaxTilesPerSm;
-  const bool nearly_three =
-      row_bytes == 256 && per_sm >= kDecodeResidentNearlyFullTilesPerSm && per_sm <= kDecodeResidentCtasPerSm;
-  return little_more_than_one || nearly_three;
+// The resident CTAs a decode grid of `tiles` CTAs (one per tile, before any
+// split) of `rows` packed query rows over at most seqlen_k keys takes
+// (pipeline_bytes 0: none). Only on sm_90 (the 12 MB and the bands are the
+// H200's; other GPUs keep the tiles of before), for one tile row (one token
+// of a group of up to 16), keys not split on the device (dynamic_splits),
+// and CTAs of which every tile fits the SMs' shared memory at once
+// (max_smem_bytes per block; an SM's holds that and the 1 KB the driver
+// keeps a CTA).
+ResidentDecode decode_grid_resident(const Arch& arch, int64_t tiles, int sm_count, int64_t rows, int row_bytes,
+                                    int64_t seqlen_k, bool dynamic_splits, int max_smem_bytes) {
+  if (arch.major != 9 || rows > 16 || dynamic_splits || seqlen_k > kDecodeResidentMaxKeys || row_bytes > 256) return {};
+  const int64_t sms = std::max(1, sm_count);
+  if (tiles <= sms) return {};  // one wave of one CTA an SM: the 128 KB pipelines
+  auto fits = [&](const ResidentDecode& ctas) {
+    const int64_t cta_bytes = ctas.pipeline_bytes + 16 * row_bytes + 1024;
+    return tiles <= sms * ((max_smem_bytes + 1024) / cta_bytes);
+  };
+  const ResidentDecode wide{64 * 1024, 4}, medium{48 * 1024, 2}, narrow{32 * 1024, 2};
+  const double per_sm = static_cast<double>(tiles) / sms;
+  if (row_bytes == 256 && per_sm >= kDecodeResidentNearlyFullTilesPerSm && fits(wide)) return wide;
+  for (const ResidentDecode& ctas : {wide, medium, narrow}) {
+    if (tiles * ctas.pipeline_bytes <= kDecodeResidentMaxBytesInFlight && fits(ctas)) return ctas;
+  }
+  return {};
 }
 
 // Fills the decode fields of `spec` (rows: packed query rows of the call;
 // page_shift: log2 of the page size, -1 when not paged; tiles: CTAs before
 // any split; seqlen_k: the longest sequence, or the cache's capacity;
-// resident: decode_grid_resident's verdict), from `forced` where the caller
-// set them.
+// resident: decode_grid_resident's CTAs, if any), from `forced` where the
+// caller set them.
 void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t rows, int page_shift, int max_smem_bytes,
-                         int64_t tiles, int sm_count, int64_t seqlen_k, bool resident) {
+                         int64_t tiles, int sm_count, int64_t seqlen_k, const ResidentDecode& resident_ctas) {
+  const bool resident = resident_ctas.pipeline_bytes > 0;
   spec.family = Family::decode;
   spec.pack_gqa = true;
   spec.block_q = forced.block_q != 0 ? forced.block_q : rows <= 16 ? 16 : 32;
@@ -115,14 +133,17 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
   const bool short_rows = row_bytes < kDecodeChunkBytes / kDecodeChunkKeys;
   const bool share_sm = !resident && tiles >= 2 * static_cast<int64_t>(sm_count) &&
                         (!short_rows || seqlen_k <= kDecodeShareSmMaxKeys);
-  const int chunk_keys = resident   ? kDecodeChunkBytes / 2 / row_bytes
+  const int chunk_keys = resident   ? kDecodeResidentChunkBytes / row_bytes
                          : short_rows ? kDecodeChunkBytes / row_bytes
                          : share_sm   ? kDecodeChunkKeys / 2
                                       : kDecodeChunkKeys;
   spec.block_kv = forced.block_kv != 0 ? forced.block_kv
                  : page_shift >= 0    ? std::min(chunk_keys, 1 << page_shift)
                                       : chunk_keys;
-  spec.warps = forced.warps != 0 ? forced.warps : share_sm && short_rows ? kDecodeWarps / 2 : kDecodeWarps;
+  spec.warps = forced.warps != 0 ? forced.warps
+               : resident         ? resident_ctas.warps
+               : share_sm && short_rows ? kDecodeWarps / 2
+                                        : kDecodeWarps;
   const int room = max_smem_bytes - spec.block_q * row_bytes;
   auto stage_bytes = [&] { return spec.warps * 2 * spec.block_kv * row_bytes; };
   // Large head dims (192-256) leave no room for two stages of the chosen
@@ -130,7 +151,7 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
   // forced (a forced tile that does not fit is rejected by the caller).
   while (forced.block_kv == 0 && spec.block_kv > kDecodeMinChunkKeys && 2 * stage_bytes() > room) spec.block_kv /= 2;
   while (forced.warps == 0 && spec.warps > 1 && 2 * stage_bytes() > room) spec.warps /= 2;
-  const int budget = std::min(resident   ? kDecodeResidentPipelineBytes
+  const int budget = std::min(resident   ? resident_ctas.pipeline_bytes
                               : share_sm ? kDecodeShareSmPipelineBytes
                                          : kDecodePipelineBytes,
                               room);
@@ -451,12 +472,14 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
     // Resident tiles are the planner's choice only: forced tiles keep the
     // split rules of their own occupancy.
     const TileConfig& forced = options.tiles;
-    choice.resident_decode = forced.block_q == 0 && forced.block_kv == 0 && forced.warps == 0 && forced.stages == 0 &&
-                             decode_grid_resident(decode_tiles, problem.sm_count, seqlen_q * group,
-                                                  decode_row_bytes(spec), seqlen_k, problem.dynamic_splits,
-                                                  max_smem_bytes);
+    const bool nothing_forced = forced.block_q == 0 && forced.block_kv == 0 && forced.warps == 0 && forced.stages == 0;
+    const ResidentDecode resident =
+        nothing_forced ? decode_grid_resident(arch, decode_tiles, problem.sm_count, seqlen_q * group,
+                                              decode_row_bytes(spec), seqlen_k, problem.dynamic_splits, max_smem_bytes)
+                       : ResidentDecode{};
+    choice.resident_decode = resident.pipeline_bytes > 0;
     choose_decode_tiles(spec, forced, seqlen_q * group, problem.paged ? problem.page_shift : -1, max_smem_bytes,
-                        decode_tiles, problem.sm_count, seqlen_k, choice.resident_decode);
+                        decode_tiles, problem.sm_count, seqlen_k, resident);
     tiles = {spec.block_q, spec.block_kv, spec.warps, spec.stages};
   } else if (may_split && !tiles_forced && options.tiles.stages == 0 && !unaligned && packed_rows() <= 64) {
     // Longer packed tiles (speculative decoding, chunked prefill, short
