@@ -671,6 +671,40 @@ TEST_CASE("varlen: decoding batches of uneven lengths split their keys (total_se
   check_cases(cases, rng, seed);
 }
 
+TEST_CASE("varlen: decoding steps on resident decode tiles (64, 48 and 32 KB CTAs), packed and paged") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  // 20, 28 and 40 one-token steps of 32 query heads over 8 KV heads (160-320
+  // tiles on 132 SMs), up to 1500 keys each, some of 0 and 1: on sm_90 the
+  // planner runs every tile at once in CTAs of 64, 48 and 32 KB, unsplit,
+  // with a workspace or without (plan/tiles.cpp, decode_grid_resident).
+  std::uniform_int_distribution<int> length(0, 1500);
+  std::vector<Case> cases;
+  const int batches[] = {20, 28, 40, 20, 28, 40};
+  for (int variant = 0; variant < 6; ++variant) {
+    const int batch = batches[variant];
+    std::vector<int> seqlens_k;
+    for (int b = 0; b < batch; ++b) seqlens_k.push_back(b == 1 ? 0 : b == 2 ? 1 : length(rng));
+    Case c;
+    c.dtype = variant % 2 == 0 ? DType::bf16 : DType::f16;
+    c.shape = VarlenShape::packed(make_common(32, 8, variant == 3 ? 64 : 128, variant != 4),
+                                  std::vector<int>(batch, 1), seqlens_k);
+    if (variant >= 3) c.num_splits = 0;
+    if (variant == 1 || variant == 5) c.page_size = 64;
+    if (variant == 2) c.page_size = 16;
+    if (variant == 5) c.shape.seqused_k = seqlens_k;
+    CAPTURE(describe(c, spec_of(c), seed));
+    if (current_arch().rfind("sm_90", 0) == 0) {
+      const std::string spec = spec_of(c);
+      CHECK(spec.find(".split") == std::string::npos);
+      const int chunk_keys = variant == 3 && c.page_size != 16 ? 32 : 16;
+      CHECK(spec.find(fmt::format(".br16.bc{}.w{}.s", chunk_keys, batch <= 24 ? 4 : 2)) != std::string::npos);
+    }
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed);
+}
+
 TEST_CASE("varlen: q, k and v as slices of one packed qkv buffer (row stride (heads_q + 2 heads_kv) head_dim)") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);

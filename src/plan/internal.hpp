@@ -149,9 +149,9 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
 
 // What choose_kernel decided besides the spec, for the later steps.
 struct KernelChoice {
-  // Decode tiles of three CTAs an SM, chosen so that every tile is resident
-  // at once (tiles.cpp, decode_grid_resident): plan_splits leaves the grid
-  // unsplit unless the caller forces splits or the batch is uneven.
+  // Resident decode CTAs (64, 48 or 32 KB pipelines), chosen so that every
+  // tile runs at once (tiles.cpp, decode_grid_resident): plan_splits leaves
+  // the grid unsplit unless the caller forces splits or the batch is uneven.
   bool resident_decode = false;
 };
 

@@ -102,7 +102,7 @@ ResidentDecode decode_grid_resident(const Arch& arch, int64_t tiles, int sm_coun
   if (tiles <= sms) return {};  // one wave of one CTA an SM: the 128 KB pipelines
   auto fits = [&](const ResidentDecode& ctas) {
     const int64_t cta_bytes = ctas.pipeline_bytes + 16 * row_bytes + 1024;
-    return tiles <= sms * ((max_smem_bytes + 1024) / cta_bytes);
+    return tiles <= sms * ((static_cast<int64_t>(max_smem_bytes) + 1024) / cta_bytes);
   };
   const ResidentDecode wide{64 * 1024, 4}, medium{48 * 1024, 2}, narrow{32 * 1024, 2};
   const double per_sm = static_cast<double>(tiles) / sms;
