@@ -301,6 +301,17 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
   }
 }
 
+// Builds a case's inputs (from `seed`) and call views and hands both to
+// `inspect`: for checks of what the planner makes of a call before it runs.
+template <class Inspect>
+void inspect_call(const Case& c, uint64_t seed, Inspect&& inspect) {
+  std::mt19937_64 inputs_rng(seed);
+  const Inputs in = make_inputs(c, inputs_rng);
+  CallViews v;
+  fill_call(c, in, v);
+  inspect(in, v);
+}
+
 // Checks the cache after the call: appended rows as the host rotation says
 // (values bit-exact, keys within one 16-bit rounding), everything else as
 // uploaded. Returns a description of the first mismatch, or "".
@@ -582,15 +593,13 @@ TEST_CASE("kvcache: uneven batches split by total_seqlen_k or dynamic_splits (on
   // nothing of its lengths; dynamic splits need no total.
   for (const Case& c : cases) {
     CAPTURE(describe(c, "", seed));
-    std::mt19937_64 inputs_rng(seed);
-    const Inputs in = make_inputs(c, inputs_rng);
-    CallViews v;
-    fill_call(c, in, v);
-    Runtime& runtime = gpu_tests_runtime();
-    const TensorView q = in.dq->view();  // also stands for out: only the sizes are planned
-    CHECK(runtime.kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0);
-    v.args.total_seqlen_k = 0;
-    CHECK((runtime.kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0) == c.dynamic);
+    inspect_call(c, seed, [&](const Inputs& in, CallViews& v) {
+      Runtime& runtime = gpu_tests_runtime();
+      const TensorView q = in.dq->view();  // also stands for out: only the sizes are planned
+      CHECK(runtime.kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0);
+      v.args.total_seqlen_k = 0;
+      CHECK((runtime.kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0) == c.dynamic);
+    });
   }
   check_cases(cases, rng, seed);
 }
@@ -637,17 +646,14 @@ TEST_CASE("kvcache: resident decode tiles (64, 48 and 32 KB pipelines, every til
   // forced, with every tile resident at once.
   const bool hopper = current_arch().rfind("sm_90", 0) == 0;
   for (const Case& c : cases) {
+    if (!hopper) break;
     CAPTURE(describe(c, "", seed));
-    std::mt19937_64 inputs_rng(seed);
-    const Inputs in = make_inputs(c, inputs_rng);
-    CallViews v;
-    fill_call(c, in, v);
-    const TensorView q = in.dq->view();
-    const detail::KernelSpec spec =
-        detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true,
-                             detail::Arch::parse(current_arch()), current_max_smem_per_block(), sms)
-            .attention.spec;
-    if (hopper) {
+    inspect_call(c, seed, [&](const Inputs& in, CallViews& v) {
+      const TensorView q = in.dq->view();
+      const detail::KernelSpec spec =
+          detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true,
+                               detail::Arch::parse(current_arch()), current_max_smem_per_block(), sms)
+              .attention.spec;
       const int chunk_keys = c.head_dim == 64 && c.page_size != 16 ? 32 : 16;
       CHECK(spec.block_kv == chunk_keys);
       const int row_bytes = c.head_dim <= 64 ? 128 : 256;
@@ -657,7 +663,7 @@ TEST_CASE("kvcache: resident decode tiles (64, 48 and 32 KB pipelines, every til
       CHECK(c.batch * c.heads_kv <= sms * ctas_per_sm);
       CHECK(spec.split == (c.num_splits > 1));
       CHECK((gpu_tests_runtime().kvcache_workspace_bytes(q, v.args, q, nullptr, v.options) > 0) == (c.num_splits > 1));
-    }
+    });
   }
   if (!hopper) MESSAGE("resident decode tiles are planned on sm_90 only: the cases run this GPU's other tiles");
   check_cases(cases, rng, seed);
