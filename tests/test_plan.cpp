@@ -704,6 +704,26 @@ TEST_CASE("decode grids of more tiles than SMs over short caches stay resident, 
   CHECK(plan_of(20, 4096, 128, 2).spec.text() == resident128 + ".split");
   CHECK(plan_of(20, 4096, 128, 0, TileConfig{16, 16, 4, 2}).num_splits > 1);
   CHECK(plan_of(20, 4096, 128, 0, {}, 0, true).spec.text() != resident128 + ".split.dynsplit");
+  // A batch told it is uneven (max_seqlen_k and total_seqlen_k: one 4096-key
+  // sequence, nineteen of 256) splits its longest sequences on the tiles of
+  // before; told it is even, it stays resident.
+  {
+    const TensorView q20 = TensorView::contiguous(address(0x10000), DType::bf16, {20, 1, 32, 128});
+    KVCacheArgs told;
+    told.k_cache = told.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {20, 4096, 8, 128});
+    told.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {20});
+    told.max_seqlen_k = 4096;
+    told.total_seqlen_k = 4096 + 19 * 256;
+    auto planned = [&] {
+      return plan_kvcache(q20, told, q20, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse("sm_90a"),
+                          227 * 1024, 132)
+          .attention;
+    };
+    CHECK(planned().spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.split");
+    CHECK(planned().num_splits >= 2);
+    told.total_seqlen_k = 20 * 4096;
+    CHECK(planned().spec.text() == resident128);
+  }
   // Speculative decoding (8 tokens: 32 packed rows) is not resident.
   const TensorView q8 = TensorView::contiguous(address(0x10000), DType::bf16, {20, 8, 32, 128});
   KVCacheArgs args;

@@ -151,7 +151,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
 struct KernelChoice {
   // Resident decode CTAs (64, 48 or 32 KB pipelines), chosen so that every
   // tile runs at once (tiles.cpp, decode_grid_resident): plan_splits leaves
-  // the grid unsplit unless the caller forces splits or the batch is uneven.
+  // the grid unsplit unless the caller forces splits.
   bool resident_decode = false;
 };
 

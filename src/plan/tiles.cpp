@@ -469,14 +469,19 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
       !problem.kvcache && few_rows && options.tiles.stages == 0 && !has_rope && !unaligned;
   if (cache_decode || dense_decode) {
     const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
-    // Resident tiles are the planner's choice only: forced tiles keep the
-    // split rules of their own occupancy.
+    // Resident tiles are the planner's choice only (forced tiles keep the
+    // split rules of their own occupancy), and for batches that run unsplit:
+    // a batch the caller told is uneven splits its longest sequences
+    // (uneven_splits), on the tiles that rule was measured with.
     const TileConfig& forced = options.tiles;
     const bool nothing_forced = forced.block_q == 0 && forced.block_kv == 0 && forced.warps == 0 && forced.stages == 0;
+    const bool uneven = problem.seqlen_k_hinted && uneven_splits(decode_tiles, batch, problem.sm_count, seqlen_k,
+                                                                 problem.total_seqlen_k) > 1;
     const ResidentDecode resident =
-        nothing_forced ? decode_grid_resident(arch, decode_tiles, problem.sm_count, seqlen_q * group,
-                                              decode_row_bytes(spec), seqlen_k, problem.dynamic_splits, max_smem_bytes)
-                       : ResidentDecode{};
+        nothing_forced && !uneven
+            ? decode_grid_resident(arch, decode_tiles, problem.sm_count, seqlen_q * group, decode_row_bytes(spec),
+                                   seqlen_k, problem.dynamic_splits, max_smem_bytes)
+            : ResidentDecode{};
     choice.resident_decode = resident.pipeline_bytes > 0;
     choose_decode_tiles(spec, forced, seqlen_q * group, problem.paged ? problem.page_shift : -1, max_smem_bytes,
                         decode_tiles, problem.sm_count, seqlen_k, resident);
