@@ -227,7 +227,7 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   if (plan.spec.persistent) {
     // One wave of CTAs at most, as many per SM as shared memory holds; the
     // kernel hands them the grid's tiles (FwdConfig::kPersistent).
-    const int64_t ctas_per_sm = std::max<int64_t>(1, kSmemPerSm / (plan.spec.smem_bytes() + 1024));
+    const int64_t ctas_per_sm = ctas_per_sm_by_smem(plan.spec.smem_bytes());
     int64_t sms = std::max(1, problem.sm_count);
     if (options.sm_limit > 0) sms = std::min<int64_t>(sms, options.sm_limit);
     grid = std::min<int64_t>(grid, sms * ctas_per_sm);

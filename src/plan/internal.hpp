@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -46,6 +47,11 @@ constexpr int kMaxSplits = 128;
 // Shared memory of one SM on sm_90 (the CTAs it holds at once; each CTA also
 // takes 1 KB of the driver's).
 constexpr size_t kSmemPerSm = 228 * 1024;
+// The CTAs of `smem_bytes` dynamic shared memory each that an SM holds at
+// once by kSmemPerSm (at least one).
+inline int64_t ctas_per_sm_by_smem(size_t smem_bytes) {
+  return std::max<int64_t>(1, static_cast<int64_t>(kSmemPerSm / (smem_bytes + 1024)));
+}
 // Splits of the decode kernel are counted in blocks of at least this many
 // keys: splits of one 64-key step (16-key chunks above head dim 128, pages
 // of 16) took 1.08x the time of splits of two (head dim 256, one sequence of

@@ -92,17 +92,15 @@ int decode_row_bytes(const KernelSpec& spec) {
 // (pipeline_bytes 0: none). Only on sm_90 (the 12 MB and the bands are the
 // H200's; other GPUs keep the tiles of before), for one tile row (one token
 // of a group of up to 16), keys not split on the device (dynamic_splits),
-// and CTAs of which every tile fits the SMs' shared memory at once
-// (max_smem_bytes per block; an SM's holds that and the 1 KB the driver
-// keeps a CTA).
+// and CTAs of which every tile fits the SMs' shared memory at once.
 ResidentDecode decode_grid_resident(const Arch& arch, int64_t tiles, int sm_count, int64_t rows, int row_bytes,
-                                    int64_t seqlen_k, bool dynamic_splits, int max_smem_bytes) {
+                                    int64_t seqlen_k, bool dynamic_splits) {
   if (arch.major != 9 || rows > 16 || dynamic_splits || seqlen_k > kDecodeResidentMaxKeys || row_bytes > 256) return {};
   const int64_t sms = std::max(1, sm_count);
   if (tiles <= sms) return {};  // one wave of one CTA an SM: the 128 KB pipelines
   auto fits = [&](const ResidentDecode& ctas) {
-    const int64_t cta_bytes = ctas.pipeline_bytes + 16 * row_bytes + 1024;
-    return tiles <= sms * ((static_cast<int64_t>(max_smem_bytes) + 1024) / cta_bytes);
+    // The pipeline and the Q tile's 16 rows (KernelSpec::smem_bytes).
+    return tiles <= sms * ctas_per_sm_by_smem(ctas.pipeline_bytes + 16 * row_bytes);
   };
   const ResidentDecode wide{64 * 1024, 4}, medium{48 * 1024, 2}, narrow{32 * 1024, 2};
   const double per_sm = static_cast<double>(tiles) / sms;
@@ -480,7 +478,7 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
     const ResidentDecode resident =
         nothing_forced && !uneven
             ? decode_grid_resident(arch, decode_tiles, problem.sm_count, seqlen_q * group, decode_row_bytes(spec),
-                                   seqlen_k, problem.dynamic_splits, max_smem_bytes)
+                                   seqlen_k, problem.dynamic_splits)
             : ResidentDecode{};
     choice.resident_decode = resident.pipeline_bytes > 0;
     choose_decode_tiles(spec, forced, seqlen_q * group, problem.paged ? problem.page_shift : -1, max_smem_bytes,
