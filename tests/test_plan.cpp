@@ -638,6 +638,42 @@ TEST_CASE("split-KV for decoding grids of one wave and a mostly empty second") {
   }
 }
 
+TEST_CASE("split-KV counts the CTAs an SM holds by the target's shared memory, not the H200's") {
+  // An SM holds the per-block opt-in limit plus 1 KB: 164 KB on sm_80, 100
+  // KB on sm_86. 228 KB (sm_90) there would count CTAs that do not fit and
+  // split grids that already fill the GPU.
+  auto kvcache_plan = [](const char* arch, int max_smem, int sms, int64_t batch, int64_t keys, int head_dim) {
+    const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 32, head_dim});
+    KVCacheArgs args;
+    args.k_cache = args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {batch, keys, 8, head_dim});
+    args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+    return plan_kvcache(q, args, q, nullptr, ForwardOptions{}, nullptr, 0, true, Arch::parse(arch), max_smem, sms)
+        .attention;
+  };
+  // sm_80 (A100: 108 SMs, 163 KB a block): batch 32 at d128 is 256 tiles of
+  // 100 KB CTAs, one an SM: 2.4 waves, unsplit. (Two an SM would make it
+  // 1.2 waves, which partial_wave_splits splits.)
+  const ForwardPlan a100 = kvcache_plan("sm_80", 163 * 1024, 108, 32, 4096, 128);
+  CHECK(a100.spec.smem_bytes() + 1024 > 164 * 1024 / 2);
+  CHECK(a100.num_splits == 1);
+  CHECK(a100.grid == 256);
+  // sm_86 (84 SMs, 99 KB a block): one token over 4096 keys is 8 tiles of
+  // 98 KB CTAs; the heuristic's splits stay within one CTA an SM.
+  const ForwardPlan ampere86 = kvcache_plan("sm_86", 99 * 1024, 84, 1, 4096, 64);
+  CHECK(ampere86.spec.smem_bytes() + 1024 > 100 * 1024 / 2);
+  CHECK(ampere86.num_splits > 1);
+  CHECK(ampere86.grid <= 84);
+  // Dense forward with a workspace on sm_80: 2 × 16 heads × 8 query tiles of
+  // 64 KB CTAs, two an SM (216 slots): a full wave, unsplit.
+  Call dense;
+  resize_dense(dense, 2, 1024, 128);
+  const SplitForwardPlan forward = plan_forward_split(dense.q, dense.k, dense.v, dense.out, &dense.lse, dense.options,
+                                                      nullptr, 0, true, Arch::parse("sm_80"), 163 * 1024, 108);
+  CHECK(forward.attention.spec.family == Family::fwd);
+  CHECK(forward.attention.num_splits == 1);
+  CHECK(forward.attention.grid == 2 * 16 * 8);
+}
+
 TEST_CASE("decode grids of more tiles than SMs over short caches stay resident, unsplit") {
   // One token, 32/8 heads: batch B is 8 B tiles on 132 SMs. Resident CTAs
   // hold 4 KB chunks (16 keys of 256-byte rows, 32 of 128-byte ones) in the

@@ -223,11 +223,11 @@ ForwardPlan plan_problem(const Problem& problem, const ForwardOptions& options, 
   const KernelChoice choice = choose_kernel(plan.spec, problem, options, facts, arch, max_smem_bytes, tuning, varlen);
   set_tensor_maps(plan, problem);
   int64_t grid = fill_params(plan, problem, options, facts);
-  grid = plan_splits(plan, problem, choice, grid, varlen);
+  grid = plan_splits(plan, problem, choice, grid, max_smem_bytes, varlen);
   if (plan.spec.persistent) {
     // One wave of CTAs at most, as many per SM as shared memory holds; the
     // kernel hands them the grid's tiles (FwdConfig::kPersistent).
-    const int64_t ctas_per_sm = ctas_per_sm_by_smem(plan.spec.smem_bytes());
+    const int64_t ctas_per_sm = ctas_per_sm_by_smem(plan.spec.smem_bytes(), max_smem_bytes);
     int64_t sms = std::max(1, problem.sm_count);
     if (options.sm_limit > 0) sms = std::min<int64_t>(sms, options.sm_limit);
     grid = std::min<int64_t>(grid, sms * ctas_per_sm);

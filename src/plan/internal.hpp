@@ -44,13 +44,16 @@ void check_matching(const TensorView& q, const TensorView& k, const TensorView& 
 // and 48-80 KB of shared memory: two or three per SM).
 constexpr int kDecodeCtasPerSm = 3;
 constexpr int kMaxSplits = 128;
-// Shared memory of one SM on sm_90 (the CTAs it holds at once; each CTA also
-// takes 1 KB of the driver's).
-constexpr size_t kSmemPerSm = 228 * 1024;
+// Shared memory the driver reserves for each resident CTA. An SM holds the
+// per-block opt-in limit plus this much: sm_80 163 + 1 KB, sm_86/89/120
+// 99 + 1, sm_90/100 227 + 1 (CUDA C++ Programming Guide, compute
+// capabilities table).
+constexpr size_t kSmemReservedPerCta = 1024;
 // The CTAs of `smem_bytes` dynamic shared memory each that an SM holds at
-// once by kSmemPerSm (at least one).
-inline int64_t ctas_per_sm_by_smem(size_t smem_bytes) {
-  return std::max<int64_t>(1, static_cast<int64_t>(kSmemPerSm / (smem_bytes + 1024)));
+// once on a GPU whose blocks may opt in to max_smem_bytes (at least one).
+inline int64_t ctas_per_sm_by_smem(size_t smem_bytes, int max_smem_bytes) {
+  const size_t smem_per_sm = static_cast<size_t>(std::max(0, max_smem_bytes)) + kSmemReservedPerCta;
+  return std::max<int64_t>(1, static_cast<int64_t>(smem_per_sm / (smem_bytes + kSmemReservedPerCta)));
 }
 // Splits of the decode kernel are counted in blocks of at least this many
 // keys: splits of one 64-key step (16-key chunks above head dim 128, pages
@@ -178,7 +181,8 @@ void check_unsplit(const ForwardOptions& options, const char* entry, const char*
 // Split-KV over the keys where the tiles alone leave the GPU underused (or
 // the caller asks): the split fields of the plan and its workspace. Returns
 // the grid with the splits.
-int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoice& choice, int64_t grid, bool varlen);
+int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoice& choice, int64_t grid,
+                    int max_smem_bytes, bool varlen);
 // The combine launch that merges a split attention into out and lse.
 CombinePlan combine_splits(const ForwardPlan& attention, const TensorView& out, const TensorView* lse);
 // A dense or varlen call given a workspace: the attention and its combine.

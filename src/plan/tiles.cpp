@@ -93,14 +93,14 @@ int decode_row_bytes(const KernelSpec& spec) {
 // H200's; other GPUs keep the tiles of before), for one tile row (one token
 // of a group of up to 16), keys not split on the device (dynamic_splits),
 // and CTAs of which every tile fits the SMs' shared memory at once.
-ResidentDecode decode_grid_resident(const Arch& arch, int64_t tiles, int sm_count, int64_t rows, int row_bytes,
-                                    int64_t seqlen_k, bool dynamic_splits) {
+ResidentDecode decode_grid_resident(const Arch& arch, int max_smem_bytes, int64_t tiles, int sm_count, int64_t rows,
+                                    int row_bytes, int64_t seqlen_k, bool dynamic_splits) {
   if (arch.major != 9 || rows > 16 || dynamic_splits || seqlen_k > kDecodeResidentMaxKeys || row_bytes > 256) return {};
   const int64_t sms = std::max(1, sm_count);
   if (tiles <= sms) return {};  // one wave of one CTA an SM: the 128 KB pipelines
   auto fits = [&](const ResidentDecode& ctas) {
     // The pipeline and the Q tile's 16 rows (KernelSpec::smem_bytes).
-    return tiles <= sms * ctas_per_sm_by_smem(ctas.pipeline_bytes + 16 * row_bytes);
+    return tiles <= sms * ctas_per_sm_by_smem(ctas.pipeline_bytes + 16 * row_bytes, max_smem_bytes);
   };
   const ResidentDecode wide{64 * 1024, 4}, medium{48 * 1024, 2}, narrow{32 * 1024, 2};
   const double per_sm = static_cast<double>(tiles) / sms;
@@ -477,8 +477,8 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
                                                                  problem.total_seqlen_k) > 1;
     const ResidentDecode resident =
         nothing_forced && !uneven
-            ? decode_grid_resident(arch, decode_tiles, problem.sm_count, seqlen_q * group, decode_row_bytes(spec),
-                                   seqlen_k, problem.dynamic_splits)
+            ? decode_grid_resident(arch, max_smem_bytes, decode_tiles, problem.sm_count, seqlen_q * group,
+                                   decode_row_bytes(spec), seqlen_k, problem.dynamic_splits)
             : ResidentDecode{};
     choice.resident_decode = resident.pipeline_bytes > 0;
     choose_decode_tiles(spec, forced, seqlen_q * group, problem.paged ? problem.page_shift : -1, max_smem_bytes,
