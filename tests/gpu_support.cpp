@@ -36,11 +36,20 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
 }
 DeviceBuffer::~DeviceBuffer() { driver().cuMemFree(pointer_); }
 // Zero-byte transfers (empty sequences) are skipped rather than handed to the driver.
+// Fills and uploads wait until they are done: cuMemsetD8 on device memory,
+// and cuMemcpyHtoD from pageable memory, return before they land, on the
+// legacy stream, which a call on a non-blocking stream (the graph replays)
+// does not wait for. Replays beside other processes' kernels then read the
+// poison of the fill meant to come before them.
 void DeviceBuffer::fill_bytes(unsigned char value) {
-  if (bytes_ > 0) check_cuda(driver().cuMemsetD8(pointer_, value, bytes_), "cuMemsetD8");
+  if (bytes_ == 0) return;
+  check_cuda(driver().cuMemsetD8(pointer_, value, bytes_), "cuMemsetD8");
+  check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
 }
 void DeviceBuffer::upload(const void* host, size_t bytes) {
-  if (bytes > 0) check_cuda(driver().cuMemcpyHtoD(pointer_, host, bytes), "cuMemcpyHtoD");
+  if (bytes == 0) return;
+  check_cuda(driver().cuMemcpyHtoD(pointer_, host, bytes), "cuMemcpyHtoD");
+  check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
 }
 void DeviceBuffer::download(void* host, size_t bytes) const {
   check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
