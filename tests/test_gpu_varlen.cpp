@@ -358,14 +358,17 @@ std::string spec_of(const Case& c) {
   const TensorView table = c.rope_tables16 ? table_view(c, placeholder) : TensorView{};
   const ForwardOptions options = options_for(c, a.alibi_slopes.empty() ? nullptr : &slopes,
                                              c.rope_tables16 ? &table : nullptr, c.rope_tables16 ? &table : nullptr);
+  // Planned for this GPU, as the runtime plans (its shared memory bounds
+  // the tiles and counts the CTAs an SM holds).
   const detail::Arch arch = detail::Arch::parse(current_arch());
+  const int max_smem = current_max_smem_per_block(), sms = current_sm_count();
   try {
     if (c.num_splits) {
       return detail::plan_forward_varlen_split(q, kv, kv, q, &lse, varlen.args, options, nullptr, 0, true, arch,
-                                               INT_MAX, 132)
+                                               max_smem, sms)
           .attention.spec.text();
     }
-    return detail::plan_forward_varlen(q, kv, kv, q, &lse, varlen.args, options, arch, INT_MAX, 132).spec.text();
+    return detail::plan_forward_varlen(q, kv, kv, q, &lse, varlen.args, options, arch, max_smem, sms).spec.text();
   } catch (const std::exception&) {
     return {};
   }
