@@ -6,7 +6,9 @@
 # The GPU tests run one process per test case, JOBS (default 8) at a time,
 # sharing one disk cache: most of a case's time is NVRTC on one CPU core, so
 # the suite takes about 4 minutes on the H200 host instead of about 30.
-# JOBS=1 runs them in one process.
+# JOBS=1 runs them in one process. SANITIZE=memcheck (or another
+# compute-sanitizer tool) runs each case under compute-sanitizer; a case with
+# a report fails (exit 99).
 set -uo pipefail
 build=${1:-build}
 what=${2:-all}
@@ -23,12 +25,20 @@ if [[ $what == tests || $what == all ]]; then
     echo "== GPU tests, one process per case, $jobs at a time"
     count=$(grep -vc '^\[doctest\]\|^=*$' "$out/gpu_cases.txt")
     rm -rf "$out/gpu_cases" && mkdir -p "$out/gpu_cases"
+    sanitizer=""
+    if [[ -n ${SANITIZE:-} ]]; then
+      sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer) --tool $SANITIZE"
+      sanitizer+=" --error-exitcode 99 --print-limit 30"
+    fi
     # doctest's --first/--last count the cases from 1 in file order.
-    seq 1 "$count" | BUILD="$build" CASES="$out/gpu_cases" xargs -P "$jobs" -I{} bash -c \
-      'log=$CASES/$(printf %03d {}).log; "$BUILD/tests/jitattn_gpu_tests" --first={} --last={} --duration=true > "$log" 2>&1; echo "exit $?" >> "$log"'
+    seq 1 "$count" | BUILD="$build" CASES="$out/gpu_cases" SANITIZER="$sanitizer" xargs -P "$jobs" -I{} bash -c \
+      'log=$CASES/$(printf %03d {}).log; $SANITIZER "$BUILD/tests/jitattn_gpu_tests" --first={} --last={} --duration=true > "$log" 2>&1; echo "exit $?" >> "$log"'
     failed=0
     for log in "$out"/gpu_cases/*.log; do
-      if ! grep -q '^exit 0$' "$log"; then failed=$((failed + 1)); status=1; grep -h -A6 'ERROR\|^exit' "$log"; fi
+      if ! grep -q '^exit 0$' "$log"; then
+        failed=$((failed + 1)); status=1
+        grep -h -A6 'ERROR\|^exit\|^========= [A-Z]' "$log" | head -60
+      fi
     done
     cat "$out"/gpu_cases/*.log > "$out/gpu_tests.log"
     echo "GPU test cases: $count, failed: $failed; assertions: $(grep -h 'assertions:' "$out"/gpu_cases/*.log \
