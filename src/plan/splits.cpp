@@ -104,7 +104,8 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoic
     const bool from_lengths = problem.dynamic_splits && spec.family == Family::decode && problem.num_splits != 1;
     int splits = problem.num_splits;
     bool partial_wave = false;  // splits from partial_wave_splits
-    const int ctas_per_sm = static_cast<int>(std::min<int64_t>(ctas_per_sm_by_smem(spec.smem_bytes(), max_smem_bytes), kDecodeCtasPerSm));
+    const int ctas_per_sm =
+        static_cast<int>(std::min<int64_t>(ctas_per_sm_by_smem(spec.smem_bytes(), max_smem_bytes), kDecodeCtasPerSm));
     if (splits == 0) {
       // Resident decode tiles fill the SMs unsplit: counted in their CTA
       // slots, the heuristic would split them to fill every slot, which
