@@ -472,7 +472,7 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
     // a batch the caller told is uneven splits its longest sequences
     // (uneven_splits), on the tiles that rule was measured with.
     const TileConfig& forced = options.tiles;
-    const bool nothing_forced = forced.block_q == 0 && forced.block_kv == 0 && forced.warps == 0 && forced.stages == 0;
+    const bool nothing_forced = !tiles_forced && forced.stages == 0;
     const bool uneven = problem.seqlen_k_hinted && uneven_splits(decode_tiles, batch, problem.sm_count, seqlen_k,
                                                                  problem.total_seqlen_k) > 1;
     const ResidentDecode resident =
