@@ -407,9 +407,16 @@ __device__ void fwd_prefill(const FwdParams& p) {
 
     // V has landed, and every warp is done with K, so the next K block may
     // stream in while P V (and, with kEarlyNextK, the softmax) runs.
+    // Idle warps reach this barrier from the other call site below: CTA-wide
+    // but uniform within each warp, which PTX's bar.sync (barrier.sync.aligned)
+    // allows and CUDA C++'s __syncthreads does not, hence the PTX. One call
+    // site, with the math in branches around it, measured 2-10% slower on
+    // 64-row tiles (docs/PERFORMANCE.md). compute-sanitizer synccheck reports
+    // this pattern as "Divergent thread(s) in block" even when it is correct
+    // (bench/probe_synccheck.cu, mode 4).
     auto wait_v_then_load_next_k = [&] {
       cp_async_wait<0>();
-      __syncthreads();
+      named_barrier_sync<0, Cfg::kThreads>();
       if (block > first_block) {
         load_kv_tile<Cfg>(k_tile, k, p.k_row_stride, p.k_batch_stride, pages, p.page_shift, key0 - Cfg::kBlockKV,
                           seqlen_k, chunks_valid, page_next);

@@ -116,7 +116,9 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive(unsigned barrier) {
 // include these, so another thread's ordinary arrival completes the phase
 // once every tracked copy has landed. That arrival must come after every
 // thread has issued this (a barrier among them), or the phase may complete
-// early.
+// early. compute-sanitizer synccheck does not model the added pending
+// arrival: it reports "Barrier overflow" (and then "Missing wait") on this
+// pattern even in a minimal correct kernel (bench/probe_synccheck.cu, mode 0).
 __device__ __forceinline__ void cp_async_mbarrier_track(unsigned barrier) {
   asm volatile("cp.async.mbarrier.arrive.shared.b64 [%0];\n" ::"r"(barrier) : "memory");
 }
