@@ -118,6 +118,8 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   unsigned char* const q_bytes = shared_bytes + q_buffer * Cfg::kSmemQ * 2;
   const unsigned q_rows = ring.q_tile(q_buffer) + group_row0 * 128;
   const unsigned long long q_descriptor = wgmma_descriptor(q_rows, 16);
+  // Fused RoPE at head dims up to 64: Q rotated in registers (QRegisters).
+  QRegisters<Cfg> q_registers;
   auto issue_qk = [&](float (&s_acc)[Cfg::kMTiles][Cfg::kScoreTiles][4], int stage) {
     // Copies that landed without a producer store (K without RoPE) reach
     // the async proxy through this thread's fence.
@@ -130,9 +132,19 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     auto k_at = [&](int ks) {
       return wgmma_descriptor_at(k_descriptor, (ks >> 2) * (Cfg::kBlockKV * 128) + (ks & 3) * 32);
     };
-    wgmma_ss<Element, Cfg::kBlockKV, false>(s_acc[0], q_at(0), k_at(0));
+    if constexpr (QRegisters<Cfg>::kUsed) {
+      wgmma_rs_k_major<Element, Cfg::kBlockKV, false>(s_acc[0], q_registers.a[0], k_at(0));
 #pragma unroll
-    for (int ks = 1; ks < Cfg::kHeadDim / 16; ++ks) wgmma_ss<Element, Cfg::kBlockKV, true>(s_acc[0], q_at(ks), k_at(ks));
+      for (int ks = 1; ks < QRegisters<Cfg>::kSteps; ++ks) {
+        wgmma_rs_k_major<Element, Cfg::kBlockKV, true>(s_acc[0], q_registers.a[ks], k_at(ks));
+      }
+    } else {
+      wgmma_ss<Element, Cfg::kBlockKV, false>(s_acc[0], q_at(0), k_at(0));
+#pragma unroll
+      for (int ks = 1; ks < Cfg::kHeadDim / 16; ++ks) {
+        wgmma_ss<Element, Cfg::kBlockKV, true>(s_acc[0], q_at(ks), k_at(ks));
+      }
+    }
     wgmma_commit();
   };
   // O += P V for the block in `stage` (async).
@@ -197,7 +209,13 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   };
 
   mbarrier_wait(ring.q_landed(q_buffer), at.q_phase());
-  if constexpr (Cfg::kRope != kRopeNone) {
+  if constexpr (QRegisters<Cfg>::kUsed) {
+    int key_position0, query_position0;
+    rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
+    q_registers.load_rotated(ring.q_tile(q_buffer), p, warp_row0, lane, [&](int row) {
+      return query_position0 + (Cfg::kPackGqa ? query_position<Cfg>(job.q0 + row, job.group) : job.q0 + row);
+    });
+  } else if constexpr (Cfg::kRope != kRopeNone) {
     // Each warpgroup rotates its own Q rows (only its wgmma read them) and
     // orders the stores before those reads (async proxy).
     int key_position0, query_position0;

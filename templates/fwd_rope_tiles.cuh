@@ -177,4 +177,60 @@ __device__ __forceinline__ void rotate_q_rows(unsigned char* q_tile, const FwdPa
   }
 }
 
+// Q of a wgmma warpgroup taken into registers and rotated there, for S = Q Kᵀ
+// with A from registers (wgmma_rs_k_major): no rotated Q is stored back, so
+// no store, proxy fence or warpgroup barrier stands between Q's landing and
+// the first S = Q Kᵀ. Head dims up to 64 (one 128-byte row, where the wgmma
+// and mma.sync layouts coincide: the fragments load as mma.sync's do), 16
+// registers a thread. Rotate-half needs rotary_dim a multiple of 32 (a pair's
+// partner is then k-step rotary_dim / 32 further, in the same thread and
+// register); interleaved pairs are the two halves of one register. At head
+// dim 64 this took the RoPE kernel's time at 32 × 512 from 1.28× plain to
+// 1.25× (H200, docs/PERFORMANCE.md); the smem rotation (rotate_q_rows)
+// serves the rest, and three-warpgroup tiles (128 registers a thread: their
+// wgmma pipeline serialized on spills with Q held).
+template <class Cfg>
+struct QRegisters {
+  static constexpr bool kUsed = Cfg::kWgmma && Cfg::kRope != kRopeNone && Cfg::kHeadDim <= 64 &&
+                                Cfg::kHeadDim % 16 == 0 && Cfg::kConsumerGroups <= 2 &&
+                                (Cfg::kRope == kRopeInterleaved || Cfg::kRotaryDim % 32 == 0) &&
+                                (Cfg::kBlockKV == 32 || Cfg::kBlockKV == 64 || Cfg::kBlockKV == 80 ||
+                                 Cfg::kBlockKV == 96 || Cfg::kBlockKV == 128);
+  static constexpr int kSteps = kUsed ? Cfg::kHeadDim / 16 : 1;
+  unsigned a[kSteps][4];  // k-step ks: the m16n8k16 A fragment of columns 16ks..16ks+15
+
+  // Loads this warp's 16 rows (tile rows warp_row0..+15) from the swizzled Q
+  // tile and rotates them; position_of(tile row) is the row's position.
+  template <typename PositionOf>
+  __device__ __forceinline__ void load_rotated(unsigned q_tile, const FwdParams& p, int warp_row0, int lane,
+                                               PositionOf&& position_of) {
+    using Element = typename Cfg::Element;
+    const QTileFragments<Cfg> fragment_of(q_tile, warp_row0, lane);
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) fragment_of(0, ks, a[ks]);
+    // Fragment register j: row (lane / 4) + 8 (j & 1), columns 2 (lane % 4) + 8 (j / 2) and the next.
+    const int positions[2] = {position_of(warp_row0 + (lane >> 2)), position_of(warp_row0 + (lane >> 2) + 8)};
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int column = ks * 16 + 2 * (lane & 3) + 8 * (j >> 1);
+        if constexpr (Cfg::kRope == kRopeHalf) {
+          constexpr int kHalfSteps = Cfg::kRotaryDim / 32;  // k-steps of the first half
+          if (ks < kHalfSteps) {
+            float s0, c0, s1, c1;
+            rope_angle<Cfg::kRopeTableBytes, Element>(p, positions[j & 1], column, s0, c0);
+            rope_angle<Cfg::kRopeTableBytes, Element>(p, positions[j & 1], column + 1, s1, c1);
+            rotate_half_words<Element, false>(a[ks][j], a[ks + kHalfSteps][j], s0, c0, s1, c1);
+          }
+        } else if (column < Cfg::kRotaryDim) {
+          float sine, cosine;
+          rope_angle<Cfg::kRopeTableBytes, Element>(p, positions[j & 1], column / 2, sine, cosine);
+          a[ks][j] = rotate_interleaved<Element, false>(a[ks][j], sine, cosine);
+        }
+      }
+    }
+  }
+};
+
 }  // namespace jitattn

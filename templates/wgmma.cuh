@@ -80,6 +80,8 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
 // registers, in the order of the mma.sync m16n8 C fragment (tile t holds
 // columns 8t..8t+7 of this warp's 16 rows).
 // C is the constraint: "+f" (accumulate) or "=f" (overwrite; scale-d 0).
+// The register-A forms (RS) also take TRANS_B: "1" for an N-major B (V),
+// "0" for a K-major one (K).
 #define JITATTN_WGMMA_TILE(C, t) C(d[t][0]), C(d[t][1]), C(d[t][2]), C(d[t][3])
 
 #define JITATTN_WGMMA_SS_N32(TYPES, C, SCALE_D) \
@@ -90,11 +92,11 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3) \
                : "l"(a_descriptor), "l"(b_descriptor))
 
-#define JITATTN_WGMMA_RS_N32(TYPES, C, SCALE_D) \
+#define JITATTN_WGMMA_RS_N32(TYPES, C, SCALE_D, TRANS_B) \
   asm volatile("{ .reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n32k16.f32" TYPES " " \
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
-               "{%16, %17, %18, %19}, %20, p, 1, 1, 1; }\n" \
+               "{%16, %17, %18, %19}, %20, p, 1, 1, " TRANS_B "; }\n" \
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor))
 
@@ -106,11 +108,11 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7) \
                : "l"(a_descriptor), "l"(b_descriptor))
 
-#define JITATTN_WGMMA_RS_N64(TYPES, C, SCALE_D) \
+#define JITATTN_WGMMA_RS_N64(TYPES, C, SCALE_D, TRANS_B) \
   asm volatile("{ .reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32" TYPES " " \
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
-               "{%32, %33, %34, %35}, %36, p, 1, 1, 1; }\n" \
+               "{%32, %33, %34, %35}, %36, p, 1, 1, " TRANS_B "; }\n" \
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor))
 
@@ -122,11 +124,11 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9) \
                : "l"(a_descriptor), "l"(b_descriptor))
 
-#define JITATTN_WGMMA_RS_N80(TYPES, C, SCALE_D) \
+#define JITATTN_WGMMA_RS_N80(TYPES, C, SCALE_D, TRANS_B) \
   asm volatile("{ .reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n80k16.f32" TYPES " " \
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, " \
-               "{%40, %41, %42, %43}, %44, p, 1, 1, 1; }\n" \
+               "{%40, %41, %42, %43}, %44, p, 1, 1, " TRANS_B "; }\n" \
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor))
 
@@ -138,11 +140,11 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9), JITATTN_WGMMA_TILE(C, 10), JITATTN_WGMMA_TILE(C, 11) \
                : "l"(a_descriptor), "l"(b_descriptor))
 
-#define JITATTN_WGMMA_RS_N96(TYPES, C, SCALE_D) \
+#define JITATTN_WGMMA_RS_N96(TYPES, C, SCALE_D, TRANS_B) \
   asm volatile("{ .reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n96k16.f32" TYPES " " \
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, " \
-               "{%48, %49, %50, %51}, %52, p, 1, 1, 1; }\n" \
+               "{%48, %49, %50, %51}, %52, p, 1, 1, " TRANS_B "; }\n" \
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9), JITATTN_WGMMA_TILE(C, 10), JITATTN_WGMMA_TILE(C, 11) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor))
 
@@ -154,11 +156,11 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9), JITATTN_WGMMA_TILE(C, 10), JITATTN_WGMMA_TILE(C, 11), JITATTN_WGMMA_TILE(C, 12), JITATTN_WGMMA_TILE(C, 13), JITATTN_WGMMA_TILE(C, 14), JITATTN_WGMMA_TILE(C, 15) \
                : "l"(a_descriptor), "l"(b_descriptor))
 
-#define JITATTN_WGMMA_RS_N128(TYPES, C, SCALE_D) \
+#define JITATTN_WGMMA_RS_N128(TYPES, C, SCALE_D, TRANS_B) \
   asm volatile("{ .reg .pred p; setp.ne.b32 p, " SCALE_D ", 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n128k16.f32" TYPES " " \
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
-               "{%64, %65, %66, %67}, %68, p, 1, 1, 1; }\n" \
+               "{%64, %65, %66, %67}, %68, p, 1, 1, " TRANS_B "; }\n" \
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9), JITATTN_WGMMA_TILE(C, 10), JITATTN_WGMMA_TILE(C, 11), JITATTN_WGMMA_TILE(C, 12), JITATTN_WGMMA_TILE(C, 13), JITATTN_WGMMA_TILE(C, 14), JITATTN_WGMMA_TILE(C, 15) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_descriptor))
 
@@ -170,20 +172,20 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9), JITATTN_WGMMA_TILE(C, 10), JITATTN_WGMMA_TILE(C, 11), JITATTN_WGMMA_TILE(C, 12), JITATTN_WGMMA_TILE(C, 13), JITATTN_WGMMA_TILE(C, 14), JITATTN_WGMMA_TILE(C, 15), JITATTN_WGMMA_TILE(C, 16), JITATTN_WGMMA_TILE(C, 17), JITATTN_WGMMA_TILE(C, 18), JITATTN_WGMMA_TILE(C, 19), JITATTN_WGMMA_TILE(C, 20), JITATTN_WGMMA_TILE(C, 21) \
                : "l"(a_descriptor), "l"(b_descriptor))
 
-// Picks the instruction of width N.
-#define JITATTN_WGMMA_PICK(FORM, TYPES, C, SCALE_D)              \
-  if constexpr (N == 32) FORM##_N32(TYPES, C, SCALE_D);          \
-  else if constexpr (N == 64) FORM##_N64(TYPES, C, SCALE_D);     \
-  else if constexpr (N == 80) FORM##_N80(TYPES, C, SCALE_D);     \
-  else if constexpr (N == 96) FORM##_N96(TYPES, C, SCALE_D);     \
-  else if constexpr (N == 128) FORM##_N128(TYPES, C, SCALE_D);   \
+// Picks the instruction of width N (the form's own arguments follow FORM).
+#define JITATTN_WGMMA_PICK(FORM, ...)                    \
+  if constexpr (N == 32) FORM##_N32(__VA_ARGS__);        \
+  else if constexpr (N == 64) FORM##_N64(__VA_ARGS__);   \
+  else if constexpr (N == 80) FORM##_N80(__VA_ARGS__);   \
+  else if constexpr (N == 96) FORM##_N96(__VA_ARGS__);   \
+  else if constexpr (N == 128) FORM##_N128(__VA_ARGS__); \
   else static_assert(N == 32, "wgmma N must be 32, 64, 80, 96 or 128");
 
 // S = Q Kᵀ also over 176-key blocks (SS only: P V's N is the head dim, at
 // most 128 an instruction).
-#define JITATTN_WGMMA_PICK_WIDE(FORM, TYPES, C, SCALE_D)          \
-  if constexpr (N == 176) FORM##_N176(TYPES, C, SCALE_D);        \
-  else JITATTN_WGMMA_PICK(FORM, TYPES, C, SCALE_D)
+#define JITATTN_WGMMA_PICK_WIDE(FORM, ...)        \
+  if constexpr (N == 176) FORM##_N176(__VA_ARGS__); \
+  else JITATTN_WGMMA_PICK(FORM, __VA_ARGS__)
 
 // d (+)= A·B for a 64×N tile: A (64×16, K-major) and B (N×16, K-major) from
 // shared memory. ACCUMULATE false overwrites d (write-only registers, so no
@@ -213,9 +215,29 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const unsigned (&
                                          unsigned long long b_descriptor) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   if constexpr (Element::is_bf16) {
-    JITATTN_WGMMA_PICK(JITATTN_WGMMA_RS, ".bf16.bf16", "+f", "1")
+    JITATTN_WGMMA_PICK(JITATTN_WGMMA_RS, ".bf16.bf16", "+f", "1", "1")
   } else {
-    JITATTN_WGMMA_PICK(JITATTN_WGMMA_RS, ".f16.f16", "+f", "1")
+    JITATTN_WGMMA_PICK(JITATTN_WGMMA_RS, ".f16.f16", "+f", "1", "1")
+  }
+#endif
+}
+
+// d (+)= A·B for a 64×N tile: A (64×16) from registers in the mma.sync
+// m16n8k16 A-fragment layout (this warp's 16 rows), B (N×16, K-major, as K
+// sits in shared memory) through its descriptor. ACCUMULATE false overwrites
+// d. (S = Q Kᵀ with Q in registers: fused RoPE rotates Q there.)
+template <class Element, int N, bool ACCUMULATE>
+__device__ __forceinline__ void wgmma_rs_k_major(float (&d)[N / 8][4], const unsigned (&a)[4],
+                                                 unsigned long long b_descriptor) {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  if constexpr (Element::is_bf16 && ACCUMULATE) {
+    JITATTN_WGMMA_PICK(JITATTN_WGMMA_RS, ".bf16.bf16", "+f", "1", "0")
+  } else if constexpr (Element::is_bf16) {
+    JITATTN_WGMMA_PICK(JITATTN_WGMMA_RS, ".bf16.bf16", "=f", "0", "0")
+  } else if constexpr (ACCUMULATE) {
+    JITATTN_WGMMA_PICK(JITATTN_WGMMA_RS, ".f16.f16", "+f", "1", "0")
+  } else {
+    JITATTN_WGMMA_PICK(JITATTN_WGMMA_RS, ".f16.f16", "=f", "0", "0")
   }
 #endif
 }
