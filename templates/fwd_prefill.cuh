@@ -410,7 +410,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
     // Idle warps reach this barrier from the other call site below: CTA-wide
     // but uniform within each warp, which PTX's bar.sync (barrier.sync.aligned)
     // allows and CUDA C++'s __syncthreads does not, hence the PTX. One call
-    // site, with the math in branches around it, measured 2-10% slower on
+    // site, with the math in branches around it, measured up to 13% slower on
     // 64-row tiles (docs/PERFORMANCE.md). compute-sanitizer synccheck reports
     // this pattern as "Divergent thread(s) in block" even when it is correct
     // (bench/probe_synccheck.cu, mode 4).

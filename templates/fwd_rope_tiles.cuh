@@ -186,16 +186,15 @@ __device__ __forceinline__ void rotate_q_rows(unsigned char* q_tile, const FwdPa
 // partner is then k-step rotary_dim / 32 further, in the same thread and
 // register); interleaved pairs are the two halves of one register. At head
 // dim 64 this took the RoPE kernel's time at 32 × 512 from 1.28× plain to
-// 1.25× (H200, docs/PERFORMANCE.md); the smem rotation (rotate_q_rows)
-// serves the rest, and three-warpgroup tiles (128 registers a thread: their
-// wgmma pipeline serialized on spills with Q held).
+// 1.24× (H200, docs/PERFORMANCE.md). Everything else keeps the shared-memory
+// rotation (rotate_q_rows), three-warpgroup tiles included: at 128 registers
+// a thread they spilled with Q held and ptxas serialized their wgmma.
 template <class Cfg>
 struct QRegisters {
   static constexpr bool kUsed = Cfg::kWgmma && Cfg::kRope != kRopeNone && Cfg::kHeadDim <= 64 &&
                                 Cfg::kHeadDim % 16 == 0 && Cfg::kConsumerGroups <= 2 &&
                                 (Cfg::kRope == kRopeInterleaved || Cfg::kRotaryDim % 32 == 0) &&
-                                (Cfg::kBlockKV == 32 || Cfg::kBlockKV == 64 || Cfg::kBlockKV == 80 ||
-                                 Cfg::kBlockKV == 96 || Cfg::kBlockKV == 128);
+                                wgmma_picks_width(Cfg::kBlockKV);
   static constexpr int kSteps = kUsed ? Cfg::kHeadDim / 16 : 1;
   unsigned a[kSteps][4];  // k-step ks: the m16n8k16 A fragment of columns 16ks..16ks+15
 

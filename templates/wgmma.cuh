@@ -172,6 +172,12 @@ __device__ __forceinline__ void wgmma_hold(float (&d)[kTiles][4]) {
                : JITATTN_WGMMA_TILE(C, 0), JITATTN_WGMMA_TILE(C, 1), JITATTN_WGMMA_TILE(C, 2), JITATTN_WGMMA_TILE(C, 3), JITATTN_WGMMA_TILE(C, 4), JITATTN_WGMMA_TILE(C, 5), JITATTN_WGMMA_TILE(C, 6), JITATTN_WGMMA_TILE(C, 7), JITATTN_WGMMA_TILE(C, 8), JITATTN_WGMMA_TILE(C, 9), JITATTN_WGMMA_TILE(C, 10), JITATTN_WGMMA_TILE(C, 11), JITATTN_WGMMA_TILE(C, 12), JITATTN_WGMMA_TILE(C, 13), JITATTN_WGMMA_TILE(C, 14), JITATTN_WGMMA_TILE(C, 15), JITATTN_WGMMA_TILE(C, 16), JITATTN_WGMMA_TILE(C, 17), JITATTN_WGMMA_TILE(C, 18), JITATTN_WGMMA_TILE(C, 19), JITATTN_WGMMA_TILE(C, 20), JITATTN_WGMMA_TILE(C, 21) \
                : "l"(a_descriptor), "l"(b_descriptor))
 
+// The widths N that JITATTN_WGMMA_PICK spells out (callers that choose
+// between forms ask here instead of repeating the list).
+__host__ __device__ constexpr bool wgmma_picks_width(int n) {
+  return n == 32 || n == 64 || n == 80 || n == 96 || n == 128;
+}
+
 // Picks the instruction of width N (the form's own arguments follow FORM).
 #define JITATTN_WGMMA_PICK(FORM, ...)                    \
   if constexpr (N == 32) FORM##_N32(__VA_ARGS__);        \
