@@ -188,7 +188,9 @@ __device__ __forceinline__ void rotate_q_rows(unsigned char* q_tile, const FwdPa
 // dim 64 this took the RoPE kernel's time at 32 × 512 from 1.28× plain to
 // 1.24× (H200, docs/PERFORMANCE.md). Everything else keeps the shared-memory
 // rotation (rotate_q_rows), three-warpgroup tiles included: at 128 registers
-// a thread they spilled with Q held and ptxas serialized their wgmma.
+// a thread they spilled with Q held and ptxas serialized their wgmma. At
+// head dim 128 Q's 32 registers need the MMA warps at 224, which leaves the
+// producer 56: K's rotation then ran RoPE 7-18% slower (H200, same file).
 template <class Cfg>
 struct QRegisters {
   static constexpr bool kUsed = Cfg::kWgmma && Cfg::kRope != kRopeNone && Cfg::kHeadDim <= 64 &&
