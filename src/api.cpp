@@ -119,24 +119,39 @@ struct Runtime::Impl {
         registry(builder),
         tuning(TuningTable::load(config.cache_dir, JITATTN_VERSION_STRING, nvrtc_info().version())) {}
 
-  // plan(arch, max_smem_bytes, sm_count, tuning) → a plan (ForwardPlan, CombinePlan:
-  // spec, params, grid), then launch it on the current context: the one path
-  // every call takes. Blocks are spec.threads() wide.
+  // The current context's device, with plan(arch, max_smem_bytes,
+  // sm_count, tuning) made for it. Without a GPU the plan is still made
+  // (for an H200) so that bad input is reported as it would be with one;
+  // then the missing GPU is.
+  template <typename Planned>
+  struct DeviceCall {
+    ContextRef context;
+    const DeviceInfo& device;
+    Planned planned;
+  };
   template <typename Plan>
-  void run(Plan&& plan, Stream stream) {
+  auto plan_on_current_device(Plan&& plan) {
     if (!driver().available) {
-      // Bad input is reported the same way with or without a GPU.
       plan(Arch{9, 0, true}, INT32_MAX, 132, nullptr);
       throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", driver().error));
     }
     const ContextRef context = registry.current_context();
     const DeviceInfo& device = registry.device_info(context);
-    auto planned = plan(device.arch, device.max_smem_per_block, device.sm_count, &tuning);
-    if (planned.grid == 0) return;  // empty batch or no query rows: nothing to write
+    using Planned = decltype(plan(device.arch, device.max_smem_per_block, device.sm_count, &tuning));
+    return DeviceCall<Planned>{context, device, plan(device.arch, device.max_smem_per_block, device.sm_count, &tuning)};
+  }
+
+  // A call of one launch: plan (ForwardPlan, CombinePlan: spec, params,
+  // grid), then launch it on the current context: the one path every such
+  // call takes. Blocks are spec.threads() wide.
+  template <typename Plan>
+  void run(Plan&& plan, Stream stream) {
+    auto call = plan_on_current_device(plan);
+    if (call.planned.grid == 0) return;  // empty batch or no query rows: nothing to write
     auto cu_stream = static_cast<CUstream>(stream);
-    const LoadedKernel& kernel = registry.get(planned.spec, context, device, cu_stream);
-    encode_tensor_maps(planned);
-    launch(kernel, planned.grid, &planned.params, device, cu_stream);
+    const LoadedKernel& kernel = registry.get(call.planned.spec, call.context, call.device, cu_stream);
+    encode_tensor_maps(call.planned);
+    launch(kernel, call.planned.grid, &call.planned.params, call.device, cu_stream);
   }
 
   // Every launch: one CTA per grid index, kernel.threads wide. On sm_90 and
@@ -170,27 +185,24 @@ struct Runtime::Impl {
   // so a failure launches nothing.
   template <typename Plan>
   void run_sequence(Plan&& plan, Stream stream) {
-    if (!driver().available) {
-      plan(Arch{9, 0, true}, INT32_MAX, 132, nullptr);
-      throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", driver().error));
-    }
-    const ContextRef context = registry.current_context();
-    const DeviceInfo& device = registry.device_info(context);
-    auto planned = plan(device.arch, device.max_smem_per_block, device.sm_count, &tuning);
+    auto call = plan_on_current_device(plan);
+    auto& planned = call.planned;
     if (planned.attention.grid == 0) return;
     auto cu_stream = static_cast<CUstream>(stream);
     AppendPlan* append_plan = nullptr;
-    if constexpr (std::is_same_v<decltype(planned), KVCachePlan>) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(planned)>, KVCachePlan>) {
       if (planned.append.grid != 0) append_plan = &planned.append;
     }
-    const LoadedKernel* append = append_plan ? &registry.get(append_plan->spec, context, device, cu_stream) : nullptr;
-    const LoadedKernel& attention = registry.get(planned.attention.spec, context, device, cu_stream);
-    const LoadedKernel* combine =
-        planned.combine.grid ? &registry.get(planned.combine.spec, context, device, cu_stream) : nullptr;
+    auto load = [&](const KernelSpec& spec) -> const LoadedKernel& {
+      return registry.get(spec, call.context, call.device, cu_stream);
+    };
+    const LoadedKernel* append = append_plan ? &load(append_plan->spec) : nullptr;
+    const LoadedKernel& attention = load(planned.attention.spec);
+    const LoadedKernel* combine = planned.combine.grid ? &load(planned.combine.spec) : nullptr;
     encode_tensor_maps(planned.attention);
-    if (append != nullptr) launch(*append, append_plan->grid, &append_plan->params, device, cu_stream);
-    launch(attention, planned.attention.grid, &planned.attention.params, device, cu_stream);
-    if (combine != nullptr) launch(*combine, planned.combine.grid, &planned.combine.params, device, cu_stream);
+    if (append != nullptr) launch(*append, append_plan->grid, &append_plan->params, call.device, cu_stream);
+    launch(attention, planned.attention.grid, &planned.attention.params, call.device, cu_stream);
+    if (combine != nullptr) launch(*combine, planned.combine.grid, &planned.combine.params, call.device, cu_stream);
   }
 
   // What calls that only plan (no launch) plan for: the current device, or
