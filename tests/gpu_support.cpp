@@ -50,14 +50,19 @@ void DeviceBuffer::fill_bytes(unsigned char value) {
   check_cuda(driver().cuMemsetD8(pointer_, value, bytes_), "cuMemsetD8");
   check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
 }
-void DeviceBuffer::upload(const void* host, size_t bytes) {
+void DeviceBuffer::upload(const void* host, size_t bytes) { upload_at(0, host, bytes); }
+void DeviceBuffer::download(void* host, size_t bytes) const { download_at(0, host, bytes); }
+void DeviceBuffer::upload_at(size_t offset, const void* host, size_t bytes) {
   if (bytes == 0) return;
-  check_cuda(driver().cuMemcpyHtoD(pointer_, host, bytes), "cuMemcpyHtoD");
+  REQUIRE_MESSAGE(offset + bytes <= bytes_, "upload past the buffer's end");
+  check_cuda(driver().cuMemcpyHtoD(pointer_ + offset, host, bytes), "cuMemcpyHtoD");
   check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
 }
-void DeviceBuffer::download(void* host, size_t bytes) const {
+void DeviceBuffer::download_at(size_t offset, void* host, size_t bytes) const {
   check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
-  if (bytes > 0) check_cuda(driver().cuMemcpyDtoH(host, pointer_, bytes), "cuMemcpyDtoH");
+  if (bytes == 0) return;
+  REQUIRE_MESSAGE(offset + bytes <= bytes_, "download past the buffer's end");
+  check_cuda(driver().cuMemcpyDtoH(host, pointer_ + offset, bytes), "cuMemcpyDtoH");
 }
 
 namespace {

@@ -33,6 +33,9 @@ class DeviceBuffer {
   void fill_bytes(unsigned char value);  // e.g. 0xff: NaN poison in every float format
   void upload(const void* host, size_t bytes);
   void download(void* host, size_t bytes) const;
+  // The same at a byte offset into the buffer.
+  void upload_at(size_t offset, const void* host, size_t bytes);
+  void download_at(size_t offset, void* host, size_t bytes) const;
 
  private:
   CUdeviceptr pointer_ = 0;

@@ -1,0 +1,424 @@
+// Calls whose tensors reach past 2^31 elements (4 GiB of 16-bit values), as
+// a serving engine's KV-cache pool or a large batch does: every offset a
+// kernel forms from a batch, page, row or head index has to be 64-bit.
+//
+// Each call runs twice on the same values: once on compact tensors, once with
+// the batch (or the pages) it reads and writes placed past 2^31 elements and
+// every other byte NaN poison. Both calls plan the same kernels, and the
+// kernels are deterministic, so the two must agree bit for bit: an offset cut
+// to 32 bits reads poison or another batch's rows. (The compact calls are
+// judged against references by the other GPU suites.)
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_support.hpp"
+
+using namespace jitattn;
+using namespace jitattn::test;
+using jitattn::detail::check_cuda;
+using jitattn::detail::driver;
+
+namespace {
+
+// Elements before the far copy: past 2^31, and a multiple of 8 (16-byte rows).
+constexpr int64_t kFar = (int64_t{1} << 31) + (int64_t{1} << 20);
+
+// Whether the GPU holds `bytes` of test tensors (beside 8 GiB for everything
+// else); says why it skips where it does not.
+bool gpu_holds(size_t bytes, const char* what) {
+  CUdevice device;
+  size_t total = 0;
+  check_cuda(driver().cuCtxGetDevice(&device), "cuCtxGetDevice");
+  check_cuda(driver().cuDeviceTotalMem(&total, device), "cuDeviceTotalMem");
+  if (total >= bytes + (size_t{8} << 30)) return true;
+  MESSAGE(fmt::format("skipped: {} needs {:.1f} GiB of GPU memory, this GPU has {:.1f}", what,
+                      static_cast<double>(bytes) / (1 << 30), static_cast<double>(total) / (1 << 30)));
+  return false;
+}
+
+std::vector<uint16_t> random_values(size_t count, DType dtype, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> value(-1.f, 1.f);
+  std::vector<uint16_t> bits(count);
+  for (auto& b : bits) b = from_float(value(rng), dtype);
+  return bits;
+}
+
+// The two layouts' results agree bit for bit (else: the first element that differs).
+void check_same_bits(const char* what, const std::vector<uint16_t>& compact, const std::vector<uint16_t>& far) {
+  REQUIRE(compact.size() == far.size());
+  const auto at = std::mismatch(compact.begin(), compact.end(), far.begin());
+  CHECK_MESSAGE(at.first == compact.end(),
+                fmt::format("{} element {}: compact 0x{:04x}, far 0x{:04x}", what, at.first - compact.begin(),
+                            at.first == compact.end() ? 0 : *at.first, at.first == compact.end() ? 0 : *at.second));
+}
+
+// Elements that still hold the poison (0xffff, a NaN in both 16-bit formats).
+size_t count_poison(const std::vector<uint16_t>& bits) {
+  return static_cast<size_t>(std::count(bits.begin(), bits.end(), uint16_t{0xffff}));
+}
+
+// A [batch, seqlen, heads, head_dim] tensor, contiguous within each batch,
+// whose batch b starts at b · batch_stride elements of `buffer`.
+TensorView batch_view(const DeviceBuffer& buffer, DType dtype, int64_t batch, int64_t seqlen, int64_t heads,
+                      int64_t head_dim, int64_t batch_stride) {
+  TensorView t = TensorView::contiguous(buffer.get(), dtype, {batch, seqlen, heads, head_dim});
+  t.strides[0] = batch_stride;
+  return t;
+}
+
+// ---- dense forward ----------------------------------------------------------
+
+struct DenseCase {
+  DType dtype = DType::bf16;
+  int seqlen_q = 1024, seqlen_k = 1024, heads_q = 16, heads_kv = 16, head_dim = 128;
+  bool causal = true;
+  RopeStyle rope = RopeStyle::none;
+  bool workspace = false;  // forward() with a workspace (split-KV)
+};
+
+std::string describe(const DenseCase& c, const std::string& spec) {
+  return fmt::format("{} {} batch=2 seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} rope={} workspace={}",
+                     spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv,
+                     c.head_dim, c.causal, static_cast<int>(c.rope), c.workspace);
+}
+
+// q, k, v and out of two batches, batch 1 at kFar elements.
+struct FarTensors {
+  explicit FarTensors(size_t elements) : q(elements * 2), k(elements * 2), v(elements * 2), out(elements * 2) {}
+  DeviceBuffer q, k, v, out;
+};
+
+TEST_CASE("offsets past 2^31 elements: dense forward with batch strides past 4 GiB") {
+  // One batch of every case fits in 8M elements (8192 keys x 8 heads x 128).
+  constexpr int64_t kBatchElements = int64_t{8} << 20;
+  const size_t far_elements = static_cast<size_t>(kFar + kBatchElements);
+  if (!gpu_holds(4 * far_elements * 2, "dense calls past 2^31 elements")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+
+  std::vector<DenseCase> cases;
+  cases.push_back({});  // d128 causal: persistent wgmma tiles (sm_90a), K/V by tensor copies
+  {
+    DenseCase c;  // RoPE: K copied and rotated by the producer, packed GQA
+    c.rope = RopeStyle::rotate_half;
+    c.heads_kv = 4;
+    cases.push_back(c);
+  }
+  {
+    DenseCase c;  // d64 without a mask, f16: three-warpgroup tiles on sm_90a
+    c.dtype = DType::f16;
+    c.head_dim = 64;
+    c.seqlen_k = 2048;
+    c.causal = false;
+    cases.push_back(c);
+  }
+  {
+    DenseCase c;  // d256, ragged lengths
+    c.head_dim = 256;
+    c.seqlen_q = 300;
+    c.seqlen_k = 700;
+    c.heads_q = c.heads_kv = 8;
+    cases.push_back(c);
+  }
+  {
+    DenseCase c;  // d96 (padded to 128), interleaved RoPE, MQA
+    c.head_dim = 96;
+    c.seqlen_q = 513;
+    c.seqlen_k = 999;
+    c.heads_q = 6;
+    c.heads_kv = 1;
+    c.rope = RopeStyle::interleaved;
+    cases.push_back(c);
+  }
+  {
+    DenseCase c;  // one query over 8192 keys with a workspace: the decode kernel over dense K/V, split
+    c.seqlen_q = 1;
+    c.seqlen_k = 8192;
+    c.heads_q = 32;
+    c.heads_kv = 8;
+    c.workspace = true;
+    cases.push_back(c);
+  }
+
+  Runtime& runtime = gpu_tests_runtime();
+  FarTensors far(far_elements);
+  for (const DenseCase& c : cases) {
+    const int64_t q_batch = int64_t{c.seqlen_q} * c.heads_q * c.head_dim;
+    const int64_t kv_batch = int64_t{c.seqlen_k} * c.heads_kv * c.head_dim;
+    REQUIRE(std::max(q_batch, kv_batch) <= kBatchElements);
+    const auto q_bits = random_values(2 * q_batch, c.dtype, rng);
+    const auto k_bits = random_values(2 * kv_batch, c.dtype, rng);
+    const auto v_bits = random_values(2 * kv_batch, c.dtype, rng);
+
+    DeviceBuffer q(q_bits.size() * 2), k(k_bits.size() * 2), v(v_bits.size() * 2), out(q_bits.size() * 2);
+    q.upload(q_bits.data(), q_bits.size() * 2);
+    k.upload(k_bits.data(), k_bits.size() * 2);
+    v.upload(v_bits.data(), v_bits.size() * 2);
+    // The far tensors: batch 0 at 0, batch 1 at kFar, poison between.
+    for (DeviceBuffer* buffer : {&far.q, &far.k, &far.v, &far.out}) buffer->fill_bytes(0xff);
+    for (int b = 0; b < 2; ++b) {
+      const size_t at = static_cast<size_t>(b * kFar) * 2;
+      far.q.upload_at(at, q_bits.data() + b * q_batch, static_cast<size_t>(q_batch) * 2);
+      far.k.upload_at(at, k_bits.data() + b * kv_batch, static_cast<size_t>(kv_batch) * 2);
+      far.v.upload_at(at, v_bits.data() + b * kv_batch, static_cast<size_t>(kv_batch) * 2);
+    }
+    auto views = [&](const DeviceBuffer& qb, const DeviceBuffer& kb, const DeviceBuffer& vb, const DeviceBuffer& ob,
+                     bool is_far) {
+      struct {
+        TensorView q, k, v, out;
+      } t;
+      t.q = batch_view(qb, c.dtype, 2, c.seqlen_q, c.heads_q, c.head_dim, is_far ? kFar : q_batch);
+      t.k = batch_view(kb, c.dtype, 2, c.seqlen_k, c.heads_kv, c.head_dim, is_far ? kFar : kv_batch);
+      t.v = batch_view(vb, c.dtype, 2, c.seqlen_k, c.heads_kv, c.head_dim, is_far ? kFar : kv_batch);
+      t.out = batch_view(ob, c.dtype, 2, c.seqlen_q, c.heads_q, c.head_dim, is_far ? kFar : q_batch);
+      return t;
+    };
+    const auto compact_views = views(q, k, v, out, false);
+    const auto far_views = views(far.q, far.k, far.v, far.out, true);
+    ForwardOptions options;
+    options.causal = c.causal;
+    options.rope.style = c.rope;
+
+    const std::string spec = runtime.spec_for(compact_views.q, compact_views.k, compact_views.v, compact_views.out,
+                                              nullptr, options);
+    const std::string far_spec =
+        runtime.spec_for(far_views.q, far_views.k, far_views.v, far_views.out, nullptr, options);
+    INFO(describe(c, spec), " seed=", seed);
+    REQUIRE_MESSAGE(far_spec == spec, "the far call plans ", far_spec);
+
+    // Runs one layout; returns out's two batches and the LSE, as bits.
+    auto run = [&](const decltype(compact_views)& t, const DeviceBuffer& out_buffer, bool is_far) {
+      const size_t lse_count = static_cast<size_t>(2) * c.heads_q * c.seqlen_q;
+      DeviceBuffer lse(lse_count * 4);
+      lse.fill_bytes(0xff);
+      const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {2, c.heads_q, c.seqlen_q});
+      if (c.workspace) {
+        const size_t bytes = runtime.forward_workspace_bytes(t.q, t.k, t.v, t.out, &lse_view, options);
+        CHECK(bytes > 0);
+        DeviceBuffer workspace(bytes);
+        workspace.fill_bytes(0xff);
+        runtime.forward(t.q, t.k, t.v, t.out, &lse_view, options, workspace.get(), bytes, nullptr);
+        check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+      } else {
+        runtime.forward(t.q, t.k, t.v, t.out, &lse_view, options, nullptr);
+      }
+      std::vector<uint16_t> bits(static_cast<size_t>(2 * q_batch));
+      for (int b = 0; b < 2; ++b) {
+        out_buffer.download_at(static_cast<size_t>(b * (is_far ? kFar : q_batch)) * 2, bits.data() + b * q_batch,
+                               static_cast<size_t>(q_batch) * 2);
+      }
+      std::vector<float> lse_values(lse_count);
+      lse.download(lse_values.data(), lse_count * 4);
+      std::vector<uint16_t> lse_bits(lse_count * 2);
+      std::memcpy(lse_bits.data(), lse_values.data(), lse_count * 4);
+      return std::make_pair(bits, lse_bits);
+    };
+    out.fill_bytes(0xff);
+    const auto compact_result = run(compact_views, out, false);
+    const auto far_result = run(far_views, far.out, true);
+    CHECK_MESSAGE(count_poison(compact_result.first) == 0, "the compact call left poison in out");
+    check_same_bits("out", compact_result.first, far_result.first);
+    check_same_bits("lse (16-bit halves)", compact_result.second, far_result.second);
+  }
+}
+
+// ---- KV cache ---------------------------------------------------------------
+
+struct CacheCase {
+  int seqlen_q = 1;
+  bool append = true;  // seqlen_q new keys and values
+  RopeStyle rope = RopeStyle::rotate_half;
+  bool paged = true;   // pages of 64; else a contiguous cache read through cache_batch_idx
+  bool dynamic = false;
+  int num_splits = 0;
+};
+
+std::string describe(const CacheCase& c) {
+  return fmt::format("bf16 batch=2 heads=32/8 head_dim=128 seqlen_q={} append={} rope={} paged={} dynamic={} "
+                     "num_splits={}",
+                     c.seqlen_q, c.append, static_cast<int>(c.rope), c.paged, c.dynamic, c.num_splits);
+}
+
+TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches) lie past 4 GiB") {
+  constexpr int kBatch = 2, kHeadsQ = 32, kHeadsKV = 8, kHeadDim = 128, kPageSize = 64;
+  constexpr int kCapacity = 3200;  // rows a sequence, whole pages
+  constexpr int kPagesPerSequence = kCapacity / kPageSize;
+  constexpr int kPages = kBatch * kPagesPerSequence;
+  constexpr int64_t kRow = int64_t{kHeadsKV} * kHeadDim;
+  constexpr int64_t kPageElements = kPageSize * kRow;
+  // The far pool's used pages start past 2^31 elements.
+  const int first_far_page = static_cast<int>(kFar / kPageElements) + 1;
+  const size_t far_elements = static_cast<size_t>(first_far_page + kPages) * kPageElements;
+  // A contiguous far cache holds cache batch 1 at kFar elements.
+  REQUIRE(static_cast<int64_t>(far_elements) >= kFar + int64_t{kCapacity} * kRow);
+  if (!gpu_holds(2 * far_elements * 2, "a KV cache past 2^31 elements")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const DType dtype = DType::bf16;
+
+  std::vector<CacheCase> cases;
+  cases.push_back({});  // decoding one token with an append and RoPE: the decode kernel, split
+  {
+    CacheCase c;  // 64 queries: the wgmma producer reads the pages by tensor copies (sm_90a)
+    c.seqlen_q = 64;
+    cases.push_back(c);
+  }
+  {
+    CacheCase c;  // no append, split counts chosen on the device
+    c.append = false;
+    c.rope = RopeStyle::none;
+    c.dynamic = true;
+    cases.push_back(c);
+  }
+  {
+    CacheCase c;  // a contiguous cache, cache batch 1 past 2^31 elements, read through cache_batch_idx
+    c.paged = false;
+    c.seqlen_q = 16;
+    c.num_splits = 3;
+    cases.push_back(c);
+  }
+  {
+    CacheCase c;
+    c.paged = false;
+    c.seqlen_q = 100;
+    c.rope = RopeStyle::interleaved;
+    cases.push_back(c);
+  }
+
+  Runtime& runtime = gpu_tests_runtime();
+  DeviceBuffer far_k(far_elements * 2), far_v(far_elements * 2);
+  for (const CacheCase& c : cases) {
+    INFO(describe(c), " seed=", seed);
+    const int seqlen_new = c.append ? c.seqlen_q : 0;
+    std::vector<int> cache_seqlens = {kCapacity - seqlen_new, 0};
+    cache_seqlens[1] = std::uniform_int_distribution<int>(1000, kCapacity - seqlen_new)(rng);
+    // Pages: a shuffled block table over the compact pool; the far pool holds
+    // page p at first_far_page + p. Contiguous: cache batches swapped, cache
+    // batch 1 at kFar elements in the far layout.
+    std::vector<int> pages(kPages);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    std::vector<int> far_pages = pages;
+    for (int& page : far_pages) page += first_far_page;
+    const std::vector<int> batch_index = {1, 0};
+
+    const auto cache_k = random_values(static_cast<size_t>(kPages) * kPageElements, dtype, rng);
+    const auto cache_v = random_values(static_cast<size_t>(kPages) * kPageElements, dtype, rng);
+    const auto q_bits = random_values(static_cast<size_t>(kBatch) * c.seqlen_q * kHeadsQ * kHeadDim, dtype, rng);
+    const auto k_new_bits = random_values(static_cast<size_t>(kBatch) * std::max(1, seqlen_new) * kRow, dtype, rng);
+    const auto v_new_bits = random_values(static_cast<size_t>(kBatch) * std::max(1, seqlen_new) * kRow, dtype, rng);
+
+    // The cache's used bytes: compact at 0; far past kFar (paged: page by
+    // page; contiguous: cache batch 1).
+    const size_t used_bytes = cache_k.size() * 2;
+    auto far_offset = [&](int64_t compact_element) -> size_t {
+      if (c.paged) return static_cast<size_t>(compact_element + int64_t{first_far_page} * kPageElements) * 2;
+      const int64_t cache_batch = compact_element / (int64_t{kCapacity} * kRow);
+      return static_cast<size_t>(compact_element + cache_batch * (kFar - int64_t{kCapacity} * kRow)) * 2;
+    };
+    // Contiguous runs of the compact cache that stay contiguous far away.
+    const int64_t run_elements = c.paged ? kPageElements : int64_t{kCapacity} * kRow;
+
+    DeviceBuffer k(used_bytes), v(used_bytes);
+    k.upload(cache_k.data(), used_bytes);
+    v.upload(cache_v.data(), used_bytes);
+    far_k.fill_bytes(0xff);
+    far_v.fill_bytes(0xff);
+    for (int64_t from = 0; from < static_cast<int64_t>(cache_k.size()); from += run_elements) {
+      far_k.upload_at(far_offset(from), cache_k.data() + from, static_cast<size_t>(run_elements) * 2);
+      far_v.upload_at(far_offset(from), cache_v.data() + from, static_cast<size_t>(run_elements) * 2);
+    }
+
+    DeviceBuffer q(q_bits.size() * 2), k_new(k_new_bits.size() * 2), v_new(v_new_bits.size() * 2);
+    q.upload(q_bits.data(), q_bits.size() * 2);
+    k_new.upload(k_new_bits.data(), k_new_bits.size() * 2);
+    v_new.upload(v_new_bits.data(), v_new_bits.size() * 2);
+    DeviceBuffer seqlens(kBatch * 4), table(kPages * 4), far_table(kPages * 4), indices(kBatch * 4);
+    seqlens.upload(cache_seqlens.data(), kBatch * 4);
+    table.upload(pages.data(), kPages * 4);
+    far_table.upload(far_pages.data(), kPages * 4);
+    indices.upload(batch_index.data(), kBatch * 4);
+
+    const TensorView q_view = TensorView::contiguous(q.get(), dtype, {kBatch, c.seqlen_q, kHeadsQ, kHeadDim});
+    const TensorView k_new_view = TensorView::contiguous(k_new.get(), dtype, {kBatch, seqlen_new, kHeadsKV, kHeadDim});
+    const TensorView v_new_view = TensorView::contiguous(v_new.get(), dtype, {kBatch, seqlen_new, kHeadsKV, kHeadDim});
+    const TensorView table_view = TensorView::contiguous(table.get(), DType::i32, {kBatch, kPagesPerSequence});
+    const TensorView far_table_view = TensorView::contiguous(far_table.get(), DType::i32, {kBatch, kPagesPerSequence});
+    const TensorView index_view = TensorView::contiguous(indices.get(), DType::i32, {kBatch});
+    ForwardOptions options;
+    options.causal = true;
+    options.rope.style = c.rope;
+
+    // Runs one layout; returns out and the LSE as bits, and the cache's used
+    // rows as they are after the call.
+    auto run = [&](bool is_far) {
+      const DeviceBuffer& kb = is_far ? far_k : k;
+      const DeviceBuffer& vb = is_far ? far_v : v;
+      KVCacheArgs args;
+      if (c.paged) {
+        const int64_t num_pages = is_far ? first_far_page + kPages : kPages;
+        args.k_cache = TensorView::contiguous(kb.get(), dtype, {num_pages, kPageSize, kHeadsKV, kHeadDim});
+        args.v_cache = TensorView::contiguous(vb.get(), dtype, {num_pages, kPageSize, kHeadsKV, kHeadDim});
+        args.block_table = is_far ? &far_table_view : &table_view;
+      } else {
+        const int64_t stride = is_far ? kFar : int64_t{kCapacity} * kRow;
+        args.k_cache = batch_view(kb, dtype, kBatch, kCapacity, kHeadsKV, kHeadDim, stride);
+        args.v_cache = batch_view(vb, dtype, kBatch, kCapacity, kHeadsKV, kHeadDim, stride);
+        args.cache_batch_idx = &index_view;
+      }
+      args.cache_seqlens = TensorView::contiguous(seqlens.get(), DType::i32, {kBatch});
+      if (c.append) {
+        args.k_new = &k_new_view;
+        args.v_new = &v_new_view;
+      }
+      args.num_splits = c.num_splits;
+      args.dynamic_splits = c.dynamic;
+      args.max_seqlen_k = kCapacity;
+      const size_t out_count = q_bits.size(), lse_count = static_cast<size_t>(kBatch) * kHeadsQ * c.seqlen_q;
+      DeviceBuffer out(out_count * 2), lse(lse_count * 4);
+      out.fill_bytes(0xff);
+      lse.fill_bytes(0xff);
+      const TensorView out_view = TensorView::contiguous(out.get(), dtype, {kBatch, c.seqlen_q, kHeadsQ, kHeadDim});
+      const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {kBatch, kHeadsQ, c.seqlen_q});
+      const size_t bytes = runtime.kvcache_workspace_bytes(q_view, args, out_view, &lse_view, options);
+      DeviceBuffer workspace(std::max<size_t>(bytes, 16));
+      workspace.fill_bytes(0xff);
+      runtime.forward_kvcache(q_view, args, out_view, &lse_view, options, bytes ? workspace.get() : nullptr, bytes,
+                              nullptr);
+      struct {
+        std::vector<uint16_t> out, lse, k, v;
+      } result;
+      result.out.resize(out_count);
+      out.download(result.out.data(), out_count * 2);
+      result.lse.resize(lse_count * 2);
+      lse.download(result.lse.data(), lse_count * 4);
+      result.k.resize(cache_k.size());
+      result.v.resize(cache_v.size());
+      for (int64_t from = 0; from < static_cast<int64_t>(cache_k.size()); from += run_elements) {
+        const size_t at = is_far ? far_offset(from) : static_cast<size_t>(from) * 2;
+        kb.download_at(at, result.k.data() + from, static_cast<size_t>(run_elements) * 2);
+        vb.download_at(at, result.v.data() + from, static_cast<size_t>(run_elements) * 2);
+      }
+      return result;
+    };
+    const auto compact = run(false);
+    const auto far = run(true);
+    CHECK_MESSAGE(count_poison(compact.out) == 0, "the compact call left poison in out");
+    if (c.append) CHECK_MESSAGE(compact.k != cache_k, "the compact call appended nothing to k_cache");
+    check_same_bits("out", compact.out, far.out);
+    check_same_bits("lse (16-bit halves)", compact.lse, far.lse);
+    check_same_bits("k_cache", compact.k, far.k);
+    check_same_bits("v_cache", compact.v, far.v);
+  }
+}
+
+}  // namespace
