@@ -231,6 +231,114 @@ TEST_CASE("offsets past 2^31 elements: dense forward with batch strides past 4 G
   }
 }
 
+// ---- varlen -----------------------------------------------------------------
+
+TEST_CASE("offsets past 2^31 elements: varlen, a sequence whose packed rows start past 4 GiB") {
+  // Two sequences; sequence 1 (300 queries over 700 keys) is checked. Far:
+  // sequence 0 holds enough rows that sequence 1's q, out, k and v rows all
+  // start past 2^31 elements (its keys used only up to seqused_k = 64, so its
+  // million queries see few keys). Compact: sequence 0 is one query over the
+  // same 64 keys. The same forced tiles run both.
+  constexpr int kHeadsQ = 16, kHeadsKV = 4, kHeadDim = 128, kSeqQ = 300, kSeqK = 700, kUsed0 = 64;
+  constexpr int64_t kQRow = int64_t{kHeadsQ} * kHeadDim, kKRow = int64_t{kHeadsKV} * kHeadDim;
+  const int far_q0 = static_cast<int>(kFar / kQRow) + 1, far_k0 = static_cast<int>(kFar / kKRow) + 1;
+  const size_t q_elements = static_cast<size_t>(far_q0 + kSeqQ) * kQRow;
+  const size_t k_elements = static_cast<size_t>(far_k0 + kSeqK) * kKRow;
+  if (!gpu_holds(2 * (q_elements + k_elements) * 2, "varlen calls past 2^31 elements")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const DType dtype = DType::bf16;
+
+  // Tiles and GQA packing are fixed: the planner's choices follow the
+  // sequences' average length, which the two layouts do not share.
+  struct VarlenCase {
+    TileConfig tiles;
+    RopeStyle rope;
+    bool pack_gqa;
+  };
+  std::vector<VarlenCase> cases = {{{64, 64, 4}, RopeStyle::none, false}};  // the 4-warp mma.sync kernel
+  if (sm90a_or_skip("wgmma varlen past 2^31 elements")) {
+    cases.push_back({{128, 128, 8, 2, true}, RopeStyle::none, true});          // K/V by tensor copies, packed GQA
+    cases.push_back({{128, 128, 8, 2, true}, RopeStyle::rotate_half, false});  // K copied and rotated by the producer
+  }
+
+  Runtime& runtime = gpu_tests_runtime();
+  DeviceBuffer far_q(q_elements * 2), far_out(q_elements * 2), far_k(k_elements * 2), far_v(k_elements * 2);
+  for (const VarlenCase& c : cases) {
+    INFO(fmt::format("bf16 heads={}/{} head_dim={} sequence 1: {} x {} keys, causal, tiles {}x{}x{}x{}, rope={} "
+                     "pack_gqa={}",
+                     kHeadsQ, kHeadsKV, kHeadDim, kSeqQ, kSeqK, c.tiles.block_q, c.tiles.block_kv, c.tiles.warps,
+                     c.tiles.stages, static_cast<int>(c.rope), c.pack_gqa),
+         " seed=", seed);
+    // Sequence 0's first query and used keys, then sequence 1's rows.
+    const auto q0_bits = random_values(kQRow, dtype, rng);
+    const auto k0_bits = random_values(kUsed0 * kKRow, dtype, rng);
+    const auto v0_bits = random_values(kUsed0 * kKRow, dtype, rng);
+    const auto q1_bits = random_values(kSeqQ * kQRow, dtype, rng);
+    const auto k1_bits = random_values(kSeqK * kKRow, dtype, rng);
+    const auto v1_bits = random_values(kSeqK * kKRow, dtype, rng);
+
+    // Runs one layout (sequence 0: q0_rows queries, k0_rows keys); returns
+    // sequence 1's out rows and LSE, as bits.
+    auto run = [&](DeviceBuffer& q, DeviceBuffer& out, DeviceBuffer& k, DeviceBuffer& v, int q0_rows, int k0_rows) {
+      q.fill_bytes(0);  // sequence 0's queries past its first: zeros (few see keys)
+      out.fill_bytes(0xff);
+      k.fill_bytes(0xff);
+      v.fill_bytes(0xff);
+      q.upload_at(0, q0_bits.data(), q0_bits.size() * 2);
+      k.upload_at(0, k0_bits.data(), k0_bits.size() * 2);
+      v.upload_at(0, v0_bits.data(), v0_bits.size() * 2);
+      q.upload_at(static_cast<size_t>(q0_rows * kQRow) * 2, q1_bits.data(), q1_bits.size() * 2);
+      k.upload_at(static_cast<size_t>(k0_rows * kKRow) * 2, k1_bits.data(), k1_bits.size() * 2);
+      v.upload_at(static_cast<size_t>(k0_rows * kKRow) * 2, v1_bits.data(), v1_bits.size() * 2);
+      const int total_q = q0_rows + kSeqQ, total_k = k0_rows + kSeqK;
+      const std::vector<int> cu_q = {0, q0_rows, total_q}, cu_k = {0, k0_rows, total_k}, used = {kUsed0, kSeqK};
+      DeviceBuffer cu_q_buffer(12), cu_k_buffer(12), used_buffer(8);
+      cu_q_buffer.upload(cu_q.data(), 12);
+      cu_k_buffer.upload(cu_k.data(), 12);
+      used_buffer.upload(used.data(), 8);
+      const size_t lse_count = static_cast<size_t>(kHeadsQ) * total_q;
+      DeviceBuffer lse(lse_count * 4);
+      lse.fill_bytes(0xff);
+      const TensorView used_view = TensorView::contiguous(used_buffer.get(), DType::i32, {2});
+      VarlenArgs args;
+      args.cu_seqlens_q = TensorView::contiguous(cu_q_buffer.get(), DType::i32, {3});
+      args.cu_seqlens_k = TensorView::contiguous(cu_k_buffer.get(), DType::i32, {3});
+      args.seqused_k = &used_view;
+      args.max_seqlen_q = std::max(q0_rows, kSeqQ);
+      args.max_seqlen_k = kSeqK;
+      ForwardOptions options;
+      options.causal = true;
+      options.rope.style = c.rope;
+      options.tiles = c.tiles;
+      options.pack_gqa = c.pack_gqa;
+      const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {kHeadsQ, total_q});
+      runtime.forward_varlen(TensorView::contiguous(q.get(), dtype, {total_q, kHeadsQ, kHeadDim}),
+                             TensorView::contiguous(k.get(), dtype, {total_k, kHeadsKV, kHeadDim}),
+                             TensorView::contiguous(v.get(), dtype, {total_k, kHeadsKV, kHeadDim}),
+                             TensorView::contiguous(out.get(), dtype, {total_q, kHeadsQ, kHeadDim}), &lse_view, args,
+                             options);
+      std::pair<std::vector<uint16_t>, std::vector<uint16_t>> result;
+      result.first.resize(q1_bits.size());
+      out.download_at(static_cast<size_t>(q0_rows * kQRow) * 2, result.first.data(), result.first.size() * 2);
+      std::vector<float> lse1(static_cast<size_t>(kHeadsQ) * kSeqQ);
+      for (int h = 0; h < kHeadsQ; ++h) {
+        lse.download_at((static_cast<size_t>(h) * total_q + q0_rows) * 4, lse1.data() + h * kSeqQ, kSeqQ * 4);
+      }
+      result.second.resize(lse1.size() * 2);
+      std::memcpy(result.second.data(), lse1.data(), lse1.size() * 4);
+      return result;
+    };
+    DeviceBuffer q(static_cast<size_t>(1 + kSeqQ) * kQRow * 2), out(static_cast<size_t>(1 + kSeqQ) * kQRow * 2);
+    DeviceBuffer k(static_cast<size_t>(kUsed0 + kSeqK) * kKRow * 2), v(static_cast<size_t>(kUsed0 + kSeqK) * kKRow * 2);
+    const auto compact = run(q, out, k, v, 1, kUsed0);
+    const auto far = run(far_q, far_out, far_k, far_v, far_q0, far_k0);
+    CHECK_MESSAGE(count_poison(compact.first) == 0, "the compact call left poison in out");
+    check_same_bits("out", compact.first, far.first);
+    check_same_bits("lse (16-bit halves)", compact.second, far.second);
+  }
+}
+
 // ---- KV cache ---------------------------------------------------------------
 
 struct CacheCase {
