@@ -3,8 +3,8 @@
 // kernel forms from a batch, page, row or head index has to be 64-bit.
 //
 // Each call runs twice on the same values: once on compact tensors, once with
-// the batch (or the pages) it reads and writes placed past 2^31 elements and
-// every other byte NaN poison. Both calls plan the same kernels, and the
+// the batch (or the pages, or the packed sequence) it reads and writes placed
+// past 2^31 elements and the bytes it must not read NaN poison. Both calls plan the same kernels, and the
 // kernels are deterministic, so the two must agree bit for bit: an offset cut
 // to 32 bits reads poison or another batch's rows. (The compact calls are
 // judged against references by the other GPU suites.)
@@ -12,9 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
