@@ -43,10 +43,11 @@ bool gpu_holds(size_t bytes, const char* what) {
   return false;
 }
 
-std::vector<uint16_t> random_values(size_t count, DType dtype, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> value(-1.f, 1.f);
+// The suites' random inputs (random_values), as the bits a tensor stores.
+std::vector<uint16_t> random_bits(size_t count, DType dtype, std::mt19937_64& rng) {
+  const std::vector<float> values = random_values(count, dtype, rng);
   std::vector<uint16_t> bits(count);
-  for (auto& b : bits) b = from_float(value(rng), dtype);
+  std::transform(values.begin(), values.end(), bits.begin(), [&](float value) { return from_float(value, dtype); });
   return bits;
 }
 
@@ -153,9 +154,9 @@ TEST_CASE("offsets past 2^31 elements: dense forward with batch strides past 4 G
     const int64_t q_batch = int64_t{c.seqlen_q} * c.heads_q * c.head_dim;
     const int64_t kv_batch = int64_t{c.seqlen_k} * c.heads_kv * c.head_dim;
     REQUIRE(std::max(q_batch, kv_batch) <= kBatchElements);
-    const auto q_bits = random_values(2 * q_batch, c.dtype, rng);
-    const auto k_bits = random_values(2 * kv_batch, c.dtype, rng);
-    const auto v_bits = random_values(2 * kv_batch, c.dtype, rng);
+    const auto q_bits = random_bits(2 * q_batch, c.dtype, rng);
+    const auto k_bits = random_bits(2 * kv_batch, c.dtype, rng);
+    const auto v_bits = random_bits(2 * kv_batch, c.dtype, rng);
 
     DeviceBuffer q(q_bits.size() * 2), k(k_bits.size() * 2), v(v_bits.size() * 2), out(q_bits.size() * 2);
     q.upload(q_bits.data(), q_bits.size() * 2);
@@ -269,12 +270,12 @@ TEST_CASE("offsets past 2^31 elements: varlen, a sequence whose packed rows star
                      c.tiles.stages, static_cast<int>(c.rope), c.pack_gqa),
          " seed=", seed);
     // Sequence 0's first query and used keys, then sequence 1's rows.
-    const auto q0_bits = random_values(kQRow, dtype, rng);
-    const auto k0_bits = random_values(kUsed0 * kKRow, dtype, rng);
-    const auto v0_bits = random_values(kUsed0 * kKRow, dtype, rng);
-    const auto q1_bits = random_values(kSeqQ * kQRow, dtype, rng);
-    const auto k1_bits = random_values(kSeqK * kKRow, dtype, rng);
-    const auto v1_bits = random_values(kSeqK * kKRow, dtype, rng);
+    const auto q0_bits = random_bits(kQRow, dtype, rng);
+    const auto k0_bits = random_bits(kUsed0 * kKRow, dtype, rng);
+    const auto v0_bits = random_bits(kUsed0 * kKRow, dtype, rng);
+    const auto q1_bits = random_bits(kSeqQ * kQRow, dtype, rng);
+    const auto k1_bits = random_bits(kSeqK * kKRow, dtype, rng);
+    const auto v1_bits = random_bits(kSeqK * kKRow, dtype, rng);
 
     // Runs one layout (sequence 0: q0_rows queries, k0_rows keys); returns
     // sequence 1's out rows and LSE, as bits.
@@ -417,11 +418,11 @@ TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches)
     for (int& page : far_pages) page += first_far_page;
     const std::vector<int> batch_index = {1, 0};
 
-    const auto cache_k = random_values(static_cast<size_t>(kPages) * kPageElements, dtype, rng);
-    const auto cache_v = random_values(static_cast<size_t>(kPages) * kPageElements, dtype, rng);
-    const auto q_bits = random_values(static_cast<size_t>(kBatch) * c.seqlen_q * kHeadsQ * kHeadDim, dtype, rng);
-    const auto k_new_bits = random_values(static_cast<size_t>(kBatch) * std::max(1, seqlen_new) * kRow, dtype, rng);
-    const auto v_new_bits = random_values(static_cast<size_t>(kBatch) * std::max(1, seqlen_new) * kRow, dtype, rng);
+    const auto cache_k = random_bits(static_cast<size_t>(kPages) * kPageElements, dtype, rng);
+    const auto cache_v = random_bits(static_cast<size_t>(kPages) * kPageElements, dtype, rng);
+    const auto q_bits = random_bits(static_cast<size_t>(kBatch) * c.seqlen_q * kHeadsQ * kHeadDim, dtype, rng);
+    const auto k_new_bits = random_bits(static_cast<size_t>(kBatch) * std::max(1, seqlen_new) * kRow, dtype, rng);
+    const auto v_new_bits = random_bits(static_cast<size_t>(kBatch) * std::max(1, seqlen_new) * kRow, dtype, rng);
 
     // The cache's used bytes: compact at 0; far past kFar (paged: page by
     // page; contiguous: cache batch 1).
@@ -496,7 +497,7 @@ TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches)
       const TensorView out_view = TensorView::contiguous(out.get(), dtype, {kBatch, c.seqlen_q, kHeadsQ, kHeadDim});
       const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {kBatch, kHeadsQ, c.seqlen_q});
       const size_t bytes = runtime.kvcache_workspace_bytes(q_view, args, out_view, &lse_view, options);
-      DeviceBuffer workspace(std::max<size_t>(bytes, 16));
+      DeviceBuffer workspace(bytes);  // at least 16 bytes are allocated
       workspace.fill_bytes(0xff);
       runtime.forward_kvcache(q_view, args, out_view, &lse_view, options, bytes ? workspace.get() : nullptr, bytes,
                               nullptr);
