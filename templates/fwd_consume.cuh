@@ -117,7 +117,7 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   const int q_buffer = at.q_buffer();
   unsigned char* const q_bytes = shared_bytes + q_buffer * Cfg::kSmemQ * 2;
   const unsigned q_rows = ring.q_tile(q_buffer) + group_row0 * 128;
-  const unsigned long long q_descriptor = wgmma_descriptor(q_rows, 16);
+  const unsigned long long q_descriptor = wgmma_descriptor(q_rows, 16);  // unused where Q sits in registers
   // Fused RoPE at head dims up to 64: Q rotated in registers (QRegisters).
   QRegisters<Cfg> q_registers;
   auto issue_qk = [&](float (&s_acc)[Cfg::kMTiles][Cfg::kScoreTiles][4], int stage) {
@@ -209,21 +209,21 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   };
 
   mbarrier_wait(ring.q_landed(q_buffer), at.q_phase());
-  if constexpr (QRegisters<Cfg>::kUsed) {
+  if constexpr (Cfg::kRope != kRopeNone) {
     int key_position0, query_position0;
     rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
-    q_registers.load_rotated(ring.q_tile(q_buffer), p, warp_row0, lane, [&](int row) {
-      return query_position0 + (Cfg::kPackGqa ? query_position<Cfg>(job.q0 + row, job.group) : job.q0 + row);
-    });
-  } else if constexpr (Cfg::kRope != kRopeNone) {
-    // Each warpgroup rotates its own Q rows (only its wgmma read them) and
-    // orders the stores before those reads (async proxy).
-    int key_position0, query_position0;
-    rope_positions(p, job.batch, job.diagonal_offset, key_position0, query_position0);
-    rotate_q_rows<Cfg, kGroupRows, 128, Cfg::kQRotationWords>(q_bytes, p, query_position0, job.q0, job.group,
-                                                              group_row0, consumer & 127);
-    fence_async_shared();
-    named_barrier_sync(2 + (consumer >> 7), 128);
+    if constexpr (QRegisters<Cfg>::kUsed) {
+      q_registers.load_rotated(ring.q_tile(q_buffer), p, warp_row0, lane, [&](int row) {
+        return query_position0 + (Cfg::kPackGqa ? query_position<Cfg>(job.q0 + row, job.group) : job.q0 + row);
+      });
+    } else {
+      // Each warpgroup rotates its own Q rows (only its wgmma read them) and
+      // orders the stores before those reads (async proxy).
+      rotate_q_rows<Cfg, kGroupRows, 128, Cfg::kQRotationWords>(q_bytes, p, query_position0, job.q0, job.group,
+                                                                group_row0, consumer & 127);
+      fence_async_shared();
+      named_barrier_sync(2 + (consumer >> 7), 128);
+    }
   }
   const int blocks = job.end_block - job.first_block;
   // The group sees a contiguous run of the ring's blocks; before and after
