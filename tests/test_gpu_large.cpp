@@ -10,6 +10,7 @@
 // judged against references by the other GPU suites.)
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "gpu_support.hpp"
+#include "plan.hpp"
 
 using namespace jitattn;
 using namespace jitattn::test;
@@ -338,21 +340,161 @@ TEST_CASE("offsets past 2^31 elements: varlen, a sequence whose packed rows star
   }
 }
 
+TEST_CASE("offsets past 2^31 elements: varlen over a paged cache whose pages lie past 4 GiB") {
+  // Three sequences over a shuffled block table, their keys seqused_k's
+  // (cu_seqlens_k left out). Compact: the pool is the used pages. Far: the
+  // same pages start past 2^31 elements, poison before them. The pool is
+  // viewed with each case's page size; its far start is whole pages of 256.
+  constexpr int kBatch = 3, kHeadsQ = 32, kHeadsKV = 8, kHeadDim = 128, kCapacity = 3072;
+  constexpr int64_t kRow = int64_t{kHeadsKV} * kHeadDim;
+  constexpr int64_t kUsedElements = int64_t{kBatch} * kCapacity * kRow;
+  constexpr int64_t kFarStart = (kFar / (256 * kRow) + 1) * (256 * kRow);
+  const size_t far_elements = static_cast<size_t>(kFarStart + kUsedElements);
+  if (!gpu_holds(2 * far_elements * 2, "paged varlen calls past 2^31 elements")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const DType dtype = DType::bf16;
+
+  struct PagedCase {
+    int page_size;
+    std::vector<int> seqlen_q;
+    bool workspace;  // forward_varlen with a workspace (split-KV where the heuristic splits)
+  };
+  const std::vector<PagedCase> cases = {
+      {64, {1, 1, 1}, true},       // a decoding step: the decode kernel, split
+      {16, {1, 1, 1}, false},      // small pages, unsplit
+      {64, {1, 40, 130}, false},   // a mixed step: wgmma tiles over pages (sm_90a)
+      {256, {17, 64, 100}, true},  // large pages, with a workspace
+  };
+
+  Runtime& runtime = gpu_tests_runtime();
+  DeviceBuffer far_k(far_elements * 2), far_v(far_elements * 2);
+  for (const PagedCase& c : cases) {
+    const int pages_per_sequence = kCapacity / c.page_size, pages = kBatch * pages_per_sequence;
+    const int64_t page_elements = int64_t{c.page_size} * kRow;
+    const int first_far_page = static_cast<int>(kFarStart / page_elements);
+    std::vector<int> cu_q = {0}, used(kBatch);
+    for (int b = 0; b < kBatch; ++b) {
+      cu_q.push_back(cu_q.back() + c.seqlen_q[b]);
+      used[b] = std::uniform_int_distribution<int>(1000, kCapacity)(rng);
+    }
+    const int total_q = cu_q.back();
+    INFO(fmt::format("bf16 heads={}/{} head_dim={} causal page_size={} seqlen_q={} seqused_k={} workspace={}", kHeadsQ,
+                     kHeadsKV, kHeadDim, c.page_size, fmt::join(c.seqlen_q, ","), fmt::join(used, ","), c.workspace),
+         " seed=", seed);
+    std::vector<int> table(pages);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    std::vector<int> far_table = table;
+    for (int& page : far_table) page += first_far_page;
+
+    const auto k_bits = random_bits(static_cast<size_t>(kUsedElements), dtype, rng);
+    const auto v_bits = random_bits(static_cast<size_t>(kUsedElements), dtype, rng);
+    const auto q_bits = random_bits(static_cast<size_t>(total_q) * kHeadsQ * kHeadDim, dtype, rng);
+    DeviceBuffer k(k_bits.size() * 2), v(v_bits.size() * 2), q(q_bits.size() * 2);
+    k.upload(k_bits.data(), k_bits.size() * 2);
+    v.upload(v_bits.data(), v_bits.size() * 2);
+    q.upload(q_bits.data(), q_bits.size() * 2);
+    far_k.fill_bytes(0xff);
+    far_v.fill_bytes(0xff);
+    far_k.upload_at(static_cast<size_t>(kFarStart) * 2, k_bits.data(), k_bits.size() * 2);
+    far_v.upload_at(static_cast<size_t>(kFarStart) * 2, v_bits.data(), v_bits.size() * 2);
+    DeviceBuffer cu_q_buffer(cu_q.size() * 4), used_buffer(kBatch * 4), table_buffer(pages * 4),
+        far_table_buffer(pages * 4);
+    cu_q_buffer.upload(cu_q.data(), cu_q.size() * 4);
+    used_buffer.upload(used.data(), kBatch * 4);
+    table_buffer.upload(table.data(), pages * 4);
+    far_table_buffer.upload(far_table.data(), pages * 4);
+    const TensorView q_view = TensorView::contiguous(q.get(), dtype, {total_q, kHeadsQ, kHeadDim});
+    const TensorView used_view = TensorView::contiguous(used_buffer.get(), DType::i32, {kBatch});
+    const TensorView table_views[2] = {
+        TensorView::contiguous(table_buffer.get(), DType::i32, {kBatch, pages_per_sequence}),
+        TensorView::contiguous(far_table_buffer.get(), DType::i32, {kBatch, pages_per_sequence})};
+    ForwardOptions options;
+    options.causal = true;
+    // One layout's pools and arguments.
+    auto pool_view = [&](const DeviceBuffer& pool, bool is_far) {
+      const int64_t num_pages = is_far ? first_far_page + pages : pages;
+      return TensorView::contiguous(pool.get(), dtype, {num_pages, c.page_size, kHeadsKV, kHeadDim});
+    };
+    auto varlen_args = [&](bool is_far) {
+      VarlenArgs args;
+      args.cu_seqlens_q = TensorView::contiguous(cu_q_buffer.get(), DType::i32, {kBatch + 1});
+      args.seqused_k = &used_view;
+      args.block_table = &table_views[is_far ? 1 : 0];
+      args.max_seqlen_q = *std::max_element(c.seqlen_q.begin(), c.seqlen_q.end());
+      args.max_seqlen_k = kCapacity;
+      return args;
+    };
+    {
+      // The kernel the compact call plans on this GPU, for the log.
+      const detail::Arch arch = detail::Arch::parse(current_arch());
+      const TensorView k_view = pool_view(k, false), v_view = pool_view(v, false);
+      const TensorView lse_view = TensorView::contiguous(q.get(), DType::f32, {kHeadsQ, total_q});  // not read
+      const std::string spec =
+          c.workspace ? detail::plan_forward_varlen_split(q_view, k_view, v_view, q_view, &lse_view, varlen_args(false),
+                                                          options, nullptr, 0, true, arch,
+                                                          current_max_smem_per_block(), current_sm_count())
+                            .attention.spec.text()
+                      : detail::plan_forward_varlen(q_view, k_view, v_view, q_view, &lse_view, varlen_args(false),
+                                                    options, arch, current_max_smem_per_block(), current_sm_count())
+                            .spec.text();
+      MESSAGE("paged varlen past 2^31 elements, page_size=", c.page_size, ": ", spec);
+    }
+
+    // Runs one layout; returns out and the LSE, as bits.
+    auto run = [&](bool is_far) {
+      const TensorView k_view = pool_view(is_far ? far_k : k, is_far), v_view = pool_view(is_far ? far_v : v, is_far);
+      const VarlenArgs args = varlen_args(is_far);
+      const size_t out_count = q_bits.size(), lse_count = static_cast<size_t>(kHeadsQ) * total_q;
+      DeviceBuffer out(out_count * 2), lse(lse_count * 4);
+      out.fill_bytes(0xff);
+      lse.fill_bytes(0xff);
+      const TensorView out_view = TensorView::contiguous(out.get(), dtype, {total_q, kHeadsQ, kHeadDim});
+      const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {kHeadsQ, total_q});
+      if (c.workspace) {
+        const size_t bytes =
+            runtime.forward_varlen_workspace_bytes(q_view, k_view, v_view, out_view, &lse_view, args, options);
+        DeviceBuffer workspace(bytes);  // at least 16 bytes are allocated
+        workspace.fill_bytes(0xff);
+        runtime.forward_varlen(q_view, k_view, v_view, out_view, &lse_view, args, options,
+                               bytes ? workspace.get() : nullptr, bytes, nullptr);
+        check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+      } else {
+        runtime.forward_varlen(q_view, k_view, v_view, out_view, &lse_view, args, options);
+      }
+      std::pair<std::vector<uint16_t>, std::vector<uint16_t>> result;
+      result.first.resize(out_count);
+      out.download(result.first.data(), out_count * 2);
+      result.second.resize(lse_count * 2);
+      lse.download(result.second.data(), lse_count * 4);
+      return result;
+    };
+    const auto compact = run(false);
+    const auto far = run(true);
+    CHECK_MESSAGE(count_poison(compact.first) == 0, "the compact call left poison in out");
+    check_same_bits("out", compact.first, far.first);
+    check_same_bits("lse (16-bit halves)", compact.second, far.second);
+  }
+}
+
 // ---- KV cache ---------------------------------------------------------------
 
 struct CacheCase {
   int seqlen_q = 1;
   bool append = true;  // seqlen_q new keys and values
   RopeStyle rope = RopeStyle::rotate_half;
-  bool paged = true;   // pages of 64; else a contiguous cache read through cache_batch_idx
+  bool paged = true;   // pages of 64; else a contiguous cache
+  bool batch_index = true;  // contiguous: read through cache_batch_idx (batches swapped)
   bool dynamic = false;
   int num_splits = 0;
 };
 
 std::string describe(const CacheCase& c) {
-  return fmt::format("bf16 batch=2 heads=32/8 head_dim=128 seqlen_q={} append={} rope={} paged={} dynamic={} "
-                     "num_splits={}",
-                     c.seqlen_q, c.append, static_cast<int>(c.rope), c.paged, c.dynamic, c.num_splits);
+  return fmt::format("bf16 batch=2 heads=32/8 head_dim=128 seqlen_q={} append={} rope={} paged={} "
+                     "cache_batch_idx={} dynamic={} num_splits={}",
+                     c.seqlen_q, c.append, static_cast<int>(c.rope), c.paged, !c.paged && c.batch_index, c.dynamic,
+                     c.num_splits);
 }
 
 TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches) lie past 4 GiB") {
@@ -400,6 +542,20 @@ TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches)
     c.rope = RopeStyle::interleaved;
     cases.push_back(c);
   }
+  {
+    CacheCase c;  // a contiguous cache without cache_batch_idx: batch 1 appends and reads past 2^31 elements
+    c.paged = false;
+    c.batch_index = false;
+    cases.push_back(c);
+  }
+  {
+    CacheCase c;  // the same with 64 queries (wgmma producer)
+    c.paged = false;
+    c.batch_index = false;
+    c.seqlen_q = 64;
+    c.rope = RopeStyle::none;
+    cases.push_back(c);
+  }
 
   Runtime& runtime = gpu_tests_runtime();
   DeviceBuffer far_k(far_elements * 2), far_v(far_elements * 2);
@@ -409,14 +565,15 @@ TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches)
     std::vector<int> cache_seqlens = {kCapacity - seqlen_new, 0};
     cache_seqlens[1] = std::uniform_int_distribution<int>(1000, kCapacity - seqlen_new)(rng);
     // Pages: a shuffled block table over the compact pool; the far pool holds
-    // page p at first_far_page + p. Contiguous: cache batches swapped, cache
-    // batch 1 at kFar elements in the far layout.
+    // page p at first_far_page + p. Contiguous: cache batch 1 at kFar
+    // elements in the far layout, read by batch 0 through cache_batch_idx
+    // (batches swapped) or by batch 1.
     std::vector<int> pages(kPages);
     std::iota(pages.begin(), pages.end(), 0);
     std::shuffle(pages.begin(), pages.end(), rng);
     std::vector<int> far_pages = pages;
     for (int& page : far_pages) page += first_far_page;
-    const std::vector<int> batch_index = {1, 0};
+    const std::vector<int> swapped_batches = {1, 0};
 
     const auto cache_k = random_bits(static_cast<size_t>(kPages) * kPageElements, dtype, rng);
     const auto cache_v = random_bits(static_cast<size_t>(kPages) * kPageElements, dtype, rng);
@@ -453,7 +610,7 @@ TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches)
     seqlens.upload(cache_seqlens.data(), kBatch * 4);
     table.upload(pages.data(), kPages * 4);
     far_table.upload(far_pages.data(), kPages * 4);
-    indices.upload(batch_index.data(), kBatch * 4);
+    indices.upload(swapped_batches.data(), kBatch * 4);
 
     const TensorView q_view = TensorView::contiguous(q.get(), dtype, {kBatch, c.seqlen_q, kHeadsQ, kHeadDim});
     const TensorView k_new_view = TensorView::contiguous(k_new.get(), dtype, {kBatch, seqlen_new, kHeadsKV, kHeadDim});
@@ -480,7 +637,7 @@ TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches)
         const int64_t stride = is_far ? kFar : int64_t{kCapacity} * kRow;
         args.k_cache = batch_view(kb, dtype, kBatch, kCapacity, kHeadsKV, kHeadDim, stride);
         args.v_cache = batch_view(vb, dtype, kBatch, kCapacity, kHeadsKV, kHeadDim, stride);
-        args.cache_batch_idx = &index_view;
+        if (c.batch_index) args.cache_batch_idx = &index_view;
       }
       args.cache_seqlens = TensorView::contiguous(seqlens.get(), DType::i32, {kBatch});
       if (c.append) {
