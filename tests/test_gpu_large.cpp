@@ -13,7 +13,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -60,6 +59,14 @@ void check_same_bits(const char* what, const std::vector<uint16_t>& compact, con
   CHECK_MESSAGE(at.first == compact.end(),
                 fmt::format("{} element {}: compact 0x{:04x}, far 0x{:04x}", what, at.first - compact.begin(),
                             at.first == compact.end() ? 0 : *at.first, at.first == compact.end() ? 0 : *at.second));
+}
+
+// `count` 16-bit words of `buffer` from byte `offset` (an f32 value is two
+// words): results are compared as stored bits.
+std::vector<uint16_t> download_words(const DeviceBuffer& buffer, size_t count, size_t offset = 0) {
+  std::vector<uint16_t> words(count);
+  buffer.download_at(offset, words.data(), count * 2);
+  return words;
 }
 
 // Elements that still hold the poison (0xffff, a NaN in both 16-bit formats).
@@ -217,11 +224,7 @@ TEST_CASE("offsets past 2^31 elements: dense forward with batch strides past 4 G
         out_buffer.download_at(static_cast<size_t>(b * (is_far ? kFar : q_batch)) * 2, bits.data() + b * q_batch,
                                static_cast<size_t>(q_batch) * 2);
       }
-      std::vector<float> lse_values(lse_count);
-      lse.download(lse_values.data(), lse_count * 4);
-      std::vector<uint16_t> lse_bits(lse_count * 2);
-      std::memcpy(lse_bits.data(), lse_values.data(), lse_count * 4);
-      return std::make_pair(bits, lse_bits);
+      return std::make_pair(bits, download_words(lse, lse_count * 2));
     };
     out.fill_bytes(0xff);
     const auto compact_result = run(compact_views, out, false);
@@ -320,14 +323,12 @@ TEST_CASE("offsets past 2^31 elements: varlen, a sequence whose packed rows star
                              TensorView::contiguous(out.get(), dtype, {total_q, kHeadsQ, kHeadDim}), &lse_view, args,
                              options);
       std::pair<std::vector<uint16_t>, std::vector<uint16_t>> result;
-      result.first.resize(q1_bits.size());
-      out.download_at(static_cast<size_t>(q0_rows * kQRow) * 2, result.first.data(), result.first.size() * 2);
-      std::vector<float> lse1(static_cast<size_t>(kHeadsQ) * kSeqQ);
+      result.first = download_words(out, q1_bits.size(), static_cast<size_t>(q0_rows * kQRow) * 2);
+      result.second.resize(static_cast<size_t>(kHeadsQ) * kSeqQ * 2);
       for (int h = 0; h < kHeadsQ; ++h) {
-        lse.download_at((static_cast<size_t>(h) * total_q + q0_rows) * 4, lse1.data() + h * kSeqQ, kSeqQ * 4);
+        lse.download_at((static_cast<size_t>(h) * total_q + q0_rows) * 4, result.second.data() + h * kSeqQ * 2,
+                        kSeqQ * 4);
       }
-      result.second.resize(lse1.size() * 2);
-      std::memcpy(result.second.data(), lse1.data(), lse1.size() * 4);
       return result;
     };
     DeviceBuffer q(static_cast<size_t>(1 + kSeqQ) * kQRow * 2), out(static_cast<size_t>(1 + kSeqQ) * kQRow * 2);
@@ -463,12 +464,7 @@ TEST_CASE("offsets past 2^31 elements: varlen over a paged cache whose pages lie
       } else {
         runtime.forward_varlen(q_view, k_view, v_view, out_view, &lse_view, args, options);
       }
-      std::pair<std::vector<uint16_t>, std::vector<uint16_t>> result;
-      result.first.resize(out_count);
-      out.download(result.first.data(), out_count * 2);
-      result.second.resize(lse_count * 2);
-      lse.download(result.second.data(), lse_count * 4);
-      return result;
+      return std::make_pair(download_words(out, out_count), download_words(lse, lse_count * 2));
     };
     const auto compact = run(false);
     const auto far = run(true);
@@ -661,10 +657,8 @@ TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches)
       struct {
         std::vector<uint16_t> out, lse, k, v;
       } result;
-      result.out.resize(out_count);
-      out.download(result.out.data(), out_count * 2);
-      result.lse.resize(lse_count * 2);
-      lse.download(result.lse.data(), lse_count * 4);
+      result.out = download_words(out, out_count);
+      result.lse = download_words(lse, lse_count * 2);
       result.k.resize(cache_k.size());
       result.v.resize(cache_v.size());
       for (int64_t from = 0; from < static_cast<int64_t>(cache_k.size()); from += run_elements) {
