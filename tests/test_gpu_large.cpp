@@ -91,12 +91,13 @@ struct DenseCase {
   bool causal = true;
   RopeStyle rope = RopeStyle::none;
   bool workspace = false;  // forward() with a workspace (split-KV)
+  TileConfig tiles;        // forced tiles; zeros: the planner's
 };
 
-std::string describe(const DenseCase& c, const std::string& spec) {
-  return fmt::format("{} {} batch=2 seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} rope={} workspace={}",
-                     spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv,
-                     c.head_dim, c.causal, static_cast<int>(c.rope), c.workspace);
+std::string describe(const DenseCase& c, const std::string& spec, int batch = 2) {
+  return fmt::format("{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} rope={} workspace={}",
+                     spec, c.dtype == DType::bf16 ? "bf16" : "f16", batch, c.seqlen_q, c.seqlen_k, c.heads_q,
+                     c.heads_kv, c.head_dim, c.causal, static_cast<int>(c.rope), c.workspace);
 }
 
 // q, k, v and out of two batches, batch 1 at kFar elements.
@@ -676,6 +677,275 @@ TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches)
     check_same_bits("lse (16-bit halves)", compact.lse, far.lse);
     check_same_bits("k_cache", compact.k, far.k);
     check_same_bits("v_cache", compact.v, far.v);
+  }
+}
+
+// ---- head strides ------------------------------------------------------------
+
+// A [n0, n1, heads, head_dim] tensor stored head by head (a [heads, n0, n1,
+// head_dim] buffer viewed with its heads third, as [B, H, S, D] layouts and
+// heads-major page pools are): head h's n0 · n1 rows are contiguous from
+// h · head_stride elements. Compact: heads back to back. Far: heads spread so
+// that every head from heads / 2 on starts past 2^31 elements.
+struct HeadsMajor {
+  int64_t n0, n1, heads, head_dim;
+
+  int64_t head_elements() const { return n0 * n1 * head_dim; }
+  int64_t head_stride(bool is_far) const {
+    if (!is_far || heads < 2) return head_elements();
+    const int64_t half = heads / 2, spread = (kFar + half - 1) / half;
+    return std::max(head_elements(), (spread + 7) / 8 * 8);
+  }
+  size_t elements(bool is_far) const {
+    return static_cast<size_t>((heads - 1) * head_stride(is_far) + head_elements());
+  }
+  TensorView view(const DeviceBuffer& buffer, DType dtype, bool is_far) const {
+    TensorView t = TensorView::contiguous(buffer.get(), dtype, {n0, n1, heads, head_dim});
+    t.strides[0] = n1 * head_dim;
+    t.strides[1] = head_dim;
+    t.strides[2] = head_stride(is_far);
+    return t;
+  }
+  // `bits` holds the heads one after another.
+  void upload(DeviceBuffer& buffer, const std::vector<uint16_t>& bits, bool is_far) const {
+    REQUIRE(bits.size() == static_cast<size_t>(heads * head_elements()));
+    for (int64_t h = 0; h < heads; ++h) {
+      buffer.upload_at(static_cast<size_t>(h * head_stride(is_far)) * 2, bits.data() + h * head_elements(),
+                       static_cast<size_t>(head_elements()) * 2);
+    }
+  }
+  std::vector<uint16_t> download(const DeviceBuffer& buffer, bool is_far) const {
+    std::vector<uint16_t> bits(static_cast<size_t>(heads * head_elements()));
+    for (int64_t h = 0; h < heads; ++h) {
+      buffer.download_at(static_cast<size_t>(h * head_stride(is_far)) * 2, bits.data() + h * head_elements(),
+                         static_cast<size_t>(head_elements()) * 2);
+    }
+    return bits;
+  }
+};
+
+// Four device buffers: q, k, v and out (or k_cache and v_cache), big enough
+// for the far layout of every case below (heads reach up to 2 · kFar).
+struct HeadBuffers {
+  static constexpr size_t kElements = static_cast<size_t>(2 * kFar + (int64_t{1} << 21));
+  HeadBuffers() : q(kElements * 2), k(kElements * 2), v(kElements * 2), out(kElements * 2) {}
+  DeviceBuffer q, k, v, out;
+};
+
+TEST_CASE("offsets past 2^31 elements: head strides past 4 GiB ([B, H, S, D] views)") {
+  if (!gpu_holds(4 * HeadBuffers::kElements * 2, "head strides past 2^31 elements")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  Runtime& runtime = gpu_tests_runtime();
+  HeadBuffers far;
+
+  SUBCASE("dense forward") {
+    std::vector<DenseCase> cases;
+    {
+      DenseCase c;  // d128 causal: a grid this small plans the 4-warp mma.sync kernel
+      c.heads_q = c.heads_kv = 2;
+      cases.push_back(c);
+    }
+    if (sm90a_or_skip("wgmma tiles with head strides past 2^31 elements")) {
+      DenseCase c;  // d128 causal, wgmma tiles forced: K/V by tensor copies, heads as map coordinates
+      c.heads_q = c.heads_kv = 2;
+      c.tiles = {128, 128, 8, 2, true};
+      cases.push_back(c);
+      c.dtype = DType::f16;  // d64 without a mask on persistent three-warpgroup tiles
+      c.head_dim = 64;
+      c.seqlen_k = 2048;
+      c.causal = false;
+      c.tiles = {192, 128, 12, 2, true, true};
+      cases.push_back(c);
+    }
+    {
+      DenseCase c;  // RoPE: K copied and rotated by the producer, GQA
+      c.rope = RopeStyle::rotate_half;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      cases.push_back(c);
+    }
+    {
+      DenseCase c;  // d64 without a mask, f16: three-warpgroup tiles on sm_90a
+      c.dtype = DType::f16;
+      c.head_dim = 64;
+      c.seqlen_k = 2048;
+      c.causal = false;
+      c.heads_q = c.heads_kv = 2;
+      cases.push_back(c);
+    }
+    {
+      DenseCase c;  // d256, ragged lengths
+      c.head_dim = 256;
+      c.seqlen_q = 300;
+      c.seqlen_k = 700;
+      c.heads_q = c.heads_kv = 2;
+      cases.push_back(c);
+    }
+    {
+      DenseCase c;  // d96 (padded to 128), interleaved RoPE, MQA
+      c.head_dim = 96;
+      c.seqlen_q = 513;
+      c.seqlen_k = 999;
+      c.heads_q = 6;
+      c.heads_kv = 1;
+      c.rope = RopeStyle::interleaved;
+      cases.push_back(c);
+    }
+    for (const bool workspace : {true, false}) {
+      DenseCase c;  // one query over 8192 keys: the decode kernel over dense K/V (split and combined, or not)
+      c.seqlen_q = 1;
+      c.seqlen_k = 8192;
+      c.heads_q = 8;
+      c.heads_kv = 2;
+      c.workspace = workspace;
+      cases.push_back(c);
+    }
+
+    for (const DenseCase& c : cases) {
+      const HeadsMajor q_layout{1, c.seqlen_q, c.heads_q, c.head_dim};
+      const HeadsMajor kv_layout{1, c.seqlen_k, c.heads_kv, c.head_dim};
+      REQUIRE(std::max(q_layout.elements(true), kv_layout.elements(true)) <= HeadBuffers::kElements);
+      const auto q_bits = random_bits(q_layout.elements(false), c.dtype, rng);
+      const auto k_bits = random_bits(kv_layout.elements(false), c.dtype, rng);
+      const auto v_bits = random_bits(kv_layout.elements(false), c.dtype, rng);
+      DeviceBuffer q(q_bits.size() * 2), k(k_bits.size() * 2), v(v_bits.size() * 2), out(q_bits.size() * 2);
+      ForwardOptions options;
+      options.causal = c.causal;
+      options.rope.style = c.rope;
+      options.tiles = c.tiles;
+
+      // Runs one layout; returns out and the LSE, as bits.
+      auto run = [&](DeviceBuffer& qb, DeviceBuffer& kb, DeviceBuffer& vb, DeviceBuffer& ob, bool is_far) {
+        for (DeviceBuffer* buffer : {&qb, &kb, &vb, &ob}) buffer->fill_bytes(0xff);
+        q_layout.upload(qb, q_bits, is_far);
+        kv_layout.upload(kb, k_bits, is_far);
+        kv_layout.upload(vb, v_bits, is_far);
+        const TensorView q_view = q_layout.view(qb, c.dtype, is_far), k_view = kv_layout.view(kb, c.dtype, is_far);
+        const TensorView v_view = kv_layout.view(vb, c.dtype, is_far), out_view = q_layout.view(ob, c.dtype, is_far);
+        const size_t lse_count = static_cast<size_t>(c.heads_q) * c.seqlen_q;
+        DeviceBuffer lse(lse_count * 4);
+        lse.fill_bytes(0xff);
+        const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {1, c.heads_q, c.seqlen_q});
+        const std::string spec = runtime.spec_for(q_view, k_view, v_view, out_view, &lse_view, options);
+        if (c.workspace) {
+          const size_t bytes = runtime.forward_workspace_bytes(q_view, k_view, v_view, out_view, &lse_view, options);
+          CHECK(bytes > 0);
+          DeviceBuffer workspace(bytes);
+          workspace.fill_bytes(0xff);
+          runtime.forward(q_view, k_view, v_view, out_view, &lse_view, options, workspace.get(), bytes, nullptr);
+          check_cuda(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+        } else {
+          runtime.forward(q_view, k_view, v_view, out_view, &lse_view, options, nullptr);
+        }
+        struct {
+          std::string spec;
+          std::vector<uint16_t> out, lse;
+        } result{spec, q_layout.download(ob, is_far), download_words(lse, lse_count * 2)};
+        return result;
+      };
+      const auto compact = run(q, k, v, out, false);
+      INFO(describe(c, compact.spec, 1), " heads-major seed=", seed);
+      MESSAGE("heads-major dense call past 2^31 elements: ", compact.spec);
+      const auto spread = run(far.q, far.k, far.v, far.out, true);
+      REQUIRE_MESSAGE(spread.spec == compact.spec, "the far call plans ", spread.spec);
+      CHECK_MESSAGE(count_poison(compact.out) == 0, "the compact call left poison in out");
+      check_same_bits("out", compact.out, spread.out);
+      check_same_bits("lse (16-bit halves)", compact.lse, spread.lse);
+    }
+  }
+
+  SUBCASE("a KV cache with an append") {
+    constexpr int kHeadsQ = 8, kHeadsKV = 2, kHeadDim = 128, kCapacity = 4096, kPageSize = 64;
+    constexpr int kPages = kCapacity / kPageSize;
+    const DType dtype = DType::bf16;
+    struct HeadCacheCase {
+      int seqlen_q;
+      RopeStyle rope;
+      bool paged;
+    };
+    const std::vector<HeadCacheCase> cases = {
+        {1, RopeStyle::rotate_half, false},  // the append and decode kernels, split and combined
+        {64, RopeStyle::none, false},        // the wgmma producer by tensor copies (sm_90a)
+        {1, RopeStyle::interleaved, true},   // a heads-major page pool, shuffled block table
+        {64, RopeStyle::rotate_half, true},  // the same through the wgmma producer, K rotated as it is appended
+    };
+    for (const HeadCacheCase& c : cases) {
+      INFO(fmt::format("bf16 batch=1 heads={}/{} head_dim={} seqlen_q={} (appended) rope={} paged={} seed={}", kHeadsQ,
+                       kHeadsKV, kHeadDim, c.seqlen_q, static_cast<int>(c.rope), c.paged, seed));
+      const HeadsMajor q_layout{1, c.seqlen_q, kHeadsQ, kHeadDim};
+      const HeadsMajor cache_layout = c.paged ? HeadsMajor{kPages, kPageSize, kHeadsKV, kHeadDim}
+                                              : HeadsMajor{1, kCapacity, kHeadsKV, kHeadDim};
+      const auto q_bits = random_bits(q_layout.elements(false), dtype, rng);
+      const auto cache_k = random_bits(cache_layout.elements(false), dtype, rng);
+      const auto cache_v = random_bits(cache_layout.elements(false), dtype, rng);
+      const auto k_new_bits = random_bits(static_cast<size_t>(c.seqlen_q) * kHeadsKV * kHeadDim, dtype, rng);
+      const auto v_new_bits = random_bits(static_cast<size_t>(c.seqlen_q) * kHeadsKV * kHeadDim, dtype, rng);
+      const int cache_seqlen = std::uniform_int_distribution<int>(1000, kCapacity - c.seqlen_q)(rng);
+      std::vector<int> pages(kPages);
+      std::iota(pages.begin(), pages.end(), 0);
+      std::shuffle(pages.begin(), pages.end(), rng);
+
+      DeviceBuffer k_new(k_new_bits.size() * 2), v_new(v_new_bits.size() * 2), seqlens(4), table(kPages * 4);
+      k_new.upload(k_new_bits.data(), k_new_bits.size() * 2);
+      v_new.upload(v_new_bits.data(), v_new_bits.size() * 2);
+      seqlens.upload(&cache_seqlen, 4);
+      table.upload(pages.data(), kPages * 4);
+      const TensorView k_new_view = TensorView::contiguous(k_new.get(), dtype, {1, c.seqlen_q, kHeadsKV, kHeadDim});
+      const TensorView v_new_view = TensorView::contiguous(v_new.get(), dtype, {1, c.seqlen_q, kHeadsKV, kHeadDim});
+      const TensorView table_view = TensorView::contiguous(table.get(), DType::i32, {1, kPages});
+      ForwardOptions options;
+      options.causal = true;
+      options.rope.style = c.rope;
+
+      // Runs one layout; returns the attention's spec, out and the LSE as
+      // bits, and the caches as they are after the call.
+      auto run = [&](DeviceBuffer& qb, DeviceBuffer& kb, DeviceBuffer& vb, DeviceBuffer& ob, bool is_far) {
+        for (DeviceBuffer* buffer : {&qb, &kb, &vb, &ob}) buffer->fill_bytes(0xff);
+        q_layout.upload(qb, q_bits, is_far);
+        cache_layout.upload(kb, cache_k, is_far);
+        cache_layout.upload(vb, cache_v, is_far);
+        KVCacheArgs args;
+        args.k_cache = cache_layout.view(kb, dtype, is_far);
+        args.v_cache = cache_layout.view(vb, dtype, is_far);
+        if (c.paged) args.block_table = &table_view;
+        args.cache_seqlens = TensorView::contiguous(seqlens.get(), DType::i32, {1});
+        args.k_new = &k_new_view;
+        args.v_new = &v_new_view;
+        const TensorView q_view = q_layout.view(qb, dtype, is_far), out_view = q_layout.view(ob, dtype, is_far);
+        const size_t lse_count = static_cast<size_t>(kHeadsQ) * c.seqlen_q;
+        DeviceBuffer lse(lse_count * 4);
+        lse.fill_bytes(0xff);
+        const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {1, kHeadsQ, c.seqlen_q});
+        const size_t bytes = runtime.kvcache_workspace_bytes(q_view, args, out_view, &lse_view, options);
+        DeviceBuffer workspace(bytes);  // at least 16 bytes are allocated
+        workspace.fill_bytes(0xff);
+        void* workspace_pointer = bytes ? workspace.get() : nullptr;
+        const std::string spec =
+            detail::plan_kvcache(q_view, args, out_view, &lse_view, options, workspace_pointer, bytes, false,
+                                 detail::Arch::parse(current_arch()), current_max_smem_per_block(), current_sm_count())
+                .attention.spec.text();
+        runtime.forward_kvcache(q_view, args, out_view, &lse_view, options, workspace_pointer, bytes, nullptr);
+        struct {
+          std::string spec;
+          std::vector<uint16_t> out, lse, k, v;
+        } result{spec, q_layout.download(ob, is_far), download_words(lse, lse_count * 2),
+                 cache_layout.download(kb, is_far), cache_layout.download(vb, is_far)};
+        return result;
+      };
+      DeviceBuffer q(q_bits.size() * 2), out(q_bits.size() * 2), k(cache_k.size() * 2), v(cache_v.size() * 2);
+      const auto compact = run(q, k, v, out, false);
+      MESSAGE("heads-major KV cache past 2^31 elements, seqlen_q=", c.seqlen_q, " paged=", c.paged, ": ",
+              compact.spec);
+      const auto spread = run(far.q, far.k, far.v, far.out, true);
+      REQUIRE_MESSAGE(spread.spec == compact.spec, "the far call plans ", spread.spec);
+      CHECK_MESSAGE(count_poison(compact.out) == 0, "the compact call left poison in out");
+      CHECK_MESSAGE(compact.k != cache_k, "the compact call appended nothing to k_cache");
+      check_same_bits("out", compact.out, spread.out);
+      check_same_bits("lse (16-bit halves)", compact.lse, spread.lse);
+      check_same_bits("k_cache", compact.k, spread.k);
+      check_same_bits("v_cache", compact.v, spread.v);
+    }
   }
 }
 
