@@ -188,6 +188,49 @@ std::vector<ExpectedLaunch> planned_kvcache(int64_t batch, int64_t seqlen_q, int
   return launches;
 }
 
+// forward_varlen() for a step of `batch` packed sequences (total_q query rows,
+// the longest max_q queries over max_k keys; 32 query heads over 8 KV heads,
+// d128, bf16, H200), planned directly: with a workspace of
+// forward_varlen_workspace_bytes() or without one; over packed k/v of batch ×
+// max_k rows, or pages of `page` rows read through a block table and
+// seqused_k.
+std::vector<ExpectedLaunch> planned_varlen(int64_t batch, int64_t total_q, int max_q, int max_k, int page,
+                                           bool workspace, bool dynamic_splits, const jitattn::ForwardOptions& options) {
+  using jitattn::DType;
+  using jitattn::TensorView;
+  const TensorView q = TensorView::contiguous(plan_address(1), DType::bf16, {total_q, 32, 128});
+  const int64_t pages = (max_k + std::max(page, 1) - 1) / std::max(page, 1);
+  const TensorView kv = page == 0 ? TensorView::contiguous(plan_address(2), DType::bf16, {batch * max_k, 8, 128})
+                                  : TensorView::contiguous(plan_address(2), DType::bf16, {batch * pages, page, 8, 128});
+  const TensorView table = TensorView::contiguous(plan_address(3), DType::i32, {batch, pages});
+  const TensorView used = TensorView::contiguous(plan_address(4), DType::i32, {batch});
+  jitattn::VarlenArgs varlen;
+  varlen.cu_seqlens_q = TensorView::contiguous(plan_address(5), DType::i32, {batch + 1});
+  if (page == 0) {
+    varlen.cu_seqlens_k = TensorView::contiguous(plan_address(6), DType::i32, {batch + 1});
+  } else {
+    varlen.block_table = &table;
+    varlen.seqused_k = &used;
+  }
+  varlen.max_seqlen_q = max_q;
+  varlen.max_seqlen_k = max_k;
+  varlen.dynamic_splits = dynamic_splits;
+  const Arch hopper = Arch::parse("sm_90a");
+  if (!workspace) {
+    return {attention_expected(
+        jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, hopper, 232448, 132))};
+  }
+  const size_t bytes = jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, nullptr, 0,
+                                                                  true, hopper, 232448, 132)
+                           .attention.workspace_bytes;
+  const auto plan = jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options,
+                                                               bytes > 0 ? plan_address(7) : nullptr, bytes, false,
+                                                               hopper, 232448, 132);
+  std::vector<ExpectedLaunch> launches = {attention_expected(plan.attention)};
+  if (plan.combine.grid > 0) launches.push_back({"combine", plan.combine.spec, plan.combine.grid});
+  return launches;
+}
+
 // The launches of `plan --json` are the expected ones, in order, and the
 // text table shows the same rows.
 void check_launches(const CliSandbox& sandbox, const std::string& args, const std::vector<ExpectedLaunch>& expected) {
@@ -749,7 +792,43 @@ TEST_CASE("plan --call kvcache prints append, attention and combine as plan_kvca
   CHECK(dynamic[1]["launch"] == "combine");
   CHECK(contains(sandbox.run("plan " + batch16 + " --dynamic-splits").out, "<= 8"));
   CHECK(contains(sandbox.run("plan --heads 8 --head-dim 64 --seqlen-q 1 --dynamic-splits").err,
-                 "--dynamic-splits: applies to --call kvcache only"));
+                 "--dynamic-splits: applies to --call kvcache or varlen only"));
+}
+
+TEST_CASE("plan --call varlen prints the launches forward_varlen plans for an engine's step") {
+  CliSandbox sandbox;
+  jitattn::ForwardOptions causal;
+  causal.causal = true;
+  const std::string shape = "--call varlen --head-dim 128 --heads 32 --heads-kv 8 --causal --arch sm_90a --sms 132 "
+                            "--smem 232448 ";
+  // 64 sequences decoding one token each over packed keys: the decode kernel.
+  const std::vector<ExpectedLaunch> decode = planned_varlen(64, 64, 1, 8192, 0, true, false, causal);
+  CHECK(decode[0].spec.text().rfind("decode.", 0) == 0);
+  check_launches(sandbox, shape + "--batch 64 --seqlen-q 1 --seqlen-k 8192", decode);
+  // A mixed step: 15 decoding sequences beside a 512-token prefill chunk
+  // (527 query rows), over pages of 64 rows.
+  const std::vector<ExpectedLaunch> mixed = planned_varlen(16, 527, 512, 8192, 64, true, false, causal);
+  CHECK(mixed[0].spec.paged);
+  check_launches(sandbox, shape + "--batch 16 --seqlen-q 512 --total-q 527 --seqlen-k 8192 --page-size 64", mixed);
+  // The same without a workspace (never split), and one prefill sequence.
+  check_launches(sandbox,
+                 shape + "--batch 16 --seqlen-q 512 --total-q 527 --seqlen-k 8192 --page-size 64 --no-workspace",
+                 planned_varlen(16, 527, 512, 8192, 64, false, false, causal));
+  const std::vector<ExpectedLaunch> prefill = planned_varlen(1, 2048, 2048, 2048, 0, true, false, causal);
+  check_launches(sandbox, shape + "--seqlen-q 2048", prefill);
+  // Dynamic splits for replayed graphs: the most splits, each sequence's
+  // count chosen on the device, and the combine that skips unsplit rows.
+  const std::vector<ExpectedLaunch> dynamic = planned_varlen(16, 16, 1, 8192, 16, true, true, causal);
+  REQUIRE(dynamic.size() == 2);
+  CHECK(dynamic[0].spec.dynamic_splits);
+  const std::string dynamic_args = shape + "--batch 16 --seqlen-q 1 --seqlen-k 8192 --page-size 16 --dynamic-splits";
+  check_launches(sandbox, dynamic_args, dynamic);
+  CHECK(sandbox.run_json("plan " + dynamic_args + " --json")["launches"][0]["dynamic_splits"] == true);
+  CHECK(sandbox.run_json("plan " + dynamic_args + " --json")["call"] == "varlen");
+  // The manifest warm reads: one line per launch.
+  const CliRun manifest = sandbox.run("plan " + dynamic_args + " --manifest");
+  REQUIRE(manifest.status == 0);
+  CHECK(manifest.out == fmt::format("{} @sm_90a\n{} @sm_90a\n", dynamic[0].spec.text(), dynamic[1].spec.text()));
 }
 
 TEST_CASE("plan --json reports the target, where the tiles came from and each launch") {
@@ -858,8 +937,18 @@ TEST_CASE("plan rejects bad options before planning, naming the option and the r
       {"--heads 32 --call kvcache --seqlen-k 4000 --new-tokens 200 --cache-len 4096", "--seqlen-k: 4000 cached keys + 200 new ones (--new-tokens) must fit in --cache-len 4096"},
       {"--heads 32 --dtype f32", "--dtype: 'f32' is not bf16 or f16"},
       {"--heads 32 --window 128", "--window: '128' is not L,R"},
-      {"--heads 32 --page-size 16", "--page-size: applies to --call kvcache only"},
-      {"--heads 32 --call kvcache --no-workspace", "--no-workspace: applies to --call forward only"},
+      {"--heads 32 --page-size 16", "--page-size: applies to --call kvcache or varlen only"},
+      {"--heads 32 --call kvcache --no-workspace", "--no-workspace: applies to --call forward or varlen only"},
+      {"--heads 32 --total-q 64", "--total-q: applies to --call varlen only"},
+      {"--heads 32 --call kvcache --total-q 64", "--total-q: applies to --call varlen only"},
+      {"--heads 32 --call varlen --new-tokens 1", "--new-tokens: applies to --call kvcache only"},
+      {"--heads 32 --call varlen --cache-len 4096", "--cache-len: applies to --call kvcache only"},
+      {"--heads 32 --call varlen --batch 2 --total-q 200",
+       "--total-q: 200 must be from --seqlen-q 64 (the longest sequence) to --batch x --seqlen-q 128"},
+      {"--heads 32 --call varlen --batch 2 --total-q 63", "--total-q: 63 must be from --seqlen-q 64"},
+      {"--heads 32 --call varlen --batch 2 --seqlen-k 100 --total-seqlen-k 250",
+       "--total-seqlen-k: 250 must be from --seqlen-k 100 (the longest sequence) to --batch x --seqlen-k 200"},
+      {"--heads 32 --call varlen --page-size 48", "k: page_size=48"},
       {"--heads 0", "--heads: 0 must be >= 1"},
       {"--heads 32 --sms 0", "--sms: 0 must be >= 1"},
       // The planner's own rules come through as it words them.
@@ -894,11 +983,12 @@ TEST_CASE("plan --help lists its options") {
   for (const char* option : {"--call", "--dtype", "--head-dim", "--batch", "--seqlen-q", "--seqlen-k", "--heads",
                              "--heads-kv", "--causal", "--window", "--softcap", "--alibi", "--rope", "--rotary-dim",
                              "--rope-tables", "--tiles", "--splits", "--pack-gqa", "--no-workspace", "--cache-len",
-                             "--page-size", "--new-tokens", "--max-seqlen-k", "--arch", "--sms", "--smem", "--json",
-                             "--manifest"}) {
+                             "--page-size", "--new-tokens", "--max-seqlen-k", "--total-seqlen-k", "--dynamic-splits",
+                             "--total-q", "--arch", "--sms", "--smem", "--json", "--manifest"}) {
     CHECK_MESSAGE(contains(help.out, option), option);
   }
   CHECK(contains(help.out, "jitattn warm --manifest"));
+  CHECK(contains(help.out, "--call varlen plans forward_varlen()"));
 }
 
 TEST_CASE("planning without a GPU assumes each arch's opt-in shared memory per block") {

@@ -35,12 +35,14 @@ struct TuneOptions {
 // `jitattn plan`: one call's shape and the GPU to plan it for. Unset
 // optionals take the defaults main.cpp's help describes.
 struct PlanOptions {
-  std::string call = "forward";  // forward (forward() with a workspace) or kvcache (forward_kvcache())
+  // forward (forward() with a workspace), kvcache (forward_kvcache()) or
+  // varlen (forward_varlen() with a workspace: a step of packed sequences)
+  std::string call = "forward";
   std::string dtype = "bf16";
   int head_dim = 0;
   int64_t batch = 1;
-  int64_t seqlen_q = 0;
-  std::optional<int64_t> seqlen_k;  // default seqlen_q; kvcache: the keys cached before the call
+  int64_t seqlen_q = 0;             // varlen: the longest sequence's (max_seqlen_q)
+  std::optional<int64_t> seqlen_k;  // default seqlen_q; kvcache: the keys cached before the call; varlen: max_seqlen_k
   int64_t heads = 0;
   std::optional<int64_t> heads_kv;  // default heads
   bool causal = false;
@@ -53,14 +55,17 @@ struct PlanOptions {
   std::string tiles;               // "" = the planner's; else as python/jitattn_ctypes.py force_tiles
   int splits = 0;                  // 0 = the planner's
   std::string pack_gqa = "auto";   // yes, no or auto
-  bool no_workspace = false;       // forward() without a workspace (never splits)
+  bool no_workspace = false;       // forward() or forward_varlen() without a workspace (never splits)
   // kvcache only
   std::optional<int64_t> cache_len;  // rows per sequence; default seqlen_k + new_tokens
-  int page_size = 0;                 // 0 = contiguous cache
   int new_tokens = 0;                // k_new/v_new rows appended per sequence
   std::optional<int> max_seqlen_k;   // KVCacheArgs::max_seqlen_k; default seqlen_k + new_tokens
-  int64_t total_seqlen_k = 0;        // KVCacheArgs::total_seqlen_k; 0 = unknown
-  bool dynamic_splits = false;       // KVCacheArgs::dynamic_splits
+  // varlen only
+  std::optional<int64_t> total_q;    // packed query rows; default batch × seqlen_q
+  // kvcache and varlen
+  int page_size = 0;                 // 0 = contiguous cache (varlen: packed k/v)
+  int64_t total_seqlen_k = 0;        // KVCacheArgs / VarlenArgs::total_seqlen_k; 0 = unknown
+  bool dynamic_splits = false;       // KVCacheArgs / VarlenArgs::dynamic_splits
   // The target; unset: this host's GPU 0, else sm_90a's
   std::optional<std::string> arch;
   std::optional<int> sms;

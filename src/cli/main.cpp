@@ -50,6 +50,12 @@ workspace bytes they need. Nothing is compiled or launched.
 plans forward_kvcache() over a cache of --cache-len rows per sequence (pages
 of --page-size rows with a block table, or contiguous), each holding
 --seqlen-k keys (cache_seqlens) before --new-tokens new ones are appended.
+--call varlen plans forward_varlen() given a workspace (--no-workspace:
+without one) for a step of --batch packed sequences of --total-q query rows
+in all, the longest --seqlen-q queries over --seqlen-k keys; k/v are packed
+(cu_seqlens_k; --total-seqlen-k rows, else --batch x --seqlen-k), or with
+--page-size a paged cache of --seqlen-k rows per sequence read through a
+block table and seqused_k, as an inference engine's step passes them.
 
 Without --arch, --sms and --smem: this host's GPU 0 (its SMs and shared memory
 only if it is of the target arch), else sm_90a, 132 SMs and the arch's opt-in
@@ -138,14 +144,18 @@ int main(int argc, char** argv) {
 
   cli::PlanOptions plan;
   CLI::App* plan_cmd = app.add_subcommand("plan", "Print the kernels and launches a call shape plans to (no GPU needed)");
-  plan_cmd->add_option("--call", plan.call, "forward (default) or kvcache")
-      ->check(CLI::IsMember({"forward", "kvcache"}))
+  plan_cmd->add_option("--call", plan.call, "forward (default), kvcache or varlen")
+      ->check(CLI::IsMember({"forward", "kvcache", "varlen"}))
       ->type_name("CALL");
   plan_cmd->add_option("--dtype", plan.dtype, "bf16 (default) or f16")->type_name("DTYPE");
   plan_cmd->add_option("--head-dim", plan.head_dim, "Head dim")->required()->type_name("D");
   plan_cmd->add_option("--batch", plan.batch, "Sequences (default 1)")->type_name("B");
-  plan_cmd->add_option("--seqlen-q", plan.seqlen_q, "Queries per sequence")->required()->type_name("N");
-  plan_cmd->add_option("--seqlen-k", plan.seqlen_k, "Keys per sequence; kvcache: keys cached before the call (default --seqlen-q)")
+  plan_cmd->add_option("--seqlen-q", plan.seqlen_q, "Queries per sequence; varlen: the longest sequence's (max_seqlen_q)")
+      ->required()
+      ->type_name("N");
+  plan_cmd->add_option("--seqlen-k", plan.seqlen_k,
+                       "Keys per sequence; kvcache: keys cached before the call; varlen: the longest sequence's "
+                       "(max_seqlen_k) (default --seqlen-q)")
       ->type_name("N");
   plan_cmd->add_option("--heads", plan.heads, "Query heads")->required()->type_name("H");
   plan_cmd->add_option("--heads-kv", plan.heads_kv, "KV heads, dividing --heads (default --heads)")->type_name("H");
@@ -171,22 +181,29 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--pack-gqa", plan.pack_gqa, "Pack a KV head's query heads into one tile: yes, no or auto")
       ->check(CLI::IsMember({"yes", "no", "auto"}))
       ->type_name("WHEN");
-  plan_cmd->add_flag("--no-workspace", plan.no_workspace, "forward: plan forward() without a workspace (never splits)");
+  plan_cmd->add_flag("--no-workspace", plan.no_workspace,
+                     "forward, varlen: plan the call without a workspace (never splits)");
   plan_cmd->add_option("--cache-len", plan.cache_len, "kvcache: rows per sequence (default --seqlen-k + --new-tokens)")
       ->type_name("SMAX");
-  plan_cmd->add_option("--page-size", plan.page_size, "kvcache: rows per page, 0 = contiguous (default)")->type_name("P");
+  plan_cmd->add_option("--page-size", plan.page_size,
+                       "kvcache, varlen: rows per page of a paged cache, 0 = contiguous cache or packed k/v (default)")
+      ->type_name("P");
   plan_cmd->add_option("--new-tokens", plan.new_tokens, "kvcache: new keys appended per sequence (default 0)")
       ->type_name("N");
   plan_cmd->add_option("--max-seqlen-k", plan.max_seqlen_k,
                        "kvcache: KVCacheArgs::max_seqlen_k (default --seqlen-k + --new-tokens; 0 = the capacity)")
       ->type_name("N");
   plan_cmd->add_option("--total-seqlen-k", plan.total_seqlen_k,
-                       "kvcache: KVCacheArgs::total_seqlen_k, the batch's keys in all (default 0 = unknown: every "
-                       "sequence --max-seqlen-k long)")
+                       "kvcache, varlen: total_seqlen_k, the batch's keys in all (default 0 = unknown: every "
+                       "sequence --max-seqlen-k long; varlen over packed k/v: k's rows)")
       ->type_name("N");
   plan_cmd->add_flag("--dynamic-splits", plan.dynamic_splits,
-                     "kvcache: KVCacheArgs::dynamic_splits, split counts chosen on the device from the lengths (the "
+                     "kvcache, varlen: dynamic_splits, split counts chosen on the device from the lengths (the "
                      "launch shows the most splits)");
+  plan_cmd->add_option("--total-q", plan.total_q,
+                       "varlen: the step's packed query rows, from --seqlen-q to --batch x --seqlen-q (default the "
+                       "latter)")
+      ->type_name("T");
   plan_cmd->add_option("--arch", plan.arch, "Target arch (default: this host's GPU, else sm_90a)")->type_name("ARCH");
   plan_cmd->add_option("--sms", plan.sms, "SM count (default: this host's GPU, else 132)")->type_name("N");
   plan_cmd->add_option("--smem", plan.smem, "Opt-in shared memory per block in bytes (default: the GPU's or arch's)")

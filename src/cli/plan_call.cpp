@@ -10,7 +10,9 @@
 #include <initializer_list>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "plan.hpp"
 
@@ -75,7 +77,8 @@ void check_elements(const char* tensor, std::initializer_list<int64_t> dims) {
 // apart, aligned to 256 bytes as cudaMalloc's are, which meets every
 // alignment rule (16-byte rows, 4-byte i32 vectors, the 256-byte workspace).
 enum class Buffer : uintptr_t {
-  q = 1, k, v, out, alibi_slopes, rope_cos, rope_sin, cache_seqlens, block_table, k_new, v_new, workspace
+  q = 1, k, v, out, alibi_slopes, rope_cos, rope_sin, cache_seqlens, block_table, k_new, v_new, workspace,
+  cu_seqlens_q, cu_seqlens_k, seqused_k
 };
 void* fake_address(Buffer buffer) { return reinterpret_cast<void*>(static_cast<uintptr_t>(buffer) << 40); }
 
@@ -83,24 +86,43 @@ void* fake_address(Buffer buffer) { return reinterpret_cast<void*>(static_cast<u
 // tensors held here, so it is built in place and never copied.
 struct CallArguments {
   bool kvcache = false;
-  bool workspace = true;  // forward: the overload that takes a workspace
+  bool varlen = false;
+  bool workspace = true;  // forward, varlen: the overload that takes a workspace
   TensorView q, out;
-  TensorView k, v;  // forward only
-  TensorView alibi_slopes, rope_cos, rope_sin, block_table, k_new, v_new;
+  TensorView k, v;  // forward and varlen
+  TensorView alibi_slopes, rope_cos, rope_sin, block_table, k_new, v_new, seqused_k;
   ForwardOptions options;
   KVCacheArgs cache;  // kvcache only
+  VarlenArgs sequences;  // varlen only
 
   CallArguments() = default;
   CallArguments(const CallArguments&) = delete;
   CallArguments& operator=(const CallArguments&) = delete;
 };
 
+// A paged k/v pool in which each of `batch` sequences owns whole pages for
+// `rows` rows, into k and v (named `tensor` in errors), and its block table
+// into call.block_table. Returns the rows a sequence's pages hold.
+int64_t paged_pool(const char* tensor, DType dtype, int64_t batch, int64_t rows, int page_size, int64_t heads_kv,
+                   int head_dim, CallArguments& call, TensorView& k, TensorView& v) {
+  const int64_t pages = (rows + page_size - 1) / page_size;
+  check_elements(tensor, {batch, pages, page_size, heads_kv, head_dim});
+  const std::vector<int64_t> shape = {batch * pages, page_size, heads_kv, head_dim};
+  k = TensorView::contiguous(fake_address(Buffer::k), dtype, shape);
+  v = TensorView::contiguous(fake_address(Buffer::v), dtype, shape);
+  call.block_table = TensorView::contiguous(fake_address(Buffer::block_table), DType::i32, {batch, pages});
+  return pages * page_size;
+}
+
 // The options into the call's tensors and options. Rules that tie options
 // to one another (GQA heads, a cache that holds its keys) are checked here,
 // where they can be named; what kernels support is the planner's to say.
 void build_arguments(const PlanOptions& o, CallArguments& call) {
-  if (o.call != "forward" && o.call != "kvcache") bad_option(fmt::format("--call: '{}' is not forward or kvcache", o.call));
+  if (o.call != "forward" && o.call != "kvcache" && o.call != "varlen") {
+    bad_option(fmt::format("--call: '{}' is not forward, kvcache or varlen", o.call));
+  }
   const bool kvcache = call.kvcache = o.call == "kvcache";
+  const bool varlen = call.varlen = o.call == "varlen";
   const DType dtype = parse_dtype("--dtype", o.dtype);
   const int head_dim = o.head_dim;
   const int64_t batch = o.batch, seqlen_q = o.seqlen_q, heads = o.heads;
@@ -116,21 +138,46 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
                            heads, heads_kv));
   }
   require_at_least("--splits", o.splits, 0);
-  if (!kvcache) {
-    const std::pair<const char*, bool> cache_options[] = {{"--cache-len", o.cache_len.has_value()},
-                                                          {"--page-size", o.page_size != 0},
-                                                          {"--new-tokens", o.new_tokens != 0},
-                                                          {"--max-seqlen-k", o.max_seqlen_k.has_value()},
-                                                          {"--total-seqlen-k", o.total_seqlen_k != 0},
-                                                          {"--dynamic-splits", o.dynamic_splits}};
-    for (const auto& [option, given] : cache_options) {
-      if (given) bad_option(fmt::format("{}: applies to --call kvcache only", option));
+  // Options given to a call they do not describe.
+  struct Scoped {
+    const char* option;
+    bool given;
+    const char* calls;  // the calls it applies to
+    bool applies;
+  };
+  const Scoped scoped[] = {{"--cache-len", o.cache_len.has_value(), "kvcache", kvcache},
+                           {"--new-tokens", o.new_tokens != 0, "kvcache", kvcache},
+                           {"--max-seqlen-k", o.max_seqlen_k.has_value(), "kvcache", kvcache},
+                           {"--total-q", o.total_q.has_value(), "varlen", varlen},
+                           {"--page-size", o.page_size != 0, "kvcache or varlen", kvcache || varlen},
+                           {"--total-seqlen-k", o.total_seqlen_k != 0, "kvcache or varlen", kvcache || varlen},
+                           {"--dynamic-splits", o.dynamic_splits, "kvcache or varlen", kvcache || varlen}};
+  for (const Scoped& option : scoped) {
+    if (option.given && !option.applies) {
+      bad_option(fmt::format("{}: applies to --call {} only", option.option, option.calls));
     }
-  } else if (o.no_workspace) {
-    bad_option("--no-workspace: applies to --call forward only (forward_kvcache always takes a workspace)");
+  }
+  if (kvcache && o.no_workspace) {
+    bad_option("--no-workspace: applies to --call forward or varlen only (forward_kvcache always takes a workspace)");
   }
   call.workspace = !o.no_workspace;
+  require_at_least("--page-size", o.page_size, 0);
+  require_at_least("--total-seqlen-k", o.total_seqlen_k, 0);
+  // For varlen this bounds the step's q too: it has at most batch × seqlen_q rows.
   check_elements("q", {batch, seqlen_q, heads, head_dim});
+  // varlen: the step's packed query rows, at least the longest sequence's.
+  const int64_t total_q = o.total_q.value_or(batch * seqlen_q);
+  if (varlen) {
+    if (total_q < seqlen_q || total_q > batch * seqlen_q) {
+      bad_option(fmt::format("--total-q: {} must be from --seqlen-q {} (the longest sequence) to --batch x --seqlen-q "
+                             "{} (every sequence that long)",
+                             total_q, seqlen_q, batch * seqlen_q));
+    }
+    if (std::max(seqlen_q, seqlen_k) > INT_MAX) {
+      bad_option(fmt::format("--seqlen-{}: {} must be at most {} (max_seqlen_q and max_seqlen_k are int)",
+                             seqlen_q > seqlen_k ? 'q' : 'k', std::max(seqlen_q, seqlen_k), INT_MAX));
+    }
+  }
 
   ForwardOptions& options = call.options;
   options.causal = o.causal;
@@ -150,17 +197,48 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
     options.alibi_slopes = &call.alibi_slopes;
   }
 
-  call.q = TensorView::contiguous(fake_address(Buffer::q), dtype, {batch, seqlen_q, heads, head_dim});
-  call.out = TensorView::contiguous(fake_address(Buffer::out), dtype, {batch, seqlen_q, heads, head_dim});
+  const std::vector<int64_t> q_shape =
+      varlen ? std::vector<int64_t>{total_q, heads, head_dim} : std::vector<int64_t>{batch, seqlen_q, heads, head_dim};
+  call.q = TensorView::contiguous(fake_address(Buffer::q), dtype, q_shape);
+  call.out = TensorView::contiguous(fake_address(Buffer::out), dtype, q_shape);
   int64_t rope_positions = std::max<int64_t>(seqlen_k, 1);  // forward: the keys' positions
-  if (!kvcache) {
+  if (varlen) {
+    VarlenArgs& sequences = call.sequences;
+    sequences.cu_seqlens_q = TensorView::contiguous(fake_address(Buffer::cu_seqlens_q), DType::i32, {batch + 1});
+    sequences.max_seqlen_q = static_cast<int>(seqlen_q);
+    sequences.max_seqlen_k = static_cast<int>(seqlen_k);
+    sequences.total_seqlen_k = o.total_seqlen_k;
+    sequences.dynamic_splits = o.dynamic_splits;
+    if (o.page_size == 0) {
+      // Packed k/v: the step's keys, every sequence's unless --total-seqlen-k says.
+      check_elements("k", {batch, seqlen_k, heads_kv, head_dim});
+      const int64_t rows = o.total_seqlen_k != 0 ? o.total_seqlen_k : batch * seqlen_k;
+      if (rows < seqlen_k || rows > batch * seqlen_k) {
+        bad_option(fmt::format("--total-seqlen-k: {} must be from --seqlen-k {} (the longest sequence) to --batch x "
+                               "--seqlen-k {} (every sequence that long)",
+                               rows, seqlen_k, batch * seqlen_k));
+      }
+      call.k = TensorView::contiguous(fake_address(Buffer::k), dtype, {rows, heads_kv, head_dim});
+      call.v = TensorView::contiguous(fake_address(Buffer::v), dtype, {rows, heads_kv, head_dim});
+      sequences.cu_seqlens_k = TensorView::contiguous(fake_address(Buffer::cu_seqlens_k), DType::i32, {batch + 1});
+    } else {
+      // A paged cache, each sequence owning whole pages for its keys, read as
+      // an engine's step reads it: through the block table and seqused_k,
+      // without cu_seqlens_k.
+      rope_positions = paged_pool("k", dtype, batch, std::max<int64_t>(seqlen_k, 1), o.page_size, heads_kv, head_dim,
+                                  call, call.k, call.v);
+      sequences.block_table = &call.block_table;
+      call.seqused_k = TensorView::contiguous(fake_address(Buffer::seqused_k), DType::i32, {batch});
+      sequences.seqused_k = &call.seqused_k;
+    }
+    options.num_splits = o.splits;
+  } else if (!kvcache) {
     check_elements("k", {batch, seqlen_k, heads_kv, head_dim});
     call.k = TensorView::contiguous(fake_address(Buffer::k), dtype, {batch, seqlen_k, heads_kv, head_dim});
     call.v = TensorView::contiguous(fake_address(Buffer::v), dtype, {batch, seqlen_k, heads_kv, head_dim});
     options.num_splits = o.splits;
   } else {
     require_at_least("--new-tokens", o.new_tokens, 0);
-    require_at_least("--page-size", o.page_size, 0);
     // The call attends to the keys cached before it and those it appends.
     const int64_t keys = seqlen_k + o.new_tokens;
     const int64_t cache_len = o.cache_len.value_or(std::max<int64_t>(keys, 1));
@@ -179,14 +257,9 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
       rope_positions = cache_len;
     } else {
       // Each sequence owns enough whole pages for cache_len rows.
-      const int64_t pages = (cache_len + o.page_size - 1) / o.page_size;
-      check_elements("k_cache", {batch, pages, o.page_size, heads_kv, head_dim});
-      const std::vector<int64_t> shape = {batch * pages, o.page_size, heads_kv, head_dim};
-      cache.k_cache = TensorView::contiguous(fake_address(Buffer::k), dtype, shape);
-      cache.v_cache = TensorView::contiguous(fake_address(Buffer::v), dtype, shape);
-      call.block_table = TensorView::contiguous(fake_address(Buffer::block_table), DType::i32, {batch, pages});
+      rope_positions = paged_pool("k_cache", dtype, batch, cache_len, o.page_size, heads_kv, head_dim, call,
+                                  cache.k_cache, cache.v_cache);
       cache.block_table = &call.block_table;
-      rope_positions = pages * o.page_size;
     }
     cache.cache_seqlens = TensorView::contiguous(fake_address(Buffer::cache_seqlens), DType::i32, {batch});
     if (o.new_tokens > 0) {
@@ -198,7 +271,6 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
     cache.num_splits = o.splits;
     if (o.max_seqlen_k) require_at_least("--max-seqlen-k", *o.max_seqlen_k, 0);
     cache.max_seqlen_k = o.max_seqlen_k.value_or(static_cast<int>(keys));
-    require_at_least("--total-seqlen-k", o.total_seqlen_k, 0);
     cache.total_seqlen_k = o.total_seqlen_k;
     cache.dynamic_splits = o.dynamic_splits;
   }
@@ -250,44 +322,56 @@ PlannedLaunch attention_launch(const detail::ForwardPlan& plan) {
   return launch;
 }
 
-// The launches of the call, planned in the runtime's order (api.cpp): a
-// call that takes a workspace first asks its size (*_workspace_bytes: a
+// The launches of a call that takes a workspace, planned in the runtime's
+// order (api.cpp): it first asks the workspace's size (*_workspace_bytes: a
 // sizing-only plan), then runs with a workspace of exactly that size, and
-// only that plan holds the combine. A call whose attention has nothing to
+// only that plan holds the combine. `plan_with(workspace, bytes,
+// sizing_only)` plans the call. A call whose attention has nothing to
 // compute launches nothing, as the runtime returns early.
+template <typename PlanWith>
+std::vector<PlannedLaunch> workspace_launches(const PlanWith& plan_with) {
+  const size_t bytes = plan_with(nullptr, 0, true).attention.workspace_bytes;
+  const auto plan = plan_with(bytes > 0 ? fake_address(Buffer::workspace) : nullptr, bytes, false);
+  std::vector<PlannedLaunch> launches;
+  if (plan.attention.grid == 0) return launches;
+  if constexpr (std::is_same_v<std::decay_t<decltype(plan)>, detail::KVCachePlan>) {
+    if (plan.append.grid != 0) launches.push_back(launch_of("append", plan.append.spec, plan.append.grid));
+  }
+  launches.push_back(attention_launch(plan.attention));
+  if (plan.combine.grid != 0) launches.push_back(launch_of("combine", plan.combine.spec, plan.combine.grid));
+  return launches;
+}
+
+// The launches of the call, as the runtime makes them.
 std::vector<PlannedLaunch> plan_launches(const CallArguments& call, const PlanTarget& target,
                                          const detail::TuningTable* tuning) {
   const detail::Arch& arch = target.arch;
   const int smem = target.max_smem_bytes, sms = target.sm_count;
-  auto workspace_for = [](size_t bytes) { return bytes > 0 ? fake_address(Buffer::workspace) : nullptr; };
-  std::vector<PlannedLaunch> launches;
   if (call.kvcache) {
-    auto plan_with = [&](void* workspace, size_t bytes, bool sizing_only) {
+    return workspace_launches([&](void* workspace, size_t bytes, bool sizing_only) {
       return detail::plan_kvcache(call.q, call.cache, call.out, nullptr, call.options, workspace, bytes, sizing_only,
                                   arch, smem, sms, tuning);
-    };
-    const size_t bytes = plan_with(nullptr, 0, true).attention.workspace_bytes;
-    const detail::KVCachePlan plan = plan_with(workspace_for(bytes), bytes, false);
-    if (plan.attention.grid == 0) return launches;
-    if (plan.append.grid != 0) launches.push_back(launch_of("append", plan.append.spec, plan.append.grid));
-    launches.push_back(attention_launch(plan.attention));
-    if (plan.combine.grid != 0) launches.push_back(launch_of("combine", plan.combine.spec, plan.combine.grid));
-  } else if (call.workspace) {
-    auto plan_with = [&](void* workspace, size_t bytes, bool sizing_only) {
+    });
+  }
+  if (call.workspace && call.varlen) {
+    return workspace_launches([&](void* workspace, size_t bytes, bool sizing_only) {
+      return detail::plan_forward_varlen_split(call.q, call.k, call.v, call.out, nullptr, call.sequences,
+                                               call.options, workspace, bytes, sizing_only, arch, smem, sms, tuning);
+    });
+  }
+  if (call.workspace) {
+    return workspace_launches([&](void* workspace, size_t bytes, bool sizing_only) {
       return detail::plan_forward_split(call.q, call.k, call.v, call.out, nullptr, call.options, workspace, bytes,
                                         sizing_only, arch, smem, sms, tuning);
-    };
-    const size_t bytes = plan_with(nullptr, 0, true).attention.workspace_bytes;
-    const detail::SplitForwardPlan plan = plan_with(workspace_for(bytes), bytes, false);
-    if (plan.attention.grid == 0) return launches;
-    launches.push_back(attention_launch(plan.attention));
-    if (plan.combine.grid != 0) launches.push_back(launch_of("combine", plan.combine.spec, plan.combine.grid));
-  } else {
-    const detail::ForwardPlan plan =
-        detail::plan_forward(call.q, call.k, call.v, call.out, nullptr, call.options, arch, smem, sms, tuning);
-    if (plan.grid != 0) launches.push_back(attention_launch(plan));
+    });
   }
-  return launches;
+  const detail::ForwardPlan plan =
+      call.varlen ? detail::plan_forward_varlen(call.q, call.k, call.v, call.out, nullptr, call.sequences,
+                                                call.options, arch, smem, sms, tuning)
+                  : detail::plan_forward(call.q, call.k, call.v, call.out, nullptr, call.options, arch, smem, sms,
+                                         tuning);
+  if (plan.grid == 0) return {};
+  return {attention_launch(plan)};
 }
 
 const PlannedLaunch* attention_of(const std::vector<PlannedLaunch>& launches) {
