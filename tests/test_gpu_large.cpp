@@ -100,20 +100,9 @@ std::string describe(const DenseCase& c, const std::string& spec, int batch = 2)
                      c.heads_kv, c.head_dim, c.causal, static_cast<int>(c.rope), c.workspace);
 }
 
-// q, k, v and out of two batches, batch 1 at kFar elements.
-struct FarTensors {
-  explicit FarTensors(size_t elements) : q(elements * 2), k(elements * 2), v(elements * 2), out(elements * 2) {}
-  DeviceBuffer q, k, v, out;
-};
-
-TEST_CASE("offsets past 2^31 elements: dense forward with batch strides past 4 GiB") {
-  // One batch of every case fits in 8M elements (8192 keys x 8 heads x 128).
-  constexpr int64_t kBatchElements = int64_t{8} << 20;
-  const size_t far_elements = static_cast<size_t>(kFar + kBatchElements);
-  if (!gpu_holds(4 * far_elements * 2, "dense calls past 2^31 elements")) return;
-  const uint64_t seed = clock_seed();
-  std::mt19937_64 rng(seed);
-
+// The dense calls of both dense large-offset cases below; the comments name
+// the kernels that two batches of these heads plan on an H200.
+std::vector<DenseCase> dense_cases() {
   std::vector<DenseCase> cases;
   cases.push_back({});  // d128 causal: persistent wgmma tiles (sm_90a), K/V by tensor copies
   {
@@ -157,6 +146,24 @@ TEST_CASE("offsets past 2^31 elements: dense forward with batch strides past 4 G
     c.workspace = true;
     cases.push_back(c);
   }
+  return cases;
+}
+
+// q, k, v and out of two batches, batch 1 at kFar elements.
+struct FarTensors {
+  explicit FarTensors(size_t elements) : q(elements * 2), k(elements * 2), v(elements * 2), out(elements * 2) {}
+  DeviceBuffer q, k, v, out;
+};
+
+TEST_CASE("offsets past 2^31 elements: dense forward with batch strides past 4 GiB") {
+  // One batch of every case fits in 8M elements (8192 keys x 8 heads x 128).
+  constexpr int64_t kBatchElements = int64_t{8} << 20;
+  const size_t far_elements = static_cast<size_t>(kFar + kBatchElements);
+  if (!gpu_holds(4 * far_elements * 2, "dense calls past 2^31 elements")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+
+  const std::vector<DenseCase> cases = dense_cases();
 
   Runtime& runtime = gpu_tests_runtime();
   FarTensors far(far_elements);
@@ -740,12 +747,20 @@ TEST_CASE("offsets past 2^31 elements: head strides past 4 GiB ([B, H, S, D] vie
   HeadBuffers far;
 
   SUBCASE("dense forward") {
+    // The batch-stride case's calls with at most 2 KV heads (batch 1's small
+    // grids then plan the 4-warp mma.sync kernels), one query without a
+    // workspace, and wgmma tiles forced.
     std::vector<DenseCase> cases;
-    {
-      DenseCase c;  // d128 causal: a grid this small plans the 4-warp mma.sync kernel
-      c.heads_q = c.heads_kv = 2;
+    for (DenseCase c : dense_cases()) {
+      const int group = c.heads_q / c.heads_kv;
+      c.heads_kv = std::min(c.heads_kv, 2);
+      c.heads_q = c.heads_kv * group;
       cases.push_back(c);
     }
+    DenseCase unsplit = cases.back();  // one query over dense K/V: the decode kernel, here without a workspace
+    REQUIRE((unsplit.seqlen_q == 1 && unsplit.workspace));
+    unsplit.workspace = false;
+    cases.push_back(unsplit);
     if (sm90a_or_skip("wgmma tiles with head strides past 2^31 elements")) {
       DenseCase c;  // d128 causal, wgmma tiles forced: K/V by tensor copies, heads as map coordinates
       c.heads_q = c.heads_kv = 2;
@@ -758,50 +773,6 @@ TEST_CASE("offsets past 2^31 elements: head strides past 4 GiB ([B, H, S, D] vie
       c.tiles = {192, 128, 12, 2, true, true};
       cases.push_back(c);
     }
-    {
-      DenseCase c;  // RoPE: K copied and rotated by the producer, GQA
-      c.rope = RopeStyle::rotate_half;
-      c.heads_q = 4;
-      c.heads_kv = 2;
-      cases.push_back(c);
-    }
-    {
-      DenseCase c;  // d64 without a mask, f16: three-warpgroup tiles on sm_90a
-      c.dtype = DType::f16;
-      c.head_dim = 64;
-      c.seqlen_k = 2048;
-      c.causal = false;
-      c.heads_q = c.heads_kv = 2;
-      cases.push_back(c);
-    }
-    {
-      DenseCase c;  // d256, ragged lengths
-      c.head_dim = 256;
-      c.seqlen_q = 300;
-      c.seqlen_k = 700;
-      c.heads_q = c.heads_kv = 2;
-      cases.push_back(c);
-    }
-    {
-      DenseCase c;  // d96 (padded to 128), interleaved RoPE, MQA
-      c.head_dim = 96;
-      c.seqlen_q = 513;
-      c.seqlen_k = 999;
-      c.heads_q = 6;
-      c.heads_kv = 1;
-      c.rope = RopeStyle::interleaved;
-      cases.push_back(c);
-    }
-    for (const bool workspace : {true, false}) {
-      DenseCase c;  // one query over 8192 keys: the decode kernel over dense K/V (split and combined, or not)
-      c.seqlen_q = 1;
-      c.seqlen_k = 8192;
-      c.heads_q = 8;
-      c.heads_kv = 2;
-      c.workspace = workspace;
-      cases.push_back(c);
-    }
-
     for (const DenseCase& c : cases) {
       const HeadsMajor q_layout{1, c.seqlen_q, c.heads_q, c.head_dim};
       const HeadsMajor kv_layout{1, c.seqlen_k, c.heads_kv, c.head_dim};
