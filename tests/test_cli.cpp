@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "plan.hpp"
 #include "render.hpp"
@@ -132,6 +133,23 @@ ExpectedLaunch attention_expected(const jitattn::detail::ForwardPlan& plan) {
   return {"attention", plan.spec, plan.grid, plan.num_splits, plan.workspace_bytes};
 }
 
+// The launches of a call given a workspace, as the runtime makes them:
+// sized by a sizing-only plan, then planned with exactly that many bytes
+// (`plan_with(workspace, bytes, sizing_only)`; only that plan holds the
+// combine).
+template <typename PlanWith>
+std::vector<ExpectedLaunch> expected_with_workspace(const PlanWith& plan_with) {
+  const size_t bytes = plan_with(nullptr, 0, true).attention.workspace_bytes;
+  const auto plan = plan_with(bytes > 0 ? plan_address(7) : nullptr, bytes, false);
+  std::vector<ExpectedLaunch> launches;
+  if constexpr (std::is_same_v<std::decay_t<decltype(plan)>, jitattn::detail::KVCachePlan>) {
+    if (plan.append.grid > 0) launches.push_back({"append", plan.append.spec, plan.append.grid});
+  }
+  launches.push_back(attention_expected(plan.attention));
+  if (plan.combine.grid > 0) launches.push_back({"combine", plan.combine.spec, plan.combine.grid});
+  return launches;
+}
+
 // forward() with a workspace of forward_workspace_bytes(), planned directly.
 std::vector<ExpectedLaunch> planned_forward(jitattn::DType dtype, int64_t batch, int64_t seqlen, int64_t heads,
                                             int64_t heads_kv, int head_dim, const jitattn::ForwardOptions& options,
@@ -143,15 +161,10 @@ std::vector<ExpectedLaunch> planned_forward(jitattn::DType dtype, int64_t batch,
   const TensorView v = TensorView::contiguous(plan_address(3), dtype, {batch, seqlen, heads_kv, head_dim});
   const TensorView out = TensorView::contiguous(plan_address(4), dtype, {batch, seqlen, heads, head_dim});
   const Arch target = Arch::parse(arch);
-  const size_t bytes = jitattn::detail::plan_forward_split(q, k, v, out, nullptr, options, nullptr, 0, true, target,
-                                                           smem, sm_count, tuning)
-                           .attention.workspace_bytes;
-  const auto plan = jitattn::detail::plan_forward_split(q, k, v, out, nullptr, options,
-                                                        bytes > 0 ? plan_address(5) : nullptr, bytes, false, target,
-                                                        smem, sm_count, tuning);
-  std::vector<ExpectedLaunch> launches = {attention_expected(plan.attention)};
-  if (plan.combine.grid > 0) launches.push_back({"combine", plan.combine.spec, plan.combine.grid});
-  return launches;
+  return expected_with_workspace([&](void* workspace, size_t bytes, bool sizing_only) {
+    return jitattn::detail::plan_forward_split(q, k, v, out, nullptr, options, workspace, bytes, sizing_only, target,
+                                               smem, sm_count, tuning);
+  });
 }
 
 // forward_kvcache() with a workspace of kvcache_workspace_bytes(), planned
@@ -176,16 +189,10 @@ std::vector<ExpectedLaunch> planned_kvcache(int64_t batch, int64_t seqlen_q, int
   args.num_splits = splits;
   args.max_seqlen_k = max_seqlen_k;
   const Arch hopper = Arch::parse("sm_90a");
-  const size_t bytes =
-      jitattn::detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, true, hopper, 232448, 132)
-          .attention.workspace_bytes;
-  const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options, bytes > 0 ? plan_address(6) : nullptr,
-                                                  bytes, false, hopper, 232448, 132);
-  std::vector<ExpectedLaunch> launches;
-  if (plan.append.grid > 0) launches.push_back({"append", plan.append.spec, plan.append.grid});
-  launches.push_back(attention_expected(plan.attention));
-  if (plan.combine.grid > 0) launches.push_back({"combine", plan.combine.spec, plan.combine.grid});
-  return launches;
+  return expected_with_workspace([&](void* workspace, size_t bytes, bool sizing_only) {
+    return jitattn::detail::plan_kvcache(q, args, q, nullptr, options, workspace, bytes, sizing_only, hopper, 232448,
+                                         132);
+  });
 }
 
 // forward_varlen() for a step of `batch` packed sequences (total_q query rows,
@@ -220,15 +227,10 @@ std::vector<ExpectedLaunch> planned_varlen(int64_t batch, int64_t total_q, int m
     return {attention_expected(
         jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, hopper, 232448, 132))};
   }
-  const size_t bytes = jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, nullptr, 0,
-                                                                  true, hopper, 232448, 132)
-                           .attention.workspace_bytes;
-  const auto plan = jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options,
-                                                               bytes > 0 ? plan_address(7) : nullptr, bytes, false,
-                                                               hopper, 232448, 132);
-  std::vector<ExpectedLaunch> launches = {attention_expected(plan.attention)};
-  if (plan.combine.grid > 0) launches.push_back({"combine", plan.combine.spec, plan.combine.grid});
-  return launches;
+  return expected_with_workspace([&](void* workspace, size_t bytes, bool sizing_only) {
+    return jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, workspace, bytes,
+                                                      sizing_only, hopper, 232448, 132);
+  });
 }
 
 // The launches of `plan --json` are the expected ones, in order, and the
@@ -948,6 +950,8 @@ TEST_CASE("plan rejects bad options before planning, naming the option and the r
       {"--heads 32 --call varlen --batch 2 --total-q 63", "--total-q: 63 must be from --seqlen-q 64"},
       {"--heads 32 --call varlen --batch 2 --seqlen-k 100 --total-seqlen-k 250",
        "--total-seqlen-k: 250 must be from --seqlen-k 100 (the longest sequence) to --batch x --seqlen-k 200"},
+      {"--heads 32 --call varlen --batch 2 --seqlen-k 100 --page-size 16 --total-seqlen-k 250",
+       "--total-seqlen-k: 250 must be from --seqlen-k 100"},
       {"--heads 32 --call varlen --page-size 48", "k: page_size=48"},
       {"--heads 0", "--heads: 0 must be >= 1"},
       {"--heads 32 --sms 0", "--sms: 0 must be >= 1"},

@@ -165,14 +165,20 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
   require_at_least("--total-seqlen-k", o.total_seqlen_k, 0);
   // For varlen this bounds the step's q too: it has at most batch × seqlen_q rows.
   check_elements("q", {batch, seqlen_q, heads, head_dim});
-  // varlen: the step's packed query rows, at least the longest sequence's.
+  // varlen: the step's packed query rows and keys, each at least the longest
+  // sequence's and at most every sequence's that long.
   const int64_t total_q = o.total_q.value_or(batch * seqlen_q);
   if (varlen) {
-    if (total_q < seqlen_q || total_q > batch * seqlen_q) {
-      bad_option(fmt::format("--total-q: {} must be from --seqlen-q {} (the longest sequence) to --batch x --seqlen-q "
-                             "{} (every sequence that long)",
-                             total_q, seqlen_q, batch * seqlen_q));
-    }
+    check_elements("k", {batch, seqlen_k, heads_kv, head_dim});
+    auto require_step_rows = [&](const char* option, int64_t rows, const char* longest_option, int64_t longest) {
+      if (rows < longest || rows > batch * longest) {
+        bad_option(fmt::format("{}: {} must be from {} {} (the longest sequence) to --batch x {} {} (every sequence "
+                               "that long)",
+                               option, rows, longest_option, longest, longest_option, batch * longest));
+      }
+    };
+    require_step_rows("--total-q", total_q, "--seqlen-q", seqlen_q);
+    if (o.total_seqlen_k != 0) require_step_rows("--total-seqlen-k", o.total_seqlen_k, "--seqlen-k", seqlen_k);
     if (std::max(seqlen_q, seqlen_k) > INT_MAX) {
       bad_option(fmt::format("--seqlen-{}: {} must be at most {} (max_seqlen_q and max_seqlen_k are int)",
                              seqlen_q > seqlen_k ? 'q' : 'k', std::max(seqlen_q, seqlen_k), INT_MAX));
@@ -211,13 +217,7 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
     sequences.dynamic_splits = o.dynamic_splits;
     if (o.page_size == 0) {
       // Packed k/v: the step's keys, every sequence's unless --total-seqlen-k says.
-      check_elements("k", {batch, seqlen_k, heads_kv, head_dim});
       const int64_t rows = o.total_seqlen_k != 0 ? o.total_seqlen_k : batch * seqlen_k;
-      if (rows < seqlen_k || rows > batch * seqlen_k) {
-        bad_option(fmt::format("--total-seqlen-k: {} must be from --seqlen-k {} (the longest sequence) to --batch x "
-                               "--seqlen-k {} (every sequence that long)",
-                               rows, seqlen_k, batch * seqlen_k));
-      }
       call.k = TensorView::contiguous(fake_address(Buffer::k), dtype, {rows, heads_kv, head_dim});
       call.v = TensorView::contiguous(fake_address(Buffer::v), dtype, {rows, heads_kv, head_dim});
       sequences.cu_seqlens_k = TensorView::contiguous(fake_address(Buffer::cu_seqlens_k), DType::i32, {batch + 1});
