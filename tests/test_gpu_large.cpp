@@ -12,8 +12,16 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,16 +39,46 @@ namespace {
 // Elements before the far copy: past 2^31, and a multiple of 8 (16-byte rows).
 constexpr int64_t kFar = (int64_t{1} << 31) + (int64_t{1} << 20);
 
-// Whether the GPU holds `bytes` of test tensors (beside 8 GiB for everything
-// else); says why it skips where it does not.
-bool gpu_holds(size_t bytes, const char* what) {
-  CUdevice device;
-  size_t total = 0;
-  check_cuda(driver().cuCtxGetDevice(&device), "cuCtxGetDevice");
-  check_cuda(driver().cuDeviceTotalMem(&total, device), "cuDeviceTotalMem");
-  if (total >= bytes + (size_t{8} << 30)) return true;
-  MESSAGE(fmt::format("skipped: {} needs {:.1f} GiB of GPU memory, this GPU has {:.1f}", what,
-                      static_cast<double>(bytes) / (1 << 30), static_cast<double>(total) / (1 << 30)));
+// A case's turn at most of the GPU's memory. scripts/gpu_check.sh runs test
+// cases as parallel processes, and these cases hold 10-34 GB each: on a GPU
+// smaller than their sum, two at once could fail to allocate where either
+// alone fits. So each holds an exclusive lock on one file in the temp
+// directory while it runs (other test processes wait their turn), and then
+// checks the memory left free by everything else on the GPU.
+class GpuMemoryTurn {
+ public:
+  GpuMemoryTurn() {
+    const std::filesystem::path path = std::filesystem::temp_directory_path() / "jitattn-gpu-large-tests.lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd_ < 0) {
+      MESSAGE(fmt::format("no turn lock ({}: {}): running beside other large cases", path.string(),
+                          std::strerror(errno)));
+      return;
+    }
+    while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  ~GpuMemoryTurn() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  GpuMemoryTurn(const GpuMemoryTurn&) = delete;
+  GpuMemoryTurn& operator=(const GpuMemoryTurn&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Takes the case's turn (`turn`) and says whether the GPU then has `bytes`
+// of test tensors free, beside 2 GiB for the case's smaller buffers and
+// workspaces; says why it skips where it does not.
+bool gpu_holds(std::optional<GpuMemoryTurn>& turn, size_t bytes, const char* what) {
+  turn.emplace();
+  size_t free = 0, total = 0;
+  check_cuda(driver().cuMemGetInfo(&free, &total), "cuMemGetInfo");
+  if (free >= bytes + (size_t{2} << 30)) return true;
+  MESSAGE(fmt::format("skipped: {} needs {:.1f} GiB of GPU memory, this GPU has {:.1f} GiB free of {:.1f}", what,
+                      static_cast<double>(bytes) / (1 << 30), static_cast<double>(free) / (1 << 30),
+                      static_cast<double>(total) / (1 << 30)));
   return false;
 }
 
@@ -159,7 +197,8 @@ TEST_CASE("offsets past 2^31 elements: dense forward with batch strides past 4 G
   // One batch of every case fits in 8M elements (8192 keys x 8 heads x 128).
   constexpr int64_t kBatchElements = int64_t{8} << 20;
   const size_t far_elements = static_cast<size_t>(kFar + kBatchElements);
-  if (!gpu_holds(4 * far_elements * 2, "dense calls past 2^31 elements")) return;
+  std::optional<GpuMemoryTurn> turn;  // held to the case's end
+  if (!gpu_holds(turn, 4 * far_elements * 2, "dense calls past 2^31 elements")) return;
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
 
@@ -256,7 +295,8 @@ TEST_CASE("offsets past 2^31 elements: varlen, a sequence whose packed rows star
   const int far_q0 = static_cast<int>(kFar / kQRow) + 1, far_k0 = static_cast<int>(kFar / kKRow) + 1;
   const size_t q_elements = static_cast<size_t>(far_q0 + kSeqQ) * kQRow;
   const size_t k_elements = static_cast<size_t>(far_k0 + kSeqK) * kKRow;
-  if (!gpu_holds(2 * (q_elements + k_elements) * 2, "varlen calls past 2^31 elements")) return;
+  std::optional<GpuMemoryTurn> turn;  // held to the case's end
+  if (!gpu_holds(turn, 2 * (q_elements + k_elements) * 2, "varlen calls past 2^31 elements")) return;
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const DType dtype = DType::bf16;
@@ -359,7 +399,8 @@ TEST_CASE("offsets past 2^31 elements: varlen over a paged cache whose pages lie
   constexpr int64_t kUsedElements = int64_t{kBatch} * kCapacity * kRow;
   constexpr int64_t kFarStart = (kFar / (256 * kRow) + 1) * (256 * kRow);
   const size_t far_elements = static_cast<size_t>(kFarStart + kUsedElements);
-  if (!gpu_holds(2 * far_elements * 2, "paged varlen calls past 2^31 elements")) return;
+  std::optional<GpuMemoryTurn> turn;  // held to the case's end
+  if (!gpu_holds(turn, 2 * far_elements * 2, "paged varlen calls past 2^31 elements")) return;
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const DType dtype = DType::bf16;
@@ -513,7 +554,8 @@ TEST_CASE("offsets past 2^31 elements: a KV cache whose pages (or cache batches)
   const size_t far_elements = static_cast<size_t>(first_far_page + kPages) * kPageElements;
   // A contiguous far cache holds cache batch 1 at kFar elements.
   REQUIRE(static_cast<int64_t>(far_elements) >= kFar + int64_t{kCapacity} * kRow);
-  if (!gpu_holds(2 * far_elements * 2, "a KV cache past 2^31 elements")) return;
+  std::optional<GpuMemoryTurn> turn;  // held to the case's end
+  if (!gpu_holds(turn, 2 * far_elements * 2, "a KV cache past 2^31 elements")) return;
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   const DType dtype = DType::bf16;
@@ -740,7 +782,8 @@ struct HeadBuffers {
 };
 
 TEST_CASE("offsets past 2^31 elements: head strides past 4 GiB ([B, H, S, D] views)") {
-  if (!gpu_holds(4 * HeadBuffers::kElements * 2, "head strides past 2^31 elements")) return;
+  std::optional<GpuMemoryTurn> turn;  // held to the case's end
+  if (!gpu_holds(turn, 4 * HeadBuffers::kElements * 2, "head strides past 2^31 elements")) return;
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   Runtime& runtime = gpu_tests_runtime();
