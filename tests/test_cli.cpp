@@ -371,8 +371,10 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   std::set<std::string> texts, all_texts;  // prefill specs; every spec
   for (const KernelSpec& spec : specs) {
     // Split and packed-GQA specs are forward() with few query rows (checked
-    // below for llama3-8b).
-    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split && !spec.pack_gqa) {
+    // below for llama3-8b), varlen ones forward_varlen's, RoPE ones are
+    // checked in "model presets warm their RoPE kernels".
+    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split && !spec.pack_gqa && !spec.varlen &&
+        spec.rope == jitattn::detail::RopeKind::none) {
       texts.insert(spec.text());
     }
     all_texts.insert(spec.text());
@@ -419,7 +421,8 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   REQUIRE_FALSE(llama.empty());
   size_t llama_prefill = 0;
   for (const KernelSpec& spec : llama) {
-    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split && !spec.pack_gqa) {
+    if (spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split && !spec.pack_gqa && !spec.varlen &&
+        spec.rope == jitattn::detail::RopeKind::none) {
       ++llama_prefill;
       CHECK(spec.dtype == jitattn::DType::bf16);
       CHECK(spec.head_dim == 128);
@@ -567,6 +570,147 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   const std::vector<KernelSpec> tuned = jitattn::cli::preset_specs("llama3-8b", hopper, &tuning);
   CHECK(tuned.size() == llama.size() + 1);
   CHECK(std::find(tuned.begin(), tuned.end(), KernelSpec::parse("fwd.bf16.d128.br64.bc32.w4.causal")) != tuned.end());
+}
+
+TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and decoding, angles from theta or tables") {
+  using jitattn::DType;
+  using jitattn::TensorView;
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  struct Model {
+    const char* preset;
+    int head_dim, rotary_dim;
+    bool local, softcap;
+  };
+  // Call shapes other than the preset's own lists (other head counts, odd
+  // lengths, other batches), so that the check is of what the preset covers,
+  // not a copy of it.
+  for (const Model& model : {Model{"llama3-8b", 128, 128, false, false}, Model{"phi3-mini", 96, 96, false, false},
+                             Model{"gemma2-9b", 256, 256, true, true}}) {
+    for (const char* arch_text : {"sm_90a", "sm_80"}) {
+      const Arch arch = Arch::parse(arch_text);
+      const int max_smem = jitattn::cli::max_smem_of(arch);
+      const std::vector<KernelSpec> preset = jitattn::cli::preset_specs(model.preset, arch);
+      size_t rope_specs = 0;
+      for (const KernelSpec& spec : preset) {
+        if (spec.rope == jitattn::detail::RopeKind::none) continue;
+        ++rope_specs;
+        CHECK(spec.rope == jitattn::detail::RopeKind::half);
+        CHECK(spec.rotary_dim == model.rotary_dim);
+        CHECK((!spec.rope_tables || spec.rope_tables16));  // theta, or tables in q's dtype
+      }
+      CHECK(rope_specs > 0);
+      // Without RoPE (the checks above cover fewer calls), angles from theta, tables.
+      for (const std::string rope_form : {"none", "theta", "tables"}) {
+        const bool rope = rope_form != "none", tables = rope_form == "tables";
+        const std::string form = fmt::format("{} {} {}", model.preset, arch_text, rope_form);
+        auto expect_warmed = [&](const KernelSpec& spec, const std::string& call) {
+          CHECK_MESSAGE(std::find(preset.begin(), preset.end(), spec) != preset.end(),
+                        fmt::format("{}, {}: {} not warmed", form, call, spec.text()));
+        };
+        // RoPE as a caller passes it; tables of `positions` rows.
+        TensorView cos, sin;
+        auto options_for = [&](int64_t positions) {
+          jitattn::ForwardOptions options;
+          options.causal = !model.local;
+          if (model.local) options.window_left = 4096;
+          if (model.softcap) options.softcap = 30.f;
+          if (!rope) return options;
+          options.rope.style = jitattn::RopeStyle::rotate_half;
+          options.rope.rotary_dim = model.rotary_dim;
+          options.rope.theta = 500000.f;
+          options.rope.llama3_factor = 8.f;
+          if (tables) {
+            cos = TensorView::contiguous(address(0x60000), DType::bf16, {positions, model.rotary_dim / 2});
+            sin = TensorView::contiguous(address(0x70000), DType::bf16, {positions, model.rotary_dim / 2});
+            options.rope.cos = &cos;
+            options.rope.sin = &sin;
+          }
+          return options;
+        };
+        // Prefill: forward() and a varlen step over packed k/v.
+        for (const auto& [batch, seqlen, heads, heads_kv] :
+             {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 300, 32, 8}, {3, 1000, 32, 8}, {5, 3000, 64, 8},
+              {24, 700, 28, 4}, {2, 12000, 32, 8}, {40, 2048, 32, 8}}) {
+          const std::string call = fmt::format("prefill batch={} seqlen={} heads={}/{}", batch, seqlen, heads, heads_kv);
+          const jitattn::ForwardOptions options = options_for(seqlen);
+          const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, heads, model.head_dim});
+          const TensorView kv =
+              TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, heads_kv, model.head_dim});
+          expect_warmed(jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec, call);
+          const TensorView packed_q =
+              TensorView::contiguous(address(0x10000), DType::bf16, {batch * seqlen, heads, model.head_dim});
+          const TensorView packed_kv =
+              TensorView::contiguous(address(0x20000), DType::bf16, {batch * seqlen, heads_kv, model.head_dim});
+          jitattn::VarlenArgs varlen;
+          varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
+          varlen.max_seqlen_q = varlen.max_seqlen_k = static_cast<int>(seqlen);
+          expect_warmed(jitattn::detail::plan_forward_varlen(packed_q, packed_kv, packed_kv, packed_q, nullptr, varlen,
+                                                             options, arch, max_smem, 132)
+                            .spec,
+                        "varlen " + call);
+        }
+        // Decoding and speculative tokens over a KV cache, new keys rotated
+        // as they are appended: contiguous and paged, split or not.
+        for (const auto& [batch, seqlen_q] : {std::pair<int64_t, int64_t>{1, 1}, {12, 1}, {64, 1}, {3, 5}}) {
+          for (int page : {0, 32, 256}) {
+            for (const auto& [splits, dynamic] : {std::pair<int, bool>{0, false}, {1, false}, {0, true}}) {
+              const int64_t capacity = 16384;
+              const std::string call = fmt::format("kvcache batch={} seqlen_q={} page={} splits={} dynamic={}", batch,
+                                                   seqlen_q, page, splits, dynamic);
+              const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen_q, 32, model.head_dim});
+              const TensorView k_new =
+                  TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen_q, 8, model.head_dim});
+              const TensorView table =
+                  TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
+              jitattn::KVCacheArgs args;
+              args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16,
+                                                                {batch, capacity, 8, model.head_dim})
+                                       : TensorView::contiguous(address(0x40000), DType::bf16,
+                                                                {batch * capacity / page, page, 8, model.head_dim});
+              args.v_cache = args.k_cache;
+              args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+              args.block_table = page == 0 ? nullptr : &table;
+              args.k_new = args.v_new = &k_new;
+              args.num_splits = splits;
+              args.dynamic_splits = dynamic;
+              const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options_for(capacity), nullptr, 0,
+                                                              true, arch, max_smem, 132);
+              expect_warmed(plan.attention.spec, call);
+              CHECK((plan.append.spec.rope == jitattn::detail::RopeKind::half) == rope);
+              expect_warmed(plan.append.spec, call + " (append)");
+            }
+          }
+        }
+        // An engine's varlen step of decoding sequences and a prefill chunk over packed k/v.
+        for (const auto& [batch, total_q, max_seqlen_q] :
+             {std::tuple<int64_t, int64_t, int>{12, 12, 1}, {9, 300, 292}}) {
+          for (bool workspace : {false, true}) {
+            const std::string call = fmt::format("varlen step batch={} total_q={} workspace={}", batch, total_q, workspace);
+            const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {total_q, 32, model.head_dim});
+            const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch * 6000, 8, model.head_dim});
+            jitattn::VarlenArgs varlen;
+            varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
+            varlen.max_seqlen_q = max_seqlen_q;
+            varlen.max_seqlen_k = 6000;
+            const jitattn::ForwardOptions options = options_for(6000);
+            expect_warmed(workspace ? jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options,
+                                                                                 nullptr, 0, true, arch, max_smem, 132)
+                                          .attention.spec
+                                    : jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch,
+                                                                           max_smem, 132)
+                                          .spec,
+                          call);
+          }
+        }
+      }
+    }
+  }
+  // Models with learned positions warm no RoPE kernel.
+  for (const char* name : {"gpt2", "bert-base", "default"}) {
+    for (const KernelSpec& spec : jitattn::cli::preset_specs(name, Arch::parse("sm_90a"))) {
+      CHECK_MESSAGE(spec.rope == jitattn::detail::RopeKind::none, fmt::format("{}: {}", name, spec.text()));
+    }
+  }
 }
 
 TEST_CASE("clear removes every entry and list --json is then empty") {

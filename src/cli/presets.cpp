@@ -11,6 +11,49 @@ namespace {
 // Fake device addresses: planning never dereferences them.
 void* address(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
+// How a call of a shape with a rotary embedding may ask for it: not fused at
+// all, angles from theta, or cos/sin tables in q's dtype. Each plans its own
+// kernels.
+enum class RopeForm { none, theta, tables };
+
+std::vector<RopeForm> rope_forms(const AttentionShape& shape) {
+  if (shape.rope == RopeStyle::none) return {RopeForm::none};
+  return {RopeForm::none, RopeForm::theta, RopeForm::tables};
+}
+
+// The tables a call of RopeForm::tables passes (views kept alive for its plan).
+struct RopeTables {
+  TensorView cos, sin;
+};
+
+// `options` of a call with `shape` in `form` whose keys lie at positions
+// below `positions` (the tables' rows).
+void set_rope(ForwardOptions& options, const AttentionShape& shape, RopeForm form, int64_t positions,
+              RopeTables& tables) {
+  if (form == RopeForm::none) return;
+  options.rope.style = shape.rope;
+  options.rope.rotary_dim = shape.rotary_dim != 0 ? shape.rotary_dim : shape.head_dim;
+  if (form == RopeForm::tables) {
+    const int64_t pairs = options.rope.rotary_dim / 2;
+    tables.cos = TensorView::contiguous(address(0x60000), shape.dtype, {positions, pairs});
+    tables.sin = TensorView::contiguous(address(0x70000), shape.dtype, {positions, pairs});
+    options.rope.cos = &tables.cos;
+    options.rope.sin = &tables.sin;
+  }
+}
+
+// The options every call of `shape` passes: its mask and softcap (a window
+// of `window_left` keys for local layers), and RoPE in `form`.
+ForwardOptions shape_options(const AttentionShape& shape, RopeForm form, int window_left, int64_t positions,
+                             RopeTables& tables) {
+  ForwardOptions options;
+  options.causal = shape.causal;
+  if (shape.local) options.window_left = window_left;
+  if (shape.softcap) options.softcap = 50.f;
+  set_rope(options, shape, form, positions, tables);
+  return options;
+}
+
 // The head dims most models use, both dtypes, causal and not: the safe choice
 // when the models to serve are not known yet.
 std::vector<AttentionShape> all_generated_shapes() {
@@ -39,13 +82,14 @@ void add_dynamic_combine(const detail::KernelSpec& attention, const AttentionSha
 // 40 and 48 sequences (resident tiles of each pipeline size); 8 tokens
 // (speculative decoding: 32 packed rows, the decode kernel's two-tile rows)
 // and 16 (64 packed rows, beyond the decode kernel) of one sequence and of
-// many; chunked prefill of 2048 tokens over 8192 cached
-// ones; a contiguous cache and pages of 16 and 64 rows each; and the
-// combine kernel. Also the kernels of calls captured in CUDA graphs with
+// many; chunked prefill of 2048 tokens over 8192 cached ones; a contiguous
+// cache and pages of 16, 64 and 256 rows each (FlashAttention-2 takes only
+// multiples of 256); and the combine kernel. Also the kernels of calls captured in CUDA graphs with
 // dynamic_splits (KVCacheArgs): 1 and 8 tokens (one 16-row tile a KV head,
 // and two) of one sequence and of 64, whose tiles differ, and the combine
 // that skips the rows such calls write themselves.
-void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
+void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
+                       std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   const int heads_kv = 8, heads_q = 32;
   struct Call {
@@ -62,7 +106,7 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
                         {1, 1, 4096, 0, true},   {64, 1, 4096, 0, true},  {1, 8, 4096, 0, true},
                         {64, 8, 4096, 0, true}};
   for (const auto& [batch, seqlen_q, capacity, splits, dynamic_splits] : calls) {
-    for (int page : {0, 16, 64}) {
+    for (int page : {0, 16, 64, 256}) {
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen_q, heads_q, shape.head_dim});
       const TensorView k_new = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen_q, heads_kv, shape.head_dim});
       const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
@@ -76,10 +120,8 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
       args.k_new = args.v_new = &k_new;
       args.num_splits = splits;
       args.dynamic_splits = dynamic_splits;
-      ForwardOptions options;
-      options.causal = shape.causal;
-      if (shape.local) options.window_left = capacity / 2;
-      if (shape.softcap) options.softcap = 50.f;
+      RopeTables tables;
+      const ForwardOptions options = shape_options(shape, form, static_cast<int>(capacity / 2), capacity, tables);
       const detail::KVCachePlan plan =
           detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem, 132);
       specs.push_back(plan.attention.spec);
@@ -95,17 +137,15 @@ void add_kvcache_specs(const AttentionShape& shape, const detail::Arch& arch, st
 // key blocks differ at head dim 128): 1 and 16 query tokens (the decode
 // kernel over dense K/V; packed GQA tiles) and 128 (unpacked), with a
 // workspace (split) and without, and the combine kernel.
-void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch,
+void add_dense_split_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
                            std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   for (int64_t seqlen_k : {4096, 32768}) {
     for (int64_t seqlen_q : {1, 16, 128}) {
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {1, seqlen_q, 32, shape.head_dim});
       const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {1, seqlen_k, 8, shape.head_dim});
-      ForwardOptions options;
-      options.causal = shape.causal;
-      if (shape.local) options.window_left = 4096;
-      if (shape.softcap) options.softcap = 50.f;
+      RopeTables tables;
+      const ForwardOptions options = shape_options(shape, form, 4096, seqlen_k, tables);
       const detail::SplitForwardPlan plan = detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0,
                                                                        /*sizing_only=*/true, arch, max_smem, 132);
       specs.push_back(plan.attention.spec);
@@ -124,7 +164,8 @@ void add_dense_split_specs(const AttentionShape& shape, const detail::Arch& arch
 // packed K/V and over pages of 16 and 64 rows; with a workspace (split)
 // and without, and with dynamic splits (graphs replayed with other lengths:
 // VarlenArgs::dynamic_splits).
-void add_varlen_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
+void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
+                      std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   struct Step {
     int64_t batch, total_q, max_seqlen_q;
@@ -133,6 +174,8 @@ void add_varlen_specs(const AttentionShape& shape, const detail::Arch& arch, std
        {Step{1, 1, 1}, Step{16, 16, 1}, Step{20, 20, 1}, Step{28, 28, 1}, Step{40, 40, 1}, Step{64, 64, 1},
         Step{4, 32, 8}, Step{16, 527, 512}}) {
     for (int page : {0, 16, 64}) {
+      // Keys in a paged cache were rotated as they were written (forward_kvcache's k_new).
+      if (page != 0 && form != RopeForm::none) continue;
       const int64_t max_seqlen_k = 8192;
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {total_q, 32, shape.head_dim});
       const TensorView kv =
@@ -145,10 +188,8 @@ void add_varlen_specs(const AttentionShape& shape, const detail::Arch& arch, std
       varlen.max_seqlen_q = static_cast<int>(max_seqlen_q);
       varlen.max_seqlen_k = static_cast<int>(max_seqlen_k);
       varlen.block_table = page == 0 ? nullptr : &table;
-      ForwardOptions options;
-      options.causal = shape.causal;
-      if (shape.local) options.window_left = 4096;
-      if (shape.softcap) options.softcap = 50.f;
+      RopeTables tables;
+      const ForwardOptions options = shape_options(shape, form, 4096, max_seqlen_k, tables);
       specs.push_back(detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, nullptr, 0,
                                                         /*sizing_only=*/true, arch, max_smem, 132)
                           .attention.spec);
@@ -160,6 +201,49 @@ void add_varlen_specs(const AttentionShape& shape, const detail::Arch& arch, std
                                              .attention.spec;
       specs.push_back(dynamic);
       add_dynamic_combine(dynamic, shape, specs);
+    }
+  }
+}
+
+// The prefill kernels of `shape` with RoPE in `form` (32 query heads over 8
+// KV heads): batches of 1 to 64 sequences of 128 to 16384 tokens, which reach
+// the planner's choices (tiles by head dim, ordinary and persistent grids,
+// RoPE tables staged or not), as forward() calls (without RoPE the
+// default_tile_set covers those) and as forward_varlen() steps over packed
+// k/v, and without RoPE over a paged cache too (prefill after a cached prefix).
+void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
+                       std::vector<detail::KernelSpec>& specs) {
+  const int max_smem = max_smem_of(arch);
+  for (int64_t batch = 1; batch <= 64; batch *= 2) {
+    for (int64_t seqlen = 128; seqlen <= 16384; seqlen *= 2) {
+      RopeTables tables;
+      const ForwardOptions options = shape_options(shape, form, 4096, seqlen, tables);
+      if (form != RopeForm::none) {
+        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, 32, shape.head_dim});
+        const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, 8, shape.head_dim});
+        specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
+      }
+      for (int page : {0, 64}) {
+        if (page != 0 && form != RopeForm::none) continue;  // keys rotated as they were written
+        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch * seqlen, 32, shape.head_dim});
+        const TensorView kv =
+            page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * seqlen, 8, shape.head_dim})
+                      : TensorView::contiguous(address(0x20000), shape.dtype,
+                                               {batch * (seqlen / std::max(page, 1) + 1), page, 8, shape.head_dim});
+        const TensorView table =
+            TensorView::contiguous(address(0x30000), DType::i32, {batch, seqlen / std::max(page, 1) + 1});
+        VarlenArgs varlen;
+        varlen.cu_seqlens_q = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
+        varlen.max_seqlen_q = varlen.max_seqlen_k = static_cast<int>(seqlen);
+        const TensorView seqused_k = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+        if (page == 0) {
+          varlen.cu_seqlens_k = varlen.cu_seqlens_q;
+        } else {
+          varlen.block_table = &table;
+          varlen.seqused_k = &seqused_k;
+        }
+        specs.push_back(detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch, max_smem, 132).spec);
+      }
     }
   }
 }
@@ -181,19 +265,27 @@ int max_smem_of(const detail::Arch& arch) {
 }
 
 const std::vector<Preset>& presets() {
-  // Decoder LLMs run causal attention in bf16; the older GPT-2/BERT checkpoints
-  // are usually served in f16, and BERT's encoder attends both ways.
+  // Decoder LLMs run causal attention in bf16, with rotate-half RoPE over the
+  // whole head (Hugging Face's configs: no partial_rotary_factor); the older
+  // GPT-2/BERT checkpoints learn absolute positions, are usually served in
+  // f16, and BERT's encoder attends both ways.
+  constexpr RopeStyle kHalf = RopeStyle::rotate_half;
   static const std::vector<Preset> all = {
       {"default", "bf16 and f16, head_dim 64 and 128, causal and not", all_generated_shapes()},
-      {"llama3-8b", "Llama 3 8B: bf16, head_dim 128, causal (32 q / 8 kv heads)", {{DType::bf16, 128, true, false, false, true}}},
-      {"llama3-70b", "Llama 3 70B: bf16, head_dim 128, causal (64 q / 8 kv heads)", {{DType::bf16, 128, true, false, false, true}}},
-      {"mistral-7b", "Mistral 7B: bf16, head_dim 128, causal (32 q / 8 kv heads)", {{DType::bf16, 128, true, false, false, true}}},
-      {"qwen2.5-7b", "Qwen2.5 7B: bf16, head_dim 128, causal (28 q / 4 kv heads)", {{DType::bf16, 128, true, false, false, true}}},
+      {"llama3-8b", "Llama 3 8B: bf16, head_dim 128, causal (32 q / 8 kv heads), RoPE rotate-half",
+       {{DType::bf16, 128, true, false, false, true, kHalf}}},
+      {"llama3-70b", "Llama 3 70B: bf16, head_dim 128, causal (64 q / 8 kv heads), RoPE rotate-half",
+       {{DType::bf16, 128, true, false, false, true, kHalf}}},
+      {"mistral-7b", "Mistral 7B: bf16, head_dim 128, causal (32 q / 8 kv heads), RoPE rotate-half",
+       {{DType::bf16, 128, true, false, false, true, kHalf}}},
+      {"qwen2.5-7b", "Qwen2.5 7B: bf16, head_dim 128, causal (28 q / 4 kv heads), RoPE rotate-half",
+       {{DType::bf16, 128, true, false, false, true, kHalf}}},
       {"gpt2", "GPT-2: f16, head_dim 64, causal (12 heads)", {{DType::f16, 64, true, false, false, true}}},
       {"bert-base", "BERT base: f16, head_dim 64, bidirectional (12 heads)", {{DType::f16, 64, false}}},
-      {"phi3-mini", "Phi-3 mini: bf16, head_dim 96, causal (32 heads)", {{DType::bf16, 96, true, false, false, true}}},
-      {"gemma2-9b", "Gemma 2 9B: bf16, head_dim 256, softcap 50, global causal and 4096-token local layers",
-       {{DType::bf16, 256, true, false, true, true}, {DType::bf16, 256, false, true, true, true}}},
+      {"phi3-mini", "Phi-3 mini: bf16, head_dim 96, causal (32 heads), RoPE rotate-half",
+       {{DType::bf16, 96, true, false, false, true, kHalf}}},
+      {"gemma2-9b", "Gemma 2 9B: bf16, head_dim 256, softcap 50, global causal and 4096-token local layers, RoPE rotate-half",
+       {{DType::bf16, 256, true, false, true, true, kHalf}, {DType::bf16, 256, false, true, true, true, kHalf}}},
   };
   return all;
 }
@@ -230,9 +322,12 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
         specs.push_back(spec);
       }
       if (shape.decoder) {
-        add_kvcache_specs(shape, arch, specs);
-        add_dense_split_specs(shape, arch, specs);
-        add_varlen_specs(shape, arch, specs);
+        for (RopeForm form : rope_forms(shape)) {
+          add_prefill_specs(shape, form, arch, specs);
+          add_kvcache_specs(shape, form, arch, specs);
+          add_dense_split_specs(shape, form, arch, specs);
+          add_varlen_specs(shape, form, arch, specs);
+        }
       }
     }
     // Shapes share append and combine kernels: each spec once, in first-seen order.

@@ -24,9 +24,15 @@ struct AttentionShape {
   bool softcap = false;  // logit softcap
   // Decoder layers also decode from a KV cache: the preset warms the kernels
   // forward_kvcache takes for one token (append, decode with and without
-  // splits, contiguous and paged caches, combine). RoPE fused into the call
-  // depends on the model's rotary settings and is not warmed.
+  // splits, contiguous and paged caches, combine).
   bool decoder = false;
+  // The model's rotary embedding, for decoder shapes: the preset also warms
+  // the kernels of those calls (and of prefill) with RoPE fused in, with
+  // angles from theta and from cos/sin tables in q's dtype (FlashAttention's
+  // rotary_cos / rotary_sin). Theta, scaling and positions are runtime
+  // arguments; f32 tables are left to `jitattn plan --rope-tables f32 --manifest`.
+  RopeStyle rope = RopeStyle::none;
+  int rotary_dim = 0;  // 0 = head_dim
 };
 
 struct Preset {
@@ -47,7 +53,8 @@ const std::vector<Preset>& presets();
 // configuration default_tiles() picks for it over the seqlen buckets
 // (default_tile_set), plus the tiles `tuning` (if given) chose for the shape
 // on that arch, since the planner prefers those; decoder shapes add their
-// forward_kvcache kernels.
+// forward_kvcache, few-row forward and varlen kernels, and with a rotary
+// embedding those and prefill's with RoPE fused in.
 // Throws Error(invalid_argument) for an unknown name; the message lists the known ones.
 std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch,
                                              const detail::TuningTable* tuning = nullptr);
