@@ -83,7 +83,8 @@ class KVCacheArgs(ctypes.Structure):
     _fields_ = [("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("cache_seqlens", ctypes.c_void_p),
                 ("block_table", ctypes.c_void_p), ("cache_batch_idx", ctypes.c_void_p), ("k_new", ctypes.c_void_p),
                 ("v_new", ctypes.c_void_p), ("num_splits", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32),
-                ("total_seqlen_k", ctypes.c_int64), ("dynamic_splits", ctypes.c_int32)]
+                ("total_seqlen_k", ctypes.c_int64), ("dynamic_splits", ctypes.c_int32),
+                ("cache_leftpad", ctypes.c_void_p)]
 
 
 class VarlenArgs(ctypes.Structure):

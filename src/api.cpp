@@ -132,7 +132,11 @@ struct Runtime::Impl {
   template <typename Plan>
   auto plan_on_current_device(Plan&& plan) {
     if (!driver().available) {
-      plan(Arch{9, 0, true}, INT32_MAX, 132, nullptr);
+      // Bad arguments still get their own error first, planned for the
+      // target the sizing calls (kvcache_workspace_bytes, ...) assume, so a
+      // workspace they sized passes.
+      const PlanningTarget t = planning_target();
+      plan(t.arch, t.max_smem_bytes, t.sm_count, &tuning);
       throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", driver().error));
     }
     const ContextRef context = registry.current_context();

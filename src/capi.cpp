@@ -131,6 +131,7 @@ struct KVCacheViews {
     args.cache_seqlens = view_of(c_args->cache_seqlens, "cache_seqlens");
     args.block_table = CallViews::optional_view(c_args->block_table, "block_table", block_table);
     args.cache_batch_idx = CallViews::optional_view(c_args->cache_batch_idx, "cache_batch_idx", cache_batch_idx);
+    args.cache_leftpad = CallViews::optional_view(c_args->cache_leftpad, "cache_leftpad", cache_leftpad);
     args.k_new = CallViews::optional_view(c_args->k_new, "k_new", k_new);
     args.v_new = CallViews::optional_view(c_args->v_new, "v_new", v_new);
     args.num_splits = c_args->num_splits;
@@ -139,7 +140,7 @@ struct KVCacheViews {
     args.dynamic_splits = c_args->dynamic_splits != 0;
   }
   CallViews call;
-  jitattn::TensorView block_table, cache_batch_idx, k_new, v_new;
+  jitattn::TensorView block_table, cache_batch_idx, cache_leftpad, k_new, v_new;
   jitattn::KVCacheArgs args;
 };
 

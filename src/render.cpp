@@ -136,6 +136,7 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
                                                             : "kRopeNone"),
       fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_table_bytes()),
       fmt::arg("kvcache", spec.kvcache ? "true" : "false"), fmt::arg("paged", spec.paged ? "true" : "false"),
+      fmt::arg("leftpad", spec.leftpad ? "true" : "false"),
       fmt::arg("split", spec.split ? "true" : "false"),
       fmt::arg("dynamic_splits", spec.dynamic_splits ? "true" : "false"), fmt::arg("stages", spec.stages),
       fmt::arg("wgmma", spec.wgmma ? "true" : "false"), fmt::arg("persistent", spec.persistent ? "true" : "false"),

@@ -207,6 +207,7 @@ std::string KernelSpec::text() const {
   if (pack_gqa && !decode) out += ".packgqa";
   if (kvcache && !decode) out += ".kvcache";
   if (decode && !kvcache) out += ".dense";
+  if (leftpad) out += ".leftpad";
   if (paged) out += ".paged";
   if (split) out += ".split";
   if (dynamic_splits) out += ".dynsplit";
@@ -283,6 +284,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "packgqa" ? &spec.pack_gqa
                  : fields[i] == "rope_tables" ? &spec.rope_tables
                  : fields[i] == "kvcache" ? &spec.kvcache
+                 : fields[i] == "leftpad" ? &spec.leftpad
                  : fields[i] == "paged"   ? &spec.paged
                  : fields[i] == "split"   ? &spec.split
                  : fields[i] == "dynsplit" ? &spec.dynamic_splits
@@ -293,7 +295,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     }
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, softcap, alibi, rope_half_rN, "
-                                 "rope_interleaved_rN, rope_tables, rope_tables16, packgqa, kvcache, dense, paged, split, dynsplit, padded, "
+                                 "rope_interleaved_rN, rope_tables, rope_tables16, packgqa, kvcache, dense, leftpad, paged, split, dynsplit, padded, "
                                  "varlen, unaligned_dN)",
                                  fields[i]));
     }
@@ -427,6 +429,7 @@ void KernelSpec::validate() const {
     fail(ErrorCode::unsupported, fmt::format("w={} is not one of 4, 8 (12 with wgmma)", warps));
   }
   if (paged && !kvcache) fail(ErrorCode::invalid_argument, "paged needs kvcache");
+  check_leftpad(fail);
   // Varlen over a KV cache: packed queries over a paged cache's sequences
   // (forward_varlen with a block table); its keys are stored rotated, and
   // varlen positions have no cache lengths to start from, so no RoPE.
@@ -457,6 +460,13 @@ void KernelSpec::check_varlen_cache(const Fail& fail) const {
 }
 
 template <class Fail>
+void KernelSpec::check_leftpad(const Fail& fail) const {
+  if (leftpad && (!kvcache || paged || varlen)) {
+    fail(ErrorCode::invalid_argument, "leftpad needs kvcache, without paged or varlen (a contiguous cache's rows)");
+  }
+}
+
+template <class Fail>
 void KernelSpec::validate_decode(const Fail& fail) const {
   if (!pack_gqa) fail(ErrorCode::invalid_argument, "a decode spec packs GQA heads");
   if (dynamic_splits && !split) fail(ErrorCode::invalid_argument, "dynsplit chooses split counts: it needs split");
@@ -466,6 +476,7 @@ void KernelSpec::validate_decode(const Fail& fail) const {
                                  "does not rotate keys");
   }
   if (varlen) check_varlen_cache(fail);
+  check_leftpad(fail);
   if (block_q != 16 && block_q != 32) fail(ErrorCode::unsupported, fmt::format("br={} is not one of 16, 32", block_q));
   if (block_kv != 16 && block_kv != 32 && block_kv != 64) {
     fail(ErrorCode::unsupported, fmt::format("bc={} is not one of 16, 32, 64", block_kv));
@@ -576,7 +587,7 @@ uint64_t KernelSpec::packed() const {
   // fwd and decode keys stay below bit 60, where combine and append put
   // their family.
   key = key << 6 | static_cast<uint64_t>(head_dim / 8);    // multiples of 8 up to 256
-  key = key << 6 | static_cast<uint64_t>(block_q / 16);     // multiples of 16 up to 256
+  key = key << 5 | static_cast<uint64_t>(block_q / 16);     // multiples of 16 up to 256
   key = key << 4 | static_cast<uint64_t>(block_kv / 16);    // 16 up to 176
   key = key << 8 | static_cast<uint64_t>(unaligned_dim);   // below 256
   key = key << 4 | static_cast<uint64_t>(warps);
@@ -595,6 +606,7 @@ uint64_t KernelSpec::packed() const {
   key = key << 1 | static_cast<uint64_t>(rope_tables);
   key = key << 1 | static_cast<uint64_t>(rope_tables16);
   key = key << 1 | static_cast<uint64_t>(kvcache);
+  key = key << 1 | static_cast<uint64_t>(leftpad);
   key = key << 1 | static_cast<uint64_t>(paged);
   key = key << 1 | static_cast<uint64_t>(split);
   key = key << 1 | static_cast<uint64_t>(dynamic_splits);

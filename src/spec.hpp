@@ -53,6 +53,10 @@ struct KernelSpec {
   bool rope_tables16 = false;
   bool kvcache = false;  // keys from a KV cache: per-sequence lengths, keys already rotated
   bool paged = false;    // the KV cache is paged (block table)
+  // A contiguous KV cache whose sequences' keys start at cache_leftpad[b]
+  // (FwdParams::kv_row_offset; text .leftpad after kvcache): the kernels
+  // without it never read the pads.
+  bool leftpad = false;
   bool split = false;    // split-KV: writes fp32 partial results for the combine kernel
   // decode with split: each sequence's split count chosen on the device from
   // the lengths (KVCacheArgs::dynamic_splits); text .dynsplit. combine: the
@@ -94,7 +98,7 @@ struct KernelSpec {
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order wgmma, persistent, causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
-  // rope_tables|rope_tables16, packgqa, kvcache|dense, paged, split, dynsplit, padded, varlen, unaligned_dN),
+  // rope_tables|rope_tables16, packgqa, kvcache|dense, leftpad, paged, split, dynsplit, padded, varlen, unaligned_dN),
   // "combine.f32.bf16"
   // (".elementwise", then ".dynsplit", where set).
   std::string text() const;
@@ -159,6 +163,8 @@ struct KernelSpec {
   void validate_decode(const Fail& fail) const;
   template <class Fail>
   void check_varlen_cache(const Fail& fail) const;
+  template <class Fail>
+  void check_leftpad(const Fail& fail) const;
 };
 
 const char* dtype_name(DType dtype);

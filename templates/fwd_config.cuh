@@ -20,7 +20,7 @@ enum MaskKind : int {
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE,
           bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false, bool PERSISTENT = false,
-          int UNALIGNED_DIM = 0>
+          int UNALIGNED_DIM = 0, bool LEFTPAD = false>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
@@ -196,6 +196,10 @@ struct FwdConfig {
   // and split over several CTAs that write fp32 partial results.
   static constexpr bool kKVCache = KVCACHE;
   static constexpr bool kPaged = PAGED;
+  // A contiguous cache whose sequences' keys start at kv_row_offset[b]
+  // (cache_leftpad), not at row 0.
+  static constexpr bool kLeftPad = LEFTPAD;
+  static_assert(!LEFTPAD || (KVCACHE && !PAGED && !VARLEN), "leftpad: a contiguous KV cache's rows");
   static constexpr bool kSplit = SPLIT;
   static constexpr bool kRotateKeys = ROPE != 0 && !KVCACHE;
   // wgmma, unless the producer rotates K (RoPE without a KV cache): the

@@ -31,13 +31,15 @@ namespace jitattn {
 // are; the CTA-wide constants are added here.
 template <class Element_, int HEAD_DIM, int ROWS, int KEYS, int WARPS, int STAGES, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE, bool PAGED, bool SPLIT,
-          bool DYNAMIC_SPLITS, bool VARLEN>
+          bool DYNAMIC_SPLITS, bool VARLEN, bool LEFTPAD = false>
 struct DecodeConfig
     : FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, /*WARPS=*/1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN,
                 /*PACK_GQA=*/true, ROPE, ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT> {
   using Warp = FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, 1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN, true, ROPE,
                          ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT>;
   static constexpr int kStreams = WARPS;  // warps, each streaming its own chunks
+  static constexpr bool kLeftPad = LEFTPAD;  // FwdConfig::kLeftPad
+  static_assert(!LEFTPAD || (KVCACHE && !PAGED && !VARLEN), "leftpad: a contiguous KV cache's rows");
   static constexpr int kStages = STAGES;
   static constexpr int kCtaThreads = WARPS * 32;
   static constexpr int kChunkBytes = KEYS * Warp::kRowBytes;  // one K or V chunk
@@ -104,7 +106,8 @@ __device__ __forceinline__ int chunk_steps(int begin, int end) {
 template <class Cfg>
 __device__ __forceinline__ VarlenSequence decode_sequence(const FwdParams& p, int b) {
   if constexpr (Cfg::kVarlen) return varlen_sequence(p, b);
-  return VarlenSequence{0, p.seqlen_q, Cfg::kKVCache ? p.seqused_k[b] + p.seqlen_k_added : p.seqlen_k};
+  if constexpr (!Cfg::kKVCache) return VarlenSequence{0, p.seqlen_q, p.seqlen_k};
+  return VarlenSequence{0, p.seqlen_q, p.seqused_k[b] - kv_row_offset<Cfg>(p, b) + p.seqlen_k_added};
 }
 
 // Calls visit(q_block, steps) for each query tile of a sequence (at most the
@@ -521,9 +524,11 @@ __device__ void fwd_decode(const FwdParams& p) {
   const int cache_batch = Cfg::kKVCache && p.kv_batch_index != nullptr ? p.kv_batch_index[batch] : batch;
   long long q_start = batch * p.q_batch_stride, o_start = batch * p.o_batch_stride;
   long long lse_start = batch * p.lse_batch_stride;
-  // Paged: the batch strides are page strides, applied per chunk.
-  long long k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
-  long long v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
+  // Paged: the batch strides are page strides, applied per chunk. A
+  // contiguous cache's keys start at the sequence's first row.
+  const long long first_row = kv_row_offset<Cfg>(p, batch);
+  long long k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride + first_row * p.k_row_stride;
+  long long v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride + first_row * p.v_row_stride;
   if constexpr (Cfg::kVarlen) {
     // The grid covers the longest sequence.
     if (q0 >= seqlen_q * group) return;

@@ -146,6 +146,14 @@ __device__ __forceinline__ VarlenSequence varlen_sequence(const FwdParams& p, in
   return sequence;
 }
 
+// The first cache row of KV-cache sequence b's keys (cache_leftpad; 0 for
+// kernels compiled without it, which never read the pads).
+template <class Cfg>
+__device__ __forceinline__ int kv_row_offset(const FwdParams& p, int batch) {
+  if constexpr (Cfg::kLeftPad) return p.kv_row_offset[batch];
+  return 0;
+}
+
 // Moves the starts of a varlen sequence's tensors (elements) to its packed
 // rows: queries, output and LSE at q_row0; keys and values at
 // cu_seqlens_k[batch] unless they live in a KV cache (whose starts the

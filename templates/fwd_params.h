@@ -86,11 +86,15 @@ struct FwdParams {
   const int* rope_k_offsets;
 
   // KV cache (with_kvcache): sequence b's keys are cache rows
-  // [0, seqused_k[b] + seqlen_k_added) (seqused_k is cache_seqlens; new keys
-  // were appended at its end), in cache batch kv_batch_index[b] (b when null).
-  // The cache holds rotated keys, so RoPE rotates only q.
+  // [kv_row_offset[b], seqused_k[b] + seqlen_k_added) (seqused_k is
+  // cache_seqlens; new keys were appended at its end; kv_row_offset is
+  // cache_leftpad, read only by kernels compiled with it: FwdConfig::kLeftPad;
+  // contiguous caches only), in cache batch kv_batch_index[b] (b when null).
+  // Key j of the sequence is its row kv_row_offset[b] + j: masks and splits
+  // count from there. The cache holds rotated keys, so RoPE rotates only q.
   int seqlen_k_added;
   const int* kv_batch_index;
+  const int* kv_row_offset;
   // Paged cache: row r of sequence b is row r & (2^page_shift − 1) of page
   // block_table[b · block_table_stride + (r >> page_shift)]; k_batch_stride
   // and v_batch_stride are the page strides.

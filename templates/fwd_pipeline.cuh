@@ -185,7 +185,9 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   // Only block 0 (the last the tile sees: blocks go from the last down) can
   // end past the sequence, so only the prologue's copy of it checks, and
   // the main loop keeps no registers for it.
-  const int k_row0 = Cfg::kVarlenKeys ? p.cu_seqlens_k[job.batch] : 0;
+  // The map row of the sequence's key 0: its packed rows, or a contiguous
+  // cache's first row (cache_leftpad).
+  const int k_row0 = Cfg::kVarlenKeys ? p.cu_seqlens_k[job.batch] : kv_row_offset<Cfg>(p, job.batch);
   const int* pages = Cfg::kPaged ? p.block_table + job.batch * p.block_table_stride : nullptr;
   // The map's outermost coordinate: the batch, a contiguous cache's batch
   // (cache_batch_idx), or (paged) the page, looked up per copy.

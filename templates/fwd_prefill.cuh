@@ -65,11 +65,13 @@ __device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJ
   }
   if constexpr (Cfg::kKVCache) {
     // (Varlen over a paged cache: the lengths are the varlen ones above.)
-    if constexpr (!Cfg::kVarlen) seqlen_k = p.seqused_k[batch] + p.seqlen_k_added;
+    const long long first_row = kv_row_offset<Cfg>(p, batch);
+    if constexpr (!Cfg::kVarlen) seqlen_k = p.seqused_k[batch] - static_cast<int>(first_row) + p.seqlen_k_added;
     const int cache_batch = p.kv_batch_index != nullptr ? p.kv_batch_index[batch] : batch;
-    // Paged: the batch strides are page strides, applied per tile.
-    k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride;
-    v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride;
+    // Paged: the batch strides are page strides, applied per tile. A
+    // contiguous cache's keys start at the sequence's first row.
+    k_start = Cfg::kPaged ? 0 : cache_batch * p.k_batch_stride + first_row * p.k_row_stride;
+    v_start = Cfg::kPaged ? 0 : cache_batch * p.v_batch_stride + first_row * p.v_row_stride;
   }
   job.batch = batch, job.head = head, job.q0 = q0, job.seqlen_q = seqlen_q, job.seqlen_k = seqlen_k;
   job.split = split;

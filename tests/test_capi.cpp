@@ -250,6 +250,62 @@ TEST_CASE("varlen with a workspace and a paged cache through the C API: sized, v
   CHECK(std::string(jitattn_last_error()) == "args: is NULL");
 }
 
+TEST_CASE("KV-cache calls through the C API: cache_batch_idx and cache_leftpad passed on and validated") {
+  configure_once();
+  // Two sequences of one token (32 heads, 8 KV heads, d128) over a
+  // contiguous cache of 4096 rows: split by the heuristic.
+  auto vector = [](uintptr_t address, int32_t dtype, int64_t rows) {
+    jitattn_tensor t{};
+    t.data = fake(address);
+    t.dtype = dtype;
+    t.ndim = 1;
+    t.shape[0] = rows;
+    t.strides[0] = 1;
+    return t;
+  };
+  jitattn_tensor q = bshd(fake(0x1000), JITATTN_BF16, 2, 1, 32, 128);
+  jitattn_tensor o = bshd(fake(0x3000), JITATTN_BF16, 2, 1, 32, 128);
+  jitattn_tensor cache = bshd(fake(0x100000), JITATTN_BF16, 2, 4096, 8, 128);
+  jitattn_tensor seqlens = vector(0x5000, JITATTN_I32, 2);
+  jitattn_tensor leftpad = vector(0x6000, JITATTN_I32, 2);
+  jitattn_kvcache_args args{};
+  args.k_cache = args.v_cache = &cache;
+  args.cache_seqlens = &seqlens;
+  args.cache_leftpad = &leftpad;
+  jitattn_fwd_options options;
+  jitattn_fwd_options_init(&options);
+  size_t bytes = 0;
+  REQUIRE(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &bytes) == JITATTN_OK);
+  CHECK(bytes > 0);
+  // A valid call gets as far as needing a device (where there is none).
+  if (!jitattn::detail::driver().available) {
+    CHECK(jitattn_fwd_kvcache(&q, &args, &o, nullptr, &options, fake(0x200000), bytes, nullptr) ==
+          JITATTN_ERROR_CUDA);
+    CHECK(std::string(jitattn_last_error()).find("no usable GPU") != std::string::npos);
+  }
+  // The pads are checked as the C++ API checks them.
+  jitattn_tensor floats = vector(0x6000, JITATTN_F32, 2);
+  args.cache_leftpad = &floats;
+  CHECK(jitattn_fwd_kvcache(&q, &args, &o, nullptr, &options, fake(0x200000), bytes, nullptr) ==
+        JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("cache_leftpad: dtype f32 must be i32") != std::string::npos);
+  // Not over a paged cache (FlashAttention's rule too).
+  jitattn_tensor pages = bshd(fake(0x100000), JITATTN_BF16, 128, 64, 8, 128);
+  jitattn_tensor table{};
+  table.data = fake(0x7000);
+  table.dtype = JITATTN_I32;
+  table.ndim = 2;
+  table.shape[0] = 2, table.shape[1] = 64;
+  table.strides[0] = 64, table.strides[1] = 1;
+  args.k_cache = args.v_cache = &pages;
+  args.block_table = &table;
+  args.cache_leftpad = &leftpad;
+  CHECK(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("cache_leftpad: not supported with a paged cache") != std::string::npos);
+  args.cache_leftpad = nullptr;
+  CHECK(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &bytes) == JITATTN_OK);
+}
+
 TEST_CASE("merges are validated through the C API, naming the argument") {
   configure_once();
   jitattn_tensor states{};

@@ -199,6 +199,7 @@ TEST_CASE("wgmma specs compile with their features for sm_90a, without serialize
   // Chunked prefill and speculative decoding over a KV cache (contiguous or
   // paged; q rotated at the cache's positions; split where the tiles are few).
   for (const char* text : {"fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.packgqa.kvcache.paged",
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.packgqa.kvcache.leftpad.split",
                            "fwd.f16.d64.br128.bc64.w8.s4.wgmma.local.softcap.alibi.kvcache.paged",
                            "fwd.bf16.d128.br128.bc64.w8.s4.wgmma.causal.rope_interleaved_r64.rope_tables.kvcache",
                            "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.packgqa.kvcache.paged.split",
@@ -606,7 +607,11 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
                            "decode.f16.d64.br32.bc64.w4.s3.local.rope_half_r64.paged.split.dynsplit",
                            "decode.bf16.d128.br16.bc32.w4.s2.paged.split.dynsplit.varlen",
                            "decode.bf16.d256.br16.bc16.w4.s2.causal.softcap.dense.split.dynsplit.varlen",
-                           "decode.bf16.d256.br16.bc16.w4.s2.local.softcap.paged.varlen"}) {
+                           "decode.bf16.d256.br16.bc16.w4.s2.local.softcap.paged.varlen",
+                           // A contiguous cache read from each sequence's cache_leftpad.
+                           "decode.bf16.d128.br16.bc32.w4.s2.causal.rope_half_r128.leftpad.split",
+                           "decode.f16.d64.br32.bc64.w4.s3.local.leftpad.split.dynsplit",
+                           "fwd.bf16.d128.br64.bc128.w4.causal.packgqa.kvcache.leftpad.split"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   // Varlen on the 4-warp tiles: split, and over a paged cache.

@@ -1,6 +1,6 @@
 // forward_kvcache on a GPU, modelled on FlashAttention's kvcache and split-KV
 // tests: contiguous and paged caches (pages shuffled), random cache_seqlens,
-// optional cache_batch_idx, new keys/values appended in the kernel with RoPE
+// optional cache_batch_idx and cache_leftpad, new keys/values appended in the kernel with RoPE
 // (both styles, partial rotary dims, frequencies or tables), split counts 1,
 // 3 and the heuristic, MHA/GQA/MQA. The references append on the host, rotate
 // the queries at cache_seqlens + i and run plain attention per sequence
@@ -40,6 +40,9 @@ struct Case {
   bool tables16 = false;  // the tables in q's dtype (FlashAttention's rotary_cos / rotary_sin), not f32
   int page_size = 0;  // 0: contiguous cache
   bool batch_index = false;
+  // cache_leftpad (contiguous caches): each sequence's keys start at a random
+  // row of its cache (one at its cache_seqlens: only new keys, or none).
+  bool leftpad = false;
   int num_splits = 0;
   // One sequence at seqlen_k, the others at most an eighth of it, and the
   // call told their total (KVCacheArgs::total_seqlen_k) and longest.
@@ -58,10 +61,12 @@ struct Case {
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} append={} rope={} "
-      "fraction={} tables={}{} page_size={} cache_batch_idx={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} seed={}",
+      "fraction={} tables={}{} page_size={} cache_batch_idx={} leftpad={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} "
+      "seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
       c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.append, static_cast<int>(c.rope),
-      c.rotary_fraction, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.num_splits, c.uneven, c.dynamic, c.tiles.block_q, c.tiles.block_kv,
+      c.rotary_fraction, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.leftpad, c.num_splits,
+      c.uneven, c.dynamic, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
 }
 
@@ -89,10 +94,14 @@ struct Inputs {
   int cache_batches = 0; // contiguous: batch of the cache tensor
   int num_pages = 0;
   std::vector<int> cache_seqlens, batch_index, block_table;
+  std::vector<int> leftpad;  // empty without cache_leftpad
+  // Sequence b's first cached row (its cache_leftpad) and key count.
+  int first_row(int b) const { return leftpad.empty() ? 0 : leftpad[b]; }
+  int keys(int b) const { return cache_seqlens[b] - first_row(b) + seqlen_new; }
   std::vector<float> q, k_new, v_new;
   std::vector<float> k_store, v_store;  // the cache tensors' logical contents
   std::unique_ptr<DeviceTensor> dq, dk_new, dv_new, dk_cache, dv_cache;
-  std::unique_ptr<DeviceBuffer> seqlens, indices, table, cos, sin;
+  std::unique_ptr<DeviceBuffer> seqlens, indices, pads, table, cos, sin;
   RopeTables tables;
 
   // Offset in k_store/v_store of (sequence b, logical row, head 0, channel 0).
@@ -117,6 +126,10 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   for (int b = 0; b < c.batch; ++b) in.cache_seqlens.push_back(length(rng));
   in.cache_seqlens[0] = c.seqlen_k - in.seqlen_new;  // one sequence at the full length
   if (c.full_lengths) std::fill(in.cache_seqlens.begin(), in.cache_seqlens.end(), c.seqlen_k - in.seqlen_new);
+  if (c.leftpad) {
+    for (int b = 0; b < c.batch; ++b) in.leftpad.push_back(std::uniform_int_distribution<int>(0, in.cache_seqlens[b])(rng));
+    if (c.batch > 1) in.leftpad[1] = in.cache_seqlens[1];  // every cached row padding
+  }
   const size_t row = static_cast<size_t>(c.heads_kv) * c.head_dim;
   if (c.page_size > 0) {
     const int pages_per_sequence = in.capacity / c.page_size;
@@ -137,14 +150,15 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     in.k_store = random_values(static_cast<size_t>(in.cache_batches) * in.capacity * row, c.dtype, rng);
   }
   in.v_store = random_values(in.k_store.size(), c.dtype, rng);
-  // Rows no sequence uses (past its cache_seqlens + seqlen_new, unused
-  // pages and cache batches) hold NaN, as freshly allocated memory may: a
+  // Rows no sequence uses (before its cache_leftpad, past its cache_seqlens
+  // + seqlen_new, unused pages and cache batches) hold NaN, as freshly
+  // allocated memory may: a
   // kernel that multiplies a P of 0 by such a V row, or appends into the
   // wrong row, shows NaN. Rows the append writes stay NaN until it does.
   const size_t row_count = in.k_store.size() / row;
   std::vector<char> live(row_count, 0);
   for (int b = 0; b < c.batch; ++b) {
-    for (int j = 0; j < in.cache_seqlens[b]; ++j) live[in.at(c, b, j) / row] = 1;
+    for (int j = in.first_row(b); j < in.cache_seqlens[b]; ++j) live[in.at(c, b, j) / row] = 1;
   }
   for (size_t r = 0; r < row_count; ++r) {
     if (live[r]) continue;
@@ -184,6 +198,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   in.dv_cache = std::make_unique<DeviceTensor>(in.v_store, c.dtype, cache_shape, cache_strides);
   in.seqlens = upload(in.cache_seqlens.data(), in.cache_seqlens.size() * 4);
   if (!in.batch_index.empty()) in.indices = upload(in.batch_index.data(), in.batch_index.size() * 4);
+  if (!in.leftpad.empty()) in.pads = upload(in.leftpad.data(), in.leftpad.size() * 4);
   if (!in.block_table.empty()) in.table = upload(in.block_table.data(), in.block_table.size() * 4);
   if (c.rope != RopeStyle::none && c.tables) {
     in.tables = rope_tables(rotation_of(c), c.head_dim, c.seqlen_k + 1);
@@ -218,7 +233,7 @@ References make_references(const Case& c, const Inputs& in) {
   for (bool exact : {true, false}) {
     const std::vector<float> keys_new = appended_keys(c, in, exact);
     for (int b = 0; b < c.batch; ++b) {
-      const int seqlen_k = in.cache_seqlens[b] + in.seqlen_new;
+      const int seqlen_k = in.keys(b), first_row = in.first_row(b);
       AttentionShape shape = AttentionShape::dense(1, c.seqlen_q, seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.causal);
       shape.window_left = c.window_left;
       std::vector<float> q(in.q.begin() + b * c.seqlen_q * q_row, in.q.begin() + (b + 1) * c.seqlen_q * q_row);
@@ -227,14 +242,16 @@ References make_references(const Case& c, const Inputs& in) {
                          [&](int, int i) { return in.cache_seqlens[b] + i; }, exact, c.dtype);
       }
       std::vector<float> k(static_cast<size_t>(seqlen_k) * row), v(k.size());
+      // Key j is cache row first_row + j: cached, else appended.
       for (int j = 0; j < seqlen_k; ++j) {
         const float* k_source;
         const float* v_source;
-        if (j < in.cache_seqlens[b]) {
-          k_source = in.k_store.data() + in.at(c, b, j);
-          v_source = in.v_store.data() + in.at(c, b, j);
+        const int cache_row = first_row + j;
+        if (cache_row < in.cache_seqlens[b]) {
+          k_source = in.k_store.data() + in.at(c, b, cache_row);
+          v_source = in.v_store.data() + in.at(c, b, cache_row);
         } else {
-          const size_t n = (static_cast<size_t>(b) * in.seqlen_new + (j - in.cache_seqlens[b])) * row;
+          const size_t n = (static_cast<size_t>(b) * in.seqlen_new + (cache_row - in.cache_seqlens[b])) * row;
           k_source = keys_new.data() + n;
           v_source = in.v_new.data() + n;
         }
@@ -258,7 +275,7 @@ struct Run {
 
 struct CallViews {
   KVCacheArgs args;
-  TensorView block_table, batch_index, k_new, v_new, cos, sin;
+  TensorView block_table, batch_index, leftpad, k_new, v_new, cos, sin;
   ForwardOptions options;
 };
 
@@ -274,6 +291,10 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
     v.batch_index = TensorView::contiguous(in.indices->get(), DType::i32, {c.batch});
     v.args.cache_batch_idx = &v.batch_index;
   }
+  if (in.pads) {
+    v.leftpad = TensorView::contiguous(in.pads->get(), DType::i32, {c.batch});
+    v.args.cache_leftpad = &v.leftpad;
+  }
   if (c.append) {
     v.k_new = in.dk_new->view();
     v.v_new = in.dv_new->view();
@@ -285,7 +306,7 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
   v.options.tiles = c.tiles;
   v.args.max_seqlen_k = c.seqlen_k;
   if (c.uneven) {
-    for (int length : in.cache_seqlens) v.args.total_seqlen_k += length + in.seqlen_new;
+    for (int b = 0; b < c.batch; ++b) v.args.total_seqlen_k += in.keys(b);
   }
   v.options.causal = c.causal;
   v.options.window_left = c.window_left;
@@ -558,6 +579,42 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
       cases.push_back(c);
     }
   }
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache: cache_leftpad (keys from each sequence's own first row) on every kernel family") {
+  // FlashAttention's cache_leftpad: rows before a sequence's pad are NaN, so
+  // a kernel that read them, or counted its keys from row 0 (masks, splits,
+  // the keys' count), fails. Contiguous caches only, as there.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  auto add = [&](int seqlen_q, int seqlen_k, auto&& set) {
+    Case c;
+    c.batch = 4;
+    c.seqlen_q = seqlen_q;
+    c.seqlen_k = seqlen_k;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.leftpad = true;
+    set(c);
+    cases.push_back(c);
+  };
+  // The decode kernel: heuristic splits, appends with RoPE.
+  add(1, 1000, [](Case& c) { c.append = true, c.rope = RopeStyle::rotate_half; });
+  add(1, 2048, [](Case& c) { c.dtype = DType::f16, c.head_dim = 64, c.num_splits = 3, c.window_left = 100; });
+  add(3, 1024, [](Case& c) {
+    c.append = true, c.rope = RopeStyle::interleaved, c.tables = c.tables16 = true, c.batch_index = true;
+    c.dynamic = true;
+  });
+  add(1, 339, [](Case& c) { c.heads_kv = 1, c.causal = false, c.num_splits = 1; });
+  add(16, 20000, [](Case& c) { c.batch = 2, c.append = true, c.rope = RopeStyle::rotate_half, c.rotary_fraction = 0.5; });
+  // Tiles of 64 query rows and more (wgmma on sm_90a, with tensor copies of
+  // K and V), split or not; forced mma.sync tiles; head dim 256.
+  add(64, 800, [](Case& c) { c.append = true, c.rope = RopeStyle::rotate_half; });
+  add(64, 2048, [](Case& c) { c.heads_kv = 8, c.heads_q = 8, c.num_splits = 3, c.window_left = 500; });
+  add(64, 800, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.causal = false, c.dtype = DType::f16; });
+  add(3, 1024, [](Case& c) { c.head_dim = 256, c.append = true, c.rope = RopeStyle::rotate_half, c.batch_index = true; });
   check_cases(cases, rng, seed);
 }
 
@@ -947,6 +1004,8 @@ TEST_CASE("kvcache: bad arguments are rejected before launch, naming the argumen
                   "page_size=48 (dimension 1 of a paged cache) must be a power of two");
   expect_rejected([&](CallViews& v) { v.args.k_new = in.dq.get() ? &v.args.k_cache : nullptr; }, "k_new, v_new: give both or neither");
   expect_rejected([](CallViews& v) { v.args.max_seqlen_k = 100000; }, "max_seqlen_k=100000 must be between 0");
+  expect_rejected([](CallViews& v) { v.args.cache_leftpad = &v.args.cache_seqlens; },
+                  "cache_leftpad: not supported with a paged cache (block_table)");
 }
 
 }  // TEST_SUITE

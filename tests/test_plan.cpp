@@ -1079,6 +1079,67 @@ TEST_CASE("kvcache: decode chunks hold 8 KB of K, and splits at least 128 keys")
   CHECK(longer.params.blocks_per_split == 2);
 }
 
+TEST_CASE("kvcache: cache_leftpad reaches the kernels' parameters and specs (.leftpad), and is checked") {
+  TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {3, 1, 32, 128});
+  KVCacheArgs args;
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {3, 8192, 8, 128});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {3, 8192, 8, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {3});
+  const TensorView k_new = TensorView::contiguous(address(0x60000), DType::bf16, {3, 1, 8, 128});
+  args.k_new = args.v_new = &k_new;
+  const Arch arch = Arch::parse("sm_90a");
+  ForwardOptions options;
+  options.causal = true;
+  options.rope.style = RopeStyle::rotate_half;
+  for (int64_t seqlen_q : {1, 64}) {  // the decode kernel, and wgmma tiles
+    TensorView q_rows = q;
+    q_rows.shape[1] = seqlen_q;
+    TensorView k_new_rows = k_new;
+    k_new_rows.shape[1] = seqlen_q;
+    KVCacheArgs plain = args;
+    plain.k_new = plain.v_new = &k_new_rows;
+    const KVCachePlan without = plan_kvcache(q_rows, plain, q_rows, nullptr, options, nullptr, 0, true, arch, 227 * 1024, 132);
+    KVCacheArgs padded = plain;
+    const TensorView leftpad = TensorView::contiguous(address(0x70000), DType::i32, {3});
+    padded.cache_leftpad = &leftpad;
+    const KVCachePlan with = plan_kvcache(q_rows, padded, q_rows, nullptr, options, nullptr, 0, true, arch, 227 * 1024, 132);
+    // Compiled in only when asked for: the same kernel with .leftpad.
+    CHECK_FALSE(without.attention.spec.leftpad);
+    KernelSpec expected = without.attention.spec;
+    expected.leftpad = true;
+    CHECK(with.attention.spec == expected);
+    CHECK(with.attention.spec.text().find(seqlen_q == 1 ? ".rope_half_r128.leftpad.split" : ".kvcache.leftpad.split") !=
+          std::string::npos);
+    CHECK(KernelSpec::parse(with.attention.spec.text()) == with.attention.spec);
+    CHECK(with.append.spec == without.append.spec);  // appends write at cache_seqlens either way
+    CHECK(without.attention.params.kv_row_offset == nullptr);
+    CHECK(with.attention.params.kv_row_offset == leftpad.data);
+    // RoPE positions stay the cache rows' own: q at cache_seqlens + i.
+    CHECK(with.attention.params.rope_q_offsets == args.cache_seqlens.data);
+  }
+  auto rejects = [&](const KVCacheArgs& bad, const char* fragment) {
+    CHECK_THROWS_WITH_AS(plan_kvcache(q, bad, q, nullptr, options, nullptr, 0, true, arch, 227 * 1024, 132),
+                         doctest::Contains(fragment), Error);
+  };
+  const TensorView floats = TensorView::contiguous(address(0x70000), DType::f32, {3});
+  const TensorView short_pad = TensorView::contiguous(address(0x70000), DType::i32, {2});
+  KVCacheArgs bad = args;
+  bad.cache_leftpad = &floats;
+  rejects(bad, "cache_leftpad: dtype f32 must be i32");
+  bad.cache_leftpad = &short_pad;
+  rejects(bad, "cache_leftpad");
+  // As in FlashAttention, not over pages.
+  const TensorView leftpad = TensorView::contiguous(address(0x70000), DType::i32, {3});
+  const TensorView table = TensorView::contiguous(address(0x80000), DType::i32, {3, 128});
+  KVCacheArgs paged = args;
+  paged.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {384, 64, 8, 128});
+  paged.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {384, 64, 8, 128});
+  paged.block_table = &table;
+  CHECK_NOTHROW(plan_kvcache(q, paged, q, nullptr, options, nullptr, 0, true, arch, 227 * 1024, 132));
+  paged.cache_leftpad = &leftpad;
+  rejects(paged, "cache_leftpad: not supported with a paged cache (block_table)");
+}
+
 TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans append and combine") {
   TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 32, 128});
   TensorView out = TensorView::contiguous(address(0x20000), DType::bf16, {2, 1, 32, 128});

@@ -133,6 +133,19 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
   CHECK(dynamic.text() == "decode.bf16.d128.br16.bc16.w4.s4.paged.split.dynsplit");
   CHECK(dynamic.packed() != KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.paged.split").packed());
   CHECK(dynamic.hash() != KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.paged.split").hash());
+  // leftpad: a contiguous cache's rows from cache_leftpad, after kvcache in the text.
+  const KernelSpec padded_rows = KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.leftpad.split");
+  CHECK(padded_rows.leftpad);
+  CHECK(padded_rows.text() == "decode.bf16.d128.br16.bc16.w4.s4.leftpad.split");
+  CHECK(padded_rows.packed() != KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.split").packed());
+  CHECK(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache.leftpad").text() ==
+        "fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache.leftpad");
+  for (const char* text : {"decode.bf16.d128.br16.bc16.w4.s4.leftpad.paged", "decode.bf16.d128.br16.bc16.w4.s4.dense.leftpad",
+                           "fwd.bf16.d128.br64.bc64.w4.leftpad", "decode.bf16.d128.br16.bc16.w4.s4.leftpad.paged.varlen"}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains("leftpad needs kvcache, without paged or varlen"),
+                         Error);
+  }
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.dynsplit"),
                        doctest::Contains("dynsplit chooses split counts: it needs split"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache.split.dynsplit"),

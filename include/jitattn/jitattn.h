@@ -146,7 +146,7 @@ JITATTN_C_API jitattn_status jitattn_fwd_varlen_workspace_bytes(const jitattn_te
 /* KV-cache attention (KVCacheArgs and Runtime::forward_kvcache in jitattn.hpp).
  * k_cache/v_cache [batch_cache, max_seqlen, Hkv, D] or paged [pages, page_size, Hkv, D];
  * cache_seqlens i32 [batch]; block_table (paged) i32 [batch, max_pages], cache_batch_idx
- * i32 [batch] and k_new/v_new [batch, seqlen_new, Hkv, D] may be NULL. */
+ * i32 [batch], cache_leftpad i32 [batch] and k_new/v_new [batch, seqlen_new, Hkv, D] may be NULL. */
 typedef struct jitattn_kvcache_args {
   const struct jitattn_tensor* k_cache;
   const struct jitattn_tensor* v_cache;
@@ -161,6 +161,8 @@ typedef struct jitattn_kvcache_args {
                              batches; 0: unknown (KVCacheArgs::total_seqlen_k) */
   int32_t dynamic_splits; /* nonzero: split counts chosen on the device from cache_seqlens, for graphs
                              replayed with other lengths (KVCacheArgs::dynamic_splits) */
+  const struct jitattn_tensor* cache_leftpad; /* i32 [batch] or NULL: the cache row where sequence b's keys start
+                                                 (contiguous caches; KVCacheArgs::cache_leftpad) */
 } jitattn_kvcache_args;
 
 /* q [B, Sq, Hq, D], out like q, lse (nullable) [B, Hq, Sq] f32. workspace: device memory

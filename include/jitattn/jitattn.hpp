@@ -245,12 +245,20 @@ struct KVCacheArgs {
   TensorView cache_seqlens;                      // i32 [batch]
   const TensorView* block_table = nullptr;       // i32 [batch, max_pages]: paged cache
   const TensorView* cache_batch_idx = nullptr;   // i32 [batch] (contiguous cache only)
+  // i32 [batch] (contiguous cache only), FlashAttention's cache_leftpad: the
+  // cache row where sequence b's keys start. Its keys are then rows
+  // [cache_leftpad[b], cache_seqlens[b]) and the new ones appended at
+  // cache_seqlens[b], so it attends to cache_seqlens[b] − cache_leftpad[b] +
+  // seqlen_new keys (causal masks and windows count from its first); RoPE
+  // positions stay the rows' own (query i at cache_seqlens[b] + i). Each
+  // entry must lie in [0, cache_seqlens[b]]. Null: every sequence from row 0.
+  const TensorView* cache_leftpad = nullptr;
   const TensorView* k_new = nullptr;             // [batch, seqlen_new, heads_kv, head_dim]
   const TensorView* v_new = nullptr;
   // Split-KV: 0 lets the library choose, 1 disables it, n forces n (<= 128).
   int num_splits = 0;
-  // The longest cache_seqlens[b] + seqlen_new, if known: sizes the splits.
-  // 0 assumes the cache capacity.
+  // The longest cache_seqlens[b] + seqlen_new (minus cache_leftpad[b] where
+  // given), if known: sizes the splits. 0 assumes the cache capacity.
   int max_seqlen_k = 0;
   // The sum over the batch of cache_seqlens[b] + seqlen_new, if known (with
   // max_seqlen_k): where the lengths are uneven, the library splits the keys

@@ -229,6 +229,15 @@ ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, c
   } else if (k_cache.shape[0] != batch) {
     reject(fmt::format("k_cache: batch={} must equal q's batch={} (or pass cache_batch_idx)", k_cache.shape[0], batch));
   }
+  if (args.cache_leftpad != nullptr) {
+    // As FlashAttention, which takes no paged cache with cache_leftpad either.
+    if (args.block_table != nullptr) {
+      reject("cache_leftpad: not supported with a paged cache (block_table): a sequence's pages can start where its "
+             "keys do");
+    }
+    check_i32_vector("cache_leftpad", *args.cache_leftpad, batch, "batch");
+    problem.kv_row_offset = static_cast<const int*>(args.cache_leftpad->data);
+  }
   if ((args.k_new == nullptr) != (args.v_new == nullptr)) reject("k_new, v_new: give both or neither");
   if (args.k_new != nullptr) {
     check_rows("k_new", *args.k_new, 4);

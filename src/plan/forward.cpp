@@ -184,6 +184,7 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
   if (problem.kvcache) {
     p.seqlen_k_added = problem.seqlen_k_added;
     p.kv_batch_index = problem.kv_batch_index;
+    p.kv_row_offset = problem.kv_row_offset;
     p.block_table = problem.block_table;
     p.block_table_stride = problem.block_table_stride;
     p.page_shift = problem.page_shift;

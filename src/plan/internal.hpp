@@ -106,6 +106,7 @@ struct Problem {
   bool paged = false;
   int seqlen_k_added = 0;
   const int* kv_batch_index = nullptr;
+  const int* kv_row_offset = nullptr;  // cache_leftpad
   const int* block_table = nullptr;
   int64_t block_table_stride = 0;
   int page_shift = 0;

@@ -433,6 +433,7 @@ TileConfig base_spec(KernelSpec& spec, const Problem& problem, const ForwardOpti
   if (problem.kvcache) {
     spec.kvcache = true;
     spec.paged = problem.paged;
+    spec.leftpad = problem.kv_row_offset != nullptr;
   }
   return tiles;
 }
