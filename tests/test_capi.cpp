@@ -30,6 +30,18 @@ jitattn_tensor bshd(void* data, int32_t dtype, int64_t b, int64_t s, int64_t h, 
 
 void* fake(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
+// A contiguous [rows] (columns 0) or [rows, columns] tensor: lengths, pads, block tables.
+jitattn_tensor index_tensor(uintptr_t address, int32_t dtype, int64_t rows, int64_t columns) {
+  jitattn_tensor t{};
+  t.data = fake(address);
+  t.dtype = dtype;
+  t.ndim = columns > 0 ? 2 : 1;
+  t.shape[0] = rows;
+  t.strides[0] = columns > 0 ? columns : 1;
+  if (columns > 0) t.shape[1] = columns, t.strides[1] = 1;
+  return t;
+}
+
 // The process-wide runtime must be configured before its first use.
 void configure_once() {
   static const bool done = [] {
@@ -185,14 +197,7 @@ TEST_CASE("varlen with a workspace and a paged cache through the C API: sized, v
     return t;
   };
   auto vector = [](uintptr_t address, int64_t rows, int64_t columns) {
-    jitattn_tensor t{};
-    t.data = fake(address);
-    t.dtype = JITATTN_I32;
-    t.ndim = columns > 0 ? 2 : 1;
-    t.shape[0] = rows;
-    t.strides[0] = columns > 0 ? columns : 1;
-    if (columns > 0) t.shape[1] = columns, t.strides[1] = 1;
-    return t;
+    return index_tensor(address, JITATTN_I32, rows, columns);
   };
   jitattn_tensor q = rows3(0x1000, 2, 32);
   jitattn_tensor o = rows3(0x3000, 2, 32);
@@ -254,15 +259,7 @@ TEST_CASE("KV-cache calls through the C API: cache_batch_idx and cache_leftpad p
   configure_once();
   // Two sequences of one token (32 heads, 8 KV heads, d128) over a
   // contiguous cache of 4096 rows: split by the heuristic.
-  auto vector = [](uintptr_t address, int32_t dtype, int64_t rows) {
-    jitattn_tensor t{};
-    t.data = fake(address);
-    t.dtype = dtype;
-    t.ndim = 1;
-    t.shape[0] = rows;
-    t.strides[0] = 1;
-    return t;
-  };
+  auto vector = [](uintptr_t address, int32_t dtype, int64_t rows) { return index_tensor(address, dtype, rows, 0); };
   jitattn_tensor q = bshd(fake(0x1000), JITATTN_BF16, 2, 1, 32, 128);
   jitattn_tensor o = bshd(fake(0x3000), JITATTN_BF16, 2, 1, 32, 128);
   jitattn_tensor cache = bshd(fake(0x100000), JITATTN_BF16, 2, 4096, 8, 128);
@@ -291,12 +288,7 @@ TEST_CASE("KV-cache calls through the C API: cache_batch_idx and cache_leftpad p
   CHECK(std::string(jitattn_last_error()).find("cache_leftpad: dtype f32 must be i32") != std::string::npos);
   // Not over a paged cache (FlashAttention's rule too).
   jitattn_tensor pages = bshd(fake(0x100000), JITATTN_BF16, 128, 64, 8, 128);
-  jitattn_tensor table{};
-  table.data = fake(0x7000);
-  table.dtype = JITATTN_I32;
-  table.ndim = 2;
-  table.shape[0] = 2, table.shape[1] = 64;
-  table.strides[0] = 64, table.strides[1] = 1;
+  jitattn_tensor table = index_tensor(0x7000, JITATTN_I32, 2, 64);
   args.k_cache = args.v_cache = &pages;
   args.block_table = &table;
   args.cache_leftpad = &leftpad;
