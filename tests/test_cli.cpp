@@ -939,6 +939,16 @@ TEST_CASE("plan --call kvcache prints append, attention and combine as plan_kvca
   CHECK(contains(sandbox.run("plan " + batch16 + " --dynamic-splits").out, "<= 8"));
   CHECK(contains(sandbox.run("plan --heads 8 --head-dim 64 --seqlen-q 1 --dynamic-splits").err,
                  "--dynamic-splits: applies to --call kvcache or varlen only"));
+  // --cache-leftpad: the same launches, the attention kernel compiled with
+  // .leftpad (so a manifest can warm it); not over pages, not outside kvcache.
+  const json padded = sandbox.run_json("plan " + batch16 + " --cache-leftpad --json")["launches"];
+  REQUIRE(padded.size() == 1);
+  CHECK(padded[0]["spec"] == unsplit["spec"].get<std::string>() + ".leftpad");
+  CHECK(padded[0]["grid"] == unsplit["grid"]);
+  CHECK(contains(sandbox.run("plan " + batch16 + " --cache-leftpad --page-size 64").err,
+                 "cache_leftpad: not supported with a paged cache"));
+  CHECK(contains(sandbox.run("plan --heads 8 --head-dim 64 --seqlen-q 1 --cache-leftpad").err,
+                 "--cache-leftpad: applies to --call kvcache only"));
 }
 
 TEST_CASE("plan --call varlen prints the launches forward_varlen plans for an engine's step") {

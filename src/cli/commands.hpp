@@ -66,6 +66,7 @@ struct PlanOptions {
   int page_size = 0;                 // 0 = contiguous cache (varlen: packed k/v)
   int64_t total_seqlen_k = 0;        // KVCacheArgs / VarlenArgs::total_seqlen_k; 0 = unknown
   bool dynamic_splits = false;       // KVCacheArgs / VarlenArgs::dynamic_splits
+  bool cache_leftpad = false;        // KVCacheArgs::cache_leftpad (contiguous caches)
   // The target; unset: this host's GPU 0, else sm_90a's
   std::optional<std::string> arch;
   std::optional<int> sms;

@@ -197,6 +197,8 @@ int main(int argc, char** argv) {
                        "kvcache, varlen: total_seqlen_k, the batch's keys in all (default 0 = unknown: every "
                        "sequence --max-seqlen-k long; varlen over packed k/v: k's rows)")
       ->type_name("N");
+  plan_cmd->add_flag("--cache-leftpad", plan.cache_leftpad,
+                     "kvcache: cache_leftpad, each sequence's keys from its own first row (contiguous caches)");
   plan_cmd->add_flag("--dynamic-splits", plan.dynamic_splits,
                      "kvcache, varlen: dynamic_splits, split counts chosen on the device from the lengths (the "
                      "launch shows the most splits)");

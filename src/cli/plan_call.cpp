@@ -78,7 +78,7 @@ void check_elements(const char* tensor, std::initializer_list<int64_t> dims) {
 // alignment rule (16-byte rows, 4-byte i32 vectors, the 256-byte workspace).
 enum class Buffer : uintptr_t {
   q = 1, k, v, out, alibi_slopes, rope_cos, rope_sin, cache_seqlens, block_table, k_new, v_new, workspace,
-  cu_seqlens_q, cu_seqlens_k, seqused_k
+  cu_seqlens_q, cu_seqlens_k, seqused_k, cache_leftpad
 };
 void* fake_address(Buffer buffer) { return reinterpret_cast<void*>(static_cast<uintptr_t>(buffer) << 40); }
 
@@ -90,7 +90,7 @@ struct CallArguments {
   bool workspace = true;  // forward, varlen: the overload that takes a workspace
   TensorView q, out;
   TensorView k, v;  // forward and varlen
-  TensorView alibi_slopes, rope_cos, rope_sin, block_table, k_new, v_new, seqused_k;
+  TensorView alibi_slopes, rope_cos, rope_sin, block_table, k_new, v_new, seqused_k, cache_leftpad;
   ForwardOptions options;
   KVCacheArgs cache;  // kvcache only
   VarlenArgs sequences;  // varlen only
@@ -151,7 +151,8 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
                            {"--total-q", o.total_q.has_value(), "varlen", varlen},
                            {"--page-size", o.page_size != 0, "kvcache or varlen", kvcache || varlen},
                            {"--total-seqlen-k", o.total_seqlen_k != 0, "kvcache or varlen", kvcache || varlen},
-                           {"--dynamic-splits", o.dynamic_splits, "kvcache or varlen", kvcache || varlen}};
+                           {"--dynamic-splits", o.dynamic_splits, "kvcache or varlen", kvcache || varlen},
+                           {"--cache-leftpad", o.cache_leftpad, "kvcache", kvcache}};
   for (const Scoped& option : scoped) {
     if (option.given && !option.applies) {
       bad_option(fmt::format("{}: applies to --call {} only", option.option, option.calls));
@@ -273,6 +274,10 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
     cache.max_seqlen_k = o.max_seqlen_k.value_or(static_cast<int>(keys));
     cache.total_seqlen_k = o.total_seqlen_k;
     cache.dynamic_splits = o.dynamic_splits;
+    if (o.cache_leftpad) {
+      call.cache_leftpad = TensorView::contiguous(fake_address(Buffer::cache_leftpad), DType::i32, {batch});
+      cache.cache_leftpad = &call.cache_leftpad;
+    }
   }
 
   if (!o.rope.empty()) {
