@@ -34,12 +34,11 @@ template <class Element_, int HEAD_DIM, int ROWS, int KEYS, int WARPS, int STAGE
           bool DYNAMIC_SPLITS, bool VARLEN, bool LEFTPAD = false>
 struct DecodeConfig
     : FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, /*WARPS=*/1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN,
-                /*PACK_GQA=*/true, ROPE, ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT> {
+                /*PACK_GQA=*/true, ROPE, ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT, /*STAGES=*/0,
+                /*WGMMA=*/false, /*PERSISTENT=*/false, /*UNALIGNED_DIM=*/0, LEFTPAD> {
   using Warp = FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, 1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN, true, ROPE,
-                         ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT>;
+                         ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT, 0, false, false, 0, LEFTPAD>;
   static constexpr int kStreams = WARPS;  // warps, each streaming its own chunks
-  static constexpr bool kLeftPad = LEFTPAD;  // FwdConfig::kLeftPad
-  static_assert(!LEFTPAD || (KVCACHE && !PAGED && !VARLEN), "leftpad: a contiguous KV cache's rows");
   static constexpr int kStages = STAGES;
   static constexpr int kCtaThreads = WARPS * 32;
   static constexpr int kChunkBytes = KEYS * Warp::kRowBytes;  // one K or V chunk
