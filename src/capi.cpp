@@ -75,6 +75,7 @@ struct CallViews {
     options.causal = c_options->causal != 0;
     options.window_left = c_options->window_left;
     options.window_right = c_options->window_right;
+    options.attention_chunk = c_options->attention_chunk;
     options.softcap = c_options->softcap;
     if (c_options->alibi_slopes != nullptr) {
       alibi = view_of(c_options->alibi_slopes, "alibi_slopes");

@@ -127,7 +127,10 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("element", spec.dtype == DType::bf16 ? "bf16" : "f16"),
       fmt::arg("head_dim", spec.head_dim), fmt::arg("block_q", spec.block_q),
       fmt::arg("block_kv", spec.block_kv), fmt::arg("warps", spec.warps),
-      fmt::arg("mask", spec.causal ? "kMaskCausal" : spec.local ? "kMaskLocal" : "kMaskNone"),
+      fmt::arg("mask", spec.causal  ? "kMaskCausal"
+                       : spec.chunk ? "kMaskChunk"
+                       : spec.local ? "kMaskLocal"
+                                    : "kMaskNone"),
       fmt::arg("softcap", spec.softcap ? "true" : "false"), fmt::arg("alibi", spec.alibi ? "true" : "false"),
       fmt::arg("padded", spec.padded ? "true" : "false"), fmt::arg("varlen", spec.varlen ? "true" : "false"),
       fmt::arg("pack_gqa", spec.pack_gqa ? "true" : "false"),

@@ -198,6 +198,7 @@ std::string KernelSpec::text() const {
   if (persistent) out += ".persistent";
   if (causal) out += ".causal";
   if (local) out += ".local";
+  if (chunk) out += ".chunk";
   if (softcap) out += ".softcap";
   if (alibi) out += ".alibi";
   if (rope != RopeKind::none) {
@@ -277,6 +278,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "persistent" ? &spec.persistent
                  : fields[i] == "causal"  ? &spec.causal
                  : fields[i] == "local"   ? &spec.local
+                 : fields[i] == "chunk"   ? &spec.chunk
                  : fields[i] == "softcap" ? &spec.softcap
                  : fields[i] == "alibi"   ? &spec.alibi
                  : fields[i] == "padded"  ? &spec.padded
@@ -294,7 +296,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                                  "dense replaces the cache by K/V tensors)", fields[i]));
     }
     if (flag == nullptr || *flag) {
-      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, softcap, alibi, rope_half_rN, "
+      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, chunk, softcap, alibi, rope_half_rN, "
                                  "rope_interleaved_rN, rope_tables, rope_tables16, packgqa, kvcache, dense, leftpad, paged, split, dynsplit, padded, "
                                  "varlen, unaligned_dN)",
                                  fields[i]));
@@ -317,6 +319,7 @@ void KernelSpec::validate() const {
     fail(ErrorCode::unsupported, fmt::format("head_dim={} is not one of 32, 64, 96, 128, 192, 256", head_dim));
   }
   if (causal && local) fail(ErrorCode::invalid_argument, "causal and local are exclusive (a causal window is local)");
+  if (chunk && !local) fail(ErrorCode::invalid_argument, "chunk needs local (chunks are a window cut per row)");
   if (rope == RopeKind::none) {
     if (rotary_dim != 0 || rope_tables) fail(ErrorCode::invalid_argument, "rotary_dim and rope_tables need a rope style");
   } else if (rotary_dim < 16 || rotary_dim > head_dim || rotary_dim % 16 != 0) {
@@ -594,7 +597,9 @@ uint64_t KernelSpec::packed() const {
   key = key << 4 | static_cast<uint64_t>(stages);
   key = key << 1 | static_cast<uint64_t>(wgmma);
   key = key << 1 | static_cast<uint64_t>(persistent);
-  key = key << 1 | static_cast<uint64_t>(causal);
+  // causal and local are exclusive, and chunk needs local: the pair
+  // (causal, local) = (1, 1) marks a chunked window, so chunk takes no bit.
+  key = key << 1 | static_cast<uint64_t>(causal || chunk);
   key = key << 1 | static_cast<uint64_t>(local);
   key = key << 1 | static_cast<uint64_t>(softcap);
   key = key << 1 | static_cast<uint64_t>(alibi);

@@ -88,6 +88,11 @@ struct KernelSpec {
   // .elementwise): head dims that are not a multiple of 8, or rows that do
   // not start on 16-byte boundaries. Otherwise 16-byte vectors.
   bool elementwise = false;
+  // fwd, decode with local: the window is also cut to the row's chunk of
+  // FwdParams::attention_chunk keys (FlashAttention 3's attention_chunk;
+  // text .chunk after .local; template mask kMaskChunk). Last in the struct
+  // so that aggregate initializers of the fields above keep their meaning.
+  bool chunk = false;
 
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
   static KernelSpec combine(DType state_dtype, DType out_dtype, bool elementwise = false, bool dynamic_splits = false);
@@ -97,7 +102,7 @@ struct KernelSpec {
   int rope_table_bytes() const { return !rope_tables ? 0 : rope_tables16 ? 2 : 4; }
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
-  // the order wgmma, persistent, causal|local, softcap, alibi, rope_half_rN|rope_interleaved_rN,
+  // the order wgmma, persistent, causal|local, chunk, softcap, alibi, rope_half_rN|rope_interleaved_rN,
   // rope_tables|rope_tables16, packgqa, kvcache|dense, leftpad, paged, split, dynsplit, padded, varlen, unaligned_dN),
   // "combine.f32.bf16"
   // (".elementwise", then ".dynsplit", where set).

@@ -15,6 +15,9 @@ enum MaskKind : int {
   kMaskNone = 0,
   kMaskCausal = 1,  // key <= row + seqlen_k - seqlen_q
   kMaskLocal = 2,   // a sliding window around that diagonal (FwdParams::window_*)
+  // kMaskLocal's window cut to the row's chunk of FwdParams::attention_chunk
+  // keys: [floor(p / c) * c, floor(p / c) * c + c) for the row's diagonal key p.
+  kMaskChunk = 3,
 };
 
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
@@ -166,7 +169,8 @@ struct FwdConfig {
   // the three-warpgroup producer's 32 registers hold one.
   static constexpr int kStorerUnroll = kProducerRegisters >= 72 ? 4 : 1;
   static constexpr bool kCausal = MASK == kMaskCausal;
-  static constexpr bool kLocal = MASK == kMaskLocal;
+  static constexpr bool kLocal = MASK == kMaskLocal || MASK == kMaskChunk;
+  static constexpr bool kChunk = MASK == kMaskChunk;
   static constexpr bool kSoftcap = SOFTCAP;
   static constexpr bool kAlibi = ALIBI;
   // The caller's head dim (FwdParams::head_dim) is below HEAD_DIM: loads
@@ -214,7 +218,7 @@ struct FwdConfig {
   // 32 registers spill 4-8 bytes (ptxas, NVRTC 13.0), and the cp.async
   // copies do not (KernelSpec::tensor_copies says the same).
   static constexpr bool kTensorCopies = WGMMA && (ROPE == 0 || KVCACHE || HEAD_DIM > 128) && UNALIGNED_DIM == 0 &&
-                                        !(WARPS == 12 && PERSISTENT && MASK == kMaskLocal);
+                                        !(WARPS == 12 && PERSISTENT && kLocal);
   // Persistent: the MMA warps only stage a tile's output (in its Q buffer)
   // and go on to the next tile; producer warps 1-3 copy it to memory before
   // a later tile's Q is loaded into that buffer (produce_tiles), from a

@@ -159,9 +159,20 @@ __device__ __forceinline__ void rewrite_scores(float (&s)[Cfg::kMTiles][Cfg::kSc
   });
 }
 
+// The first key of the chunk (of p.attention_chunk keys) that holds key
+// position `position`: floor division, so a query before the first key
+// (negative position, seqlen_q > seqlen_k) is in chunk -1 and sees no key
+// of it. Divides by FwdParams' magic number (positions stay below 2^30).
+__device__ __forceinline__ int chunk_start(int position, const FwdParams& p) {
+  const unsigned n = static_cast<unsigned>(position >= 0 ? position : p.attention_chunk - 1 - position);
+  const int index = static_cast<int>((__umulhi(n, p.attention_chunk_magic) + n) >> p.attention_chunk_shift);
+  return (position >= 0 ? index : -index) * p.attention_chunk;
+}
+
 // Sets scores of keys the row may not see to -inf: keys past seqlen_k, and
 // those outside the causal or local window around the bottom-right-aligned
-// diagonal (key = row + diagonal_offset).
+// diagonal (key = row + diagonal_offset), cut to the row's chunk with
+// kChunk.
 template <class Cfg>
 __device__ __forceinline__ void apply_mask(float (&s)[Cfg::kMTiles][Cfg::kScoreTiles][4], const FwdParams& p,
                                            int seqlen_k, int first_row, int first_key, int diagonal_offset, int lane) {
@@ -179,7 +190,12 @@ __device__ __forceinline__ void apply_mask(float (&s)[Cfg::kMTiles][Cfg::kScoreT
       int end = seqlen_k - thread_key0;
       if constexpr (Cfg::kCausal) end = min(end, diagonal + 1);
       if constexpr (Cfg::kLocal) end = min(end, diagonal + p.window_right + 1);
-      const int begin = Cfg::kLocal ? diagonal - p.window_left : 0;
+      int begin = Cfg::kLocal ? diagonal - p.window_left : 0;
+      if constexpr (Cfg::kChunk) {
+        const int chunk0 = chunk_start(row + diagonal_offset, p) - thread_key0;
+        begin = max(begin, chunk0);
+        end = min(end, chunk0 + p.attention_chunk);
+      }
 #pragma unroll
       for (int n = 0; n < Cfg::kScoreTiles; ++n) {
 #pragma unroll
@@ -398,7 +414,9 @@ __device__ __forceinline__ void load_row_slopes(float (&slopes)[Cfg::kMTiles][2]
 
 // Key blocks [first_block, end_block) of BLOCK_KV keys that queries
 // first_query..last_query may see: query i sees keys around i +
-// diagonal_offset (bottom-right alignment), bounded by causal or the window.
+// diagonal_offset (bottom-right alignment), bounded by causal or the window,
+// and by its chunk (chunks move forward with the query, so the first
+// query's chunk starts the range and the last query's ends it).
 template <class Cfg>
 __device__ __forceinline__ void visible_blocks(const FwdParams& p, int seqlen_k, int diagonal_offset, int first_query,
                                                int last_query, int& first_block, int& end_block) {
@@ -408,6 +426,11 @@ __device__ __forceinline__ void visible_blocks(const FwdParams& p, int seqlen_k,
   if constexpr (Cfg::kLocal) {
     kv_end = min(kv_end, static_cast<long long>(last_query) + 1 + diagonal_offset + p.window_right);
     kv_begin = max(kv_begin, static_cast<long long>(first_query) + diagonal_offset - p.window_left);
+  }
+  if constexpr (Cfg::kChunk) {
+    kv_begin = max(kv_begin, static_cast<long long>(chunk_start(first_query + diagonal_offset, p)));
+    kv_end = min(kv_end, static_cast<long long>(chunk_start(last_query + diagonal_offset, p)) +
+                             p.attention_chunk);
   }
   first_block = static_cast<int>(kv_begin / Cfg::kBlockKV);
   end_block = kv_end > kv_begin ? static_cast<int>((kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV) : first_block;
@@ -424,6 +447,13 @@ __device__ __forceinline__ bool block_needs_mask(const FwdParams& p, int key0, i
   if constexpr (Cfg::kLocal) {
     needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > first_query + diagonal_offset + p.window_right ||
                  key0 < last_query + diagonal_offset - p.window_left;
+  }
+  if constexpr (Cfg::kChunk) {
+    // Rows' chunks only move forward: the first row's chunk ends first, the
+    // last row's starts last.
+    needs_mask = needs_mask ||
+                 key0 + Cfg::kBlockKV > chunk_start(first_query + diagonal_offset, p) + p.attention_chunk ||
+                 key0 < chunk_start(last_query + diagonal_offset, p);
   }
   return needs_mask;
 }

@@ -142,6 +142,19 @@ struct FwdParams {
   TensorMap rope_cos_map;
   TensorMap rope_sin_map;
   int rope_tables_staged;
+
+  // kMaskChunk: the window is cut to the row's chunk of attention_chunk keys
+  // (> 0 there; capped by the host so a chunk's end fits in an int). Last,
+  // in the struct's tail padding: a field placed beside the window's moved
+  // the scalars after it, and ptxas then spilled 32 bytes in a kernel
+  // without chunks (d64 w12 KV cache, NVRTC 13.0).
+  int attention_chunk;
+  // n / attention_chunk for 0 <= n < 2^31 as (umulhi(n, magic) + n) >> shift
+  // (Granlund and Montgomery's division by an invariant integer): the
+  // kernels divide per key block and row, where a hardware-less 32-bit
+  // division cost chunked calls 10% of their time (H200).
+  unsigned attention_chunk_magic;
+  int attention_chunk_shift;
 };
 
 }  // namespace jitattn

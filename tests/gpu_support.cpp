@@ -204,6 +204,7 @@ struct RefParams {
   long long q_stride[3], k_stride[3], v_stride[3];
   int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   int window_left, window_right;  // -1: unbounded; causal is window_right = 0
+  int attention_chunk;            // 0: off; else keys of the row's chunk only
   int alibi_per_batch;            // slopes indexed b * heads_q + h (else h)
   float scale, softcap;           // softcap 0: off
 };
@@ -243,6 +244,12 @@ __device__ void reference_row(const RefParams& p) {
   long long first = 0, last = p.seqlen_k;
   if (p.window_left >= 0 && diagonal - p.window_left > first) first = diagonal - p.window_left;
   if (p.window_right >= 0 && diagonal + p.window_right + 1 < last) last = diagonal + p.window_right + 1;
+  if (p.attention_chunk > 0) {
+    const long long c = p.attention_chunk;
+    const long long start = (diagonal >= 0 ? diagonal / c : -((c - 1 - diagonal) / c)) * c;
+    if (start > first) first = start;
+    if (start + c < last) last = start + c;
+  }
   const int keys = last > first ? (int)(last - first) : 0;
   const float slope = p.alibi_slopes == 0 ? 0.f : p.alibi_slopes[p.alibi_per_batch ? b * p.heads_q + h : h];
   const unsigned short* q = p.q + b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2];
@@ -304,10 +311,12 @@ struct RefParams {
   long long q_stride[3], k_stride[3], v_stride[3];
   int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   int window_left, window_right;
+  int attention_chunk;
   int alibi_per_batch;
   float scale, softcap;
 };
-static_assert(sizeof(RefParams) == 6 * 8 + 9 * 8 + 8 * 4 + 2 * 4, "RefParams must match the kernel's layout");
+// Nine ints and two floats, then 4 bytes of tail padding to the pointers' 8.
+static_assert(sizeof(RefParams) == 6 * 8 + 9 * 8 + 9 * 4 + 2 * 4 + 4, "RefParams must match the kernel's layout");
 
 CUmodule reference_module() {
   static CUmodule module = [] {
@@ -360,6 +369,7 @@ ReferenceOutput gpu_reference(const AttentionShape& s, const DeviceTensor& q, co
   p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k, p.heads_q = s.heads_q, p.heads_kv = s.heads_kv;
   p.head_dim = s.head_dim, p.scale = s.effective_scale(), p.softcap = s.softcap;
   p.window_left = s.window_left, p.window_right = s.effective_window_right();
+  p.attention_chunk = s.attention_chunk;
   // Three scores of slack: ptxas may load the last three of the P V loop's
   // remainder as one wide shared load, which memcheck reports past the end.
   const unsigned smem = static_cast<unsigned>((std::max(1, s.seqlen_k) + 3) * 4);

@@ -79,6 +79,12 @@ std::pair<int, int> AttentionShape::visible_keys(int i) const {
   if (window_left >= 0) first = std::max(first, diagonal - window_left);
   const int right = effective_window_right();
   if (right >= 0) last = std::min(last, diagonal + right + 1);
+  if (attention_chunk > 0) {
+    const long long chunk = attention_chunk;
+    const long long chunk_start = (diagonal >= 0 ? diagonal / chunk : -((chunk - 1 - diagonal) / chunk)) * chunk;
+    first = std::max(first, chunk_start);
+    last = std::min(last, chunk_start + chunk);
+  }
   first = std::min<long long>(first, seqlen_k);
   if (last < first) last = first;
   return {static_cast<int>(first), static_cast<int>(last)};
@@ -95,6 +101,7 @@ void AttentionShape::check() const {
   if (heads_q < 1 || heads_kv < 1 || heads_q % heads_kv != 0) fail("heads_kv must divide heads_q");
   if (head_dim < 1) fail("head_dim must be positive");
   if (window_left < -1 || window_right < -1) fail("window bounds must be -1 or >= 0");
+  if (attention_chunk < 0) fail("attention_chunk must be >= 0");
   if (!(softcap >= 0.f) || !std::isfinite(softcap)) fail("softcap must be finite and >= 0");
   const size_t slopes = alibi_slopes.size();
   if (slopes != 0 && slopes != static_cast<size_t>(heads_q) && slopes != static_cast<size_t>(batch) * heads_q) {

@@ -28,7 +28,10 @@ float round_to(float value, DType dtype);  // value rounded through the 16-bit t
 //   j <= i + off + window_right  (when the effective window_right >= 0),
 //   0 <= j < seqlen_k;
 // causal is window_right = 0 (whatever window_right says), combined with any
-// window_left. A row that sees no key outputs 0 and has lse = -inf.
+// window_left; with attention_chunk = c > 0 also
+//   floor((i + off) / c) · c <= j < floor((i + off) / c) · c + c
+// (floor division: a row of negative i + off sees no key).
+// A row that sees no key outputs 0 and has lse = -inf.
 // Logits: scale·q·k, or softcap·tanh(scale·q·k / softcap) when softcap > 0,
 // then − slope · |i + off − j| when ALiBi slopes are given.
 struct AttentionShape {
@@ -42,6 +45,7 @@ struct AttentionShape {
   float scale = 0.f;  // 0: 1/sqrt(head_dim)
   int window_left = -1;   // -1: unbounded
   int window_right = -1;  // -1: unbounded (0 when causal)
+  int attention_chunk = 0;  // 0: off
   float softcap = 0.f;    // 0: off
   // Empty: off. heads_q slopes (one per head) or batch·heads_q slopes (per
   // batch and head, index b·heads_q + h). With batch == 1 both are the same.

@@ -85,6 +85,7 @@ TEST_CASE("options_init gives the documented defaults") {
   CHECK(options.softcap == 0.f);
   CHECK(options.alibi_slopes == nullptr);
   CHECK(options.num_splits == 0);
+  CHECK(options.attention_chunk == 0);
   CHECK(std::string(jitattn_version()) == jitattn::version());
 }
 
@@ -114,6 +115,13 @@ TEST_CASE("forward with a workspace through the C API: sized, validated, num_spl
   CHECK(std::string(jitattn_last_error()).find("ask forward_workspace_bytes") != std::string::npos);
   CHECK(jitattn_fwd(&q, &k, &k, &o, nullptr, &options, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(jitattn_last_error()).find("options.num_splits=4: splitting needs a workspace") != std::string::npos);
+  // attention_chunk reaches the planner (which checks it before sizing).
+  options.num_splits = 0;
+  options.attention_chunk = -3;
+  CHECK(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("options.attention_chunk=-3 must be >= 0") != std::string::npos);
+  options.attention_chunk = 4096;
+  REQUIRE(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, &bytes) == JITATTN_OK);
 }
 
 TEST_CASE("invalid arguments return a status and a message naming the rule") {

@@ -949,6 +949,22 @@ TEST_CASE("plan --call kvcache prints append, attention and combine as plan_kvca
                  "cache_leftpad: not supported with a paged cache"));
   CHECK(contains(sandbox.run("plan --heads 8 --head-dim 64 --seqlen-q 1 --cache-leftpad").err,
                  "--cache-leftpad: applies to --call kvcache only"));
+  // --attention-chunk: the kernel of the causal call as a window cut to
+  // chunks (.local.chunk in place of .causal), for every call kind.
+  for (const std::string& call : {batch16, std::string("--head-dim 128 --heads 32 --heads-kv 8 --seqlen-q 4096 --causal "
+                                                       "--arch sm_90a --sms 132"),
+                                   std::string("--call varlen --batch 4 --head-dim 128 --heads 32 --heads-kv 8 --seqlen-q 2048 "
+                                               "--causal --arch sm_90a --sms 132")}) {
+    CAPTURE(call);
+    const json plain = sandbox.run_json("plan " + call + " --json")["launches"];
+    const json chunked = sandbox.run_json("plan " + call + " --attention-chunk 1024 --json")["launches"];
+    REQUIRE(chunked.size() == plain.size());
+    const std::string spec = chunked[chunked.size() == 1 ? 0 : 1]["spec"];
+    CHECK(contains(spec, ".local.chunk"));
+    CHECK_FALSE(contains(spec, ".causal"));
+  }
+  CHECK(contains(sandbox.run("plan " + batch16 + " --attention-chunk -5").err,
+                 "options.attention_chunk=-5 must be >= 0 (0 = off)"));
 }
 
 TEST_CASE("plan --call varlen prints the launches forward_varlen plans for an engine's step") {
@@ -1139,7 +1155,7 @@ TEST_CASE("plan --help lists its options") {
   const CliRun help = sandbox.run("plan --help");
   CHECK(help.status == 0);
   for (const char* option : {"--call", "--dtype", "--head-dim", "--batch", "--seqlen-q", "--seqlen-k", "--heads",
-                             "--heads-kv", "--causal", "--window", "--softcap", "--alibi", "--rope", "--rotary-dim",
+                             "--heads-kv", "--causal", "--window", "--attention-chunk", "--softcap", "--alibi", "--rope", "--rotary-dim",
                              "--rope-tables", "--tiles", "--splits", "--pack-gqa", "--no-workspace", "--cache-len",
                              "--page-size", "--new-tokens", "--max-seqlen-k", "--total-seqlen-k", "--dynamic-splits",
                              "--total-q", "--arch", "--sms", "--smem", "--json", "--manifest"}) {

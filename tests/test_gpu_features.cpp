@@ -67,10 +67,10 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   std::string slopes = "off";
   if (!s.alibi_slopes.empty()) slopes = c.slopes_per_batch ? "[batch, heads_q]" : "[heads_q]";
   return fmt::format(
-      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window=({}, {}) softcap={} "
+      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window=({}, {}) chunk={} softcap={} "
       "alibi={} gain={} layout={} reference={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch, s.seqlen_q, s.seqlen_k,
-      s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.softcap, slopes, c.gain,
+      s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.attention_chunk, s.softcap, slopes, c.gain,
       strides_name(c.layout), c.gpu_reference ? "gpu" : "cpu", seed);
 }
 
@@ -120,6 +120,7 @@ ForwardOptions options_for(const Case& c, const TensorView* slopes) {
   options.causal = c.shape.causal;
   options.window_left = c.shape.window_left;
   options.window_right = c.shape.window_right;
+  options.attention_chunk = c.shape.attention_chunk;
   options.softcap = c.shape.softcap;
   options.alibi_slopes = slopes;
   if (c.shape.scale > 0.f) options.softmax_scale = c.shape.scale;
@@ -373,6 +374,69 @@ TEST_CASE("features: sliding windows, one- and two-sided, with causal, tiny and 
   CHECK_MESSAGE(empty_rows > 0, "the (512, 256) cases were meant to include rows that see no key");
 }
 
+TEST_CASE("features: attention_chunk (FlashAttention 3's chunked local attention), with causal and windows") {
+  // Each row sees only keys of its own chunk of c keys, counted from key 0
+  // along the bottom-right-aligned diagonal; chunks smaller than a tile and
+  // larger, not dividing the tiles (100, 333), of one key, and wider than
+  // the sequence; queries before the first key ((512, 256)) in chunk -1.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  struct Seqlens {
+    int q, k;
+    bool gpu_reference;
+  };
+  const Seqlens seqlens[] = {{113, 203, false}, {512, 256, false}, {3, 799, false}, {1024, 1023, true}, {2048, 2048, true}};
+  const int chunks[] = {1, 7, 64, 100, 128, 333, 1024, 5000};
+  std::vector<Case> cases;
+  int index = 0;
+  for (DType dtype : kDTypes) {
+    for (const auto& sl : seqlens) {
+      for (int variant = 0; variant < 4; ++variant) {
+        Case c;
+        c.dtype = dtype;
+        c.layout = static_cast<Strides>(index % 3);
+        c.gpu_reference = sl.gpu_reference;
+        const int head_dims[] = {64, 128, 96};
+        const bool causal = variant != 1;
+        c.shape = AttentionShape::dense(sl.q >= 512 ? 1 : 2, sl.q, sl.k, 4, index % 2 == 0 ? 2 : 1, head_dims[index % 3],
+                                        causal);
+        c.shape.attention_chunk = chunks[index % 8];
+        if (variant == 2) c.shape.window_left = 50;  // causal + left: the tighter bound wins per row
+        if (variant == 3) c.shape.window_left = 300, c.shape.causal = false, c.shape.window_right = 20;
+        cases.push_back(c);
+        ++index;
+      }
+    }
+    // Llama 4's shape: causal chunks of 8192 over 16k tokens would not fit a
+    // CPU reference; 1024-key chunks over 4096 at head dim 128, GQA 8/2.
+    Case llama;
+    llama.dtype = dtype;
+    llama.gpu_reference = true;
+    llama.shape = AttentionShape::dense(1, 4096, 4096, 8, 2, 128, true);
+    llama.shape.attention_chunk = 1024;
+    cases.push_back(llama);
+  }
+  // The chunks do bite: without them the same inputs give other outputs.
+  {
+    const Case& c = cases[1];  // (113, 203), chunk 7
+    const Inputs in = make_inputs(c, rng);
+    AttentionShape whole = c.shape;
+    whole.attention_chunk = 0;
+    CHECK_MESSAGE(max_deviation(attention_exact(whole, in.q, in.k, in.v).out,
+                                attention_exact(c.shape, in.q, in.k, in.v).out) > 0.05,
+                  describe(c, "chunk sanity", seed));
+  }
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
+  for (const Case& c : cases) {
+    const std::string spec = spec_of(c);
+    CHECK_MESSAGE(spec.find(".local.chunk") != std::string::npos, describe(c, spec, seed));
+  }
+  const std::vector<size_t> empty = check_cases(cases, rng, seed);
+  size_t empty_rows = 0;  // the (512, 256) cases' queries before the first key
+  for (size_t i = 0; i < cases.size(); ++i) empty_rows += cases[i].shape.seqlen_q == 512 ? empty[i] : 0;
+  CHECK_MESSAGE(empty_rows > 0, "the (512, 256) cases were meant to include rows that see no key");
+}
+
 TEST_CASE("features: softcap 50, and softcap 5 on large logits, causal and not") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
@@ -521,6 +585,9 @@ TEST_CASE("features: a rejected call writes nothing") {
   ForwardOptions cap;
   cap.softcap = -1.f;
   expect_rejected(cap, "options.softcap=-1 must be >= 0");
+  ForwardOptions chunk;
+  chunk.attention_chunk = -4;
+  expect_rejected(chunk, "options.attention_chunk=-4 must be >= 0 (0 = off)");
 
   const TensorView too_many = TensorView::contiguous(slopes.get(), DType::f32, {7});            // heads_q is 6
   const TensorView wrong_batch = TensorView::contiguous(slopes.get(), DType::f32, {1, 6});      // batch is 2

@@ -33,6 +33,7 @@ struct Case {
   int batch = 2, seqlen_q = 1, seqlen_k = 128, heads_q = 6, heads_kv = 2, head_dim = 128;
   bool causal = true;
   int window_left = -1;
+  int attention_chunk = 0;  // ForwardOptions::attention_chunk
   bool append = false;  // seqlen_new = seqlen_q new rows
   RopeStyle rope = RopeStyle::none;
   double rotary_fraction = 1.0;
@@ -60,11 +61,11 @@ struct Case {
 
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   return fmt::format(
-      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} append={} rope={} "
+      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} chunk={} append={} rope={} "
       "fraction={} tables={}{} page_size={} cache_batch_idx={} leftpad={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} "
       "seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
-      c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.append, static_cast<int>(c.rope),
+      c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.attention_chunk, c.append, static_cast<int>(c.rope),
       c.rotary_fraction, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.leftpad, c.num_splits,
       c.uneven, c.dynamic, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
@@ -236,6 +237,7 @@ References make_references(const Case& c, const Inputs& in) {
       const int seqlen_k = in.keys(b), first_row = in.first_row(b);
       AttentionShape shape = AttentionShape::dense(1, c.seqlen_q, seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.causal);
       shape.window_left = c.window_left;
+      shape.attention_chunk = c.attention_chunk;
       std::vector<float> q(in.q.begin() + b * c.seqlen_q * q_row, in.q.begin() + (b + 1) * c.seqlen_q * q_row);
       if (c.rope != RopeStyle::none) {
         rotate_reference(q, 1, c.seqlen_q, c.heads_q, c.head_dim, rotation_of(c), c.tables ? &in.tables : nullptr,
@@ -310,6 +312,7 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
   }
   v.options.causal = c.causal;
   v.options.window_left = c.window_left;
+  v.options.attention_chunk = c.attention_chunk;
   if (c.rope != RopeStyle::none) {
     v.options.rope.style = c.rope;
     v.options.rope.rotary_dim = rotary_dim_of(c);
@@ -615,6 +618,43 @@ TEST_CASE("kvcache: cache_leftpad (keys from each sequence's own first row) on e
   add(64, 2048, [](Case& c) { c.heads_kv = 8, c.heads_q = 8, c.num_splits = 3, c.window_left = 500; });
   add(64, 800, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.causal = false, c.dtype = DType::f16; });
   add(3, 1024, [](Case& c) { c.head_dim = 256, c.append = true, c.rope = RopeStyle::rotate_half, c.batch_index = true; });
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache: attention_chunk (keys of the query's own chunk) on every kernel family") {
+  // Positions count from each sequence's first key (cache_leftpad's row), so
+  // with random lengths a sequence's queries fall anywhere in their chunk,
+  // and speculative rows and 64-row tiles straddle chunk boundaries. A
+  // kernel that ignored the chunk, cut it from another origin, or planned
+  // its splits or key blocks from the whole cache fails.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  auto add = [&](int seqlen_q, int seqlen_k, int chunk, auto&& set) {
+    Case c;
+    c.batch = 4;
+    c.seqlen_q = seqlen_q;
+    c.seqlen_k = seqlen_k;
+    c.heads_q = 8;
+    c.heads_kv = 2;
+    c.attention_chunk = chunk;
+    set(c);
+    cases.push_back(c);
+  };
+  // The decode kernel: heuristic, forced and dynamic splits; appends with
+  // RoPE; pages; a window inside the chunk; leftpad.
+  add(1, 2048, 256, [](Case& c) { c.append = true, c.rope = RopeStyle::rotate_half; });
+  add(1, 20000, 4096, [](Case& c) { c.num_splits = 3, c.page_size = 64; });
+  add(3, 1024, 100, [](Case& c) { c.dynamic = true, c.page_size = 16, c.append = true, c.rope = RopeStyle::interleaved; });
+  add(1, 1000, 333, [](Case& c) { c.dtype = DType::f16, c.head_dim = 64, c.window_left = 50, c.leftpad = true; });
+  add(16, 4096, 1000, [](Case& c) { c.batch = 2, c.heads_kv = 1, c.num_splits = 1, c.batch_index = true; });
+  add(1, 339, 64, [](Case& c) { c.causal = false; });
+  // Tiles of 64 query rows and more (wgmma on sm_90a): chunks below, at and
+  // above the tile, split or not; forced mma.sync tiles; head dim 256.
+  add(64, 2048, 48, [](Case& c) { c.append = true, c.rope = RopeStyle::rotate_half; });
+  add(64, 2048, 128, [](Case& c) { c.heads_kv = 8, c.heads_q = 8, c.num_splits = 3, c.page_size = 64; });
+  add(64, 800, 200, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.causal = false, c.dtype = DType::f16; });
+  add(3, 1024, 512, [](Case& c) { c.head_dim = 256, c.append = true, c.rope = RopeStyle::rotate_half; });
   check_cases(cases, rng, seed);
 }
 

@@ -131,10 +131,10 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   if (!a.alibi_slopes.empty()) slopes = c.slopes_per_batch ? "[batch, heads_q]" : "[heads_q]";
   return fmt::format(
       "{} {} batch={} lengths(q,k)=[{}] total_q={} total_k={} max_seqlen=({}, {}) heads={}/{} head_dim={} causal={} "
-      "window=({}, {}) softcap={} alibi={} rope={} layout={} pages={} num_splits={}{} reference={} sm_limit={} seed={}",
+      "window=({}, {}) chunk={} softcap={} alibi={} rope={} layout={} pages={} num_splits={}{} reference={} sm_limit={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch(), lengths_text(s), s.total_q,
       s.total_k, max_seqlen_q_of(c), max_seqlen_k_of(c), a.heads_q, a.heads_kv, a.head_dim, a.causal, a.window_left,
-      a.window_right, a.softcap, slopes,
+      a.window_right, a.attention_chunk, a.softcap, slopes,
       !c.rope ? std::string("off")
               : fmt::format("{} r{}{}", c.rope->style == RopeStyle::rotate_half ? "half" : "interleaved",
                             c.rope->rotary_dim, c.rope_tables16 ? " tables16" : ""),
@@ -292,6 +292,7 @@ ForwardOptions options_for(const Case& c, const TensorView* slopes, const Tensor
   options.causal = a.causal;
   options.window_left = a.window_left;
   options.window_right = a.window_right;
+  options.attention_chunk = a.attention_chunk;
   options.softcap = a.softcap;
   options.alibi_slopes = slopes;
   if (a.scale > 0.f) options.softmax_scale = a.scale;
@@ -984,6 +985,65 @@ TEST_CASE("varlen with a workspace and over paged caches: splits 1/3/heuristic, 
   CHECK(split >= cases.size() / 3);
   CHECK(decode > 10);
   CHECK(prefill > 10);
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("varlen: attention_chunk per sequence, packed and paged, decoding steps and prefill, split") {
+  // Each sequence's chunks count from its own first key; seqused_k moves its
+  // diagonal, and so its chunks.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  int index = 0;
+  for (DType dtype : kDTypes) {
+    auto add = [&](Case c) {
+      c.dtype = dtype;
+      cases.push_back(std::move(c));
+      ++index;
+    };
+    {  // causal chunks smaller than a tile, GQA
+      Case c;
+      c.shape = random_batch(make_common(8, 2, 128, true), rng);
+      c.shape.common.attention_chunk = 48;
+      add(c);
+    }
+    {  // a two-sided window cut to chunks, padded head dim, seqused_k
+      Case c;
+      c.layout = Layout::padded;
+      c.shape = random_batch(make_common(6, 2, 80, false), rng);
+      c.shape.common.window_left = 70, c.shape.common.window_right = 20;
+      c.shape.common.attention_chunk = 100;
+      c.shape.seqused_k = random_seqused(c.shape, rng);
+      add(c);
+    }
+    {  // decoding steps over pages of 16, split 3 ways
+      Case c;
+      c.page_size = 16;
+      c.num_splits = 3;
+      std::vector<int> ones(5, 1), keys;
+      for (int b = 0; b < 5; ++b) keys.push_back(std::uniform_int_distribution<int>(1, 3000)(rng));
+      c.shape = VarlenShape::packed(make_common(8, 2, 128, true), ones, keys, 2, 3);
+      c.shape.common.attention_chunk = 300;
+      add(c);
+    }
+    {  // mixed prefill chunks over pages of 64, the heuristic's splits
+      Case c;
+      c.page_size = 64;
+      c.num_splits = 0;
+      c.shape = VarlenShape::packed(make_common(6, 1, 64, true), {1, 200, 37, 0}, {900, 700, 37, 5}, 2, 3);
+      c.shape.common.attention_chunk = 128;
+      add(c);
+    }
+    {  // long sequences against the GPU reference
+      Case c;
+      c.gpu_reference = true;
+      c.shape = VarlenShape::packed(make_common(8, 2, 128, true), {1500, 1437, 1561}, {1500, 1600, 1311}, 3, 2);
+      c.shape.common.attention_chunk = 512;
+      add(c);
+    }
+  }
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
+  for (const Case& c : cases) CHECK_MESSAGE(spec_of(c).find(".local.chunk") != std::string::npos, spec_of(c));
   check_cases(cases, rng, seed);
 }
 

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "plan.hpp"
@@ -1933,6 +1934,88 @@ TEST_CASE("windows, softcap and ALiBi select kernel features and runtime bounds"
   TensorView per_head = TensorView::contiguous(address(0x60000), DType::f32, {8});
   alibi.options.alibi_slopes = &per_head;
   CHECK(alibi.plan().params.alibi_batch_stride == 0);
+}
+
+TEST_CASE("attention_chunk: a local mask compiled in as .chunk, in every call kind, with the chunk as a runtime bound") {
+  // Dense: causal becomes a window of right bound 0 cut to chunks; the
+  // kernel without chunks is the same spec less .chunk.
+  Call c;
+  c.options.causal = true;
+  const ForwardPlan causal = c.plan();
+  c.options.attention_chunk = 64;
+  ForwardPlan plan = c.plan();
+  CHECK(plan.spec.chunk);
+  CHECK(plan.spec.local);
+  CHECK_FALSE(plan.spec.causal);
+  CHECK(plan.spec.text().find(".local.chunk") != std::string::npos);
+  CHECK(plan.params.attention_chunk == 64);
+  CHECK(plan.params.window_right == 0);
+  CHECK(plan.params.window_left >= 100 + 300);  // unbounded: only the chunk bounds the left
+  KernelSpec unchunked = plan.spec;
+  unchunked.chunk = false;
+  unchunked.local = false;
+  unchunked.causal = true;
+  CHECK(unchunked == causal.spec);
+  // With a window and without causal: both bounds stay, the chunk cuts them.
+  c.options.causal = false;
+  c.options.window_left = 10, c.options.window_right = 20;
+  plan = c.plan();
+  CHECK(plan.spec.chunk);
+  CHECK(plan.params.window_left == 10);
+  CHECK(plan.params.window_right == 20);
+  // Without a window or causal the chunk alone is the mask.
+  c.options.window_left = c.options.window_right = -1;
+  CHECK(c.plan().spec.text().find(".local.chunk") != std::string::npos);
+  // The kernels divide by the chunk with a magic number (FwdParams): exact
+  // for every position below 2^31, at chunks of 1, powers of two and others.
+  for (int chunk : {1, 2, 3, 7, 48, 100, 333, 1024, 8192, 10000, INT_MAX / 4}) {
+    c.options.attention_chunk = chunk;
+    const FwdParams p = c.plan().params;
+    CAPTURE(chunk);
+    for (uint32_t n : {0u, 1u, 2u, 99u, 100u, 101u, 8191u, 8192u, 123456789u, (1u << 30) + 7u, (1u << 31) - 1u}) {
+      const uint32_t high = static_cast<uint32_t>((uint64_t{n} * p.attention_chunk_magic) >> 32);
+      const uint32_t quotient = (high + n) >> p.attention_chunk_shift;
+      CHECK(quotient == n / static_cast<uint32_t>(chunk));
+    }
+  }
+  // Chunks far past every position are capped to an int-safe bound.
+  c.options.attention_chunk = INT_MAX;
+  CHECK(c.plan().params.attention_chunk == INT_MAX / 4);
+  c.options.attention_chunk = -1;
+  CHECK_THROWS_WITH_AS(c.plan(), doctest::Contains("options.attention_chunk=-1 must be >= 0 (0 = off)"), Error);
+  c.options.attention_chunk = 0;
+  CHECK_FALSE(c.plan().spec.local);
+
+  // KV cache: the decode kernel, a paged one, and the wgmma tiles of a chunk of queries.
+  TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {4, 1, 32, 128});
+  KVCacheArgs args;
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {4, 32768, 8, 128});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {4, 32768, 8, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {4});
+  ForwardOptions options;
+  options.causal = true;
+  options.attention_chunk = 8192;
+  const Arch hopper = Arch::parse("sm_90a");
+  KVCachePlan decode = plan_kvcache(q, args, q, nullptr, options, nullptr, 0, true, hopper, 227 * 1024, 132);
+  CHECK(decode.attention.spec.family == Family::decode);
+  CHECK(decode.attention.spec.chunk);
+  CHECK(decode.attention.params.attention_chunk == 8192);
+  TensorView q_chunk = q;
+  q_chunk.shape[1] = 64;
+  const KVCachePlan chunked_prefill = plan_kvcache(q_chunk, args, q_chunk, nullptr, options, nullptr, 0, true, hopper,
+                                                   227 * 1024, 132);
+  CHECK(chunked_prefill.attention.spec.wgmma);
+  CHECK(chunked_prefill.attention.spec.text().find(".local.chunk") != std::string::npos);
+  // Varlen.
+  const TensorView packed = TensorView::contiguous(address(0x10000), DType::bf16, {4096, 16, 128});
+  VarlenArgs varlen;
+  varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x60000), DType::i32, {5});
+  varlen.max_seqlen_q = varlen.max_seqlen_k = 2048;
+  const ForwardPlan varlen_plan =
+      plan_forward_varlen(packed, packed, packed, packed, nullptr, varlen, options, hopper, 227 * 1024, 132);
+  CHECK(varlen_plan.spec.varlen);
+  CHECK(varlen_plan.spec.chunk);
+  CHECK(varlen_plan.params.attention_chunk == 8192);
 }
 
 TEST_CASE("tiles that exceed the device's shared memory are refused") {

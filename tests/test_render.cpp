@@ -32,6 +32,16 @@ TEST_CASE("rendered source is self-contained and carries the spec's constants") 
   // No toolkit header is needed to compile it.
   CHECK(source.find("cuda_fp16") == std::string::npos);
   CHECK(source.find("cuda_bf16") == std::string::npos);
+  // The mask kind: a window cut to chunks (attention_chunk) is its own kind,
+  // so plain windows compile without the chunk's bounds.
+  for (const auto& [text, mask] : {std::pair{"fwd.f16.d64.br64.bc32.w4.causal", "kMaskCausal"},
+                                   std::pair{"fwd.f16.d64.br64.bc32.w4.local", "kMaskLocal"},
+                                   std::pair{"fwd.f16.d64.br64.bc32.w4.local.chunk", "kMaskChunk"},
+                                   std::pair{"decode.bf16.d128.br16.bc32.w4.s2.local.chunk.split", "kMaskChunk"}}) {
+    CAPTURE(text);
+    CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*MASK=*/jitattn::") + mask) !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("a combine spec renders entry_combine.cu over combine.cuh, deterministically") {

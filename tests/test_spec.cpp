@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <string>
@@ -146,6 +147,30 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
     CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains("leftpad needs kvcache, without paged or varlen"),
                          Error);
   }
+  // chunk: a window cut to the row's chunk (attention_chunk), after local in
+  // the text. It needs local, and packs apart from local and causal.
+  const KernelSpec chunked = KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.local.chunk.varlen");
+  CHECK(chunked.chunk);
+  CHECK(chunked.local);
+  CHECK(chunked.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.local.chunk.varlen");
+  CHECK(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.local.chunk.paged.split").text() ==
+        "decode.bf16.d128.br16.bc16.w4.s4.local.chunk.paged.split");
+  {
+    std::vector<uint64_t> mask_keys;
+    for (const char* mask : {"", ".causal", ".local", ".local.chunk"}) {
+      mask_keys.push_back(KernelSpec::parse(fmt::format("fwd.bf16.d128.br128.bc64.w4{}", mask)).packed());
+      mask_keys.push_back(KernelSpec::parse(fmt::format("decode.bf16.d128.br16.bc16.w4.s4{}.split", mask)).packed());
+    }
+    std::sort(mask_keys.begin(), mask_keys.end());
+    CHECK(std::unique(mask_keys.begin(), mask_keys.end()) == mask_keys.end());
+  }
+  for (const char* text : {"fwd.bf16.d128.br128.bc64.w4.chunk", "fwd.bf16.d128.br128.bc64.w4.causal.chunk",
+                           "decode.bf16.d128.br16.bc16.w4.s4.chunk"}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains("chunk needs local"), Error);
+  }
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.local.chunk.chunk"),
+                       doctest::Contains("unknown or repeated flag 'chunk'"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s4.dynsplit"),
                        doctest::Contains("dynsplit chooses split counts: it needs split"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.packgqa.kvcache.split.dynsplit"),

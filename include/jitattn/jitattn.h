@@ -71,6 +71,7 @@ typedef struct jitattn_fwd_options {
   int32_t num_splits; /* jitattn_fwd_split, jitattn_fwd_varlen_split: 0 = chosen by the library, 1 = no split,
                          n = forced (<= 128); jitattn_fwd and jitattn_fwd_varlen take 0 or 1, jitattn_fwd_kvcache
                          only 0 (it reads its args' num_splits) */
+  int32_t attention_chunk; /* chunked local attention (ForwardOptions::attention_chunk): 0 = off */
 } jitattn_fwd_options;
 
 JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);

@@ -149,6 +149,11 @@ struct ForwardOptions {
   // causal is window_right = 0.
   int window_left = -1;
   int window_right = -1;
+  // Chunked local attention, FlashAttention 3's attention_chunk (Llama 4's
+  // local layers): with c > 0, query i (at key position p = i + sk - sq)
+  // sees only keys of its own chunk, [floor(p / c) · c, floor(p / c) · c + c),
+  // intersected with causal and the window above. 0 = off; must be >= 0.
+  int attention_chunk = 0;
   // Logit softcap: scores become softcap · tanh(scale·q·k / softcap). 0 = off.
   float softcap = 0.f;
   // ALiBi: f32 slopes [heads_q] or [batch, heads_q]; adds −slope · |i + sk − sq − j|

@@ -47,6 +47,7 @@ struct PlanOptions {
   std::optional<int64_t> heads_kv;  // default heads
   bool causal = false;
   std::string window;  // "L,R" (-1 = unbounded); "" = none
+  int attention_chunk = 0;  // ForwardOptions::attention_chunk; 0 = off
   float softcap = 0;
   bool alibi = false;
   std::string rope;  // "", half or interleaved

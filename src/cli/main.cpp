@@ -162,6 +162,9 @@ int main(int argc, char** argv) {
   plan_cmd->add_flag("--causal", plan.causal, "Causal mask (bottom-right aligned)");
   plan_cmd->add_option("--window", plan.window, "Sliding window: keys left and right of the diagonal, -1 = unbounded")
       ->type_name("L,R");
+  plan_cmd->add_option("--attention-chunk", plan.attention_chunk,
+                       "Chunked local attention: queries see keys of their own chunk of N keys (0 = off)")
+      ->type_name("N");
   plan_cmd->add_option("--softcap", plan.softcap, "Logit softcap (0 = off)")->type_name("X");
   plan_cmd->add_flag("--alibi", plan.alibi, "ALiBi slopes, f32 [heads]");
   CLI::Option* rope_option = plan_cmd->add_option("--rope", plan.rope, "Fused RoPE: half (rotate-half) or interleaved")

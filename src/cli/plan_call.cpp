@@ -189,6 +189,7 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
   ForwardOptions& options = call.options;
   options.causal = o.causal;
   if (!o.window.empty()) std::tie(options.window_left, options.window_right) = parse_window(o.window);
+  options.attention_chunk = o.attention_chunk;  // the planner rejects a negative one
   if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap)) {
     bad_option(fmt::format("--softcap: {} must be >= 0 (0 = off) and finite", o.softcap));
   }

@@ -30,6 +30,9 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
   }
   if (options.window_left < -1) reject(fmt::format("options.window_left={} must be -1 (unbounded) or >= 0", options.window_left));
   if (options.window_right < -1) reject(fmt::format("options.window_right={} must be -1 (unbounded) or >= 0", options.window_right));
+  if (options.attention_chunk < 0) {
+    reject(fmt::format("options.attention_chunk={} must be >= 0 (0 = off)", options.attention_chunk));
+  }
   if (!(options.softcap >= 0.f) || !std::isfinite(options.softcap)) {
     reject(fmt::format("options.softcap={} must be >= 0 (0 = off) and finite", options.softcap));
   }
@@ -56,11 +59,14 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
   if (has_rope && rope.k_offsets != nullptr) check_i32_vector("options.rope.k_offsets", *rope.k_offsets, batch, "batch");
 
   // The mask kind: causal is a window with right bound 0; a window that
-  // bounds nothing is no mask.
+  // bounds nothing is no mask. Chunks are a local mask whose bounds also
+  // depend on the row's chunk, as in FlashAttention 3 (a query of negative
+  // position, sq > sk, is in chunk -1 and sees no key).
   facts.right = options.causal ? 0 : options.window_right;
   facts.left = options.window_left;
-  facts.causal = facts.right == 0 && facts.left < 0;
-  facts.local = !facts.causal && (facts.left >= 0 || facts.right >= 0);
+  facts.chunk = options.attention_chunk;
+  facts.causal = facts.right == 0 && facts.left < 0 && facts.chunk == 0;
+  facts.local = !facts.causal && (facts.left >= 0 || facts.right >= 0 || facts.chunk > 0);
   facts.masked_like_causal = facts.causal || facts.local;
   facts.group = problem.heads_q / problem.heads_kv;
   facts.tiles_forced = options.tiles.block_q != 0 || options.tiles.block_kv != 0 || options.tiles.warps != 0;
@@ -127,6 +133,18 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
   const int unbounded = static_cast<int>(std::min<int64_t>(seqlen_q + seqlen_k, INT_MAX / 4));
   p.window_left = left < 0 ? unbounded : std::min(left, INT_MAX / 4);
   p.window_right = right < 0 ? unbounded : std::min(right, INT_MAX / 4);
+  // Chunks beyond every position act alike (chunk 0 holds every key), so
+  // capping them keeps the kernel's chunk ends within an int.
+  p.attention_chunk = std::min(facts.chunk, INT_MAX / 4);
+  if (p.attention_chunk > 0) {
+    // The magic number of dividing by the chunk (FwdParams): shift =
+    // ceil(log2(chunk)), magic = floor(2^32 (2^shift - chunk) / chunk) + 1.
+    const uint64_t chunk = static_cast<uint64_t>(p.attention_chunk);
+    int shift = 0;
+    while ((uint64_t{1} << shift) < chunk) ++shift;
+    p.attention_chunk_shift = shift;
+    p.attention_chunk_magic = static_cast<unsigned>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - chunk)) / chunk + 1);
+  }
   p.scale = scale;
   const bool rewrite_scores = plan.spec.softcap || plan.spec.alibi;
   p.scale_log2 = rewrite_scores ? 1.f : scale * 1.4426950408889634f;

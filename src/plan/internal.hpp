@@ -138,6 +138,7 @@ struct CallFacts {
   // The mask: causal is a window with right bound 0; a window that bounds
   // nothing is no mask. left/right: -1 unbounded.
   int left = -1, right = -1;
+  int chunk = 0;  // attention_chunk (0: off); a local mask
   bool causal = false, local = false;
   bool masked_like_causal = false;  // tuned like causal masks (both skip key blocks)
   int64_t group = 1;                // query heads per KV head

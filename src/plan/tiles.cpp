@@ -387,6 +387,7 @@ TileConfig base_spec(KernelSpec& spec, const Problem& problem, const ForwardOpti
   if (options.sm_limit < 0) reject(fmt::format("options.sm_limit={} must be >= 0 (0 = every SM)", options.sm_limit));
   spec.causal = causal;
   spec.local = local;
+  spec.chunk = facts.chunk > 0;
   spec.softcap = options.softcap > 0.f;
   spec.alibi = options.alibi_slopes != nullptr;
   // Head dims that are not a multiple of 8 (KernelSpec::unaligned_dim):
