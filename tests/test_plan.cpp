@@ -2000,6 +2000,27 @@ TEST_CASE("attention_chunk: a local mask compiled in as .chunk, in every call ki
   CHECK(decode.attention.spec.family == Family::decode);
   CHECK(decode.attention.spec.chunk);
   CHECK(decode.attention.params.attention_chunk == 8192);
+  // Splits are planned on the keys a query sees (one chunk), not on the
+  // cache: one sequence's 8 tiles split into pieces that cut 8192 keys, as
+  // many as a plain call of 8192 keys takes. Windows likewise.
+  auto decode_pieces = [&](int64_t capacity, const ForwardOptions& o) {
+    KVCacheArgs a = args;
+    a.k_cache.shape[1] = a.v_cache.shape[1] = capacity;
+    TensorView one = q;
+    one.shape[0] = 1;
+    a.cache_seqlens.shape[0] = 1;
+    a.k_cache.shape[0] = a.v_cache.shape[0] = 1;
+    const FwdParams p = plan_kvcache(one, a, one, nullptr, o, nullptr, 0, true, hopper, 227 * 1024, 132).attention.params;
+    return std::pair{p.num_splits, p.blocks_per_split};
+  };
+  ForwardOptions causal_only;
+  causal_only.causal = true;
+  const auto chunked = decode_pieces(32768, options);
+  CHECK(chunked == decode_pieces(8192, causal_only));
+  CHECK(chunked.first > 4);
+  ForwardOptions window = causal_only;
+  window.window_left = 4095;
+  CHECK(decode_pieces(32768, window) == decode_pieces(4096, causal_only));
   TensorView q_chunk = q;
   q_chunk.shape[1] = 64;
   const KVCachePlan chunked_prefill = plan_kvcache(q_chunk, args, q_chunk, nullptr, options, nullptr, 0, true, hopper,

@@ -69,6 +69,30 @@ int uneven_splits(int64_t tiles, int64_t batch, int sm_count, int64_t longest_ke
   return static_cast<int>(std::max<int64_t>(1, splits));
 }
 
+// The most keys one tile of the decode kernel sees: every key, or with a
+// window (cut to chunks) the span around its rows' diagonal. The decode
+// kernel cuts each tile's own visible steps into pieces (fwd_decode.cuh), so
+// its splits are planned on that span: a 4096-key window over a 32k cache
+// is split as 4096 keys, not as 32k of which most pieces would be empty.
+namespace {
+
+int64_t decode_visible_keys(const KernelSpec& spec, const FwdParams& p, const Problem& problem) {
+  int64_t keys = problem.seqlen_k;
+  if (!spec.local) return keys;
+  // The tile's queries span at most seqlen_q diagonal keys.
+  const int64_t rows = std::max<int64_t>(1, problem.seqlen_q);
+  keys = std::min<int64_t>(keys, int64_t{p.window_left} + p.window_right + rows);
+  if (spec.chunk) {
+    // One query sees one chunk; seqlen_q > 1 queries reach into at most
+    // (seqlen_q - 1) / c + 2 chunks.
+    const int64_t chunk = p.attention_chunk;
+    keys = std::min(keys, (rows == 1 ? 1 : (rows - 1) / chunk + 2) * chunk);
+  }
+  return std::max<int64_t>(keys, 1);
+}
+
+}  // namespace
+
 int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoice& choice, int64_t grid,
                     int max_smem_bytes, bool varlen) {
   KernelSpec& spec = plan.spec;
@@ -93,10 +117,14 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoic
     // Splits are counted in key blocks: one CTA step (every warp one chunk)
     // for the decode kernel. The heuristic sees blocks of at least
     // kMinSplitKeys; a split still spans whole steps.
-    const int64_t step = spec.family == Family::decode ? spec.block_kv * spec.warps : spec.block_kv;
-    const int64_t kv_blocks = std::max<int64_t>(1, (problem.seqlen_k + step - 1) / step);
-    const int64_t split_keys = spec.family == Family::decode ? std::max<int64_t>(step, kMinSplitKeys) : step;
-    const int64_t split_blocks = std::max<int64_t>(1, (problem.seqlen_k + split_keys - 1) / split_keys);
+    // The keys a tile sees: the 4-warp and wgmma tiles split at absolute
+    // key blocks (fwd_prefill.cuh), so they count every key.
+    const bool decode = spec.family == Family::decode;
+    const int64_t seen_keys = decode ? decode_visible_keys(spec, p, problem) : problem.seqlen_k;
+    const int64_t step = decode ? spec.block_kv * spec.warps : spec.block_kv;
+    const int64_t kv_blocks = std::max<int64_t>(1, (seen_keys + step - 1) / step);
+    const int64_t split_keys = decode ? std::max<int64_t>(step, kMinSplitKeys) : step;
+    const int64_t split_blocks = std::max<int64_t>(1, (seen_keys + split_keys - 1) / split_keys);
     // Decode splits chosen on the device from the lengths (dynamic_splits):
     // the launch holds the splits an even batch of seqlen_k keys would take,
     // and at least enough for one sequence's tiles to fill half the SMs (as
@@ -131,7 +159,7 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoic
         // (resident tiles have no second wave).
         const int balancing = choice.resident_decode ? 1
                                                      : partial_wave_splits(grid, problem.sm_count, ctas_per_sm,
-                                                                           split_blocks, problem.seqlen_k);
+                                                                           split_blocks, seen_keys);
         partial_wave = balancing > splits;
         splits = std::max(splits, balancing);
       }
