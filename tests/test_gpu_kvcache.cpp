@@ -473,6 +473,18 @@ Run run_kernel(const Case& c, const Inputs& in, bool through_graph = false) {
   return run;
 }
 
+// Four sequences of seqlen_q queries over seqlen_k keys, 8 query heads on 2
+// KV heads: the base of the feature cases below.
+Case four_sequences(int seqlen_q, int seqlen_k) {
+  Case c;
+  c.batch = 4;
+  c.seqlen_q = seqlen_q;
+  c.seqlen_k = seqlen_k;
+  c.heads_q = 8;
+  c.heads_kv = 2;
+  return c;
+}
+
 void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t seed, bool through_graph = false) {
   check_in_groups(
       cases, [&](const Case& c) { return make_inputs(c, rng); }, make_references,
@@ -593,12 +605,7 @@ TEST_CASE("kvcache: cache_leftpad (keys from each sequence's own first row) on e
   std::mt19937_64 rng(seed);
   std::vector<Case> cases;
   auto add = [&](int seqlen_q, int seqlen_k, auto&& set) {
-    Case c;
-    c.batch = 4;
-    c.seqlen_q = seqlen_q;
-    c.seqlen_k = seqlen_k;
-    c.heads_q = 8;
-    c.heads_kv = 2;
+    Case c = four_sequences(seqlen_q, seqlen_k);
     c.leftpad = true;
     set(c);
     cases.push_back(c);
@@ -631,12 +638,7 @@ TEST_CASE("kvcache: attention_chunk (keys of the query's own chunk) on every ker
   std::mt19937_64 rng(seed);
   std::vector<Case> cases;
   auto add = [&](int seqlen_q, int seqlen_k, int chunk, auto&& set) {
-    Case c;
-    c.batch = 4;
-    c.seqlen_q = seqlen_q;
-    c.seqlen_k = seqlen_k;
-    c.heads_q = 8;
-    c.heads_kv = 2;
+    Case c = four_sequences(seqlen_q, seqlen_k);
     c.attention_chunk = chunk;
     set(c);
     cases.push_back(c);

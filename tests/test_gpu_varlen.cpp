@@ -994,12 +994,10 @@ TEST_CASE("varlen: attention_chunk per sequence, packed and paged, decoding step
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
   std::vector<Case> cases;
-  int index = 0;
   for (DType dtype : kDTypes) {
     auto add = [&](Case c) {
       c.dtype = dtype;
       cases.push_back(std::move(c));
-      ++index;
     };
     {  // causal chunks smaller than a tile, GQA
       Case c;
