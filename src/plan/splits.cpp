@@ -69,13 +69,13 @@ int uneven_splits(int64_t tiles, int64_t batch, int sm_count, int64_t longest_ke
   return static_cast<int>(std::max<int64_t>(1, splits));
 }
 
+namespace {
+
 // The most keys one tile of the decode kernel sees: every key, or with a
 // window (cut to chunks) the span around its rows' diagonal. The decode
 // kernel cuts each tile's own visible steps into pieces (fwd_decode.cuh), so
 // its splits are planned on that span: a 4096-key window over a 32k cache
 // is split as 4096 keys, not as 32k of which most pieces would be empty.
-namespace {
-
 int64_t decode_visible_keys(const KernelSpec& spec, const FwdParams& p, const Problem& problem) {
   int64_t keys = problem.seqlen_k;
   if (!spec.local) return keys;
