@@ -24,7 +24,8 @@ class Options(ctypes.Structure):
                 ("rope_sin", ctypes.c_void_p), ("rope_q_offsets", ctypes.c_void_p),
                 ("rope_k_offsets", ctypes.c_void_p), ("pack_gqa", ctypes.c_int32),
                 ("stages", ctypes.c_int32), ("wgmma", ctypes.c_int32), ("persistent", ctypes.c_int32),
-                ("sm_limit", ctypes.c_int32), ("num_splits", ctypes.c_int32), ("attention_chunk", ctypes.c_int32)]
+                ("sm_limit", ctypes.c_int32), ("num_splits", ctypes.c_int32), ("attention_chunk", ctypes.c_int32),
+                ("learnable_sink", ctypes.c_void_p)]
 
 
 def tensor(address, dtype, shape, strides=None):

@@ -23,22 +23,24 @@ def shuffled_pages(k_cache, v_cache, page, generator):
 
 
 def kvcache_call(lib, tq, tout, tseqlens, k_cache, v_cache, options, stream, num_splits, max_seqlen_k,
-                 block_table=None, total_seqlen_k=0, dynamic_splits=False):
-    """A callable running jitattn_fwd_kvcache (bf16 caches) into tout; raises with the
-    library's message on failure. The workspace is sized and allocated here, once."""
+                 block_table=None, total_seqlen_k=0, dynamic_splits=False, lse=None):
+    """A callable running jitattn_fwd_kvcache (bf16 caches) into tout (and the tensor struct lse, when
+    given); raises with the library's message on failure. The workspace is sized and allocated here,
+    once."""
     tk, tv = tensor_of(k_cache, BF16), tensor_of(v_cache, BF16)
     ttable = tensor_of(block_table, I32) if block_table is not None else None
     kv_args = KVCacheArgs(ctypes.addressof(tk), ctypes.addressof(tv), ctypes.addressof(tseqlens),
                           ctypes.addressof(ttable) if ttable is not None else None, None, None, None,
                           num_splits, max_seqlen_k, total_seqlen_k, 1 if dynamic_splits else 0)
     size = ctypes.c_size_t(0)
-    check(lib, lib.jitattn_kvcache_workspace_bytes(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), None,
+    tlse = ctypes.byref(lse) if lse is not None else None
+    check(lib, lib.jitattn_kvcache_workspace_bytes(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), tlse,
                                                    ctypes.byref(options), ctypes.byref(size)))
     workspace = torch.empty(max(size.value, 256), device="cuda", dtype=torch.uint8)
 
     def run():
-        check(lib, lib.jitattn_fwd_kvcache(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), None,
+        check(lib, lib.jitattn_fwd_kvcache(ctypes.byref(tq), ctypes.byref(kv_args), ctypes.byref(tout), tlse,
                                            ctypes.byref(options), ctypes.c_void_p(workspace.data_ptr()),
                                            ctypes.c_size_t(size.value), stream))
-    run.keep = (tk, tv, ttable, kv_args, workspace)  # the C structs must outlive the calls
+    run.keep = (tk, tv, ttable, kv_args, workspace, lse)  # the C structs must outlive the calls
     return run

@@ -81,6 +81,7 @@ struct CallViews {
       alibi = view_of(c_options->alibi_slopes, "alibi_slopes");
       options.alibi_slopes = &alibi;
     }
+    options.learnable_sink = optional_view(c_options->learnable_sink, "learnable_sink", learnable_sink);
     options.tiles = {c_options->block_q, c_options->block_kv, c_options->warps, c_options->stages,
                      c_options->wgmma != 0, c_options->persistent != 0};
     options.sm_limit = c_options->sm_limit;
@@ -115,7 +116,7 @@ struct CallViews {
     return &storage;
   }
 
-  jitattn::TensorView q, k, v, out, lse, alibi, rope_cos, rope_sin, rope_q_offsets, rope_k_offsets;
+  jitattn::TensorView q, k, v, out, lse, alibi, learnable_sink, rope_cos, rope_sin, rope_q_offsets, rope_k_offsets;
   bool has_lse;
   jitattn::ForwardOptions options;
 };

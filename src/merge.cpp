@@ -153,7 +153,8 @@ CombinePlan plan_combine(const CombineProblem& problem) {
                        (!split_b || vectors_fit(q.states_b, q.state_dtype, q.states_b_strides, row_extents, 3));
 
   CombinePlan plan;
-  plan.spec = KernelSpec::combine(q.state_dtype, q.out_dtype, /*elementwise=*/!vectors, q.dynamic_splits);
+  plan.spec = KernelSpec::combine(q.state_dtype, q.out_dtype, /*elementwise=*/!vectors, q.dynamic_splits,
+                                  /*sink=*/q.sinks != nullptr);
   plan.spec.validate();
   CombineParams& p = plan.params;
   p.states = q.states;
@@ -174,6 +175,7 @@ CombinePlan plan_combine(const CombineProblem& problem) {
   p.lse_b_batch_stride = q.lse_b_strides[0], p.lse_b_row_stride = q.lse_b_strides[1];
   p.lse_b_head_stride = q.lse_b_strides[2];
   p.rows_used = q.rows_used;
+  p.sinks = q.sinks;
   p.num_states = static_cast<int>(q.num_states);
   p.batch = static_cast<int>(q.batch);
   p.seqlen = static_cast<int>(q.seqlen);

@@ -42,6 +42,10 @@ struct CombineProblem {
   // is kStateWrittenMark were written by the decode kernel and are skipped
   // (KernelSpec::dynamic_splits).
   bool dynamic_splits = false;
+  // Optional, in device memory: f32 [heads], each head's learnable sink
+  // logit, merged as one more state of that LSE and output 0 (split
+  // attention with ForwardOptions::learnable_sink; KernelSpec::sink).
+  const float* sinks = nullptr;
 
   // Optional: state 1 in buffers of its own (num_states must be 2); the
   // state strides above are then unused.

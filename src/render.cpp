@@ -107,7 +107,8 @@ std::string render_combine(const KernelSpec& spec, const TemplateSet& templates)
       fmt::runtime(templates.read("entry_combine.cu")), fmt::arg("spec", spec.text()),
       fmt::arg("state", combine_element(spec.dtype)), fmt::arg("out", combine_element(spec.out_dtype)),
       fmt::arg("elementwise", spec.elementwise ? "true" : "false"),
-      fmt::arg("dynamic_splits", spec.dynamic_splits ? "true" : "false"), fmt::arg("entry_name", entry_name(spec)));
+      fmt::arg("dynamic_splits", spec.dynamic_splits ? "true" : "false"), fmt::arg("sink", spec.sink ? "true" : "false"),
+      fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;
   expand_includes("entry_combine.cu", entry, templates, seen, source);
@@ -144,6 +145,7 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("dynamic_splits", spec.dynamic_splits ? "true" : "false"), fmt::arg("stages", spec.stages),
       fmt::arg("wgmma", spec.wgmma ? "true" : "false"), fmt::arg("persistent", spec.persistent ? "true" : "false"),
       fmt::arg("unaligned_dim", spec.unaligned_dim), fmt::arg("smem_bytes", spec.smem_bytes()),
+      fmt::arg("sink", spec.sink ? "true" : "false"),
       fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;

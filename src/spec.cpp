@@ -35,7 +35,7 @@ bool parse_field(std::string_view field, std::string_view prefix, int& value) {
   throw Error(ErrorCode::invalid_argument, fmt::format("spec '{}': {}", text, why), std::string(text));
 }
 
-// --- the combine family: combine.<state dtype>.<out dtype>[.elementwise][.dynsplit] ---
+// --- the combine family: combine.<state dtype>.<out dtype>[.elementwise][.dynsplit][.sink] ---
 
 bool combine_dtype(DType dtype) { return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16; }
 
@@ -44,12 +44,14 @@ std::string combine_text(const KernelSpec& spec);
 KernelSpec parse_combine(std::string_view text) {
   auto fields = split_fields(text, '.');
   // The optional flags, each at most once and in this order.
+  const bool sink = fields.size() > 3 && fields.back() == "sink";
+  if (sink) fields.pop_back();
   const bool dynamic_splits = fields.size() > 3 && fields.back() == "dynsplit";
   if (dynamic_splits) fields.pop_back();
   const bool elementwise = fields.size() > 3 && fields.back() == "elementwise";
   if (elementwise) fields.pop_back();
   if (fields.size() != 3) {
-    bad_spec(text, "expected combine.<state dtype>.<out dtype>[.elementwise][.dynsplit], e.g. combine.f32.bf16");
+    bad_spec(text, "expected combine.<state dtype>.<out dtype>[.elementwise][.dynsplit][.sink], e.g. combine.f32.bf16");
   }
   auto dtype_of = [&](std::string_view field, const char* role) {
     if (field == "f32") return DType::f32;
@@ -58,7 +60,7 @@ KernelSpec parse_combine(std::string_view text) {
     bad_spec(text, fmt::format("{} dtype '{}' is not f32, f16 or bf16", role, field));
   };
   KernelSpec spec = KernelSpec::combine(dtype_of(fields[1], "state"), dtype_of(fields[2], "out"), elementwise,
-                                        dynamic_splits);
+                                        dynamic_splits, sink);
   spec.validate();
   return spec;
 }
@@ -71,14 +73,16 @@ void validate_combine(const KernelSpec& spec) {
 }
 
 std::string combine_text(const KernelSpec& spec) {
-  return fmt::format("combine.{}.{}{}{}", dtype_name(spec.dtype), dtype_name(spec.out_dtype),
-                     spec.elementwise ? ".elementwise" : "", spec.dynamic_splits ? ".dynsplit" : "");
+  return fmt::format("combine.{}.{}{}{}{}", dtype_name(spec.dtype), dtype_name(spec.out_dtype),
+                     spec.elementwise ? ".elementwise" : "", spec.dynamic_splits ? ".dynsplit" : "",
+                     spec.sink ? ".sink" : "");
 }
 
 uint64_t combine_packed(const KernelSpec& spec) {
   // The family in the top four bits: fwd keys (family 0) stay far below
   // bit 60 whatever fields they gain, so no fwd key equals a combine key.
-  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.dynamic_splits) << 9 |
+  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.sink) << 10 |
+         static_cast<uint64_t>(spec.dynamic_splits) << 9 |
          static_cast<uint64_t>(spec.elementwise) << 8 |
          static_cast<uint64_t>(spec.dtype) << 4 | static_cast<uint64_t>(spec.out_dtype);
 }
@@ -158,13 +162,14 @@ KernelSpec KernelSpec::append(DType dtype, RopeKind rope, int rotary_dim, bool r
   return spec;
 }
 
-KernelSpec KernelSpec::combine(DType state_dtype, DType out_dtype, bool elementwise, bool dynamic_splits) {
+KernelSpec KernelSpec::combine(DType state_dtype, DType out_dtype, bool elementwise, bool dynamic_splits, bool sink) {
   KernelSpec spec;
   spec.family = Family::combine;
   spec.dtype = state_dtype;
   spec.out_dtype = out_dtype;
   spec.elementwise = elementwise;
   spec.dynamic_splits = dynamic_splits;
+  spec.sink = sink;
   return spec;
 }
 
@@ -201,6 +206,7 @@ std::string KernelSpec::text() const {
   if (chunk) out += ".chunk";
   if (softcap) out += ".softcap";
   if (alibi) out += ".alibi";
+  if (sink) out += ".sink";
   if (rope != RopeKind::none) {
     out += fmt::format(".rope_{}_r{}", rope == RopeKind::half ? "half" : "interleaved", rotary_dim);
   }
@@ -281,6 +287,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "chunk"   ? &spec.chunk
                  : fields[i] == "softcap" ? &spec.softcap
                  : fields[i] == "alibi"   ? &spec.alibi
+                 : fields[i] == "sink"    ? &spec.sink
                  : fields[i] == "padded"  ? &spec.padded
                  : fields[i] == "varlen"  ? &spec.varlen
                  : fields[i] == "packgqa" ? &spec.pack_gqa
@@ -296,7 +303,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                                  "dense replaces the cache by K/V tensors)", fields[i]));
     }
     if (flag == nullptr || *flag) {
-      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, chunk, softcap, alibi, rope_half_rN, "
+      bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, chunk, softcap, alibi, sink, rope_half_rN, "
                                  "rope_interleaved_rN, rope_tables, rope_tables16, packgqa, kvcache, dense, leftpad, paged, split, dynsplit, padded, "
                                  "varlen, unaligned_dN)",
                                  fields[i]));
@@ -332,6 +339,9 @@ void KernelSpec::validate() const {
     return validate_decode(fail);
   }
   if (dynamic_splits) fail(ErrorCode::unsupported, "dynsplit applies to decode specs only");
+  if (sink && split) {
+    fail(ErrorCode::invalid_argument, "sink with split: split partials leave the sink to their combine (combine...sink)");
+  }
   if (unaligned_dim != 0) {
     // FwdConfig::kUnaligned: element-wise copies in the 4-warp kernels.
     if (unaligned_dim < 1 || unaligned_dim % 8 == 0 || unaligned_dim >= head_dim) {
@@ -473,6 +483,11 @@ template <class Fail>
 void KernelSpec::validate_decode(const Fail& fail) const {
   if (!pack_gqa) fail(ErrorCode::invalid_argument, "a decode spec packs GQA heads");
   if (dynamic_splits && !split) fail(ErrorCode::invalid_argument, "dynsplit chooses split counts: it needs split");
+  // Only a dynamic split's tiles of one piece write final rows.
+  if (sink && split && !dynamic_splits) {
+    fail(ErrorCode::invalid_argument,
+         "sink with split (not dynsplit): split partials leave the sink to their combine (combine...sink)");
+  }
   // templates/fwd_decode.cuh: dense keys are read as they are.
   if (!kvcache && (paged || rope != RopeKind::none)) {
     fail(ErrorCode::unsupported, "dense (K/V tensors, not a cache) takes no paged and no rope: the decode kernel "
@@ -586,7 +601,7 @@ uint64_t KernelSpec::packed() const {
   if (family == Family::combine) return combine_packed(*this);
   if (family == Family::append) return append_packed(*this);
   uint64_t key = static_cast<uint64_t>(family);
-  key = key << 4 | static_cast<uint64_t>(dtype);
+  key = key << 2 | static_cast<uint64_t>(dtype);  // four DTypes
   // fwd and decode keys stay below bit 60, where combine and append put
   // their family.
   key = key << 6 | static_cast<uint64_t>(head_dim / 8);    // multiples of 8 up to 256
@@ -603,6 +618,7 @@ uint64_t KernelSpec::packed() const {
   key = key << 1 | static_cast<uint64_t>(local);
   key = key << 1 | static_cast<uint64_t>(softcap);
   key = key << 1 | static_cast<uint64_t>(alibi);
+  key = key << 1 | static_cast<uint64_t>(sink);
   key = key << 1 | static_cast<uint64_t>(padded);
   key = key << 1 | static_cast<uint64_t>(varlen);
   key = key << 1 | static_cast<uint64_t>(pack_gqa);

@@ -93,19 +93,26 @@ struct KernelSpec {
   // text .chunk after .local; template mask kMaskChunk). Last in the struct
   // so that aggregate initializers of the fields above keep their meaning.
   bool chunk = false;
+  // fwd, decode, combine: each query head has a learnable attention sink
+  // (FwdParams::learnable_sink, FlashAttention's learnable_sink): a softmax
+  // column of that logit and no value, folded in where the final output is
+  // written (text .sink after .alibi; combine: .sink last). A split's
+  // partials leave it to their combine, which then has the flag.
+  bool sink = false;
 
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
-  static KernelSpec combine(DType state_dtype, DType out_dtype, bool elementwise = false, bool dynamic_splits = false);
+  static KernelSpec combine(DType state_dtype, DType out_dtype, bool elementwise = false, bool dynamic_splits = false,
+                            bool sink = false);
   // An append spec (RoPE and paging as in the attention call it serves).
   static KernelSpec append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool rope_tables16, bool paged);
   // The template's ROPE_TABLES: bytes of a table entry (0 without tables).
   int rope_table_bytes() const { return !rope_tables ? 0 : rope_tables16 ? 2 : 4; }
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
-  // the order wgmma, persistent, causal|local, chunk, softcap, alibi, rope_half_rN|rope_interleaved_rN,
+  // the order wgmma, persistent, causal|local, chunk, softcap, alibi, sink, rope_half_rN|rope_interleaved_rN,
   // rope_tables|rope_tables16, packgqa, kvcache|dense, leftpad, paged, split, dynsplit, padded, varlen, unaligned_dN),
   // "combine.f32.bf16"
-  // (".elementwise", then ".dynsplit", where set).
+  // (".elementwise", then ".dynsplit", then ".sink", where set).
   std::string text() const;
   // Inverse of text(); throws Error(invalid_argument) naming the bad field.
   static KernelSpec parse(std::string_view text);

@@ -18,6 +18,9 @@
 // state with e_s == 0 (LSE -inf, or far below the max) never enters the sum,
 // so a split that saw no key may leave anything in its O_s, NaN included;
 // a pair whose every state is empty writes out = 0 and lse = -inf.
+// SINK: the pair's head has a learnable sink logit (CombineParams::sinks),
+// merged as one more state whose output is 0: it enlarges the sum and the
+// LSE only. A pair with no key then writes 0 with lse = the sink.
 // DYNAMIC_SPLITS: a pair whose state 0 holds kStateWrittenMark for its LSE
 // was written by the decode kernel (its tile was one piece). Every lane reads
 // that LSE before anything else, and a marked pair then loads, merges and
@@ -175,7 +178,7 @@ __device__ __forceinline__ float group_reduce(float x, int group, float* scratch
 
 }  // namespace combine_io
 
-template <class State, class Out, bool ELEMENTWISE, bool DYNAMIC_SPLITS>
+template <class State, class Out, bool ELEMENTWISE, bool DYNAMIC_SPLITS, bool SINK = false>
 __device__ __forceinline__ void combine_states(const CombineParams& p) {
   using In = combine_io::Eight<State>;
   using Result = combine_io::Eight<Out>;
@@ -267,6 +270,10 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
     }
   }
   max_lse = combine_io::group_reduce<true>(max_lse, group, scratch);
+  // SINK: the head's learnable sink is one more state, of LSE the sink and
+  // an output of 0, so it enters the max and the sum but no product.
+  const float sink = SINK && active ? p.sinks[h] : -kInfinity;
+  if constexpr (SINK) max_lse = fmaxf(max_lse, sink);
   // Every state empty: all e_s become exp2(-inf) = 0 rather than NaN.
   const float max_log2 = max_lse == -kInfinity ? 0.f : max_lse * kLog2e;
   float sum = 0.f;
@@ -278,6 +285,7 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
     }
   }
   sum = combine_io::group_reduce<false>(sum, group, scratch);
+  if constexpr (SINK) sum += fast_exp2(fmaf(sink, kLog2e, -max_log2));
   __syncthreads();  // each lane reads e_s that other lanes wrote
 
   // --- 2. Σ e_s · O_s over this lane's states and chunk ----------------------

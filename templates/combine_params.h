@@ -62,6 +62,12 @@ struct CombineParams {
   int chunk_lanes;  // >= head_dim / 8
   int state_lanes;
   int pairs_per_block;
+
+  // Combine specs with .sink (split attention with FlashAttention's
+  // learnable_sink): f32 [heads], each head's sink logit, merged as a state
+  // of that LSE and output 0. Unused otherwise; last, so that the fields
+  // above keep their offsets.
+  const float* sinks;
 };
 
 }  // namespace jitattn

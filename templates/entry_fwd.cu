@@ -10,7 +10,8 @@ using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /
                                   /*ROTARY_DIM=*/{rotary_dim}, /*ROPE_TABLES=*/{rope_tables},
                                   /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged}, /*SPLIT=*/{split},
                                   /*STAGES=*/{stages}, /*WGMMA=*/{wgmma}, /*PERSISTENT=*/{persistent},
-                                  /*UNALIGNED_DIM=*/{unaligned_dim}, /*LEFTPAD=*/{leftpad}>;
+                                  /*UNALIGNED_DIM=*/{unaligned_dim}, /*LEFTPAD=*/{leftpad},
+                                  /*SINK=*/{sink}>;
 // The host launches with KernelSpec::smem_bytes(); the two must agree.
 static_assert(Config::kSmemBytes == {smem_bytes}, "shared memory: the kernel's layout and the host's size differ");
 

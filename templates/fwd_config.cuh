@@ -23,7 +23,7 @@ enum MaskKind : int {
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE,
           bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false, bool PERSISTENT = false,
-          int UNALIGNED_DIM = 0, bool LEFTPAD = false>
+          int UNALIGNED_DIM = 0, bool LEFTPAD = false, bool SINK = false>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
@@ -173,6 +173,10 @@ struct FwdConfig {
   static constexpr bool kChunk = MASK == kMaskChunk;
   static constexpr bool kSoftcap = SOFTCAP;
   static constexpr bool kAlibi = ALIBI;
+  // A learnable attention sink per query head (FwdParams::learnable_sink):
+  // folded into each row's softmax sum where the final output is written
+  // (fold_sink); split partials leave it to the combine.
+  static constexpr bool kSink = SINK;
   // The caller's head dim (FwdParams::head_dim) is below HEAD_DIM: loads
   // zero-fill and stores skip the chunks past it. Exact head dims compile
   // without those predicates.

@@ -71,7 +71,7 @@ __device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob&
   // Each warp stages its output in its own Q rows, which only it reads.
   store_output<Cfg>(o, row_max, row_sum, shared_bytes, job.out, p.o_row_stride, p.o_head_stride, job.lse,
                     p.lse_row_stride, p.lse_head_stride, job.q0, warp_row0, job.rows, job.group, job.chunks_valid,
-                    p.lse_scale, lane);
+                    p.lse_scale, tile_sinks<Cfg>(p, job.head), lane);
 }
 
 // The wgmma consumer (Cfg::kWgmma): each warpgroup of MMA warps owns 64
@@ -293,11 +293,11 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   if constexpr (Cfg::kProducerStoresOutput) {
     // Producer warps 1-3 copy the staged rows out.
     stage_output<Cfg>(o, row_max, row_sum, q_bytes, job.lse, p.lse_row_stride, p.lse_head_stride, job.q0, warp_row0,
-                      job.rows, job.group, p.lse_scale, lane);
+                      job.rows, job.group, p.lse_scale, tile_sinks<Cfg>(p, job.head), lane);
   } else {
     store_output<Cfg>(o, row_max, row_sum, q_bytes, job.out, p.o_row_stride, p.o_head_stride, job.lse,
                       p.lse_row_stride, p.lse_head_stride, job.q0, warp_row0, job.rows, job.group, job.chunks_valid,
-                      p.lse_scale, lane);
+                      p.lse_scale, tile_sinks<Cfg>(p, job.head), lane);
   }
   // Persistent: the producer may load a later tile's Q into these rows
   // (once warps 1-3 have copied the staged output out, where they do).

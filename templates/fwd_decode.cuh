@@ -31,13 +31,13 @@ namespace jitattn {
 // are; the CTA-wide constants are added here.
 template <class Element_, int HEAD_DIM, int ROWS, int KEYS, int WARPS, int STAGES, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE, bool PAGED, bool SPLIT,
-          bool DYNAMIC_SPLITS, bool VARLEN, bool LEFTPAD = false>
+          bool DYNAMIC_SPLITS, bool VARLEN, bool LEFTPAD = false, bool SINK = false>
 struct DecodeConfig
     : FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, /*WARPS=*/1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN,
                 /*PACK_GQA=*/true, ROPE, ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT, /*STAGES=*/0,
-                /*WGMMA=*/false, /*PERSISTENT=*/false, /*UNALIGNED_DIM=*/0, LEFTPAD> {
+                /*WGMMA=*/false, /*PERSISTENT=*/false, /*UNALIGNED_DIM=*/0, LEFTPAD, SINK> {
   using Warp = FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, 1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN, true, ROPE,
-                         ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT, 0, false, false, 0, LEFTPAD>;
+                         ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT, 0, false, false, 0, LEFTPAD, SINK>;
   static constexpr int kStreams = WARPS;  // warps, each streaming its own chunks
   static constexpr int kStages = STAGES;
   static constexpr int kCtaThreads = WARPS * 32;
@@ -730,9 +730,14 @@ __device__ void fwd_decode(const FwdParams& p) {
       acc.w += weight * part.w;
     }
     // A row that saw no key at all writes 0 and lse = -inf.
-    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-    const float row_lse = sum > 0.f ? max * p.lse_scale + fast_log2(sum) * 0.69314718055994531f : -kInfinity;
+    float inverse = sum > 0.f ? 1.f / sum : 0.f;
+    float row_lse = sum > 0.f ? max * p.lse_scale + fast_log2(sum) * 0.69314718055994531f : -kInfinity;
     const int packed = q0 + row;
+    // The output itself counts the head's sink (a split's partial leaves it
+    // to the combine): a row that saw no key writes 0 with lse = the sink.
+    if constexpr (Warp::kSink) {
+      if (final_output) inverse = fold_sink(sum, max * p.lse_scale, p.learnable_sink[head + packed % group], row_lse);
+    }
     if (!final_output) {
       const int query = packed / group;
       const long long at =

@@ -311,23 +311,60 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kSc
   }
 }
 
+// Learnable attention sink (FwdConfig::kSink): one more softmax column per
+// query head, of logit `sink` (natural-log units, as the scaled scores) and
+// no value. Folds it into a row's final statistics: `sum` of exp over the
+// row's keys relative to `max_natural`, its largest logit (-inf for a row
+// that saw no key). Returns the factor that turns O's accumulators into the
+// output and sets `lse`, which then counts the sink: a row with no key
+// writes O = 0 with lse = sink, as FlashAttention's learnable_sink does.
+// Taken relative to the larger of the two maxima, so no term overflows
+// however far the sink lies from the scores.
+__device__ __forceinline__ float fold_sink(float sum, float max_natural, float sink, float& lse) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float top = fmaxf(max_natural, sink);
+  if (top == -kInfinity) {  // no key, and a sink of -inf
+    lse = -kInfinity;
+    return 0.f;
+  }
+  const float keys = sum > 0.f ? fast_exp2((max_natural - top) * kLog2e) : 0.f;
+  const float total = fmaf(sum, keys, fast_exp2((sink - top) * kLog2e));
+  lse = top + fast_log2(total) * 0.69314718055994531f;
+  return keys / total;
+}
+
+// The sink logits of a tile's rows from its first query head (nullptr
+// without kSink): row r's head is `head` + r % group when packed.
+template <class Cfg>
+__device__ __forceinline__ const float* tile_sinks(const FwdParams& p, int head) {
+  if constexpr (Cfg::kSink) return p.learnable_sink + head;
+  return nullptr;
+}
+
 // Normalizes O into this warp's rows of the staging tile (the Q tile's
 // rows, swizzled) and writes the log-sum-exp. A row that saw no key has sum
-// 0 and stages 0 with lse = -inf. copy_staged_output then moves the rows to
-// memory in full 16-byte chunks.
+// 0 and stages 0 with lse = -inf (with a sink: lse = the sink, fold_sink).
+// copy_staged_output then moves the rows to memory in full 16-byte chunks.
 template <class Cfg>
 __device__ __forceinline__ void stage_output(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
                                              const float (&row_max)[Cfg::kMTiles][2],
                                              const float (&row_sum)[Cfg::kMTiles][2], unsigned char* staging,
                                              float* lse, long long lse_row_stride, long long lse_head_stride, int q0,
-                                             int warp_row0, int rows, int group, float lse_scale, int lane) {
+                                             int warp_row0, int rows, int group, float lse_scale, const float* sinks,
+                                             int lane) {
 #pragma unroll
   for (int m = 0; m < Cfg::kMTiles; ++m) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float sum = quad_sum(row_sum[m][half]);
-      const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+      float inverse = sum > 0.f ? 1.f / sum : 0.f;
       const int row = warp_row0 + m * 16 + (lane >> 2) + half * 8;
+      float sink_lse = 0.f;
+      if constexpr (Cfg::kSink) {
+        // Rows past the sequence read their head's sink too (in bounds) and
+        // store nothing.
+        inverse = fold_sink(sum, row_max[m][half] * lse_scale, sinks[Cfg::kPackGqa ? (q0 + row) % group : 0], sink_lse);
+      }
 #pragma unroll
       for (int n = 0; n < Cfg::kOutTiles; ++n) {
         *reinterpret_cast<unsigned*>(staging + swizzled_bytes<Cfg, Cfg::kBlockQ>(row, n) + (lane & 3) * 4) =
@@ -336,7 +373,8 @@ __device__ __forceinline__ void stage_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
       if (lse != nullptr && (lane & 3) == 0 && q0 + row < rows) {
         // Natural log: max·lse_scale + ln(sum).
         lse[row_offset<Cfg>(q0 + row, group, lse_row_stride, lse_head_stride)] =
-            sum > 0.f ? row_max[m][half] * lse_scale + fast_log2(sum) * 0.69314718055994531f : -kInfinity;
+            Cfg::kSink ? sink_lse
+            : sum > 0.f ? row_max[m][half] * lse_scale + fast_log2(sum) * 0.69314718055994531f : -kInfinity;
       }
     }
   }
@@ -386,9 +424,9 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
                                              unsigned short* out, long long out_row_stride, long long out_head_stride,
                                              float* lse, long long lse_row_stride, long long lse_head_stride, int q0,
                                              int warp_row0, int rows, int group, int chunks_valid, float lse_scale,
-                                             int lane) {
+                                             const float* sinks, int lane) {
   stage_output<Cfg>(o, row_max, row_sum, staging, lse, lse_row_stride, lse_head_stride, q0, warp_row0, rows, group,
-                    lse_scale, lane);
+                    lse_scale, sinks, lane);
   __syncwarp();
   constexpr int kPasses = Cfg::kRowsPerWarp * Cfg::kChunksPerRow / 32;
   copy_staged_output<Cfg, Cfg::kRowsPerWarp, 32, kPasses>(staging, out, out_row_stride, out_head_stride, q0,

@@ -155,6 +155,10 @@ struct FwdParams {
   // division cost chunked calls 10% of their time (H200).
   unsigned attention_chunk_magic;
   int attention_chunk_shift;
+  // kSink: f32 [heads_q], each query head's learnable sink logit (natural-log
+  // units, as the scaled scores; FlashAttention's learnable_sink). Also in
+  // the tail padding, so kernels without a sink keep their layout.
+  const float* learnable_sink;
 };
 
 }  // namespace jitattn

@@ -463,7 +463,8 @@ __device__ void fwd_prefill(const FwdParams& p) {
     return;
   }
   store_output<Cfg>(o, row_max, row_sum, shared_bytes, job.out, p.o_row_stride, p.o_head_stride, job.lse,
-                    p.lse_row_stride, p.lse_head_stride, q0, warp_row0, rows, group, chunks_valid, p.lse_scale, lane);
+                    p.lse_row_stride, p.lse_head_stride, q0, warp_row0, rows, group, chunks_valid, p.lse_scale,
+                    tile_sinks<Cfg>(p, head), lane);
 }
 
 }  // namespace jitattn

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -201,6 +202,7 @@ struct RefParams {
   const unsigned short* q; const unsigned short* k; const unsigned short* v;
   float* out; float* lse;
   const float* alibi_slopes;  // nullptr: no ALiBi
+  const float* sinks;         // nullptr: no learnable sinks; else one logit per query head
   long long q_stride[3], k_stride[3], v_stride[3];
   int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   int window_left, window_right;  // -1: unbounded; causal is window_right = 0
@@ -276,10 +278,12 @@ __device__ void reference_row(const RefParams& p) {
     scores[t] = s;
     local_max = fmaxf(local_max, s);
   }
-  const float row_max = block_reduce(local_max, true, scratch);
+  // A sink is one more logit whose value is 0: in the max and the sum only.
+  const float sink = p.sinks == 0 ? -__int_as_float(0x7f800000) : p.sinks[h];
+  const float row_max = fmaxf(block_reduce(local_max, true, scratch), sink);
   float local_sum = 0.f;
   for (int t = threadIdx.x; t < keys; t += blockDim.x) local_sum += (scores[t] = expf(scores[t] - row_max));
-  const float sum = block_reduce(local_sum, false, scratch);
+  const float sum = block_reduce(local_sum, false, scratch) + (p.sinks == 0 ? 0.f : expf(sink - row_max));
   if (!EXACT) {
     for (int t = threadIdx.x; t < keys; t += blockDim.x) scores[t] = round16<BF16>(scores[t] / sum);
   }
@@ -290,7 +294,7 @@ __device__ void reference_row(const RefParams& p) {
     out[d] = keys == 0 ? 0.f : (EXACT ? acc / sum : round16<BF16>(acc));
   }
   if (threadIdx.x == 0) {
-    p.lse[((long long)b * p.heads_q + h) * p.seqlen_q + i] = keys == 0 ? -__int_as_float(0x7f800000) : row_max + logf(sum);
+    p.lse[((long long)b * p.heads_q + h) * p.seqlen_q + i] = keys == 0 ? sink : row_max + logf(sum);
   }
 }
 
@@ -308,6 +312,7 @@ struct RefParams {
   float* out;
   float* lse;
   const float* alibi_slopes;
+  const float* sinks;
   long long q_stride[3], k_stride[3], v_stride[3];
   int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   int window_left, window_right;
@@ -316,7 +321,7 @@ struct RefParams {
   float scale, softcap;
 };
 // Nine ints and two floats, then 4 bytes of tail padding to the pointers' 8.
-static_assert(sizeof(RefParams) == 6 * 8 + 9 * 8 + 9 * 4 + 2 * 4 + 4, "RefParams must match the kernel's layout");
+static_assert(sizeof(RefParams) == 7 * 8 + 9 * 8 + 9 * 4 + 2 * 4 + 4, "RefParams must match the kernel's layout");
 
 CUmodule reference_module() {
   static CUmodule module = [] {
@@ -353,6 +358,8 @@ ReferenceOutput gpu_reference(const AttentionShape& s, const DeviceTensor& q, co
   // test are fed from the same host vector.
   DeviceBuffer slopes(s.alibi_slopes.size() * 4);
   if (!s.alibi_slopes.empty()) slopes.upload(s.alibi_slopes.data(), s.alibi_slopes.size() * 4);
+  DeviceBuffer sinks(s.learnable_sink.size() * 4);
+  if (!s.learnable_sink.empty()) sinks.upload(s.learnable_sink.data(), s.learnable_sink.size() * 4);
   RefParams p{};
   p.q = q.buffer.get();
   p.k = k.buffer.get();
@@ -361,6 +368,7 @@ ReferenceOutput gpu_reference(const AttentionShape& s, const DeviceTensor& q, co
   p.lse = reinterpret_cast<float*>(lse.get());
   p.alibi_slopes = s.alibi_slopes.empty() ? nullptr : reinterpret_cast<const float*>(slopes.get());
   p.alibi_per_batch = s.alibi_per_batch();
+  p.sinks = s.learnable_sink.empty() ? nullptr : reinterpret_cast<const float*>(sinks.get());
   for (int i = 0; i < 3; ++i) {
     p.q_stride[i] = q.strides[i];
     p.k_stride[i] = k.strides[i];
@@ -546,7 +554,11 @@ Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std:
   for (int b = 0; b < s.batch; ++b) {
     for (int h = 0; h < s.heads_q; ++h) {
       for (int i = 0; i < s.seqlen_q; ++i) {
-        if (!std::isinf(exact.lse[(static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i])) continue;
+        // A row that sees no key has lse -inf, or exactly its head's sink
+        // (a row with keys lies above it, unless the sink outweighs them by
+        // e^36, which the tests' sinks never do).
+        const double row_lse = exact.lse[(static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i];
+        if (!std::isinf(row_lse) && !(!s.learnable_sink.empty() && row_lse == s.sink(h))) continue;
         const size_t row = ((static_cast<size_t>(b) * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
         bool zero = true;
         for (int d = 0; d < s.head_dim; ++d) zero = zero && out[row + d] == 0.f;
@@ -588,6 +600,15 @@ Verdict judge_varlen(const VarlenShape& s, const std::vector<float>& out, const 
   ReferenceOutput exact_owned{owned_rows(exact.out), owned_lse(exact.lse)};
   ReferenceOutput rounded_owned{owned_rows(rounded.out), owned_lse(rounded.lse)};
   return judge(flat, owned_rows(out), lse.empty() ? std::vector<float>() : owned_lse(lse), exact_owned, rounded_owned);
+}
+
+std::vector<float> random_sinks(int heads, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> uniform(-2.f, 4.f);
+  std::vector<float> sinks(heads);
+  for (auto& sink : sinks) sink = uniform(rng);
+  sinks[0] = 6.f;
+  if (heads >= 4) sinks[1] = -std::numeric_limits<float>::infinity();
+  return sinks;
 }
 
 size_t count_empty_rows(const ReferenceOutput& exact) {

@@ -200,6 +200,12 @@ struct References {
 // reference leaves NaN (varlen padding) do not count.
 size_t count_empty_rows(const ReferenceOutput& exact);
 
+// Learnable sink logits for `heads` query heads: uniform in [-2, 4], except
+// that head 0's is 6, above nearly every row's scores (the sink then takes
+// most of the softmax, so a kernel that dropped it is far off), and with
+// four heads or more head 1's is -inf (the same as no sink).
+std::vector<float> random_sinks(int heads, std::mt19937_64& rng);
+
 // The start every case check shares: a reference that failed, or a kernel
 // run that threw, is reported with the case's description (describe() is
 // called only then) and leaves nothing to judge.

@@ -95,6 +95,10 @@ float AttentionShape::alibi_slope(int b, int h) const {
   return alibi_per_batch() ? alibi_slopes[static_cast<size_t>(b) * heads_q + h] : alibi_slopes[h];
 }
 
+double AttentionShape::sink(int h) const {
+  return learnable_sink.empty() ? -std::numeric_limits<double>::infinity() : double(learnable_sink[h]);
+}
+
 void AttentionShape::check() const {
   auto fail = [](const std::string& what) { throw std::invalid_argument("AttentionShape: " + what); };
   if (batch < 0 || seqlen_q < 0 || seqlen_k < 0) fail("negative batch or seqlen");
@@ -106,6 +110,9 @@ void AttentionShape::check() const {
   const size_t slopes = alibi_slopes.size();
   if (slopes != 0 && slopes != static_cast<size_t>(heads_q) && slopes != static_cast<size_t>(batch) * heads_q) {
     fail("alibi_slopes must hold heads_q or batch*heads_q values");
+  }
+  if (!learnable_sink.empty() && learnable_sink.size() != static_cast<size_t>(heads_q)) {
+    fail("learnable_sink must hold heads_q values");
   }
 }
 
@@ -162,9 +169,14 @@ ReferenceOutput attention_exact(const AttentionShape& s, const std::vector<float
   const double softcap = s.softcap;
   std::vector<double> scores(s.seqlen_k);
   for_each_row(s, [&](const Row& row) {
-    if (row.first == row.last) return;  // no visible key: out 0, lse -inf
+    // The sink: one more logit, of value 0 (-inf without it).
+    const double sink = s.sink(row.h);
+    if (row.first == row.last) {  // no visible key: out 0, lse -inf (or the sink)
+      r.lse[row.lse_index] = sink;
+      return;
+    }
     const int keys = row.last - row.first;
-    double max_score = -std::numeric_limits<double>::infinity();
+    double max_score = sink;
     for (int t = 0; t < keys; ++t) {
       const int j = row.first + t;
       double dot = 0;
@@ -175,7 +187,7 @@ ReferenceOutput attention_exact(const AttentionShape& s, const std::vector<float
       scores[t] = logit;
       max_score = std::max(max_score, logit);
     }
-    double sum = 0;
+    double sum = std::exp(sink - max_score);
     for (int t = 0; t < keys; ++t) sum += (scores[t] = std::exp(scores[t] - max_score));
     for (int d = 0; d < s.head_dim; ++d) {
       double acc = 0;
@@ -198,9 +210,13 @@ ReferenceOutput attention_16bit(const AttentionShape& s, const std::vector<float
   for (size_t e = 0; e < k.size(); ++e) k_operand[e] = softcap > 0.f ? k[e] : round_to(k[e] * scale, dtype);
   std::vector<float> scores(s.seqlen_k);
   for_each_row(s, [&](const Row& row) {
-    if (row.first == row.last) return;  // no visible key: out 0, lse -inf
+    const float sink = static_cast<float>(s.sink(row.h));
+    if (row.first == row.last) {  // no visible key: out 0, lse -inf (or the sink)
+      r.lse[row.lse_index] = sink;
+      return;
+    }
     const int keys = row.last - row.first;
-    float max_score = -std::numeric_limits<float>::infinity();
+    float max_score = sink;
     for (int t = 0; t < keys; ++t) {
       const int j = row.first + t;
       float dot = 0;
@@ -211,7 +227,7 @@ ReferenceOutput attention_16bit(const AttentionShape& s, const std::vector<float
       scores[t] = logit;
       max_score = std::max(max_score, logit);
     }
-    float sum = 0;
+    float sum = std::exp(sink - max_score);
     for (int t = 0; t < keys; ++t) sum += (scores[t] = std::exp(scores[t] - max_score));
     for (int t = 0; t < keys; ++t) scores[t] = round_to(scores[t] / sum, dtype);
     for (int d = 0; d < s.head_dim; ++d) {

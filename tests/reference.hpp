@@ -34,6 +34,10 @@ float round_to(float value, DType dtype);  // value rounded through the 16-bit t
 // A row that sees no key outputs 0 and has lse = -inf.
 // Logits: scale·q·k, or softcap·tanh(scale·q·k / softcap) when softcap > 0,
 // then − slope · |i + off − j| when ALiBi slopes are given.
+// With learnable sinks (FlashAttention's learnable_sink), each row of head h
+// has one more logit, learnable_sink[h], whose value is 0: it joins the
+// softmax's max and sum, hence lse, but adds nothing to out; a row that sees
+// no key then outputs 0 with lse = learnable_sink[h].
 struct AttentionShape {
   int batch = 1;
   int seqlen_q = 1;
@@ -50,6 +54,8 @@ struct AttentionShape {
   // Empty: off. heads_q slopes (one per head) or batch·heads_q slopes (per
   // batch and head, index b·heads_q + h). With batch == 1 both are the same.
   std::vector<float> alibi_slopes;
+  // Empty: off. heads_q sink logits, one per query head.
+  std::vector<float> learnable_sink;
 
   // The plain problem of these sizes (every feature off but causal).
   static AttentionShape dense(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
@@ -62,6 +68,8 @@ struct AttentionShape {
   // The slope of (batch b, query head h); 0 without ALiBi.
   float alibi_slope(int b, int h) const;
   bool alibi_per_batch() const { return !alibi_slopes.empty() && static_cast<int>(alibi_slopes.size()) != heads_q; }
+  // The sink logit of query head h; -inf (no sink) without learnable_sink.
+  double sink(int h) const;
   // Throws std::invalid_argument when the shape breaks a rule above (a test bug).
   void check() const;
 };

@@ -86,6 +86,7 @@ TEST_CASE("options_init gives the documented defaults") {
   CHECK(options.alibi_slopes == nullptr);
   CHECK(options.num_splits == 0);
   CHECK(options.attention_chunk == 0);
+  CHECK(options.learnable_sink == nullptr);
   CHECK(std::string(jitattn_version()) == jitattn::version());
 }
 
@@ -122,6 +123,19 @@ TEST_CASE("forward with a workspace through the C API: sized, validated, num_spl
   CHECK(std::string(jitattn_last_error()).find("options.attention_chunk=-3 must be >= 0") != std::string::npos);
   options.attention_chunk = 4096;
   REQUIRE(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, &bytes) == JITATTN_OK);
+  // So does learnable_sink: one f32 logit per query head.
+  jitattn_tensor sinks{};
+  sinks.data = fake(0x4000);
+  sinks.dtype = JITATTN_F32;
+  sinks.ndim = 1;
+  sinks.shape[0] = 16;
+  sinks.strides[0] = 1;
+  options.learnable_sink = &sinks;
+  CHECK(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("learnable_sink: shape [16] must be [heads_q] = [32]") !=
+        std::string::npos);
+  sinks.shape[0] = 32;
+  CHECK(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, &bytes) == JITATTN_OK);
 }
 
 TEST_CASE("invalid arguments return a status and a message naming the rule") {

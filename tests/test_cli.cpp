@@ -965,6 +965,17 @@ TEST_CASE("plan --call kvcache prints append, attention and combine as plan_kvca
   }
   CHECK(contains(sandbox.run("plan " + batch16 + " --attention-chunk -5").err,
                  "options.attention_chunk=-5 must be >= 0 (0 = off)"));
+  // --learnable-sink: .sink on the kernel that writes the output; a split
+  // call's partials leave it to the combine.
+  const json sunk = sandbox.run_json("plan --head-dim 64 --heads 64 --heads-kv 8 --seqlen-q 2048 --causal "
+                                     "--window 127,0 --learnable-sink --arch sm_90a --sms 132 --json")["launches"];
+  REQUIRE(sunk.size() == 1);
+  CHECK(contains(sunk[0]["spec"], ".sink"));
+  const json split = sandbox.run_json("plan --call kvcache --head-dim 64 --heads 64 --heads-kv 8 --seqlen-q 1 "
+                                      "--seqlen-k 32768 --splits 4 --learnable-sink --arch sm_90a --sms 132 --json")["launches"];
+  REQUIRE(split.size() == 2);
+  CHECK_FALSE(contains(split[0]["spec"], ".sink"));
+  CHECK(split[1]["spec"] == "combine.f32.bf16.sink");
 }
 
 TEST_CASE("plan --call varlen prints the launches forward_varlen plans for an engine's step") {
@@ -1155,7 +1166,7 @@ TEST_CASE("plan --help lists its options") {
   const CliRun help = sandbox.run("plan --help");
   CHECK(help.status == 0);
   for (const char* option : {"--call", "--dtype", "--head-dim", "--batch", "--seqlen-q", "--seqlen-k", "--heads",
-                             "--heads-kv", "--causal", "--window", "--attention-chunk", "--softcap", "--alibi", "--rope", "--rotary-dim",
+                             "--heads-kv", "--causal", "--window", "--attention-chunk", "--softcap", "--alibi", "--learnable-sink", "--rope", "--rotary-dim",
                              "--rope-tables", "--tiles", "--splits", "--pack-gqa", "--no-workspace", "--cache-len",
                              "--page-size", "--new-tokens", "--max-seqlen-k", "--total-seqlen-k", "--dynamic-splits",
                              "--total-q", "--arch", "--sms", "--smem", "--json", "--manifest"}) {

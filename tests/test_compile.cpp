@@ -106,6 +106,7 @@ bool set_feature_variant(KernelSpec& spec, int variant) {
   spec.softcap = variant % 4 == 1;
   spec.alibi = variant % 5 == 2;
   spec.pack_gqa = variant % 6 == 5;
+  spec.sink = variant % 7 == 2;  // learnable sinks, folded in by the epilogue
   if (variant % 4 != 3) {
     spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
     spec.rotary_dim = variant % 3 == 2 ? spec.head_dim / 32 * 16 : spec.head_dim;
@@ -317,6 +318,7 @@ TEST_CASE("wgmma specs with 176-key blocks compile with their features, without 
       spec.rope = RopeKind::none, spec.rotary_dim = 0, spec.rope_tables = spec.rope_tables16 = false;
       spec.padded = variant % 3 == 2;
       spec.split = variant % 4 == 1;
+      spec.sink = spec.sink && !spec.split;  // split partials leave sinks to the combine
       spec.validate();
       CHECK_MESSAGE(spec.smem_bytes() <= 227 * 1024, spec.text());
       specs.push_back(spec);
@@ -587,6 +589,7 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
       spec.paged = variant % 2 == 0;
       spec.split = variant % 4 < 2;
       spec.padded = head_dim == 96;
+      spec.sink = variant % 3 == 2 && !spec.split;
       if (variant % 3 != 1) {
         spec.rope = variant % 2 ? RopeKind::interleaved : RopeKind::half;
         spec.rotary_dim = variant % 4 == 0 ? head_dim / 2 / 16 * 16 : head_dim;
@@ -618,7 +621,11 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
                            "decode.bf16.d128.br16.bc32.w4.s2.local.chunk.split",
                            "decode.bf16.d128.br16.bc32.w4.s2.local.chunk.paged.split.dynsplit",
                            "decode.f16.d64.br32.bc64.w4.s2.local.chunk.rope_half_r64.leftpad",
-                           "decode.bf16.d128.br16.bc32.w4.s2.local.chunk.dense.split.varlen"}) {
+                           "decode.bf16.d128.br16.bc32.w4.s2.local.chunk.dense.split.varlen",
+                           // Learnable sinks where the decode kernel writes final rows.
+                           "decode.bf16.d64.br32.bc64.w4.s3.local.sink.split.dynsplit",
+                           "decode.bf16.d128.br16.bc32.w4.s2.causal.softcap.sink.paged.varlen",
+                           "decode.f16.d256.br16.bc16.w4.s2.alibi.sink.rope_half_r256.paged.split.dynsplit"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   // Varlen on the 4-warp tiles: split, and over a paged cache.
@@ -645,6 +652,9 @@ TEST_CASE("every combine dtype pair compiles for sm_80 and sm_90a, vectors and e
     // The combine of dynamic decode splits (fp32 partials only).
     for (DType out : {DType::f32, DType::f16, DType::bf16}) {
       specs.push_back(KernelSpec::combine(DType::f32, out, elementwise, /*dynamic_splits=*/true));
+      // Split attention with learnable sinks, both kinds of split.
+      specs.push_back(KernelSpec::combine(DType::f32, out, elementwise, /*dynamic_splits=*/false, /*sink=*/true));
+      specs.push_back(KernelSpec::combine(DType::f32, out, elementwise, /*dynamic_splits=*/true, /*sink=*/true));
     }
   }
   for (const char* arch_text : {"sm_80", "sm_90a"}) {
@@ -654,7 +664,8 @@ TEST_CASE("every combine dtype pair compiles for sm_80 and sm_90a, vectors and e
     CHECK(errors.empty());
   }
   for (const KernelSpec& spec : {KernelSpec::combine(DType::f32, DType::bf16), KernelSpec::combine(DType::bf16, DType::f16, true),
-                                  KernelSpec::combine(DType::f32, DType::bf16, false, true)}) {
+                                  KernelSpec::combine(DType::f32, DType::bf16, false, true),
+                                  KernelSpec::combine(DType::f32, DType::bf16, false, true, true)}) {
     const CompileOutput out = compile_cubin(render(spec, TemplateSet()), "combine.cu", Arch::parse("sm_90a"), spec.text());
     CHECK_MESSAGE(out.log.find("0 bytes spill stores") != std::string::npos, out.log);
     CHECK_MESSAGE(out.log.find("jitattn_combine") != std::string::npos, out.log);

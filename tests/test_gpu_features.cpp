@@ -11,6 +11,7 @@
 // each file stays readable on its own.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -68,9 +69,10 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   if (!s.alibi_slopes.empty()) slopes = c.slopes_per_batch ? "[batch, heads_q]" : "[heads_q]";
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window=({}, {}) chunk={} softcap={} "
-      "alibi={} gain={} layout={} reference={} seed={}",
+      "alibi={} sinks={} gain={} layout={} reference={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch, s.seqlen_q, s.seqlen_k,
-      s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.attention_chunk, s.softcap, slopes, c.gain,
+      s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.attention_chunk, s.softcap, slopes,
+      s.learnable_sink.empty() ? "off" : fmt::format("[{}]", fmt::join(s.learnable_sink, ", ")), c.gain,
       strides_name(c.layout), c.gpu_reference ? "gpu" : "cpu", seed);
 }
 
@@ -79,6 +81,7 @@ struct Inputs {
   std::vector<float> q, k, v;
   std::unique_ptr<DeviceTensor> dq, dk, dv;
   std::unique_ptr<DeviceBuffer> slopes;  // null without ALiBi
+  std::unique_ptr<DeviceBuffer> sinks;   // null without learnable sinks
 };
 
 std::vector<float> random_scaled(size_t count, DType dtype, float gain, std::mt19937_64& rng) {
@@ -107,6 +110,10 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     in.slopes = std::make_unique<DeviceBuffer>(s.alibi_slopes.size() * 4);
     in.slopes->upload(s.alibi_slopes.data(), s.alibi_slopes.size() * 4);
   }
+  if (!s.learnable_sink.empty()) {
+    in.sinks = std::make_unique<DeviceBuffer>(s.learnable_sink.size() * 4);
+    in.sinks->upload(s.learnable_sink.data(), s.learnable_sink.size() * 4);
+  }
   return in;
 }
 
@@ -115,7 +122,10 @@ TensorView slopes_view(const Case& c, void* data) {
   return TensorView::contiguous(data, DType::f32, {c.shape.heads_q});
 }
 
-ForwardOptions options_for(const Case& c, const TensorView* slopes) {
+// The learnable_sink tensor of a case: f32 [heads_q].
+TensorView sinks_view(const Case& c, void* data) { return TensorView::contiguous(data, DType::f32, {c.shape.heads_q}); }
+
+ForwardOptions options_for(const Case& c, const TensorView* slopes, const TensorView* sinks) {
   ForwardOptions options;
   options.causal = c.shape.causal;
   options.window_left = c.shape.window_left;
@@ -123,6 +133,7 @@ ForwardOptions options_for(const Case& c, const TensorView* slopes) {
   options.attention_chunk = c.shape.attention_chunk;
   options.softcap = c.shape.softcap;
   options.alibi_slopes = slopes;
+  options.learnable_sink = sinks;
   if (c.shape.scale > 0.f) options.softmax_scale = c.shape.scale;
   return options;
 }
@@ -136,8 +147,11 @@ std::string spec_of(const Case& c) {
   const TensorView kv = TensorView::contiguous(placeholder, c.dtype, {s.batch, s.seqlen_k, s.heads_kv, s.head_dim});
   const TensorView lse = TensorView::contiguous(placeholder, DType::f32, {s.batch, s.heads_q, s.seqlen_q});
   const TensorView slopes = slopes_view(c, placeholder);
+  const TensorView sinks = sinks_view(c, placeholder);
   try {
-    return gpu_tests_runtime().spec_for(q, kv, kv, q, &lse, options_for(c, s.alibi_slopes.empty() ? nullptr : &slopes));
+    return gpu_tests_runtime().spec_for(q, kv, kv, q, &lse,
+                                        options_for(c, s.alibi_slopes.empty() ? nullptr : &slopes,
+                                                    s.learnable_sink.empty() ? nullptr : &sinks));
   } catch (const std::exception&) {
     return {};
   }
@@ -161,9 +175,10 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
   const size_t lse_count = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
   DeviceBuffer lse(lse_count * 4);
   const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {s.batch, s.heads_q, s.seqlen_q});
-  TensorView slopes;
+  TensorView slopes, sinks;
   if (in.slopes) slopes = slopes_view(c, in.slopes->get());
-  const ForwardOptions options = options_for(c, in.slopes ? &slopes : nullptr);
+  if (in.sinks) sinks = sinks_view(c, in.sinks->get());
+  const ForwardOptions options = options_for(c, in.slopes ? &slopes : nullptr, in.sinks ? &sinks : nullptr);
   std::string mismatch;
   KernelRun run = launch_repeated(
       [&] {
@@ -437,6 +452,90 @@ TEST_CASE("features: attention_chunk (FlashAttention 3's chunked local attention
   CHECK_MESSAGE(empty_rows > 0, "the (512, 256) cases were meant to include rows that see no key");
 }
 
+TEST_CASE("features: learnable_sink (gpt-oss's attention sinks) with every mask, softcap, ALiBi, GQA, every kernel family") {
+  // One more softmax column per query head, of the head's sink logit and no
+  // value: it lowers every output of the row and raises its lse; a row that
+  // sees no key (causal with seqlen_q > seqlen_k) writes 0 with lse = the
+  // sink. Head 0's sink outweighs the scores (random_sinks), and head 1's
+  // is -inf (no sink) where there are four heads or more.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  struct Seqlens {
+    int q, k;
+    bool gpu_reference;
+  };
+  const Seqlens seqlens[] = {{113, 203, false}, {512, 256, false}, {3, 799, false}, {1024, 1023, true}};
+  std::vector<Case> cases;
+  int index = 0;
+  for (DType dtype : kDTypes) {
+    for (const auto& sl : seqlens) {
+      for (int variant = 0; variant < 4; ++variant) {
+        Case c;
+        c.dtype = dtype;
+        c.layout = static_cast<Strides>(index % 3);
+        c.gpu_reference = sl.gpu_reference;
+        const int head_dims[] = {64, 128, 40, 256};
+        const int heads_kv[] = {8, 2, 1};
+        c.shape = AttentionShape::dense(sl.q >= 512 ? 1 : 2, sl.q, sl.k, 8, heads_kv[index % 3], head_dims[index % 4],
+                                        variant != 0);
+        if (variant == 2) c.shape.window_left = 127;  // gpt-oss's sliding layers: causal, 128 keys
+        if (variant == 3) c.shape.attention_chunk = 100;
+        if (index % 3 == 1) c.shape.softcap = 30.f;
+        if (index % 5 == 2) c.shape.alibi_slopes = random_slopes(8, rng);
+        c.shape.learnable_sink = random_sinks(8, rng);
+        cases.push_back(c);
+        ++index;
+      }
+    }
+    // Long calls on the wgmma tiles, ordinary and persistent grids (the
+    // latter's producer copies the output out), 192-row tiles at head dim 64.
+    for (int head_dim : {64, 128}) {
+      for (int batch : {1, 4}) {
+        Case c;
+        c.dtype = dtype;
+        c.gpu_reference = true;
+        c.shape = AttentionShape::dense(batch, 2048, 2048, 8, 2, head_dim, true);
+        if (batch == 1) c.shape.window_left = 127;
+        c.shape.learnable_sink = random_sinks(8, rng);
+        cases.push_back(c);
+      }
+    }
+  }
+  // The sinks do bite: without them the same inputs give other outputs.
+  {
+    const Case& c = cases[1];
+    const Inputs in = make_inputs(c, rng);
+    AttentionShape plain = c.shape;
+    plain.learnable_sink.clear();
+    CHECK_MESSAGE(max_deviation(attention_exact(plain, in.q, in.k, in.v).out,
+                                attention_exact(c.shape, in.q, in.k, in.v).out) > 0.05,
+                  describe(c, "sink sanity", seed));
+  }
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
+  bool mma_sync = false, wgmma = false, persistent = false;
+  for (const Case& c : cases) {
+    const std::string spec = spec_of(c);
+    CHECK_MESSAGE(spec.find(".sink") != std::string::npos, describe(c, spec, seed));
+    persistent = persistent || spec.find(".persistent") != std::string::npos;
+    wgmma = wgmma || (spec.find(".wgmma") != std::string::npos && spec.find(".persistent") == std::string::npos);
+    mma_sync = mma_sync || spec.find(".wgmma") == std::string::npos;
+  }
+  CHECK(mma_sync);
+  CHECK(wgmma);
+  CHECK(persistent);
+  check_cases(cases, rng, seed);
+  // The (512, 256) causal cases' first 256 rows see no key.
+  size_t empty_rows = 0;
+  for (const Case& c : cases) {
+    if (c.shape.seqlen_q != 512 || !c.shape.causal) continue;
+    for (int i = 0; i < c.shape.seqlen_q; ++i) {
+      const auto [first, last] = c.shape.visible_keys(i);
+      empty_rows += first == last;
+    }
+  }
+  CHECK_MESSAGE(empty_rows > 0, "the (512, 256) causal cases were meant to include rows that see no key");
+}
+
 TEST_CASE("features: softcap 50, and softcap 5 on large logits, causal and not") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
@@ -588,6 +687,13 @@ TEST_CASE("features: a rejected call writes nothing") {
   ForwardOptions chunk;
   chunk.attention_chunk = -4;
   expect_rejected(chunk, "options.attention_chunk=-4 must be >= 0 (0 = off)");
+  const TensorView sinks_per_batch = TensorView::contiguous(slopes.get(), DType::f32, {2, 6});  // must be [heads_q]
+  const TensorView sinks_too_few = TensorView::contiguous(slopes.get(), DType::f32, {2});
+  for (const TensorView* bad : {&sinks_per_batch, &sinks_too_few}) {
+    ForwardOptions options;
+    options.learnable_sink = bad;
+    expect_rejected(options, "learnable_sink: shape");
+  }
 
   const TensorView too_many = TensorView::contiguous(slopes.get(), DType::f32, {7});            // heads_q is 6
   const TensorView wrong_batch = TensorView::contiguous(slopes.get(), DType::f32, {1, 6});      // batch is 2

@@ -11,6 +11,7 @@
 // workspace are poisoned first.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,6 +35,7 @@ struct Case {
   bool causal = true;
   int window_left = -1;
   int attention_chunk = 0;  // ForwardOptions::attention_chunk
+  std::vector<float> learnable_sink;  // ForwardOptions::learnable_sink: heads_q logits, or empty (off)
   bool append = false;  // seqlen_new = seqlen_q new rows
   RopeStyle rope = RopeStyle::none;
   double rotary_fraction = 1.0;
@@ -61,11 +63,13 @@ struct Case {
 
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   return fmt::format(
-      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} chunk={} append={} rope={} "
+      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} chunk={} sinks={} append={} rope={} "
       "fraction={} tables={}{} page_size={} cache_batch_idx={} leftpad={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} "
       "seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
-      c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.attention_chunk, c.append, static_cast<int>(c.rope),
+      c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.attention_chunk,
+      c.learnable_sink.empty() ? "off" : fmt::format("[{}]", fmt::join(c.learnable_sink, ", ")), c.append,
+      static_cast<int>(c.rope),
       c.rotary_fraction, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.leftpad, c.num_splits,
       c.uneven, c.dynamic, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
@@ -102,7 +106,7 @@ struct Inputs {
   std::vector<float> q, k_new, v_new;
   std::vector<float> k_store, v_store;  // the cache tensors' logical contents
   std::unique_ptr<DeviceTensor> dq, dk_new, dv_new, dk_cache, dv_cache;
-  std::unique_ptr<DeviceBuffer> seqlens, indices, pads, table, cos, sin;
+  std::unique_ptr<DeviceBuffer> seqlens, indices, pads, table, cos, sin, sinks;
   RopeTables tables;
 
   // Offset in k_store/v_store of (sequence b, logical row, head 0, channel 0).
@@ -200,6 +204,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   in.seqlens = upload(in.cache_seqlens.data(), in.cache_seqlens.size() * 4);
   if (!in.batch_index.empty()) in.indices = upload(in.batch_index.data(), in.batch_index.size() * 4);
   if (!in.leftpad.empty()) in.pads = upload(in.leftpad.data(), in.leftpad.size() * 4);
+  if (!c.learnable_sink.empty()) in.sinks = upload(c.learnable_sink.data(), c.learnable_sink.size() * 4);
   if (!in.block_table.empty()) in.table = upload(in.block_table.data(), in.block_table.size() * 4);
   if (c.rope != RopeStyle::none && c.tables) {
     in.tables = rope_tables(rotation_of(c), c.head_dim, c.seqlen_k + 1);
@@ -238,6 +243,7 @@ References make_references(const Case& c, const Inputs& in) {
       AttentionShape shape = AttentionShape::dense(1, c.seqlen_q, seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.causal);
       shape.window_left = c.window_left;
       shape.attention_chunk = c.attention_chunk;
+      shape.learnable_sink = c.learnable_sink;
       std::vector<float> q(in.q.begin() + b * c.seqlen_q * q_row, in.q.begin() + (b + 1) * c.seqlen_q * q_row);
       if (c.rope != RopeStyle::none) {
         rotate_reference(q, 1, c.seqlen_q, c.heads_q, c.head_dim, rotation_of(c), c.tables ? &in.tables : nullptr,
@@ -277,7 +283,7 @@ struct Run {
 
 struct CallViews {
   KVCacheArgs args;
-  TensorView block_table, batch_index, leftpad, k_new, v_new, cos, sin;
+  TensorView block_table, batch_index, leftpad, k_new, v_new, cos, sin, sinks;
   ForwardOptions options;
 };
 
@@ -313,6 +319,10 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
   v.options.causal = c.causal;
   v.options.window_left = c.window_left;
   v.options.attention_chunk = c.attention_chunk;
+  if (in.sinks) {
+    v.sinks = TensorView::contiguous(in.sinks->get(), DType::f32, {c.heads_q});
+    v.options.learnable_sink = &v.sinks;
+  }
   if (c.rope != RopeStyle::none) {
     v.options.rope.style = c.rope;
     v.options.rope.rotary_dim = rotary_dim_of(c);
@@ -493,8 +503,8 @@ void check_cases(const std::vector<Case>& cases, std::mt19937_64& rng, uint64_t 
                                   [&] { return run_kernel(c, in, through_graph); });
         if (!ran) return;
         const auto& run = *ran;
-        const AttentionShape shape = AttentionShape::dense(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv,
-                                                           c.head_dim);
+        AttentionShape shape = AttentionShape::dense(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim);
+        shape.learnable_sink = c.learnable_sink;  // judge: rows that see no key have lse = their sink
         const Verdict verdict = judge(shape, run.out, run.lse, r.exact, r.rounded);
         std::string lse_detail;  // the first LSE mismatches, to point at the rows
         for (size_t i = 0, shown = 0; i < run.lse.size() && shown < 4; ++i) {
@@ -657,6 +667,37 @@ TEST_CASE("kvcache: attention_chunk (keys of the query's own chunk) on every ker
   add(64, 2048, 128, [](Case& c) { c.heads_kv = 8, c.heads_q = 8, c.num_splits = 3, c.page_size = 64; });
   add(64, 800, 200, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.causal = false, c.dtype = DType::f16; });
   add(3, 1024, 512, [](Case& c) { c.head_dim = 256, c.append = true, c.rope = RopeStyle::rotate_half; });
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache: learnable_sink on every kernel family, split and not, with appends, windows and pages") {
+  // The decode kernel writes final rows (unsplit, and a dynamic split's
+  // tiles of one piece) with the sink folded in; split partials leave it to
+  // the combine. Windowed decode rows and causal chunks of queries over
+  // short caches include rows of no key (lse = the sink).
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  auto add = [&](int seqlen_q, int seqlen_k, auto&& set) {
+    Case c = four_sequences(seqlen_q, seqlen_k);
+    set(c);
+    c.learnable_sink = random_sinks(c.heads_q, rng);
+    cases.push_back(c);
+  };
+  // The decode kernel: unsplit, heuristic, forced and dynamic splits;
+  // appends with RoPE; pages; gpt-oss's 128-key window; MQA; head dim 64.
+  add(1, 2048, [](Case& c) { c.num_splits = 1, c.append = true, c.rope = RopeStyle::rotate_half; });
+  add(1, 20000, [](Case& c) { c.page_size = 64, c.window_left = 127; });
+  add(1, 20000, [](Case& c) { c.num_splits = 3, c.dtype = DType::f16, c.head_dim = 64, c.heads_q = 16; });
+  add(3, 4096, [](Case& c) { c.dynamic = true, c.page_size = 16, c.append = true, c.rope = RopeStyle::interleaved; });
+  add(1, 1000, [](Case& c) { c.dynamic = true, c.full_lengths = true; });
+  add(16, 4096, [](Case& c) { c.batch = 2, c.heads_kv = 1, c.batch_index = true; });
+  // Tiles of 64 query rows and more (wgmma on sm_90a), split or not; forced
+  // mma.sync tiles; head dim 256.
+  add(64, 2048, [](Case& c) { c.append = true, c.rope = RopeStyle::rotate_half; });
+  add(64, 2048, [](Case& c) { c.heads_kv = 8, c.num_splits = 3, c.page_size = 64, c.window_left = 100; });
+  add(64, 40, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.dtype = DType::f16; });
+  add(3, 1024, [](Case& c) { c.head_dim = 256, c.append = true, c.rope = RopeStyle::rotate_half; });
   check_cases(cases, rng, seed);
 }
 

@@ -20,6 +20,7 @@
 // block-table entries past a sequence's pages name a page of NaN.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <climits>
@@ -131,10 +132,12 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   if (!a.alibi_slopes.empty()) slopes = c.slopes_per_batch ? "[batch, heads_q]" : "[heads_q]";
   return fmt::format(
       "{} {} batch={} lengths(q,k)=[{}] total_q={} total_k={} max_seqlen=({}, {}) heads={}/{} head_dim={} causal={} "
-      "window=({}, {}) chunk={} softcap={} alibi={} rope={} layout={} pages={} num_splits={}{} reference={} sm_limit={} seed={}",
+      "window=({}, {}) chunk={} softcap={} alibi={} sinks={} rope={} layout={} pages={} num_splits={}{} reference={} sm_limit={} "
+      "seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch(), lengths_text(s), s.total_q,
       s.total_k, max_seqlen_q_of(c), max_seqlen_k_of(c), a.heads_q, a.heads_kv, a.head_dim, a.causal, a.window_left,
       a.window_right, a.attention_chunk, a.softcap, slopes,
+      a.learnable_sink.empty() ? "off" : fmt::format("[{}]", fmt::join(a.learnable_sink, ", ")),
       !c.rope ? std::string("off")
               : fmt::format("{} r{}{}", c.rope->style == RopeStyle::rotate_half ? "half" : "interleaved",
                             c.rope->rotary_dim, c.rope_tables16 ? " tables16" : ""),
@@ -156,7 +159,7 @@ struct Inputs {
   std::unique_ptr<DeviceTensor> dq, dk, dv;  // contiguous and padded layouts
   std::unique_ptr<DeviceTensor> dqkv;        // qkv layout
   TensorView q_view, k_view, v_view;         // what the kernel gets
-  std::unique_ptr<DeviceBuffer> cu_seqlens_q, cu_seqlens_k, seqused_k, slopes;  // seqused_k/slopes: null when off
+  std::unique_ptr<DeviceBuffer> cu_seqlens_q, cu_seqlens_k, seqused_k, slopes, sinks;  // seqused_k/slopes/sinks: null when off
   std::unique_ptr<DeviceTensor> k_pages, v_pages;  // paged: [pages, page_size, heads_kv, head_dim]
   std::unique_ptr<DeviceBuffer> block_table;       // paged: i32 [batch, max_pages]
   RopeTables tables;                                // rope_tables16: entries as handed over
@@ -272,6 +275,10 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     in.slopes = std::make_unique<DeviceBuffer>(a.alibi_slopes.size() * 4);
     in.slopes->upload(a.alibi_slopes.data(), a.alibi_slopes.size() * 4);
   }
+  if (!a.learnable_sink.empty()) {
+    in.sinks = std::make_unique<DeviceBuffer>(a.learnable_sink.size() * 4);
+    in.sinks->upload(a.learnable_sink.data(), a.learnable_sink.size() * 4);
+  }
   return in;
 }
 
@@ -285,8 +292,13 @@ TensorView table_view(const Case& c, void* data) {
   return TensorView::contiguous(data, c.dtype, {rope_table_positions(c), c.rope->rotary_dim / 2});
 }
 
-ForwardOptions options_for(const Case& c, const TensorView* slopes, const TensorView* cos = nullptr,
-                           const TensorView* sin = nullptr) {
+// The learnable_sink tensor of a case: f32 [heads_q].
+TensorView sinks_view(const Case& c, void* data) {
+  return TensorView::contiguous(data, DType::f32, {c.shape.common.heads_q});
+}
+
+ForwardOptions options_for(const Case& c, const TensorView* slopes, const TensorView* sinks,
+                           const TensorView* cos = nullptr, const TensorView* sin = nullptr) {
   const auto& a = c.shape.common;
   ForwardOptions options;
   options.causal = a.causal;
@@ -295,6 +307,7 @@ ForwardOptions options_for(const Case& c, const TensorView* slopes, const Tensor
   options.attention_chunk = a.attention_chunk;
   options.softcap = a.softcap;
   options.alibi_slopes = slopes;
+  options.learnable_sink = sinks;
   if (a.scale > 0.f) options.softmax_scale = a.scale;
   options.tiles = c.tiles;
   options.sm_limit = c.sm_limit;
@@ -354,10 +367,12 @@ std::string spec_of(const Case& c) {
           : TensorView::contiguous(placeholder, c.dtype, {s.total_k, a.heads_kv, a.head_dim});
   const TensorView lse = TensorView::contiguous(placeholder, DType::f32, {a.heads_q, s.total_q});
   const TensorView slopes = slopes_view(c, placeholder);
+  const TensorView sinks = sinks_view(c, placeholder);
   VarlenViews varlen;
   make_varlen(c, placeholder, placeholder, placeholder, varlen, placeholder);
   const TensorView table = c.rope_tables16 ? table_view(c, placeholder) : TensorView{};
   const ForwardOptions options = options_for(c, a.alibi_slopes.empty() ? nullptr : &slopes,
+                                             a.learnable_sink.empty() ? nullptr : &sinks,
                                              c.rope_tables16 ? &table : nullptr, c.rope_tables16 ? &table : nullptr);
   // Planned for this GPU, as the runtime plans (its shared memory bounds
   // the tiles and counts the CTAs an SM holds).
@@ -409,12 +424,13 @@ KernelRun run_kernel(const Case& c, const Inputs& in) {
   VarlenViews varlen;
   make_varlen(c, in.cu_seqlens_q->get(), in.cu_seqlens_k->get(), in.seqused_k ? in.seqused_k->get() : nullptr, varlen,
               in.block_table ? in.block_table->get() : nullptr);
-  TensorView slopes;
+  TensorView slopes, sinks;
   if (in.slopes) slopes = slopes_view(c, in.slopes->get());
+  if (in.sinks) sinks = sinks_view(c, in.sinks->get());
   TensorView cos, sin;
   if (in.cos) cos = table_view(c, in.cos->get()), sin = table_view(c, in.sin->get());
-  const ForwardOptions options = options_for(c, in.slopes ? &slopes : nullptr, in.cos ? &cos : nullptr,
-                                             in.cos ? &sin : nullptr);
+  const ForwardOptions options = options_for(c, in.slopes ? &slopes : nullptr, in.sinks ? &sinks : nullptr,
+                                             in.cos ? &cos : nullptr, in.cos ? &sin : nullptr);
   Runtime& runtime = gpu_tests_runtime();
   // The workspace poisoned: a split must write every partial it reads.
   size_t workspace_bytes = 0;
@@ -1042,6 +1058,76 @@ TEST_CASE("varlen: attention_chunk per sequence, packed and paged, decoding step
   }
   warm_cases(cases, spec_of);  // every kernel up front, in parallel
   for (const Case& c : cases) CHECK_MESSAGE(spec_of(c).find(".local.chunk") != std::string::npos, spec_of(c));
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("varlen: learnable_sink per query head, packed and paged, decoding steps and prefill, split and not") {
+  // Sequences of no keys (and a window's rows past every key) write 0 with
+  // lse = their head's sink; split calls leave the sink to the combine, of
+  // both split kinds.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  for (DType dtype : kDTypes) {
+    auto add = [&](Case c) {
+      c.dtype = dtype;
+      c.shape.common.learnable_sink = random_sinks(c.shape.common.heads_q, rng);
+      cases.push_back(std::move(c));
+    };
+    {  // causal prefill with a 128-key window (gpt-oss's sliding layers), GQA
+      Case c;
+      c.shape = random_batch(make_common(8, 2, 64, true), rng);
+      c.shape.common.window_left = 127;
+      add(c);
+    }
+    {  // no mask, softcap, padded head dim, seqused_k
+      Case c;
+      c.layout = Layout::padded;
+      c.shape = random_batch(make_common(6, 2, 80, false), rng);
+      c.shape.common.softcap = 20.f;
+      c.shape.seqused_k = random_seqused(c.shape, rng);
+      add(c);
+    }
+    {  // decoding steps over pages of 16, split 3 ways
+      Case c;
+      c.page_size = 16;
+      c.num_splits = 3;
+      std::vector<int> ones(5, 1), keys;
+      for (int b = 0; b < 5; ++b) keys.push_back(std::uniform_int_distribution<int>(1, 3000)(rng));
+      c.shape = VarlenShape::packed(make_common(8, 2, 128, true), ones, keys, 2, 3);
+      add(c);
+    }
+    {  // decoding steps with split counts chosen on the device
+      Case c;
+      c.page_size = 64;
+      c.num_splits = 0;
+      c.dynamic = true;
+      std::vector<int> ones(4, 1);
+      c.shape = VarlenShape::packed(make_common(8, 1, 128, true), ones, {4000, 60, 2500, 0}, 1, 0);
+      add(c);
+    }
+    {  // mixed prefill chunks and a sequence of no keys, the heuristic's splits
+      Case c;
+      c.num_splits = 0;
+      c.shape = VarlenShape::packed(make_common(8, 2, 64, true), {1, 200, 37, 5}, {900, 700, 37, 0}, 2, 3);
+      add(c);
+    }
+    {  // long sequences against the GPU reference (wgmma tiles)
+      Case c;
+      c.gpu_reference = true;
+      c.shape = VarlenShape::packed(make_common(8, 2, 128, true), {1500, 1437, 1561}, {1500, 1600, 1311}, 3, 2);
+      add(c);
+    }
+  }
+  warm_cases(cases, spec_of);  // every kernel up front, in parallel
+  for (const Case& c : cases) {
+    const std::string spec = spec_of(c);
+    // Split attention leaves the sink to its combine (which the run's result
+    // then shows); a dynamic split's decode keeps it for tiles of one piece.
+    const bool split = spec.find(".split") != std::string::npos;
+    const bool dynamic = spec.find(".dynsplit") != std::string::npos;
+    CHECK_MESSAGE((spec.find(".sink") != std::string::npos) == (!split || dynamic), spec);
+  }
   check_cases(cases, rng, seed);
 }
 

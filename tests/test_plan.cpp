@@ -1936,6 +1936,112 @@ TEST_CASE("windows, softcap and ALiBi select kernel features and runtime bounds"
   CHECK(alibi.plan().params.alibi_batch_stride == 0);
 }
 
+TEST_CASE("learnable_sink: compiled in as .sink where final rows are written, left to the combine where partials split") {
+  // Dense, every mask kind: the flag and the pointer; the spec is the one
+  // without sinks plus .sink.
+  const TensorView sinks = TensorView::contiguous(address(0x70000), DType::f32, {8});
+  for (int mask = 0; mask < 3; ++mask) {
+    Call c;
+    c.options.causal = mask == 1;
+    c.options.window_left = mask == 2 ? 50 : -1;
+    const ForwardPlan plain = c.plan();
+    c.options.learnable_sink = &sinks;
+    const ForwardPlan plan = c.plan();
+    CAPTURE(plan.spec.text());
+    CHECK(plan.spec.sink);
+    CHECK(plan.spec.text().find(".sink") != std::string::npos);
+    CHECK(plan.params.learnable_sink == sinks.data);
+    KernelSpec without = plan.spec;
+    without.sink = false;
+    CHECK(without == plain.spec);
+    CHECK(plain.params.learnable_sink == nullptr);
+  }
+  // Bad tensors are rejected naming the argument and the rule.
+  Call bad;
+  auto rejects = [&](const TensorView& tensor, const char* why) {
+    bad.options.learnable_sink = &tensor;
+    CHECK_THROWS_WITH_AS(bad.plan(), doctest::Contains(why), Error);
+  };
+  rejects(TensorView::contiguous(address(0x70000), DType::bf16, {8}), "learnable_sink: dtype bf16 must be f32");
+  rejects(TensorView::contiguous(address(0x70000), DType::f32, {2}), "learnable_sink: shape [2] must be [heads_q] = [8]");
+  rejects(TensorView::contiguous(address(0x70000), DType::f32, {2, 8}), "must be [heads_q] = [8]");
+  TensorView strided = TensorView::contiguous(address(0x70000), DType::f32, {8});
+  strided.strides[0] = 2;
+  rejects(strided, "learnable_sink: stride 2 must be 1");
+  rejects(TensorView::contiguous(nullptr, DType::f32, {8}), "learnable_sink: data is null");
+  rejects(TensorView::contiguous(address(0x70002), DType::f32, {8}), "learnable_sink: data pointer must be 4-byte aligned");
+
+  // Split calls: the partials do not count the sink, their combine does.
+  const Arch hopper = Arch::parse("sm_90a");
+  Call decode;
+  decode.q = decode.out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 32, 128});
+  decode.k = decode.v = TensorView::contiguous(address(0x20000), DType::bf16, {1, 32768, 8, 128});
+  decode.lse = TensorView::contiguous(address(0x50000), DType::f32, {1, 32, 1});
+  const TensorView sinks32 = TensorView::contiguous(address(0x70000), DType::f32, {32});
+  decode.options.learnable_sink = &sinks32;
+  const SplitForwardPlan split = plan_forward_split(decode.q, decode.k, decode.v, decode.out, &decode.lse,
+                                                    decode.options, address(0x100000), size_t{1} << 30, false, hopper,
+                                                    227 * 1024, 132);
+  CHECK(split.attention.spec.split);
+  CHECK_FALSE(split.attention.spec.sink);
+  CHECK(split.combine.spec.text() == "combine.f32.bf16.sink");
+  CHECK(split.combine.params.sinks == sinks32.data);
+  // Dense calls split into the wgmma tiles likewise (RoPE keeps them off the
+  // decode kernel).
+  decode.options.rope.style = RopeStyle::rotate_half;
+  const SplitForwardPlan rotated = plan_forward_split(decode.q, decode.k, decode.v, decode.out, &decode.lse,
+                                                      decode.options, address(0x100000), size_t{1} << 30, false,
+                                                      hopper, 227 * 1024, 132);
+  CHECK(rotated.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.rope_half_r128.packgqa.split");
+  CHECK(rotated.combine.spec.sink);
+
+  // KV cache: the decode kernel unsplit keeps the flag; split, the
+  // combine has it; dynamic splits keep it in both (tiles of one piece
+  // write their own rows).
+  KVCacheArgs args;
+  const TensorView q16 = TensorView::contiguous(address(0x10000), DType::bf16, {16, 1, 32, 128});
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {16, 32768, 8, 128});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {16, 32768, 8, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {16});
+  ForwardOptions options;
+  options.learnable_sink = &sinks32;
+  for (int splits : {1, 3}) {
+    for (bool dynamic_splits : {false, true}) {
+      if (splits == 1 && dynamic_splits) continue;
+      CAPTURE(splits);
+      CAPTURE(dynamic_splits);
+      KVCacheArgs call = args;
+      call.num_splits = splits;
+      call.dynamic_splits = dynamic_splits;
+      const KVCachePlan plan = plan_kvcache(q16, call, q16, nullptr, options, address(0x100000), size_t{1} << 30,
+                                            false, hopper, 227 * 1024, 132);
+      CHECK(plan.attention.spec.family == Family::decode);
+      CHECK(plan.attention.spec.split == (splits > 1));
+      CHECK(plan.attention.spec.sink == (splits == 1 || dynamic_splits));
+      CHECK(plan.attention.params.learnable_sink == sinks32.data);
+      if (splits > 1) {
+        CHECK(plan.combine.spec.sink);
+        CHECK(plan.combine.params.sinks == sinks32.data);
+      }
+    }
+  }
+  // Varlen.
+  const TensorView packed = TensorView::contiguous(address(0x10000), DType::bf16, {4096, 32, 128});
+  VarlenArgs varlen;
+  varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x60000), DType::i32, {5});
+  varlen.max_seqlen_q = varlen.max_seqlen_k = 2048;
+  options.causal = true;
+  const ForwardPlan varlen_plan =
+      plan_forward_varlen(packed, packed, packed, packed, nullptr, varlen, options, hopper, 227 * 1024, 132);
+  CHECK(varlen_plan.spec.varlen);
+  CHECK(varlen_plan.spec.sink);
+  // merge_states has no sinks.
+  CHECK_FALSE(plan_merge_states(TensorView::contiguous(address(0x10000), DType::f32, {3, 10, 4, 64}),
+                                TensorView::contiguous(address(0x20000), DType::f32, {3, 10, 4}),
+                                TensorView::contiguous(address(0x30000), DType::bf16, {10, 4, 64}), nullptr)
+                   .spec.sink);
+}
+
 TEST_CASE("attention_chunk: a local mask compiled in as .chunk, in every call kind, with the chunk as a runtime bound") {
   // Dense: causal becomes a window of right bound 0 cut to chunks; the
   // kernel without chunks is the same spec less .chunk.

@@ -42,6 +42,17 @@ TEST_CASE("rendered source is self-contained and carries the spec's constants") 
     CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*MASK=*/jitattn::") + mask) !=
           std::string::npos);
   }
+  // Learnable sinks: a template constant of each family, false without them.
+  for (const auto& [text, sink] : {std::pair{"fwd.f16.d64.br64.bc32.w4.causal", "false"},
+                                   std::pair{"fwd.f16.d64.br64.bc32.w4.causal.sink", "true"},
+                                   std::pair{"decode.bf16.d128.br16.bc32.w4.s2.sink", "true"},
+                                   std::pair{"decode.bf16.d128.br16.bc32.w4.s2.split", "false"},
+                                   std::pair{"combine.f32.bf16.sink", "true"},
+                                   std::pair{"combine.f32.bf16.dynsplit", "false"}}) {
+    CAPTURE(text);
+    CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*SINK=*/") + sink + ">") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("a combine spec renders entry_combine.cu over combine.cuh, deterministically") {
@@ -54,7 +65,7 @@ TEST_CASE("a combine spec renders entry_combine.cu over combine.cuh, determinist
   CHECK(source.find("// jitattn kernel for spec combine.f32.bf16") != std::string::npos);
   CHECK(source.find("jitattn_combine(const __grid_constant__ jitattn::CombineParams params)") != std::string::npos);
   CHECK(source.find("combine_states</*State=*/float, /*Out=*/jitattn::bf16, /*ELEMENTWISE=*/false,") != std::string::npos);
-  CHECK(source.find("/*DYNAMIC_SPLITS=*/false>") != std::string::npos);
+  CHECK(source.find("/*DYNAMIC_SPLITS=*/false, /*SINK=*/false>") != std::string::npos);
   CHECK(source.find("struct CombineParams") != std::string::npos);
   CHECK(source.find("#line 1 \"combine.cuh\"") != std::string::npos);
   CHECK(source.find("FwdParams") == std::string::npos);  // nothing of the forward family
@@ -68,7 +79,7 @@ TEST_CASE("a combine spec renders entry_combine.cu over combine.cuh, determinist
   const std::string dynamic = render(KernelSpec::parse("combine.f32.bf16.elementwise.dynsplit"), templates);
   CHECK(dynamic.find("// jitattn kernel for spec combine.f32.bf16.elementwise.dynsplit") != std::string::npos);
   CHECK(dynamic.find("/*ELEMENTWISE=*/true,") != std::string::npos);
-  CHECK(dynamic.find("/*DYNAMIC_SPLITS=*/true>") != std::string::npos);
+  CHECK(dynamic.find("/*DYNAMIC_SPLITS=*/true, /*SINK=*/false>") != std::string::npos);
   std::set<std::string> sources;
   for (const char* text : {"combine.f32.f32", "combine.f32.f16", "combine.f32.bf16", "combine.f16.f32", "combine.f16.f16",
                            "combine.f16.bf16", "combine.bf16.f32", "combine.bf16.f16", "combine.bf16.bf16"}) {

@@ -416,6 +416,38 @@ TEST_CASE("wgmma fwd specs with three MMA warpgroups: 192-row tiles, 512 threads
                        Error);
 }
 
+TEST_CASE("learnable sinks: a fwd and decode flag after alibi, packed apart, and left to the combine where partials split") {
+  const KernelSpec fwd = KernelSpec::parse("fwd.bf16.d64.br128.bc128.w8.s2.wgmma.persistent.causal.softcap.sink");
+  CHECK(fwd.sink);
+  CHECK(fwd.text() == "fwd.bf16.d64.br128.bc128.w8.s2.wgmma.persistent.causal.softcap.sink");
+  CHECK(KernelSpec::parse("fwd.f16.d128.br64.bc64.w4.alibi.sink.packgqa.kvcache.paged").text() ==
+        "fwd.f16.d128.br64.bc64.w4.alibi.sink.packgqa.kvcache.paged");
+  // A dynamic decode's tiles of one piece write final rows, so the flag
+  // stays there.
+  CHECK(KernelSpec::parse("decode.bf16.d64.br32.bc64.w4.s4.local.sink.split.dynsplit").sink);
+  // Every other field the same, the flag alone gives a new key and hash.
+  for (const char* text : {"fwd.bf16.d64.br128.bc64.w4.causal", "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.local.chunk",
+                           "decode.bf16.d128.br16.bc16.w4.s4", "decode.f16.d64.br32.bc32.w4.s4.split.dynsplit"}) {
+    CAPTURE(text);
+    KernelSpec with = KernelSpec::parse(text);
+    with.sink = true;
+    const KernelSpec reparsed = KernelSpec::parse(with.text());
+    CHECK(reparsed.sink);
+    CHECK(reparsed == with);
+    CHECK(with.packed() != KernelSpec::parse(text).packed());
+    CHECK(with.hash() != KernelSpec::parse(text).hash());
+  }
+  // Split partials are merged by the combine, which takes the sink instead.
+  for (const char* text : {"fwd.bf16.d128.br128.bc128.w8.s2.wgmma.sink.packgqa.kvcache.split",
+                           "fwd.bf16.d128.br64.bc128.w4.sink.split", "decode.bf16.d128.br16.bc16.w4.s4.sink.split"}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains("split partials leave the sink to their combine"),
+                         Error);
+  }
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d64.br128.bc64.w4.sink.sink"),
+                       doctest::Contains("unknown or repeated flag 'sink'"), Error);
+}
+
 TEST_CASE("spec hash is stable across runs and builds") {
   // Pinned value: XXH3-64 of the canonical text (checked with the Python xxhash package). A change here invalidates
   // every tuned table and cache listing keyed by spec hash, so it must be deliberate.
@@ -452,19 +484,22 @@ TEST_CASE("bad spec text is rejected naming the field") {
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128"), doctest::Contains("expected family.dtype"), Error);
 }
 
-TEST_CASE("combine specs: text is combine.<state>.<out>[.elementwise][.dynsplit], round-trips, and packs apart from every other spec") {
+TEST_CASE("combine specs: text is combine.<state>.<out>[.elementwise][.dynsplit][.sink], round-trips, and packs apart from every other spec") {
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
   std::vector<uint64_t> keys;
+  for (bool sink : {false, true})
   for (bool dynamic_splits : {false, true})
   for (bool elementwise : {false, true})
     for (DType state : dtypes)
       for (DType out : dtypes) {
-        const KernelSpec spec = KernelSpec::combine(state, out, elementwise, dynamic_splits);
+        const KernelSpec spec = KernelSpec::combine(state, out, elementwise, dynamic_splits, sink);
         CHECK(spec.family == Family::combine);
         CHECK(spec.elementwise == elementwise);
         CHECK(spec.dynamic_splits == dynamic_splits);
+        CHECK(spec.sink == sink);
         CHECK(spec.text() == std::string("combine.") + dtype_name(state) + "." + dtype_name(out) +
-                                 (elementwise ? ".elementwise" : "") + (dynamic_splits ? ".dynsplit" : ""));
+                                 (elementwise ? ".elementwise" : "") + (dynamic_splits ? ".dynsplit" : "") +
+                                 (sink ? ".sink" : ""));
         const KernelSpec parsed = KernelSpec::parse(spec.text());
         CHECK(parsed == spec);
         CHECK(parsed.text() == spec.text());
@@ -493,6 +528,7 @@ TEST_CASE("combine specs: text is combine.<state>.<out>[.elementwise][.dynsplit]
   widest.rotary_dim = 256;
   widest.rope_tables = widest.rope_tables16 = true;
   widest.kvcache = widest.paged = widest.split = true;
+  widest.sink = widest.chunk = true;
   CHECK(widest.packed() < (uint64_t{1} << 60));
   widest.family = Family::decode;  // the family's two bits, highest of the four
   CHECK(widest.packed() < (uint64_t{1} << 60));
@@ -513,6 +549,8 @@ TEST_CASE("bad combine spec text is rejected naming the field") {
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.dynsplit.elementwise"),
                        doctest::Contains("[.elementwise][.dynsplit]"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.dynsplit.dynsplit"), doctest::Contains("[.dynsplit]"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("combine.f32.bf16.sink.dynsplit"), doctest::Contains("[.dynsplit][.sink]"),
+                       Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combine"), doctest::Contains("expected combine."), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::parse("combiner.f32.bf16.d1.br1.bc1"), doctest::Contains("unknown family 'combiner' (known: fwd, decode, combine, append)"), Error);
   CHECK_THROWS_WITH_AS(KernelSpec::combine(DType::i32, DType::f32).validate(), doctest::Contains("combine.i32.f32"), Error);

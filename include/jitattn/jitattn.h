@@ -72,6 +72,7 @@ typedef struct jitattn_fwd_options {
                          n = forced (<= 128); jitattn_fwd and jitattn_fwd_varlen take 0 or 1, jitattn_fwd_kvcache
                          only 0 (it reads its args' num_splits) */
   int32_t attention_chunk; /* chunked local attention (ForwardOptions::attention_chunk): 0 = off */
+  const struct jitattn_tensor* learnable_sink; /* f32 [heads_q] sink logits (ForwardOptions::learnable_sink); NULL = off */
 } jitattn_fwd_options;
 
 JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);

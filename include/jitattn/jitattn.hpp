@@ -159,6 +159,13 @@ struct ForwardOptions {
   // ALiBi: f32 slopes [heads_q] or [batch, heads_q]; adds −slope · |i + sk − sq − j|
   // to the scaled score. nullptr = off.
   const TensorView* alibi_slopes = nullptr;
+  // Learnable attention sinks, FlashAttention's learnable_sink (gpt-oss):
+  // f32 [heads_q], one logit per query head, in natural-log units like the
+  // scaled (and capped) scores, not multiplied by softmax_scale. Each row's
+  // softmax gains a column of that logit with no value: it adds to the
+  // denominator and to lse, never to out. A row that sees no key writes 0
+  // with lse = its head's sink. nullptr = off.
+  const TensorView* learnable_sink = nullptr;
   RopeOptions rope{};
   // GQA/MQA: whether the query heads that share a KV head share each tile
   // (their K/V is then read once per tile rather than once per head). Unset:

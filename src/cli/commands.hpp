@@ -50,6 +50,7 @@ struct PlanOptions {
   int attention_chunk = 0;  // ForwardOptions::attention_chunk; 0 = off
   float softcap = 0;
   bool alibi = false;
+  bool learnable_sink = false;  // ForwardOptions::learnable_sink, f32 [heads]
   std::string rope;  // "", half or interleaved
   std::optional<int> rotary_dim;   // default head_dim
   std::string rope_tables = "none";  // none (angles from theta), f32, bf16 or f16

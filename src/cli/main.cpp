@@ -167,6 +167,7 @@ int main(int argc, char** argv) {
       ->type_name("N");
   plan_cmd->add_option("--softcap", plan.softcap, "Logit softcap (0 = off)")->type_name("X");
   plan_cmd->add_flag("--alibi", plan.alibi, "ALiBi slopes, f32 [heads]");
+  plan_cmd->add_flag("--learnable-sink", plan.learnable_sink, "Learnable attention sinks, f32 [heads] (gpt-oss)");
   CLI::Option* rope_option = plan_cmd->add_option("--rope", plan.rope, "Fused RoPE: half (rotate-half) or interleaved")
                                  ->check(CLI::IsMember({"half", "interleaved"}))
                                  ->type_name("STYLE");

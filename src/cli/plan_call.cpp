@@ -78,7 +78,7 @@ void check_elements(const char* tensor, std::initializer_list<int64_t> dims) {
 // alignment rule (16-byte rows, 4-byte i32 vectors, the 256-byte workspace).
 enum class Buffer : uintptr_t {
   q = 1, k, v, out, alibi_slopes, rope_cos, rope_sin, cache_seqlens, block_table, k_new, v_new, workspace,
-  cu_seqlens_q, cu_seqlens_k, seqused_k, cache_leftpad
+  cu_seqlens_q, cu_seqlens_k, seqused_k, cache_leftpad, learnable_sink
 };
 void* fake_address(Buffer buffer) { return reinterpret_cast<void*>(static_cast<uintptr_t>(buffer) << 40); }
 
@@ -90,7 +90,7 @@ struct CallArguments {
   bool workspace = true;  // forward, varlen: the overload that takes a workspace
   TensorView q, out;
   TensorView k, v;  // forward and varlen
-  TensorView alibi_slopes, rope_cos, rope_sin, block_table, k_new, v_new, seqused_k, cache_leftpad;
+  TensorView alibi_slopes, learnable_sink, rope_cos, rope_sin, block_table, k_new, v_new, seqused_k, cache_leftpad;
   ForwardOptions options;
   KVCacheArgs cache;  // kvcache only
   VarlenArgs sequences;  // varlen only
@@ -203,6 +203,10 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
   if (o.alibi) {
     call.alibi_slopes = TensorView::contiguous(fake_address(Buffer::alibi_slopes), DType::f32, {heads});
     options.alibi_slopes = &call.alibi_slopes;
+  }
+  if (o.learnable_sink) {
+    call.learnable_sink = TensorView::contiguous(fake_address(Buffer::learnable_sink), DType::f32, {heads});
+    options.learnable_sink = &call.learnable_sink;
   }
 
   const std::vector<int64_t> q_shape =

@@ -38,6 +38,18 @@ long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads) {
   return per_batch_head ? slopes.strides[0] : 0;
 }
 
+// The learnable_sink tensor: f32 [heads_q], one logit per query head, as
+// FlashAttention takes it.
+void check_learnable_sink(const TensorView& sink, int64_t heads) {
+  if (sink.dtype != DType::f32) reject(fmt::format("learnable_sink: dtype {} must be f32", dtype_name(sink.dtype)));
+  if (sink.ndim != 1 || sink.shape[0] != heads) {
+    reject(fmt::format("learnable_sink: shape {} must be [heads_q] = [{}]", shape_text(sink), heads));
+  }
+  if (sink.strides[0] != 1) reject(fmt::format("learnable_sink: stride {} must be 1 (contiguous heads)", sink.strides[0]));
+  if (sink.data == nullptr) reject("learnable_sink: data is null");
+  if (reinterpret_cast<uintptr_t>(sink.data) % 4 != 0) reject("learnable_sink: data pointer must be 4-byte aligned");
+}
+
 // A 16-bit tensor of rows: dense [batch, seqlen, heads, head_dim] (4-D) or
 // packed varlen [total, heads, head_dim] (3-D). Where head_dim is a multiple
 // of 8, cp.async reads the rows in 16-byte chunks, so they must be 16-byte

@@ -37,6 +37,7 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
     reject(fmt::format("options.softcap={} must be >= 0 (0 = off) and finite", options.softcap));
   }
   if (options.alibi_slopes != nullptr) facts.alibi_batch_stride = check_alibi(*options.alibi_slopes, batch, heads_q);
+  if (options.learnable_sink != nullptr) check_learnable_sink(*options.learnable_sink, heads_q);
   const RopeOptions& rope = options.rope;
   const bool has_rope = facts.has_rope = rope.style != RopeStyle::none;
   const int rotary_dim = facts.rotary_dim = has_rope ? check_rope_scalars(rope, head_dim) : 0;
@@ -153,6 +154,8 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
   p.softcap_scale = options.softcap > 0.f ? scale / options.softcap : 0.f;
   p.alibi_slopes = options.alibi_slopes != nullptr ? static_cast<const float*>(options.alibi_slopes->data) : nullptr;
   p.alibi_batch_stride = facts.alibi_batch_stride;
+  p.learnable_sink =
+      options.learnable_sink != nullptr ? static_cast<const float*>(options.learnable_sink->data) : nullptr;
   if (has_rope) {
     if (rope.cos != nullptr) {
       p.rope_cos = rope.cos->data;

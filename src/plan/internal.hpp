@@ -25,6 +25,7 @@ namespace jitattn::detail {
 int kernel_head_dim(int64_t head_dim);
 // f32 [heads_q] or [batch, heads_q]; returns the batch stride (0 per head).
 long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads);
+void check_learnable_sink(const TensorView& sink, int64_t heads);
 // A 16-bit tensor of rows, 4-D dense or 3-D packed (see checks.cpp).
 void check_rows(const char* name, const TensorView& t, int ndim, bool any_head_dim = false);
 // An i32 vector in device memory of `length` elements (cu_seqlens, seqused_k).

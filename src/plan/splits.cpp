@@ -170,6 +170,9 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoic
       splits = static_cast<int>((kv_blocks + per_split - 1) / per_split);  // no empty splits
       spec.split = true;
       spec.dynamic_splits = from_lengths;
+      // Split partials leave a learnable sink to the combine (combine_splits);
+      // a dynamic decode's tiles of one piece write their rows themselves.
+      spec.sink = spec.sink && spec.dynamic_splits;
       p.num_splits = splits;
       // The decode kernel cuts each tile's own keys into pieces of at least
       // blocks_per_split steps (FwdParams): those of the longest sequence where
@@ -264,6 +267,7 @@ CombinePlan combine_splits(const ForwardPlan& attention, const TensorView& out, 
   if (packed) combine.rows_used = fwd.cu_seqlens_q + fwd.batch;
   // Dynamic splits: the tiles of one piece wrote their rows themselves.
   combine.dynamic_splits = attention.spec.dynamic_splits;
+  combine.sinks = fwd.learnable_sink;  // the partials leave the sinks to the combine
   combine.states_name = "workspace";
   combine.lse_name = "workspace";
   return plan_combine(combine);

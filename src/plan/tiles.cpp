@@ -390,6 +390,7 @@ TileConfig base_spec(KernelSpec& spec, const Problem& problem, const ForwardOpti
   spec.chunk = facts.chunk > 0;
   spec.softcap = options.softcap > 0.f;
   spec.alibi = options.alibi_slopes != nullptr;
+  spec.sink = options.learnable_sink != nullptr;
   // Head dims that are not a multiple of 8 (KernelSpec::unaligned_dim):
   // element-wise rows in the 4-warp kernels, or on sm_90a the wgmma tiles of
   // two warpgroups, whose producer copies aligned blocks and shifts them
