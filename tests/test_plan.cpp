@@ -2091,6 +2091,23 @@ TEST_CASE("attention_chunk: a local mask compiled in as .chunk, in every call ki
   CHECK_THROWS_WITH_AS(c.plan(), doctest::Contains("options.attention_chunk=-1 must be >= 0 (0 = off)"), Error);
   c.options.attention_chunk = 0;
   CHECK_FALSE(c.plan().spec.local);
+  // Causal chunks are causal attention over sequences of a chunk's keys: at
+  // head dim 128 they take the causal persistent rule on the chunk (up to
+  // 4096 keys), not on the whole sequence.
+  Call scout;  // Llama 4 Scout: 40 query heads over 8, head dim 128
+  scout.q = scout.out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 16384, 40, 128});
+  scout.k = scout.v = TensorView::contiguous(address(0x20000), DType::bf16, {1, 16384, 8, 128});
+  scout.lse = TensorView::contiguous(address(0x50000), DType::f32, {1, 40, 16384});
+  scout.options.causal = true;
+  for (int chunk : {1024, 2048, 4096, 8192}) {
+    scout.options.attention_chunk = chunk;
+    CAPTURE(chunk);
+    CHECK(scout.plan().spec.persistent == (chunk <= 4096));
+    CHECK(scout.plan().spec.block_kv == 128);
+  }
+  scout.options.causal = false;  // chunks seen whole by every query: not causal attention
+  scout.options.attention_chunk = 2048;
+  CHECK_FALSE(scout.plan().spec.persistent);
 
   // KV cache: the decode kernel, a paged one, and the wgmma tiles of a chunk of queries.
   TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {4, 1, 32, 128});

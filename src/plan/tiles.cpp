@@ -642,11 +642,21 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
     const bool loses_staged_tables = spec.rope_table_slots() > 0 && persistent_spec.rope_table_slots() == 0;
     const bool ordered = persistent_spec.sequence_order_bytes() > 0 && problem.batch <= KernelSpec::kOrderedSequences &&
                          seqlen_k > 512 && seqlen_k <= 2048;
-    const bool pays = causal ? (small_head            ? seqlen_k <= 8192
-                                : loses_staged_tables ? seqlen_k <= 2048 && in_waves
-                                                      : seqlen_k <= 4096 && (!spec.varlen || ordered || in_waves ||
-                                                                             seqlen_k <= 512))
-                             : seqlen_k <= (small_head ? 4096 : 1024);
+    const bool causal_pays = small_head            ? seqlen_k <= 8192
+                             : loses_staged_tables ? seqlen_k <= 2048 && in_waves
+                                                   : seqlen_k <= 4096 && (!spec.varlen || ordered || in_waves ||
+                                                                          seqlen_k <= 512);
+    // Chunked causal calls (attention_chunk with causal, dense keys) are
+    // causal attention over sequences of a chunk's keys: above head dim 64
+    // they take the causal rule on the chunk. Measured on the H200 at head
+    // dim 128 (bench_chunk.py, 40/8 heads, docs/PERFORMANCE.md): chunks of
+    // 2048 persistent 0.93-0.98x the ordinary grid's time, chunks of 8192
+    // 1.01-1.05x. (176-key blocks: 1.10-1.13x at 2048, 1.00-1.01x at 8192,
+    // so chunked calls keep 128.) Head dims up to 64 were not measured.
+    const bool chunked_causal = facts.chunk > 0 && facts.right == 0 && !spec.varlen && !small_head && !has_rope;
+    const bool pays = chunked_causal ? std::min<int64_t>(seqlen_k, facts.chunk) <= 4096
+                      : causal       ? causal_pays
+                                     : seqlen_k <= (small_head ? 4096 : 1024);
     spec.persistent = !spills && !problem.kvcache && kernel_dim <= 128 && pays && tile_count > problem.sm_count;
     // Long calls at head dim 128, without a mask or causal, take 176-key
     // blocks (as FlashAttention 3 does without a mask): a block's fixed
