@@ -360,7 +360,7 @@ TEST_CASE("warm --preset with an unknown name fails listing the known presets") 
   const CliRun result = sandbox.run("warm --preset llama9-1t --arch sm_80");
   CHECK(result.status == 1);
   CHECK(contains(result.err, "unknown preset 'llama9-1t'"));
-  for (const char* known : {"default", "llama3-8b", "llama3-70b", "mistral-7b", "qwen2.5-7b", "gpt2", "bert-base"}) {
+  for (const char* known : {"default", "llama3-8b", "llama3-70b", "mistral-7b", "qwen2.5-7b", "gpt2", "bert-base", "gpt-oss"}) {
     CHECK_MESSAGE(contains(result.err, known), known);
   }
 }
@@ -570,6 +570,75 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
   const std::vector<KernelSpec> tuned = jitattn::cli::preset_specs("llama3-8b", hopper, &tuning);
   CHECK(tuned.size() == llama.size() + 1);
   CHECK(std::find(tuned.begin(), tuned.end(), KernelSpec::parse("fwd.bf16.d128.br64.bc32.w4.causal")) != tuned.end());
+}
+
+TEST_CASE("the gpt-oss preset warms every kernel of its calls: sinks, causal and 128-key sliding layers") {
+  // gpt-oss's own shape (64 query heads over 8, head dim 64, a sink per
+  // query head), in calls other than the preset's sweeps: decoding over
+  // contiguous and paged caches, with new keys, split by the heuristic and
+  // dynamically; prefill; an engine's varlen steps. Every kernel they plan,
+  // combines included, is in the preset.
+  using jitattn::TensorView;
+  using jitattn::DType;
+  const Arch hopper = Arch::parse("sm_90a");
+  std::set<std::string> warmed;
+  for (const KernelSpec& spec : jitattn::cli::preset_specs("gpt-oss", hopper)) warmed.insert(spec.text());
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  const TensorView sinks = TensorView::contiguous(address(0x90000), DType::f32, {64});
+  size_t checked = 0;
+  auto expect_warmed = [&](const KernelSpec& spec, const std::string& context) {
+    if (spec.family == jitattn::detail::Family::append) return;  // appends: no sinks, checked with llama3-8b
+    // Split partials leave the sink to their combine.
+    const bool final_rows = spec.family == jitattn::detail::Family::combine || !spec.split || spec.dynamic_splits;
+    CHECK_MESSAGE(spec.sink == final_rows, context);
+    CHECK_MESSAGE(warmed.count(spec.text()) == 1, fmt::format("{}: {}", context, spec.text()));
+    ++checked;
+  };
+  for (int window : {-1, 127}) {
+    jitattn::ForwardOptions options;
+    options.causal = true;
+    options.window_left = window;
+    options.learnable_sink = &sinks;
+    for (int64_t batch : {1, 12, 64}) {
+      for (int page : {0, 16, 64}) {
+        for (bool append : {false, true}) {
+          for (bool dynamic : {false, true}) {
+            const int64_t capacity = 20000 / 64 * 64;
+            const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 64, 64});
+            const TensorView k_new = TensorView::contiguous(address(0x20000), DType::bf16, {batch, 1, 8, 64});
+            const TensorView table =
+                TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
+            jitattn::KVCacheArgs args;
+            args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16, {batch, capacity, 8, 64})
+                                     : TensorView::contiguous(address(0x40000), DType::bf16,
+                                                              {batch * capacity / page, page, 8, 64});
+            args.v_cache = args.k_cache;
+            args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+            args.block_table = page == 0 ? nullptr : &table;
+            if (append) args.k_new = args.v_new = &k_new;
+            args.dynamic_splits = dynamic;
+            const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options, address(0x100000),
+                                                             size_t{1} << 32, false, hopper, 227 * 1024, 132);
+            const std::string context = fmt::format("decode window={} batch={} page={} append={} dynamic={}", window,
+                                                    batch, page, append, dynamic);
+            expect_warmed(plan.attention.spec, context);
+            if (plan.combine.grid > 0) expect_warmed(plan.combine.spec, context);
+          }
+        }
+      }
+    }
+    for (int64_t seqlen : {1000, 4096, 12000}) {
+      const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {seqlen, 64, 64});
+      const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {seqlen, 8, 64});
+      jitattn::VarlenArgs varlen;
+      varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {2});
+      varlen.max_seqlen_q = varlen.max_seqlen_k = static_cast<int>(seqlen);
+      expect_warmed(jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, hopper, 227 * 1024, 132)
+                        .spec,
+                    fmt::format("prefill window={} seqlen={}", window, seqlen));
+    }
+  }
+  CHECK(checked > 50);
 }
 
 TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and decoding, angles from theta or tables") {

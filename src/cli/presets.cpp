@@ -42,14 +42,17 @@ void set_rope(ForwardOptions& options, const AttentionShape& shape, RopeForm for
   }
 }
 
-// The options every call of `shape` passes: its mask and softcap (a window
-// of `window_left` keys for local layers), and RoPE in `form`.
+// The options every call of `shape` passes: its mask and softcap (for local
+// layers the shape's window, else one of `window_left` keys), its sinks (the
+// sweeps' 32 query heads), and RoPE in `form`.
 ForwardOptions shape_options(const AttentionShape& shape, RopeForm form, int window_left, int64_t positions,
                              RopeTables& tables) {
+  static const TensorView sinks = TensorView::contiguous(address(0x80000), DType::f32, {32});
   ForwardOptions options;
   options.causal = shape.causal;
-  if (shape.local) options.window_left = window_left;
+  if (shape.local) options.window_left = shape.window > 0 ? shape.window : window_left;
   if (shape.softcap) options.softcap = 50.f;
+  if (shape.sink) options.learnable_sink = &sinks;
   set_rope(options, shape, form, positions, tables);
   return options;
 }
@@ -72,7 +75,8 @@ std::vector<AttentionShape> all_generated_shapes() {
 void add_dynamic_combine(const detail::KernelSpec& attention, const AttentionShape& shape,
                          std::vector<detail::KernelSpec>& specs) {
   if (attention.dynamic_splits) {
-    specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype, /*elementwise=*/false, /*dynamic_splits=*/true));
+    specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype, /*elementwise=*/false, /*dynamic_splits=*/true,
+                                                shape.sink));
   }
 }
 
@@ -129,7 +133,8 @@ void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail:
       add_dynamic_combine(plan.attention.spec, shape, specs);
     }
   }
-  specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
+  specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype, /*elementwise=*/false, /*dynamic_splits=*/false,
+                                              shape.sink));
 }
 
 // The kernels forward() plans for `shape` with few query rows (32 query
@@ -152,7 +157,8 @@ void add_dense_split_specs(const AttentionShape& shape, RopeForm form, const det
       specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
     }
   }
-  specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype));
+  specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype, /*elementwise=*/false, /*dynamic_splits=*/false,
+                                              shape.sink));
 }
 
 // The kernels forward_varlen plans for an inference engine's step of
@@ -286,6 +292,11 @@ const std::vector<Preset>& presets() {
        {{DType::bf16, 96, true, false, false, true, kHalf}}},
       {"gemma2-9b", "Gemma 2 9B: bf16, head_dim 256, softcap 50, global causal and 4096-token local layers, RoPE rotate-half",
        {{DType::bf16, 256, true, false, true, true, kHalf}, {DType::bf16, 256, false, true, true, true, kHalf}}},
+      // YaRN's angles are not among the kernels' formulas: RoPE stays the
+      // engine's (or cos/sin tables: jitattn plan --rope-tables ... --manifest).
+      {"gpt-oss", "gpt-oss 20B/120B: bf16, head_dim 64, learnable sinks, causal and 128-token sliding layers (64 q / 8 kv heads)",
+       {{DType::bf16, 64, true, false, false, true, RopeStyle::none, 0, /*sink=*/true},
+        {DType::bf16, 64, false, true, false, true, RopeStyle::none, 0, /*sink=*/true, /*window=*/127}}},
   };
   return all;
 }
@@ -316,6 +327,7 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
         spec.causal = shape.causal;
         spec.local = shape.local;
         spec.softcap = shape.softcap;
+        spec.sink = shape.sink;
         detail::apply_tiles(spec, tiles);
         // Surfaces a planner/generator mismatch here rather than as a compile error.
         spec.validate();

@@ -33,6 +33,12 @@ struct AttentionShape {
   // arguments; f32 tables are left to `jitattn plan --rope-tables f32 --manifest`.
   RopeStyle rope = RopeStyle::none;
   int rotary_dim = 0;  // 0 = head_dim
+  // Learnable attention sinks (ForwardOptions::learnable_sink): every kernel
+  // of the shape folds them in (.sink), split calls in their combine.
+  bool sink = false;
+  // Local layers' window (window_left, keys before the diagonal); 0: the
+  // sweeps' own windows (half the cache, or 4096 keys).
+  int window = 0;
 };
 
 struct Preset {
