@@ -25,6 +25,7 @@ __device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob&
                              : job.q0 + warp_row0 + Cfg::kRowsPerWarp - 1;
   int warp_first_block, warp_end_block;
   visible_blocks<Cfg>(p, job.seqlen_k, job.diagonal_offset, first_query, last_query, warp_first_block, warp_end_block);
+  const ChunkBounds chunks = chunk_bounds<Cfg>(p, first_query, last_query, job.diagonal_offset);
 
   float o[Cfg::kMTiles][Cfg::kOutTiles][4];
   float row_max[Cfg::kMTiles][2];
@@ -52,7 +53,7 @@ __device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob&
       if constexpr (Cfg::kRewriteScores) {
         rewrite_scores<Cfg>(s_acc, p, slopes, job.q0 + warp_row0, key0, job.diagonal_offset, lane);
       }
-      if (block_needs_mask<Cfg>(p, key0, job.seqlen_k, first_query, last_query, job.diagonal_offset)) {
+      if (block_needs_mask<Cfg>(p, key0, job.seqlen_k, first_query, last_query, job.diagonal_offset, chunks)) {
         apply_mask<Cfg>(s_acc, p, job.seqlen_k, job.q0 + warp_row0, key0, job.diagonal_offset, lane);
       }
       online_softmax<Cfg>(s_acc, o, row_max, row_sum, p.scale_log2);
@@ -101,6 +102,7 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   int group_first_block, group_end_block;
   visible_blocks<Cfg>(p, job.seqlen_k, job.diagonal_offset, first_query, last_query, group_first_block,
                       group_end_block);
+  const ChunkBounds chunks = chunk_bounds<Cfg>(p, first_query, last_query, job.diagonal_offset);
   // A warpgroup whose rows are all past the tile's computes nothing: it
   // hands every stage back and passes its turns, so the other warpgroups'
   // MMAs run back to back. Decoding sequences beside a prefill chunk in one
@@ -170,7 +172,7 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     if constexpr (Cfg::kRewriteScores) {
       rewrite_scores<Cfg>(s_acc, p, slopes, job.q0 + warp_row0, key0, job.diagonal_offset, lane);
     }
-    if (block_needs_mask<Cfg>(p, key0, job.seqlen_k, first_query, last_query, job.diagonal_offset)) {
+    if (block_needs_mask<Cfg>(p, key0, job.seqlen_k, first_query, last_query, job.diagonal_offset, chunks)) {
       apply_mask<Cfg>(s_acc, p, job.seqlen_k, job.q0 + warp_row0, key0, job.diagonal_offset, lane);
     }
     online_softmax<Cfg, kRescaleLater>(s_acc, o, row_max, row_sum, p.scale_log2, corrections);

@@ -547,6 +547,7 @@ __device__ void fwd_decode(const FwdParams& p) {
   const int diagonal_offset = seqlen_k - seqlen_q;
   const int first_query = q0 / group;
   const int last_query = (min(q0 + Cfg::kBlockQ, rows) - 1) / group;
+  const ChunkBounds chunks = chunk_bounds<Warp>(p, first_query, last_query, diagonal_offset);
   int chunk_begin, chunk_end;
   tile_chunks<Cfg>(p, seqlen_q, seqlen_k, q0, chunk_begin, chunk_end);
   if constexpr (Cfg::kSplit) {
@@ -665,7 +666,9 @@ __device__ void fwd_decode(const FwdParams& p) {
       gemm_qk_with<Warp>(s, stage, lane, q_tile_fragments);
     }
     if constexpr (Cfg::kRewriteScores) rewrite_scores<Warp>(s, p, slopes, q0, key0, diagonal_offset, lane);
-    if (block_needs_mask<Warp>(p, key0, seqlen_k, first_query, last_query, diagonal_offset)) apply_mask<Warp>(s, p, seqlen_k, q0, key0, diagonal_offset, lane);
+    if (block_needs_mask<Warp>(p, key0, seqlen_k, first_query, last_query, diagonal_offset, chunks)) {
+      apply_mask<Warp>(s, p, seqlen_k, q0, key0, diagonal_offset, lane);
+    }
     online_softmax<Warp, kRescaleChanged>(s, o, row_max, row_sum, p.scale_log2);
     unsigned probabilities[Warp::kMTiles][Cfg::kBlockKV / 16][4];
     pack_probabilities<Warp>(probabilities, s);

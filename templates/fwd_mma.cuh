@@ -474,12 +474,32 @@ __device__ __forceinline__ void visible_blocks(const FwdParams& p, int seqlen_k,
   end_block = kv_end > kv_begin ? static_cast<int>((kv_end + Cfg::kBlockKV - 1) / Cfg::kBlockKV) : first_block;
 }
 
+// kChunk: where the chunks of a tile's (or warp's) rows end and start. Rows'
+// chunks only move forward, so the first row's chunk ends first and the
+// last row's starts last. Formed once per tile, since each takes two
+// multiply-shift divisions, which per key block measured 5% of a chunked
+// call (H200, docs/PERFORMANCE.md); {0, 0} and unused without chunks.
+struct ChunkBounds {
+  int first_end;   // the end of the first row's chunk
+  int last_start;  // the start of the last row's chunk
+};
+
+template <class Cfg>
+__device__ __forceinline__ ChunkBounds chunk_bounds(const FwdParams& p, int first_query, int last_query,
+                                                    int diagonal_offset) {
+  if constexpr (Cfg::kChunk) {
+    return {chunk_start(first_query + diagonal_offset, p) + p.attention_chunk,
+            chunk_start(last_query + diagonal_offset, p)};
+  }
+  return {0, 0};
+}
+
 // Whether the key block at key0 crosses a boundary for some row of the
-// tile (the sequence's end, the causal diagonal, a window edge): only such
-// blocks pay for masking.
+// tile (the sequence's end, the causal diagonal, a window edge, a chunk's
+// edge given by `chunks`): only such blocks pay for masking.
 template <class Cfg>
 __device__ __forceinline__ bool block_needs_mask(const FwdParams& p, int key0, int seqlen_k, int first_query,
-                                                 int last_query, int diagonal_offset) {
+                                                 int last_query, int diagonal_offset, const ChunkBounds& chunks) {
   bool needs_mask = key0 + Cfg::kBlockKV > seqlen_k;
   if constexpr (Cfg::kCausal) needs_mask = needs_mask || key0 + Cfg::kBlockKV - 1 > first_query + diagonal_offset;
   if constexpr (Cfg::kLocal) {
@@ -487,11 +507,7 @@ __device__ __forceinline__ bool block_needs_mask(const FwdParams& p, int key0, i
                  key0 < last_query + diagonal_offset - p.window_left;
   }
   if constexpr (Cfg::kChunk) {
-    // Rows' chunks only move forward: the first row's chunk ends first, the
-    // last row's starts last.
-    needs_mask = needs_mask ||
-                 key0 + Cfg::kBlockKV > chunk_start(first_query + diagonal_offset, p) + p.attention_chunk ||
-                 key0 < chunk_start(last_query + diagonal_offset, p);
+    needs_mask = needs_mask || key0 + Cfg::kBlockKV > chunks.first_end || key0 < chunks.last_start;
   }
   return needs_mask;
 }

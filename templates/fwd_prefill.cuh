@@ -431,7 +431,14 @@ __device__ void fwd_prefill(const FwdParams& p) {
       if constexpr (Cfg::kRewriteScores) {
         rewrite_scores<Cfg>(s, p, slopes, q0 + warp_row0, key0, diagonal_offset, lane);
       }
-      if (block_needs_mask<Cfg>(p, key0, seqlen_k, first_query, last_query, diagonal_offset)) apply_mask<Cfg>(s, p, seqlen_k, q0 + warp_row0, key0, diagonal_offset, lane);
+      // The chunk bounds are formed per block here, not held across the loop
+      // as the wgmma and decode kernels do: two more live registers spilled
+      // 12 bytes more in the 4-warp kernels of unaligned head dims (ptxas,
+      // NVRTC 13.0; test_compile).
+      if (block_needs_mask<Cfg>(p, key0, seqlen_k, first_query, last_query, diagonal_offset,
+                                chunk_bounds<Cfg>(p, first_query, last_query, diagonal_offset))) {
+        apply_mask<Cfg>(s, p, seqlen_k, q0 + warp_row0, key0, diagonal_offset, lane);
+      }
       if constexpr (Cfg::kEarlyNextK) {
         wait_v_then_load_next_k();
         online_softmax<Cfg>(s, o, row_max, row_sum, p.scale_log2);
