@@ -90,7 +90,16 @@ __device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJ
   const int last_query = Cfg::kPackGqa ? query_position<Cfg>(min(q0 + Cfg::kBlockQ, job.rows) - 1, group)
                                        : q0 + Cfg::kBlockQ - 1;
   visible_blocks<Cfg>(p, seqlen_k, job.diagonal_offset, first_query, last_query, job.first_block, job.end_block);
-  if constexpr (Cfg::kSplit) {
+  if constexpr (Cfg::kSplit && Cfg::kLocal) {
+    // Windows and chunks: split s takes piece s of this tile's own visible
+    // blocks, of at least blocks_per_split (planned on the window's span,
+    // splits.cpp), so a window over a long cache spreads over the splits
+    // instead of landing in one of pieces cut from the whole cache.
+    const int piece = max(p.blocks_per_split, (job.end_block - job.first_block + p.num_splits - 1) / p.num_splits);
+    job.first_block = min(job.first_block + split * piece, job.end_block);
+    job.end_block = min(job.end_block, job.first_block + piece);
+  } else if constexpr (Cfg::kSplit) {
+    // Every tile's keys start at block 0: pieces of absolute key blocks.
     job.first_block = max(job.first_block, split * p.blocks_per_split);
     job.end_block = max(job.first_block, min(job.end_block, (split + 1) * p.blocks_per_split));
   }

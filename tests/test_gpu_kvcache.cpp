@@ -701,6 +701,32 @@ TEST_CASE("kvcache: learnable_sink on every kernel family, split and not, with a
   check_cases(cases, rng, seed);
 }
 
+TEST_CASE("kvcache: windows and chunks over long caches split each tile's own keys, on every split kernel") {
+  // The 4-warp and wgmma split kernels, like the decode kernel, cut each
+  // tile's visible blocks into pieces planned on the window's span: a
+  // kernel that cut the whole cache (most pieces empty, the window in one)
+  // or lost a piece's keys fails. Random lengths put the windows anywhere.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  auto add = [&](int seqlen_q, int seqlen_k, auto&& set) {
+    Case c = four_sequences(seqlen_q, seqlen_k);
+    set(c);
+    cases.push_back(c);
+  };
+  // wgmma tiles: speculative tokens under gpt-oss's 128-key window, wider
+  // windows and chunks, heuristic and forced splits, pages.
+  add(16, 20000, [](Case& c) { c.window_left = 127, c.head_dim = 64; });
+  add(64, 20000, [](Case& c) { c.window_left = 700, c.append = true, c.rope = RopeStyle::rotate_half; });
+  add(64, 20000, [](Case& c) { c.window_left = 3000, c.num_splits = 5, c.page_size = 64; });
+  add(64, 20000, [](Case& c) { c.attention_chunk = 1000, c.dtype = DType::f16; });
+  add(64, 8000, [](Case& c) { c.window_left = 200, c.causal = false, c.dynamic = true; });
+  // 4-warp tiles, forced.
+  add(64, 20000, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.window_left = 500; });
+  add(64, 20000, [](Case& c) { c.tiles = {64, 64, 4, 0}, c.window_left = 900, c.num_splits = 7, c.page_size = 64; });
+  check_cases(cases, rng, seed);
+}
+
 TEST_CASE("kvcache: uneven batches split by total_seqlen_k or dynamic_splits (one long sequence, fifteen short)") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);

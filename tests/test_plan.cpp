@@ -2144,6 +2144,29 @@ TEST_CASE("attention_chunk: a local mask compiled in as .chunk, in every call ki
   ForwardOptions window = causal_only;
   window.window_left = 4095;
   CHECK(decode_pieces(32768, window) == decode_pieces(4096, causal_only));
+  // The 4-warp and wgmma split kernels cut each tile's own visible blocks
+  // too: 16 speculative tokens (64 packed rows: wgmma tiles) with a 128-key
+  // window over 32k cached keys see two blocks, and split no more than a
+  // cache of those keys would; a 4096-key window splits as 4096 keys.
+  TensorView q_spec = q;
+  q_spec.shape[1] = 16;
+  auto prefill_splits = [&](int64_t capacity, const ForwardOptions& o) {
+    KVCacheArgs a = args;
+    a.k_cache.shape[1] = a.v_cache.shape[1] = capacity;
+    TensorView one = q_spec;
+    one.shape[0] = 1;
+    a.cache_seqlens.shape[0] = 1;
+    a.k_cache.shape[0] = a.v_cache.shape[0] = 1;
+    const ForwardPlan plan = plan_kvcache(one, a, one, nullptr, o, nullptr, 0, true, hopper, 227 * 1024, 132).attention;
+    CHECK(plan.spec.wgmma);
+    return std::pair{plan.params.num_splits, plan.params.blocks_per_split};
+  };
+  ForwardOptions sliding = causal_only;
+  sliding.window_left = 127;
+  CHECK(prefill_splits(32768, sliding).first <= 2);
+  CHECK(prefill_splits(32768, causal_only).first > 8);
+  sliding.window_left = 4095;
+  CHECK(prefill_splits(32768, sliding) == prefill_splits(4096 + 16, causal_only));
   TensorView q_chunk = q;
   q_chunk.shape[1] = 64;
   const KVCachePlan chunked_prefill = plan_kvcache(q_chunk, args, q_chunk, nullptr, options, nullptr, 0, true, hopper,

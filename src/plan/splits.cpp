@@ -71,16 +71,20 @@ int uneven_splits(int64_t tiles, int64_t batch, int sm_count, int64_t longest_ke
 
 namespace {
 
-// The most keys one tile of the decode kernel sees: every key, or with a
-// window (cut to chunks) the span around its rows' diagonal. The decode
-// kernel cuts each tile's own visible steps into pieces (fwd_decode.cuh), so
-// its splits are planned on that span: a 4096-key window over a 32k cache
-// is split as 4096 keys, not as 32k of which most pieces would be empty.
-int64_t decode_visible_keys(const KernelSpec& spec, const FwdParams& p, const Problem& problem) {
+// The most keys one tile sees: every key, or with a window (cut to chunks)
+// the span around its rows' diagonal. The decode kernel, and the 4-warp and
+// wgmma split kernels with a window, cut each tile's own visible keys into
+// pieces (fwd_decode.cuh, fwd_prefill.cuh), so their splits are planned on
+// that span: a 4096-key window over a 32k cache is split as 4096 keys, not
+// as 32k of which most pieces would be empty.
+int64_t tile_visible_keys(const KernelSpec& spec, const FwdParams& p, const Problem& problem) {
   int64_t keys = problem.seqlen_k;
   if (!spec.local) return keys;
-  // The tile's queries span at most seqlen_q diagonal keys.
-  const int64_t rows = std::max<int64_t>(1, problem.seqlen_q);
+  // A tile's queries span at most that many diagonal keys: all of a
+  // sequence's, or a tile's rows (a KV head's query heads share them when
+  // packed).
+  const int64_t tile_queries = spec.pack_gqa ? std::max(1, spec.block_q / std::max(1, p.heads_per_kv)) : spec.block_q;
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(problem.seqlen_q, tile_queries));
   keys = std::min<int64_t>(keys, int64_t{p.window_left} + p.window_right + rows);
   if (spec.chunk) {
     // One query sees one chunk; seqlen_q > 1 queries reach into at most
@@ -117,10 +121,9 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoic
     // Splits are counted in key blocks: one CTA step (every warp one chunk)
     // for the decode kernel. The heuristic sees blocks of at least
     // kMinSplitKeys; a split still spans whole steps.
-    // The keys a tile sees: the 4-warp and wgmma tiles split at absolute
-    // key blocks (fwd_prefill.cuh), so they count every key.
+    // The keys a tile sees (tile_visible_keys).
     const bool decode = spec.family == Family::decode;
-    const int64_t seen_keys = decode ? decode_visible_keys(spec, p, problem) : problem.seqlen_k;
+    const int64_t seen_keys = tile_visible_keys(spec, p, problem);
     const int64_t step = decode ? spec.block_kv * spec.warps : spec.block_kv;
     const int64_t kv_blocks = std::max<int64_t>(1, (seen_keys + step - 1) / step);
     const int64_t split_keys = decode ? std::max<int64_t>(step, kMinSplitKeys) : step;
