@@ -2042,6 +2042,58 @@ TEST_CASE("learnable_sink: compiled in as .sink where final rows are written, le
                    .spec.sink);
 }
 
+TEST_CASE("short sliding windows (at most 256 keys) on sm_90a take 64-row tiles of 64-key blocks on 4 warps") {
+  // gpt-oss's sliding layers: 64 query heads over 8, head dim 64, a 128-key
+  // causal window. Prefill and speculative tokens over a long cache, where
+  // each tile sees a few key blocks however long the call.
+  const Arch hopper = Arch::parse("sm_90a");
+  Call c;
+  c.q = c.out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 8192, 64, 64});
+  c.k = c.v = TensorView::contiguous(address(0x20000), DType::bf16, {1, 8192, 8, 64});
+  c.lse = TensorView::contiguous(address(0x50000), DType::f32, {1, 64, 8192});
+  c.options.causal = true;
+  CHECK(c.plan().spec.wgmma);  // full causal layers
+  c.options.window_left = 127;
+  ForwardPlan plan = c.plan();
+  CHECK(plan.spec.text() == "fwd.bf16.d64.br64.bc64.w4.local");
+  c.options.window_left = 255;  // the span is 256 keys: still short
+  CHECK(c.plan().spec.text() == "fwd.bf16.d64.br64.bc64.w4.local");
+  c.options.window_left = 256;
+  CHECK(c.plan().spec.wgmma);
+  // Chunks of up to 256 keys are short windows too; with RoPE the planner
+  // keeps its RoPE kernels; sm_80 keeps its own tiles; forced tiles stay.
+  c.options.window_left = -1;
+  c.options.attention_chunk = 200;
+  CHECK(c.plan().spec.text() == "fwd.bf16.d64.br64.bc64.w4.local.chunk");
+  c.options.attention_chunk = 0;
+  c.options.window_left = 127;
+  c.options.rope.style = RopeStyle::rotate_half;
+  CHECK(c.plan().spec.block_kv != 64);
+  c.options.rope.style = RopeStyle::none;
+  CHECK(c.plan(true, 163 * 1024, "sm_80").spec.text() != "fwd.bf16.d64.br64.bc64.w4.local");
+  c.options.tiles = {128, 128, 8, 2, true};
+  CHECK(c.plan().spec.wgmma);
+  c.options.tiles = {};
+  // Speculative tokens over a KV cache: 4-warp tiles of 64-key blocks, split
+  // where they are few; single tokens keep the decode kernel.
+  KVCacheArgs args;
+  args.k_cache = args.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {8, 32768, 8, 64});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {8});
+  for (int64_t tokens : {1, 16, 64}) {
+    const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {8, tokens, 64, 64});
+    const KVCachePlan cache = plan_kvcache(q, args, q, nullptr, c.options, nullptr, 0, true, hopper, 227 * 1024, 132);
+    CAPTURE(tokens);
+    if (tokens == 1) {
+      CHECK(cache.attention.spec.family == Family::decode);
+    } else {
+      CHECK(cache.attention.spec.block_q == 64);
+      CHECK(cache.attention.spec.block_kv == 64);
+      CHECK(cache.attention.spec.warps == 4);
+      CHECK_FALSE(cache.attention.spec.wgmma);
+    }
+  }
+}
+
 TEST_CASE("attention_chunk: a local mask compiled in as .chunk, in every call kind, with the chunk as a runtime bound") {
   // Dense: causal becomes a window of right bound 0 cut to chunks; the
   // kernel without chunks is the same spec less .chunk.

@@ -69,6 +69,11 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
   facts.causal = facts.right == 0 && facts.left < 0 && facts.chunk == 0;
   facts.local = !facts.causal && (facts.left >= 0 || facts.right >= 0 || facts.chunk > 0);
   facts.masked_like_causal = facts.causal || facts.local;
+  if (facts.local) {
+    const int64_t window = facts.left >= 0 && facts.right >= 0 ? int64_t{facts.left} + facts.right + 1 : 0;
+    const int64_t chunk = facts.chunk;
+    facts.window_span = window > 0 && chunk > 0 ? std::min(window, chunk) : std::max(window, chunk);
+  }
   facts.group = problem.heads_q / problem.heads_kv;
   facts.tiles_forced = options.tiles.block_q != 0 || options.tiles.block_kv != 0 || options.tiles.warps != 0;
   return facts;

@@ -142,6 +142,9 @@ struct CallFacts {
   int chunk = 0;  // attention_chunk (0: off); a local mask
   bool causal = false, local = false;
   bool masked_like_causal = false;  // tuned like causal masks (both skip key blocks)
+  // Local masks: the most keys a query sees (the window's left + right + 1,
+  // or the chunk, whichever is smaller); 0 when unbounded.
+  int64_t window_span = 0;
   int64_t group = 1;                // query heads per KV head
   // The caller fixed block sizes or warps: the planner leaves them alone.
   bool tiles_forced = false;

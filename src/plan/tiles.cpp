@@ -339,6 +339,26 @@ std::vector<TileConfig> default_tile_set(DType dtype, int head_dim, bool causal,
 
 namespace {
 
+// Short sliding windows on sm_90a (a local mask whose rows see at most
+// kShortWindowKeys keys, as gpt-oss's 128-key sliding layers), without
+// RoPE: a tile sees a few key blocks however long the call, as a short
+// call's tiles do, and 64-row tiles of 64-key blocks on 4 warps measured
+// fastest at head dims up to 64. H200, bench/probe_window_kernels.py
+// (docs/PERFORMANCE.md), window 128, causal, 64/8 heads at head dim 64:
+// prefill 0.84-0.87x the time of the planner's former 192-row wgmma tiles
+// (0.72-0.77x forced 128-row ones); 16 and 64 speculative tokens over a
+// 32k-key cache 0.56-0.94x, and ahead of 64x128 and 128x64 4-warp tiles
+// but for one shape (8 x 16 tokens: 64x128 4% faster). At head dim 128 (32/8 heads)
+// the wgmma tiles stayed 3-5% ahead on prefill and 64x64 tiles were up to
+// 2.4x slower over a cache, so it keeps its tiles. The decode kernel keeps
+// calls of up to 32 packed rows.
+constexpr int64_t kShortWindowKeys = 256;
+bool short_window(const CallFacts& facts, const Arch& arch) {
+  const bool hopper = arch.major == 9 && arch.minor == 0 && arch.arch_specific;
+  return hopper && facts.local && facts.window_span > 0 && facts.window_span <= kShortWindowKeys &&
+         !facts.has_rope && !facts.unaligned && facts.kernel_dim <= 64;
+}
+
 // The tuned or default tiles, what the caller forced, and the feature
 // flags of the spec, GQA packing included. Returns the tiles.
 TileConfig base_spec(KernelSpec& spec, const Problem& problem, const ForwardOptions& options, const CallFacts& facts,
@@ -354,6 +374,7 @@ TileConfig base_spec(KernelSpec& spec, const Problem& problem, const ForwardOpti
   std::optional<TileConfig> tuned;
   if (tuning != nullptr) tuned = tuning->lookup({arch, problem.dtype, kernel_dim, masked_like_causal, bucket});
   TileConfig tiles = tuned ? *tuned : default_tiles(problem.dtype, kernel_dim, masked_like_causal, arch, bucket);
+  if (!tuned && short_window(facts, arch)) tiles = {64, 64, 4};
   if (options.tiles.stages != 0) {
     if (options.tiles.stages < 0) reject(fmt::format("options.tiles.stages={} must be >= 0", options.tiles.stages));
     if (problem.kvcache && !options.tiles.wgmma && options.pack_gqa == false) {
@@ -496,7 +517,8 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
     // paged cache keeps them only when a block fits in one page (smaller
     // pages take the per-row copy, which costs more than the larger block
     // gains).
-    const int block_kv = problem.paged && (int64_t{1} << problem.page_shift) < 128 ? 64 : 128;
+    const int block_kv =
+        short_window(facts, arch) || (problem.paged && (int64_t{1} << problem.page_shift) < 128) ? 64 : 128;
     tiles = {64, block_kv, 4};
     spec.block_q = 64;
     spec.block_kv = block_kv;
@@ -552,7 +574,7 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
                                         ctas_of(64) >= 2 * static_cast<int64_t>(problem.sm_count);
   const bool cache_prefill = problem.kvcache && spec.family == Family::fwd && !short_rows_keep_mma_sync;
   const bool choose = !tiles_forced && options.tiles.stages == 0 && spec.family == Family::fwd &&
-                      (!problem.kvcache || cache_prefill) && hopper && !unaligned;
+                      (!problem.kvcache || cache_prefill) && hopper && !unaligned && !short_window(facts, arch);
   std::optional<TileConfig> wgmma;
   if (!unaligned) wgmma = wgmma_tiles(kernel_dim, has_rope, arch, problem.paged);
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
