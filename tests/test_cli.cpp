@@ -574,10 +574,10 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
 
 TEST_CASE("the gpt-oss preset warms every kernel of its calls: sinks, causal and 128-key sliding layers") {
   // gpt-oss's own shape (64 query heads over 8, head dim 64, a sink per
-  // query head), in calls other than the preset's sweeps: decoding over
-  // contiguous and paged caches, with new keys, split by the heuristic and
-  // dynamically; prefill; an engine's varlen steps. Every kernel they plan,
-  // combines included, is in the preset.
+  // query head), in calls other than the preset's sweeps: decoding and 3-16
+  // speculative tokens over contiguous and paged caches, with new keys,
+  // split by the heuristic and dynamically; prefill. Every kernel they
+  // plan, combines included, is in the preset.
   using jitattn::TensorView;
   using jitattn::DType;
   const Arch hopper = Arch::parse("sm_90a");
@@ -600,29 +600,31 @@ TEST_CASE("the gpt-oss preset warms every kernel of its calls: sinks, causal and
     options.window_left = window;
     options.learnable_sink = &sinks;
     for (int64_t batch : {1, 12, 64}) {
-      for (int page : {0, 16, 64}) {
-        for (bool append : {false, true}) {
-          for (bool dynamic : {false, true}) {
-            const int64_t capacity = 20000 / 64 * 64;
-            const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, 1, 64, 64});
-            const TensorView k_new = TensorView::contiguous(address(0x20000), DType::bf16, {batch, 1, 8, 64});
-            const TensorView table =
-                TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
-            jitattn::KVCacheArgs args;
-            args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16, {batch, capacity, 8, 64})
-                                     : TensorView::contiguous(address(0x40000), DType::bf16,
-                                                              {batch * capacity / page, page, 8, 64});
-            args.v_cache = args.k_cache;
-            args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
-            args.block_table = page == 0 ? nullptr : &table;
-            if (append) args.k_new = args.v_new = &k_new;
-            args.dynamic_splits = dynamic;
-            const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options, address(0x100000),
-                                                             size_t{1} << 32, false, hopper, 227 * 1024, 132);
-            const std::string context = fmt::format("decode window={} batch={} page={} append={} dynamic={}", window,
-                                                    batch, page, append, dynamic);
-            expect_warmed(plan.attention.spec, context);
-            if (plan.combine.grid > 0) expect_warmed(plan.combine.spec, context);
+      for (int64_t tokens : {1, 3, 4, 8, 16}) {  // decoding and speculative tokens
+        for (int page : {0, 16, 64}) {
+          for (bool append : {false, true}) {
+            for (bool dynamic : {false, true}) {
+              const int64_t capacity = 20000 / 64 * 64;
+              const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, tokens, 64, 64});
+              const TensorView k_new = TensorView::contiguous(address(0x20000), DType::bf16, {batch, tokens, 8, 64});
+              const TensorView table =
+                  TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
+              jitattn::KVCacheArgs args;
+              args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16, {batch, capacity, 8, 64})
+                                       : TensorView::contiguous(address(0x40000), DType::bf16,
+                                                                {batch * capacity / page, page, 8, 64});
+              args.v_cache = args.k_cache;
+              args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+              args.block_table = page == 0 ? nullptr : &table;
+              if (append) args.k_new = args.v_new = &k_new;
+              args.dynamic_splits = dynamic;
+              const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options, address(0x100000),
+                                                               size_t{1} << 32, false, hopper, 227 * 1024, 132);
+              const std::string context = fmt::format("decode window={} batch={} tokens={} page={} append={} dynamic={}",
+                                                      window, batch, tokens, page, append, dynamic);
+              expect_warmed(plan.attention.spec, context);
+              if (plan.combine.grid > 0) expect_warmed(plan.combine.spec, context);
+            }
           }
         }
       }

@@ -21,15 +21,16 @@ std::vector<RopeForm> rope_forms(const AttentionShape& shape) {
   return {RopeForm::none, RopeForm::theta, RopeForm::tables};
 }
 
-// The tables a call of RopeForm::tables passes (views kept alive for its plan).
-struct RopeTables {
-  TensorView cos, sin;
+// The tensors a call's options point at (views kept alive for its plan):
+// RoPE tables (RopeForm::tables) and sinks.
+struct OptionTensors {
+  TensorView cos, sin, sinks;
 };
 
 // `options` of a call with `shape` in `form` whose keys lie at positions
 // below `positions` (the tables' rows).
 void set_rope(ForwardOptions& options, const AttentionShape& shape, RopeForm form, int64_t positions,
-              RopeTables& tables) {
+              OptionTensors& tables) {
   if (form == RopeForm::none) return;
   options.rope.style = shape.rope;
   options.rope.rotary_dim = shape.rotary_dim != 0 ? shape.rotary_dim : shape.head_dim;
@@ -43,16 +44,18 @@ void set_rope(ForwardOptions& options, const AttentionShape& shape, RopeForm for
 }
 
 // The options every call of `shape` passes: its mask and softcap (for local
-// layers the shape's window, else one of `window_left` keys), its sinks (the
-// sweeps' 32 query heads), and RoPE in `form`.
+// layers the shape's window, else one of `window_left` keys), its sinks, and
+// RoPE in `form`.
 ForwardOptions shape_options(const AttentionShape& shape, RopeForm form, int window_left, int64_t positions,
-                             RopeTables& tables) {
-  static const TensorView sinks = TensorView::contiguous(address(0x80000), DType::f32, {32});
+                             OptionTensors& tables) {
   ForwardOptions options;
   options.causal = shape.causal;
   if (shape.local) options.window_left = shape.window > 0 ? shape.window : window_left;
   if (shape.softcap) options.softcap = 50.f;
-  if (shape.sink) options.learnable_sink = &sinks;
+  if (shape.sink) {
+    tables.sinks = TensorView::contiguous(address(0x80000), DType::f32, {shape.heads_q});
+    options.learnable_sink = &tables.sinks;
+  }
   set_rope(options, shape, form, positions, tables);
   return options;
 }
@@ -80,11 +83,12 @@ void add_dynamic_combine(const detail::KernelSpec& attention, const AttentionSha
   }
 }
 
-// The kernels forward_kvcache plans for `shape` (32 query heads over 8 KV
+// The kernels forward_kvcache plans for `shape` (its query heads over its KV
 // heads, new keys appended): one-token decoding of one sequence (one CTA
 // per SM) and of many (two per SM), one split and several, and of 20, 28,
 // 40 and 48 sequences (resident tiles of each pipeline size); 8 tokens
-// (speculative decoding: 32 packed rows, the decode kernel's two-tile rows)
+// (speculative decoding: at 4 query heads per KV head 32 packed rows, the
+// decode kernel's two-tile rows)
 // and 16 (64 packed rows, beyond the decode kernel) of one sequence and of
 // many; chunked prefill of 2048 tokens over 8192 cached ones; a contiguous
 // cache and pages of 16, 64 and 256 rows each (FlashAttention-2 takes only
@@ -95,20 +99,25 @@ void add_dynamic_combine(const detail::KernelSpec& attention, const AttentionSha
 void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
                        std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
-  const int heads_kv = 8, heads_q = 32;
+  const int64_t heads_kv = shape.heads_kv, heads_q = shape.heads_q;
   struct Call {
     int64_t batch, seqlen_q, capacity;
     int splits;
     bool dynamic_splits;
   };
+  // Speculative tokens by their packed rows, whatever the GQA ratio: 32
+  // (the decode kernel's two-tile rows) and 64 (beyond it); 8 and 16 tokens
+  // at 4 query heads per KV head.
+  const int64_t group = std::max<int64_t>(1, heads_q / heads_kv);
+  const int64_t two_tiles = std::max<int64_t>(1, 32 / group), beyond = std::max<int64_t>(1, 64 / group);
   const Call calls[] = {{1, 1, 4096, 1, false},  {1, 1, 4096, 3, false},  {64, 1, 4096, 1, false},
                         {64, 1, 4096, 3, false}, {20, 1, 4096, 0, false}, {28, 1, 4096, 0, false},
                         {40, 1, 4096, 0, false}, {48, 1, 4096, 0, false},
-                        {1, 8, 4096, 1, false},  {1, 8, 4096, 3, false},
-                        {64, 8, 4096, 1, false}, {64, 8, 4096, 3, false}, {1, 16, 4096, 1, false},
-                        {1, 16, 4096, 3, false}, {64, 16, 4096, 1, false}, {1, 2048, 8192, 1, false},
-                        {1, 1, 4096, 0, true},   {64, 1, 4096, 0, true},  {1, 8, 4096, 0, true},
-                        {64, 8, 4096, 0, true}};
+                        {1, two_tiles, 4096, 1, false},  {1, two_tiles, 4096, 3, false},
+                        {64, two_tiles, 4096, 1, false}, {64, two_tiles, 4096, 3, false}, {1, beyond, 4096, 1, false},
+                        {1, beyond, 4096, 3, false}, {64, beyond, 4096, 1, false}, {1, 2048, 8192, 1, false},
+                        {1, 1, 4096, 0, true},   {64, 1, 4096, 0, true},  {1, two_tiles, 4096, 0, true},
+                        {64, two_tiles, 4096, 0, true}};
   for (const auto& [batch, seqlen_q, capacity, splits, dynamic_splits] : calls) {
     for (int page : {0, 16, 64, 256}) {
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen_q, heads_q, shape.head_dim});
@@ -124,7 +133,7 @@ void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail:
       args.k_new = args.v_new = &k_new;
       args.num_splits = splits;
       args.dynamic_splits = dynamic_splits;
-      RopeTables tables;
+      OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, static_cast<int>(capacity / 2), capacity, tables);
       const detail::KVCachePlan plan =
           detail::plan_kvcache(q, args, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem, 132);
@@ -137,8 +146,8 @@ void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail:
                                               shape.sink));
 }
 
-// The kernels forward() plans for `shape` with few query rows (32 query
-// heads over 8 KV heads, one sequence over 4096 and over 32768 keys, whose
+// The kernels forward() plans for `shape` with few query rows (its query
+// heads over its KV heads, one sequence over 4096 and over 32768 keys, whose
 // key blocks differ at head dim 128): 1 and 16 query tokens (the decode
 // kernel over dense K/V; packed GQA tiles) and 128 (unpacked), with a
 // workspace (split) and without, and the combine kernel.
@@ -147,9 +156,9 @@ void add_dense_split_specs(const AttentionShape& shape, RopeForm form, const det
   const int max_smem = max_smem_of(arch);
   for (int64_t seqlen_k : {4096, 32768}) {
     for (int64_t seqlen_q : {1, 16, 128}) {
-      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {1, seqlen_q, 32, shape.head_dim});
-      const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {1, seqlen_k, 8, shape.head_dim});
-      RopeTables tables;
+      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {1, seqlen_q, shape.heads_q, shape.head_dim});
+      const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {1, seqlen_k, shape.heads_kv, shape.head_dim});
+      OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, 4096, seqlen_k, tables);
       const detail::SplitForwardPlan plan = detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0,
                                                                        /*sizing_only=*/true, arch, max_smem, 132);
@@ -162,7 +171,7 @@ void add_dense_split_specs(const AttentionShape& shape, RopeForm form, const det
 }
 
 // The kernels forward_varlen plans for an inference engine's step of
-// `shape` (32 query heads over 8 KV heads): 1, 16, 20, 28, 40 and 64
+// `shape` (its query heads over its KV heads): 1, 16, 20, 28, 40 and 64
 // decoding steps over up to 8192 keys (the decode kernel: split, one CTA per
 // SM, resident tiles of each pipeline size, two per SM), 4
 // sequences of 8 tokens (speculative decoding),
@@ -176,25 +185,28 @@ void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::
   struct Step {
     int64_t batch, total_q, max_seqlen_q;
   };
+  // Speculative steps of 32 packed rows a sequence (8 tokens at 4 query
+  // heads per KV head).
+  const int64_t speculative = std::max<int64_t>(1, 32 / std::max(1, shape.heads_q / shape.heads_kv));
   for (const auto& [batch, total_q, max_seqlen_q] :
        {Step{1, 1, 1}, Step{16, 16, 1}, Step{20, 20, 1}, Step{28, 28, 1}, Step{40, 40, 1}, Step{64, 64, 1},
-        Step{4, 32, 8}, Step{16, 527, 512}}) {
+        Step{4, 4 * speculative, speculative}, Step{16, 527, 512}}) {
     for (int page : {0, 16, 64}) {
       // Keys in a paged cache were rotated as they were written (forward_kvcache's k_new).
       if (page != 0 && form != RopeForm::none) continue;
       const int64_t max_seqlen_k = 8192;
-      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {total_q, 32, shape.head_dim});
+      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {total_q, shape.heads_q, shape.head_dim});
       const TensorView kv =
-          page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * max_seqlen_k, 8, shape.head_dim})
+          page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * max_seqlen_k, shape.heads_kv, shape.head_dim})
                     : TensorView::contiguous(address(0x20000), shape.dtype,
-                                             {batch * max_seqlen_k / page, page, 8, shape.head_dim});
+                                             {batch * max_seqlen_k / page, page, shape.heads_kv, shape.head_dim});
       const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, max_seqlen_k / std::max(page, 1)});
       VarlenArgs varlen;
       varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
       varlen.max_seqlen_q = static_cast<int>(max_seqlen_q);
       varlen.max_seqlen_k = static_cast<int>(max_seqlen_k);
       varlen.block_table = page == 0 ? nullptr : &table;
-      RopeTables tables;
+      OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, 4096, max_seqlen_k, tables);
       specs.push_back(detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, nullptr, 0,
                                                         /*sizing_only=*/true, arch, max_smem, 132)
@@ -211,7 +223,7 @@ void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::
   }
 }
 
-// The prefill kernels of `shape` with RoPE in `form` (32 query heads over 8
+// The prefill kernels of `shape` with RoPE in `form` (its query heads over its
 // KV heads): batches of 1 to 64 sequences of 128 to 16384 tokens, which reach
 // the planner's choices (tiles by head dim, ordinary and persistent grids,
 // RoPE tables staged or not), as forward() calls (without RoPE the
@@ -222,20 +234,20 @@ void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail:
   const int max_smem = max_smem_of(arch);
   for (int64_t batch = 1; batch <= 64; batch *= 2) {
     for (int64_t seqlen = 128; seqlen <= 16384; seqlen *= 2) {
-      RopeTables tables;
+      OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, 4096, seqlen, tables);
       if (form != RopeForm::none) {
-        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, 32, shape.head_dim});
-        const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, 8, shape.head_dim});
+        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, shape.heads_q, shape.head_dim});
+        const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, shape.heads_kv, shape.head_dim});
         specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
       }
       for (int page : {0, 64}) {
         if (page != 0 && form != RopeForm::none) continue;  // keys rotated as they were written
-        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch * seqlen, 32, shape.head_dim});
+        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch * seqlen, shape.heads_q, shape.head_dim});
         const TensorView kv =
-            page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * seqlen, 8, shape.head_dim})
+            page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * seqlen, shape.heads_kv, shape.head_dim})
                       : TensorView::contiguous(address(0x20000), shape.dtype,
-                                               {batch * (seqlen / std::max(page, 1) + 1), page, 8, shape.head_dim});
+                                               {batch * (seqlen / std::max(page, 1) + 1), page, shape.heads_kv, shape.head_dim});
         const TensorView table =
             TensorView::contiguous(address(0x30000), DType::i32, {batch, seqlen / std::max(page, 1) + 1});
         VarlenArgs varlen;
@@ -291,12 +303,12 @@ const std::vector<Preset>& presets() {
       {"phi3-mini", "Phi-3 mini: bf16, head_dim 96, causal (32 heads), RoPE rotate-half",
        {{DType::bf16, 96, true, false, false, true, kHalf}}},
       {"gemma2-9b", "Gemma 2 9B: bf16, head_dim 256, softcap 50, global causal and 4096-token local layers, RoPE rotate-half",
-       {{DType::bf16, 256, true, false, true, true, kHalf}, {DType::bf16, 256, false, true, true, true, kHalf}}},
+       {{DType::bf16, 256, true, false, true, true, kHalf}, {DType::bf16, 256, true, true, true, true, kHalf}}},
       // YaRN's angles are not among the kernels' formulas: RoPE stays the
       // engine's (or cos/sin tables: jitattn plan --rope-tables ... --manifest).
       {"gpt-oss", "gpt-oss 20B/120B: bf16, head_dim 64, learnable sinks, causal and 128-token sliding layers (64 q / 8 kv heads)",
-       {{DType::bf16, 64, true, false, false, true, RopeStyle::none, 0, /*sink=*/true},
-        {DType::bf16, 64, false, true, false, true, RopeStyle::none, 0, /*sink=*/true, /*window=*/127}}},
+       {{DType::bf16, 64, true, false, false, true, RopeStyle::none, 0, /*sink=*/true, /*window=*/0, 64, 8},
+        {DType::bf16, 64, true, true, false, true, RopeStyle::none, 0, /*sink=*/true, /*window=*/127, 64, 8}}},
   };
   return all;
 }
@@ -324,7 +336,7 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
         detail::KernelSpec spec;
         spec.dtype = shape.dtype;
         spec.head_dim = shape.head_dim;
-        spec.causal = shape.causal;
+        spec.causal = shape.causal && !shape.local;  // a causal window is local
         spec.local = shape.local;
         spec.softcap = shape.softcap;
         spec.sink = shape.sink;

@@ -14,13 +14,13 @@
 
 namespace jitattn::cli {
 
-// What a model's attention layers bake into a kernel. Head counts, GQA ratio
-// and sequence lengths are runtime arguments, so they do not appear here.
+// What a model's attention layers bake into a kernel, and the heads its calls
+// are planned with (sequence lengths are swept).
 struct AttentionShape {
   DType dtype = DType::bf16;
   int head_dim = 128;
   bool causal = true;
-  bool local = false;    // sliding-window layers (a causal window is local)
+  bool local = false;    // sliding-window layers (with causal: a causal window, as decoders' local layers)
   bool softcap = false;  // logit softcap
   // Decoder layers also decode from a KV cache: the preset warms the kernels
   // forward_kvcache takes for one token (append, decode with and without
@@ -39,6 +39,10 @@ struct AttentionShape {
   // Local layers' window (window_left, keys before the diagonal); 0: the
   // sweeps' own windows (half the cache, or 4096 keys).
   int window = 0;
+  // The heads of the calls the preset sweeps: a KV head's query heads are
+  // packed into its tiles, so the GQA ratio (with the query tokens) picks
+  // between the decode kernel and tiles of 64 rows or more.
+  int heads_q = 32, heads_kv = 8;
 };
 
 struct Preset {
