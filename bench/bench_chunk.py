@@ -17,7 +17,6 @@ library (windows only when it predates attention_chunk) show what the split plan
 """
 import argparse
 import ctypes
-import json
 import os
 import sys
 
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from jitattn_ctypes import BF16, I32, check, default_options, force_tiles, load, tensor_of  # noqa: E402
+from jitattn_bench import max_difference, write_json  # noqa: E402
 from jitattn_kvcache import kvcache_call  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
@@ -58,11 +58,7 @@ def prefill(lib, stream, rows, tiles=""):
             check(lib, lib.jitattn_fwd(ctypes.byref(vq), ctypes.byref(vk), ctypes.byref(vv), ctypes.byref(vo), None,
                                        ctypes.byref(plain), stream))
 
-        out.fill_(float("nan"))
-        out_virtual.fill_(float("inf"))
-        run_chunked()
-        run_virtual()
-        diff = (out.float() - out_virtual.float()).abs().max().item()
+        diff = max_difference(run_chunked, out, run_virtual, out_virtual)
         if not diff <= 1e-2:
             print(f"MISMATCH N={n} chunk={chunk}: max |chunked - virtual batch| = {diff}")
             return 1
@@ -131,11 +127,7 @@ def decode(libs, stream, rows):
                 # The keys the query sees, as a cache of their own (the tail of each copy).
                 seen_calls = [kvcache_call(lib, tq, tout_seen, tseen, k[:, capacity - seen:], v[:, capacity - seen:],
                                            plain, stream, 0, seen) for k, v in caches]
-                out.fill_(float("nan"))
-                out_seen.fill_(float("inf"))
-                calls[0]()
-                seen_calls[0]()
-                diff = (out.float() - out_seen.float()).abs().max().item()
+                diff = max_difference(calls[0], out, seen_calls[0], out_seen)
                 if not diff <= 1e-2:
                     print(f"MISMATCH {name} batch={batch} {mask}: max |masked - seen keys only| = {diff}")
                     return 1
@@ -169,9 +161,7 @@ def main():
     if args.base_lib:
         libs["base"] = load(args.base_lib)
     status = status or decode(libs, stream, rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(args.json, rows)
     return status
 
 

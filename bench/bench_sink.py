@@ -15,7 +15,6 @@ K + V read. Every result with sinks is checked against "after" before timing.
 """
 import argparse
 import ctypes
-import json
 import os
 import sys
 
@@ -23,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from jitattn_ctypes import BF16, F32, I32, check, default_options, load, tensor_of  # noqa: E402
+from jitattn_bench import max_difference, random_sinks, write_json  # noqa: E402
 from jitattn_kvcache import kvcache_call  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
@@ -52,7 +52,7 @@ def prefill(lib, stream, rows):
     print(f"prefill: bf16, heads {HEADS_Q}/{HEADS_KV}, d {DIM}, one sequence; ms per call")
     print(f"{'N':>6} {'mask':>10} | {'sinks':>8} {'none':>8} {'after':>8} | {'sinks/none':>10} {'after/sinks':>11}")
     gen = torch.Generator(device="cuda").manual_seed(7)
-    sinks = torch.empty(HEADS_Q, device="cuda", dtype=torch.float32).uniform_(-2, 4, generator=gen)
+    sinks = random_sinks(HEADS_Q, gen)
     for n in (2048, 8192, 32768):
         q = torch.randn(1, n, HEADS_Q, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
         k, v = (torch.randn(1, n, HEADS_KV, DIM, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
@@ -77,10 +77,7 @@ def prefill(lib, stream, rows):
                                            ctypes.byref(tl), ctypes.byref(plain), stream))
                 apply_after(out_plain, lse, sinks)
 
-            out.fill_(float("nan"))
-            run_sinks()
-            run_after()
-            diff = (out.float() - out_plain.float()).abs().max().item()
+            diff = max_difference(run_sinks, out, run_after, out_plain)
             if not diff <= 2e-2:
                 print(f"MISMATCH N={n} window={window}: max |sinks - after| = {diff}")
                 return 1
@@ -100,7 +97,7 @@ def decode(lib, stream, rows):
     print(f"decode: bf16, heads {HEADS_Q}/{HEADS_KV}, d {DIM}, one query token, causal; TB/s of K + V read")
     print(f"{'batch':>5} {'keys':>6} | {'sinks':>8} {'none':>8} {'after':>8} | {'sinks/none':>10} {'after/sinks':>11}")
     gen = torch.Generator(device="cuda").manual_seed(11)
-    sinks = torch.empty(HEADS_Q, device="cuda", dtype=torch.float32).uniform_(-2, 4, generator=gen)
+    sinks = random_sinks(HEADS_Q, gen)
     for batch in (1, 16, 64):
         for keys in (4096, 32768):
             kv_bytes = batch * keys * HEADS_KV * DIM * 2 * 2
@@ -123,10 +120,7 @@ def decode(lib, stream, rows):
                 lse_calls[i % copies]()
                 apply_after(out_plain, lse, sinks)
 
-            out.fill_(float("nan"))
-            sink_calls[0]()
-            after(0)
-            diff = (out.float() - out_plain.float()).abs().max().item()
+            diff = max_difference(sink_calls[0], out, lambda: after(0), out_plain)
             if not diff <= 2e-2:
                 print(f"MISMATCH batch={batch} keys={keys}: max |sinks - after| = {diff}")
                 return 1
@@ -154,9 +148,7 @@ def main():
     print(f"jitattn {lib.jitattn_version().decode()} | torch {torch.__version__} | {torch.cuda.get_device_name()}")
     rows = []
     status = prefill(lib, stream, rows) or decode(lib, stream, rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(args.json, rows)
     return status
 
 

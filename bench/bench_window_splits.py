@@ -8,7 +8,6 @@ keys the window lets the queries see (the same window). With --base-lib, the sam
 """
 import argparse
 import ctypes
-import json
 import os
 import sys
 
@@ -16,6 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from jitattn_ctypes import BF16, F32, I32, default_options, load, tensor_of  # noqa: E402
+from jitattn_bench import max_difference, random_sinks, write_json  # noqa: E402
 from jitattn_kvcache import kvcache_call  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
@@ -37,7 +37,7 @@ def main():
     names = list(libs)
     print(f"{'batch':>5} {'tokens':>6} {'window':>6} | " + " ".join(f"{n:>8}" for n in names) + f" | {'seen only':>9}")
     gen = torch.Generator(device="cuda").manual_seed(5)
-    sinks = torch.empty(HEADS_Q, device="cuda", dtype=torch.float32).uniform_(-2, 4, generator=gen)
+    sinks = random_sinks(HEADS_Q, gen)
     tsinks = tensor_of(sinks, F32)
     rows = []
     for batch in (1, 8):
@@ -64,11 +64,7 @@ def main():
                     calls = [kvcache_call(lib, tq, tout, tseq, k, v, options, stream, 0, CAPACITY) for k, v in caches]
                     seen_calls = [kvcache_call(lib, tq, tseen_out, tseen, k[:, CAPACITY - seen:], v[:, CAPACITY - seen:],
                                                options, stream, 0, seen) for k, v in caches]
-                    out.fill_(float("nan"))
-                    out_seen.fill_(float("inf"))
-                    calls[0]()
-                    seen_calls[0]()
-                    diff = (out.float() - out_seen.float()).abs().max().item()
+                    diff = max_difference(calls[0], out, seen_calls[0], out_seen)
                     if not diff <= 1e-2:
                         print(f"MISMATCH {name} batch={batch} tokens={tokens} window={window}: {diff}")
                         return 1
@@ -80,9 +76,7 @@ def main():
                 rows.append(r)
                 del caches, q, out, out_seen
                 torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(args.json, rows)
     return 0
 
 

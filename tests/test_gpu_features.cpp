@@ -247,6 +247,13 @@ size_t lse_mismatches(const std::vector<double>& want, const std::vector<double>
 
 const DType kDTypes[] = {DType::f16, DType::bf16};
 
+// A case's (seqlen_q, seqlen_k), and whether the GPU reference judges it
+// (lengths a CPU reference would take too long over).
+struct Seqlens {
+  int q, k;
+  bool gpu_reference;
+};
+
 }  // namespace
 
 TEST_SUITE("gpu") {
@@ -346,10 +353,6 @@ TEST_CASE("features: every head dim (multiples of 8 up to 256, and 59 and 111), 
 TEST_CASE("features: sliding windows, one- and two-sided, with causal, tiny and wider than the sequence") {
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
-  struct Seqlens {
-    int q, k;
-    bool gpu_reference;
-  };
   const Seqlens seqlens[] = {{113, 203, false}, {512, 256, false}, {1024, 1023, true}};
   const std::pair<int, int> fixed[] = {
       {0, 0},        // the aligned key only
@@ -396,10 +399,6 @@ TEST_CASE("features: attention_chunk (FlashAttention 3's chunked local attention
   // the sequence; queries before the first key ((512, 256)) in chunk -1.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
-  struct Seqlens {
-    int q, k;
-    bool gpu_reference;
-  };
   const Seqlens seqlens[] = {{113, 203, false}, {512, 256, false}, {3, 799, false}, {1024, 1023, true}, {2048, 2048, true}};
   const int chunks[] = {1, 7, 64, 100, 128, 333, 1024, 5000};
   std::vector<Case> cases;
@@ -460,10 +459,6 @@ TEST_CASE("features: learnable_sink (gpt-oss's attention sinks) with every mask,
   // is -inf (no sink) where there are four heads or more.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
-  struct Seqlens {
-    int q, k;
-    bool gpu_reference;
-  };
   const Seqlens seqlens[] = {{113, 203, false}, {512, 256, false}, {3, 799, false}, {1024, 1023, true}};
   std::vector<Case> cases;
   int index = 0;

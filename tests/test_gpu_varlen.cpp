@@ -600,6 +600,14 @@ AttentionShape make_common(int heads_q, int heads_kv, int head_dim, bool causal)
   return s;
 }
 
+// Five sequences decoding one token each over 1 to 3000 keys (8 query heads
+// over 2, head dim 128, causal), with spare rows in q and k.
+VarlenShape decoding_steps(std::mt19937_64& rng) {
+  std::vector<int> ones(5, 1), keys;
+  for (int b = 0; b < 5; ++b) keys.push_back(std::uniform_int_distribution<int>(1, 3000)(rng));
+  return VarlenShape::packed(make_common(8, 2, 128, true), ones, keys, 2, 3);
+}
+
 const DType kDTypes[] = {DType::f16, DType::bf16};
 
 }  // namespace
@@ -1034,9 +1042,7 @@ TEST_CASE("varlen: attention_chunk per sequence, packed and paged, decoding step
       Case c;
       c.page_size = 16;
       c.num_splits = 3;
-      std::vector<int> ones(5, 1), keys;
-      for (int b = 0; b < 5; ++b) keys.push_back(std::uniform_int_distribution<int>(1, 3000)(rng));
-      c.shape = VarlenShape::packed(make_common(8, 2, 128, true), ones, keys, 2, 3);
+      c.shape = decoding_steps(rng);
       c.shape.common.attention_chunk = 300;
       add(c);
     }
@@ -1092,9 +1098,7 @@ TEST_CASE("varlen: learnable_sink per query head, packed and paged, decoding ste
       Case c;
       c.page_size = 16;
       c.num_splits = 3;
-      std::vector<int> ones(5, 1), keys;
-      for (int b = 0; b < 5; ++b) keys.push_back(std::uniform_int_distribution<int>(1, 3000)(rng));
-      c.shape = VarlenShape::packed(make_common(8, 2, 128, true), ones, keys, 2, 3);
+      c.shape = decoding_steps(rng);
       add(c);
     }
     {  // decoding steps with split counts chosen on the device

@@ -2178,16 +2178,20 @@ TEST_CASE("attention_chunk: a local mask compiled in as .chunk, in every call ki
   // Splits are planned on the keys a query sees (one chunk), not on the
   // cache: one sequence's 8 tiles split into pieces that cut 8192 keys, as
   // many as a plain call of 8192 keys takes. Windows likewise.
-  auto decode_pieces = [&](int64_t capacity, const ForwardOptions& o) {
+  // One sequence of `tokens` queries over a cache of `capacity` keys, and
+  // its split pieces.
+  auto one_sequence = [&](int64_t tokens, int64_t capacity, const ForwardOptions& o) {
     KVCacheArgs a = args;
+    a.k_cache.shape[0] = a.v_cache.shape[0] = 1;
     a.k_cache.shape[1] = a.v_cache.shape[1] = capacity;
+    a.cache_seqlens.shape[0] = 1;
     TensorView one = q;
     one.shape[0] = 1;
-    a.cache_seqlens.shape[0] = 1;
-    a.k_cache.shape[0] = a.v_cache.shape[0] = 1;
-    const FwdParams p = plan_kvcache(one, a, one, nullptr, o, nullptr, 0, true, hopper, 227 * 1024, 132).attention.params;
-    return std::pair{p.num_splits, p.blocks_per_split};
+    one.shape[1] = tokens;
+    return plan_kvcache(one, a, one, nullptr, o, nullptr, 0, true, hopper, 227 * 1024, 132).attention;
   };
+  auto pieces = [](const ForwardPlan& plan) { return std::pair{plan.params.num_splits, plan.params.blocks_per_split}; };
+  auto decode_pieces = [&](int64_t capacity, const ForwardOptions& o) { return pieces(one_sequence(1, capacity, o)); };
   ForwardOptions causal_only;
   causal_only.causal = true;
   const auto chunked = decode_pieces(32768, options);
@@ -2200,18 +2204,10 @@ TEST_CASE("attention_chunk: a local mask compiled in as .chunk, in every call ki
   // too: 16 speculative tokens (64 packed rows: wgmma tiles) with a 128-key
   // window over 32k cached keys see two blocks, and split no more than a
   // cache of those keys would; a 4096-key window splits as 4096 keys.
-  TensorView q_spec = q;
-  q_spec.shape[1] = 16;
   auto prefill_splits = [&](int64_t capacity, const ForwardOptions& o) {
-    KVCacheArgs a = args;
-    a.k_cache.shape[1] = a.v_cache.shape[1] = capacity;
-    TensorView one = q_spec;
-    one.shape[0] = 1;
-    a.cache_seqlens.shape[0] = 1;
-    a.k_cache.shape[0] = a.v_cache.shape[0] = 1;
-    const ForwardPlan plan = plan_kvcache(one, a, one, nullptr, o, nullptr, 0, true, hopper, 227 * 1024, 132).attention;
+    const ForwardPlan plan = one_sequence(16, capacity, o);
     CHECK(plan.spec.wgmma);
-    return std::pair{plan.params.num_splits, plan.params.blocks_per_split};
+    return pieces(plan);
   };
   ForwardOptions sliding = causal_only;
   sliding.window_left = 127;
