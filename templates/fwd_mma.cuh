@@ -363,7 +363,8 @@ __device__ __forceinline__ void stage_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
       if constexpr (Cfg::kSink) {
         // Rows past the sequence read their head's sink too (in bounds) and
         // store nothing.
-        inverse = fold_sink(sum, row_max[m][half] * lse_scale, sinks[Cfg::kPackGqa ? (q0 + row) % group : 0], sink_lse);
+        const float sink = sinks[Cfg::kPackGqa ? (q0 + row) % group : 0];
+        inverse = fold_sink(sum, row_max[m][half] * lse_scale, sink, sink_lse);
       }
 #pragma unroll
       for (int n = 0; n < Cfg::kOutTiles; ++n) {
@@ -476,9 +477,10 @@ __device__ __forceinline__ void visible_blocks(const FwdParams& p, int seqlen_k,
 
 // kChunk: where the chunks of a tile's (or warp's) rows end and start. Rows'
 // chunks only move forward, so the first row's chunk ends first and the
-// last row's starts last. Formed once per tile, since each takes two
-// multiply-shift divisions, which per key block measured 5% of a chunked
-// call (H200, docs/PERFORMANCE.md); {0, 0} and unused without chunks.
+// last row's starts last. The wgmma and decode kernels form them once per
+// tile: two multiply-shift divisions per key block cost chunked calls 1-2%
+// (H200, docs/PERFORMANCE.md); the 4-warp kernels, short of registers, form
+// them per block. {0, 0} and unused without chunks.
 struct ChunkBounds {
   int first_end;   // the end of the first row's chunk
   int last_start;  // the start of the last row's chunk

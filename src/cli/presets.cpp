@@ -154,10 +154,11 @@ void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail:
 void add_dense_split_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
                            std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
+  const int64_t heads_q = shape.heads_q, heads_kv = shape.heads_kv, dim = shape.head_dim;
   for (int64_t seqlen_k : {4096, 32768}) {
     for (int64_t seqlen_q : {1, 16, 128}) {
-      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {1, seqlen_q, shape.heads_q, shape.head_dim});
-      const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {1, seqlen_k, shape.heads_kv, shape.head_dim});
+      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {1, seqlen_q, heads_q, dim});
+      const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {1, seqlen_k, heads_kv, dim});
       OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, 4096, seqlen_k, tables);
       const detail::SplitForwardPlan plan = detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0,
@@ -182,12 +183,13 @@ void add_dense_split_specs(const AttentionShape& shape, RopeForm form, const det
 void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
                       std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
+  const int64_t heads_q = shape.heads_q, heads_kv = shape.heads_kv, dim = shape.head_dim;
   struct Step {
     int64_t batch, total_q, max_seqlen_q;
   };
   // Speculative steps of 32 packed rows a sequence (8 tokens at 4 query
   // heads per KV head).
-  const int64_t speculative = std::max<int64_t>(1, 32 / std::max(1, shape.heads_q / shape.heads_kv));
+  const int64_t speculative = std::max<int64_t>(1, 32 / std::max<int64_t>(1, heads_q / heads_kv));
   for (const auto& [batch, total_q, max_seqlen_q] :
        {Step{1, 1, 1}, Step{16, 16, 1}, Step{20, 20, 1}, Step{28, 28, 1}, Step{40, 40, 1}, Step{64, 64, 1},
         Step{4, 4 * speculative, speculative}, Step{16, 527, 512}}) {
@@ -195,11 +197,11 @@ void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::
       // Keys in a paged cache were rotated as they were written (forward_kvcache's k_new).
       if (page != 0 && form != RopeForm::none) continue;
       const int64_t max_seqlen_k = 8192;
-      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {total_q, shape.heads_q, shape.head_dim});
+      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {total_q, heads_q, dim});
       const TensorView kv =
-          page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * max_seqlen_k, shape.heads_kv, shape.head_dim})
+          page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * max_seqlen_k, heads_kv, dim})
                     : TensorView::contiguous(address(0x20000), shape.dtype,
-                                             {batch * max_seqlen_k / page, page, shape.heads_kv, shape.head_dim});
+                                             {batch * max_seqlen_k / page, page, heads_kv, dim});
       const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, max_seqlen_k / std::max(page, 1)});
       VarlenArgs varlen;
       varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
@@ -232,22 +234,23 @@ void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::
 void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
                        std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
+  const int64_t heads_q = shape.heads_q, heads_kv = shape.heads_kv, dim = shape.head_dim;
   for (int64_t batch = 1; batch <= 64; batch *= 2) {
     for (int64_t seqlen = 128; seqlen <= 16384; seqlen *= 2) {
       OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, 4096, seqlen, tables);
       if (form != RopeForm::none) {
-        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, shape.heads_q, shape.head_dim});
-        const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, shape.heads_kv, shape.head_dim});
+        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, heads_q, dim});
+        const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, heads_kv, dim});
         specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
       }
       for (int page : {0, 64}) {
         if (page != 0 && form != RopeForm::none) continue;  // keys rotated as they were written
-        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch * seqlen, shape.heads_q, shape.head_dim});
+        const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch * seqlen, heads_q, dim});
         const TensorView kv =
-            page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * seqlen, shape.heads_kv, shape.head_dim})
+            page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * seqlen, heads_kv, dim})
                       : TensorView::contiguous(address(0x20000), shape.dtype,
-                                               {batch * (seqlen / std::max(page, 1) + 1), page, shape.heads_kv, shape.head_dim});
+                                               {batch * (seqlen / std::max(page, 1) + 1), page, heads_kv, dim});
         const TensorView table =
             TensorView::contiguous(address(0x30000), DType::i32, {batch, seqlen / std::max(page, 1) + 1});
         VarlenArgs varlen;
@@ -306,7 +309,8 @@ const std::vector<Preset>& presets() {
        {{DType::bf16, 256, true, false, true, true, kHalf}, {DType::bf16, 256, true, true, true, true, kHalf}}},
       // YaRN's angles are not among the kernels' formulas: RoPE stays the
       // engine's (or cos/sin tables: jitattn plan --rope-tables ... --manifest).
-      {"gpt-oss", "gpt-oss 20B/120B: bf16, head_dim 64, learnable sinks, causal and 128-token sliding layers (64 q / 8 kv heads)",
+      {"gpt-oss",
+       "gpt-oss 20B/120B: bf16, head_dim 64, learnable sinks, causal and 128-token sliding layers (64 q / 8 kv heads)",
        {{DType::bf16, 64, true, false, false, true, RopeStyle::none, 0, /*sink=*/true, /*window=*/0, 64, 8},
         {DType::bf16, 64, true, true, false, true, RopeStyle::none, 0, /*sink=*/true, /*window=*/127, 64, 8}}},
   };

@@ -45,7 +45,9 @@ void check_learnable_sink(const TensorView& sink, int64_t heads) {
   if (sink.ndim != 1 || sink.shape[0] != heads) {
     reject(fmt::format("learnable_sink: shape {} must be [heads_q] = [{}]", shape_text(sink), heads));
   }
-  if (sink.strides[0] != 1) reject(fmt::format("learnable_sink: stride {} must be 1 (contiguous heads)", sink.strides[0]));
+  if (sink.strides[0] != 1) {
+    reject(fmt::format("learnable_sink: stride {} must be 1 (contiguous heads)", sink.strides[0]));
+  }
   if (sink.data == nullptr) reject("learnable_sink: data is null");
   if (reinterpret_cast<uintptr_t>(sink.data) % 4 != 0) reject("learnable_sink: data pointer must be 4-byte aligned");
 }
