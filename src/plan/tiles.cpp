@@ -348,10 +348,10 @@ namespace {
 // prefill 0.84-0.87x the time of the planner's former 192-row wgmma tiles
 // (0.72-0.77x forced 128-row ones); 16 and 64 speculative tokens over a
 // 32k-key cache 0.56-0.94x, and ahead of 64x128 and 128x64 4-warp tiles
-// but for one shape (8 x 16 tokens: 64x128 4% faster). At head dim 128 (32/8 heads)
-// the wgmma tiles stayed 3-5% ahead on prefill and 64x64 tiles were up to
-// 2.4x slower over a cache, so it keeps its tiles. The decode kernel keeps
-// calls of up to 32 packed rows.
+// but for one shape (8 x 16 tokens: 64x128 4% faster). At head dim 128
+// (32/8 heads) the wgmma tiles stayed 3-5% ahead on prefill and 64x64 tiles
+// were up to 2.4x slower over a cache, so it keeps its tiles. The decode
+// kernel keeps calls of up to 32 packed rows.
 constexpr int64_t kShortWindowKeys = 256;
 bool short_window(const CallFacts& facts, const Arch& arch) {
   const bool hopper = arch.major == 9 && arch.minor == 0 && arch.arch_specific;
