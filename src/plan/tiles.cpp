@@ -472,6 +472,7 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
   const bool has_rope = facts.has_rope, unaligned = facts.unaligned, tiles_forced = facts.tiles_forced;
   const bool causal = facts.causal, masked_like_causal = facts.masked_like_causal;
   const int64_t group = facts.group;
+  const bool short_windowed = short_window(facts, arch);  // 64x64 4-warp tiles (base_spec)
   // A sequence's rows as the kernels tile them: every query of each head of
   // a KV head's group when packed (the decode kernel always packs).
   auto packed_rows = [&] { return detail::packed_rows(problem, spec); };
@@ -518,7 +519,7 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
     // pages take the per-row copy, which costs more than the larger block
     // gains).
     const int block_kv =
-        short_window(facts, arch) || (problem.paged && (int64_t{1} << problem.page_shift) < 128) ? 64 : 128;
+        short_windowed || (problem.paged && (int64_t{1} << problem.page_shift) < 128) ? 64 : 128;
     tiles = {64, block_kv, 4};
     spec.block_q = 64;
     spec.block_kv = block_kv;
@@ -574,7 +575,7 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
                                         ctas_of(64) >= 2 * static_cast<int64_t>(problem.sm_count);
   const bool cache_prefill = problem.kvcache && spec.family == Family::fwd && !short_rows_keep_mma_sync;
   const bool choose = !tiles_forced && options.tiles.stages == 0 && spec.family == Family::fwd &&
-                      (!problem.kvcache || cache_prefill) && hopper && !unaligned && !short_window(facts, arch);
+                      (!problem.kvcache || cache_prefill) && hopper && !unaligned && !short_windowed;
   std::optional<TileConfig> wgmma;
   if (!unaligned) wgmma = wgmma_tiles(kernel_dim, has_rope, arch, problem.paged);
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
