@@ -158,13 +158,15 @@ ReferenceOutput gpu_reference_varlen(const VarlenShape& s, const std::vector<flo
                           [&](const AttentionShape& sequence, const std::vector<float>& q_b,
                               const std::vector<float>& k_b, const std::vector<float>& v_b) {
                             const int64_t q_shape[4] = {1, sequence.seqlen_q, sequence.heads_q, sequence.head_dim};
-                            const int64_t kv_shape[4] = {1, sequence.seqlen_k, sequence.heads_kv, sequence.head_dim};
-                            int64_t q_strides[4], kv_strides[4];
+                            const int64_t k_shape[4] = {1, sequence.seqlen_k, sequence.heads_kv, sequence.head_dim};
+                            const int64_t v_shape[4] = {1, sequence.seqlen_k, sequence.heads_kv, sequence.value_dim()};
+                            int64_t q_strides[4], k_strides[4], v_strides[4];
                             contiguous_strides(q_shape, q_strides);
-                            contiguous_strides(kv_shape, kv_strides);
+                            contiguous_strides(k_shape, k_strides);
+                            contiguous_strides(v_shape, v_strides);
                             const DeviceTensor dq(q_b, dtype, q_shape, q_strides);
-                            const DeviceTensor dk(k_b, dtype, kv_shape, kv_strides);
-                            const DeviceTensor dv(v_b, dtype, kv_shape, kv_strides);
+                            const DeviceTensor dk(k_b, dtype, k_shape, k_strides);
+                            const DeviceTensor dv(v_b, dtype, v_shape, v_strides);
                             return gpu_reference(sequence, dq, dk, dv, exact);
                           });
 }
@@ -205,6 +207,7 @@ struct RefParams {
   const float* sinks;         // nullptr: no learnable sinks; else one logit per query head
   long long q_stride[3], k_stride[3], v_stride[3];
   int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  int head_dim_v;                 // v's and out's head dim (q and k: head_dim)
   int window_left, window_right;  // -1: unbounded; causal is window_right = 0
   int attention_chunk;            // 0: off; else keys of the row's chunk only
   int alibi_per_batch;            // slopes indexed b * heads_q + h (else h)
@@ -257,7 +260,7 @@ __device__ void reference_row(const RefParams& p) {
   const unsigned short* q = p.q + b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2];
   const unsigned short* k = p.k + b * p.k_stride[0] + kvh * p.k_stride[2] + first * p.k_stride[1];
   const unsigned short* v = p.v + b * p.v_stride[0] + kvh * p.v_stride[2] + first * p.v_stride[1];
-  float* out = p.out + (((long long)b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim;
+  float* out = p.out + (((long long)b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim_v;
   const bool capped = p.softcap > 0.f;
   float local_max = -__int_as_float(0x7f800000);
   for (int t = threadIdx.x; t < keys; t += blockDim.x) {
@@ -288,7 +291,7 @@ __device__ void reference_row(const RefParams& p) {
     for (int t = threadIdx.x; t < keys; t += blockDim.x) scores[t] = round16<BF16>(scores[t] / sum);
   }
   __syncthreads();
-  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
+  for (int d = threadIdx.x; d < p.head_dim_v; d += blockDim.x) {
     float acc = 0.f;
     for (int t = 0; t < keys; ++t) acc += scores[t] * to_f32<BF16>(v[t * p.v_stride[1] + d]);
     out[d] = keys == 0 ? 0.f : (EXACT ? acc / sum : round16<BF16>(acc));
@@ -315,13 +318,14 @@ struct RefParams {
   const float* sinks;
   long long q_stride[3], k_stride[3], v_stride[3];
   int seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  int head_dim_v;
   int window_left, window_right;
   int attention_chunk;
   int alibi_per_batch;
   float scale, softcap;
 };
-// Nine ints and two floats, then 4 bytes of tail padding to the pointers' 8.
-static_assert(sizeof(RefParams) == 7 * 8 + 9 * 8 + 9 * 4 + 2 * 4 + 4, "RefParams must match the kernel's layout");
+// Ten ints and two floats: a multiple of the pointers' 8, no tail padding.
+static_assert(sizeof(RefParams) == 7 * 8 + 9 * 8 + 10 * 4 + 2 * 4, "RefParams must match the kernel's layout");
 
 CUmodule reference_module() {
   static CUmodule module = [] {
@@ -349,7 +353,14 @@ ReferenceOutput gpu_reference(const AttentionShape& s, const DeviceTensor& q, co
   CUfunction function = nullptr;
   check_cuda(d.cuModuleGetFunction(&function, reference_module(), name.c_str()), "cuModuleGetFunction(reference)");
   s.check();
-  const size_t out_count = static_cast<size_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim;
+  // The kernel reads head_dim columns of q and k and value_dim of v, whatever
+  // the tensors hold: a tensor of another width is a test bug, not a result.
+  if (q.shape[3] != s.head_dim || k.shape[3] != s.head_dim || v.shape[3] != s.value_dim()) {
+    throw std::invalid_argument(fmt::format("gpu_reference: q, k must be head_dim ({}) wide and v value_dim ({}); "
+                                            "they are {}, {}, {}",
+                                            s.head_dim, s.value_dim(), q.shape[3], k.shape[3], v.shape[3]));
+  }
+  const size_t out_count = static_cast<size_t>(s.batch) * s.seqlen_q * s.heads_q * s.value_dim();
   const size_t lse_count = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
   DeviceBuffer out(out_count * 4), lse(lse_count * 4);
   out.fill_bytes(0xff);
@@ -375,7 +386,7 @@ ReferenceOutput gpu_reference(const AttentionShape& s, const DeviceTensor& q, co
     p.v_stride[i] = v.strides[i];
   }
   p.seqlen_q = s.seqlen_q, p.seqlen_k = s.seqlen_k, p.heads_q = s.heads_q, p.heads_kv = s.heads_kv;
-  p.head_dim = s.head_dim, p.scale = s.effective_scale(), p.softcap = s.softcap;
+  p.head_dim = s.head_dim, p.head_dim_v = s.value_dim(), p.scale = s.effective_scale(), p.softcap = s.softcap;
   p.window_left = s.window_left, p.window_right = s.effective_window_right();
   p.attention_chunk = s.attention_chunk;
   // Three scores of slack: ptxas may load the last three of the P V loop's
@@ -559,9 +570,9 @@ Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std:
         // e^36, which the tests' sinks never do).
         const double row_lse = exact.lse[(static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i];
         if (!std::isinf(row_lse) && !(!s.learnable_sink.empty() && row_lse == s.sink(h))) continue;
-        const size_t row = ((static_cast<size_t>(b) * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
+        const size_t row = ((static_cast<size_t>(b) * s.seqlen_q + i) * s.heads_q + h) * s.value_dim();
         bool zero = true;
-        for (int d = 0; d < s.head_dim; ++d) zero = zero && out[row + d] == 0.f;
+        for (int d = 0; d < s.value_dim(); ++d) zero = zero && out[row + d] == 0.f;
         verdict.empty_rows_nonzero += !zero;
       }
     }
@@ -573,7 +584,7 @@ Verdict judge_varlen(const VarlenShape& s, const std::vector<float>& out, const 
                      const ReferenceOutput& exact, const ReferenceOutput& rounded) {
   s.check();
   const int used = s.used_q();
-  const size_t row = static_cast<size_t>(s.common.heads_q) * s.common.head_dim;
+  const size_t row = static_cast<size_t>(s.common.heads_q) * s.common.value_dim();  // out's packed row
   // The owned rows are a prefix of out and, per head, of lse: as one dense
   // batch-1 problem of `used` rows, judge() reads them in its own layouts.
   auto owned_rows = [&](const auto& packed) {

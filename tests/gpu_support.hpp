@@ -70,8 +70,10 @@ void contiguous_strides(const int64_t (&shape)[4], int64_t (&strides)[4]);
 
 // The reference kernel: `exact` computes in fp32 with no rounding of
 // intermediates; otherwise it rounds like attention_16bit. Honours every
-// field of `shape` (window, softcap; ALiBi slopes are uploaded from
-// shape.alibi_slopes for the call). q/k/v may have any strides.
+// field of `shape` (window, softcap, head_dim_v; ALiBi slopes are uploaded
+// from shape.alibi_slopes for the call). q/k/v may have any strides; q and k
+// must be head_dim wide, v shape.value_dim() (else std::invalid_argument).
+// Outputs in attention_exact's layouts (out rows value_dim wide).
 ReferenceOutput gpu_reference(const AttentionShape& shape, const DeviceTensor& q, const DeviceTensor& k,
                               const DeviceTensor& v, bool exact);
 
@@ -177,13 +179,13 @@ struct Verdict {
   bool ok() const;
   std::string summary() const;
 };
-// out: [batch, seqlen_q, heads_q, head_dim] contiguous; lse: [batch, heads_q,
+// out: [batch, seqlen_q, heads_q, value_dim] contiguous; lse: [batch, heads_q,
 // seqlen_q] or empty (not checked).
 Verdict judge(const AttentionShape& shape, const std::vector<float>& out, const std::vector<float>& lse,
               const ReferenceOutput& exact, const ReferenceOutput& rounded);
 // judge() for a varlen call over the rows the sequences own (padding rows past
 // cu_seqlens_q[batch] excluded: check their poison separately). out: [total_q,
-// heads_q, head_dim] contiguous; lse: [heads_q, total_q] contiguous or empty;
+// heads_q, value_dim] contiguous; lse: [heads_q, total_q] contiguous or empty;
 // references from attention_varlen*.
 Verdict judge_varlen(const VarlenShape& shape, const std::vector<float>& out, const std::vector<float>& lse,
                      const ReferenceOutput& exact, const ReferenceOutput& rounded);

@@ -104,6 +104,7 @@ void AttentionShape::check() const {
   if (batch < 0 || seqlen_q < 0 || seqlen_k < 0) fail("negative batch or seqlen");
   if (heads_q < 1 || heads_kv < 1 || heads_q % heads_kv != 0) fail("heads_kv must divide heads_q");
   if (head_dim < 1) fail("head_dim must be positive");
+  if (head_dim_v < 0) fail("head_dim_v must be 0 (head_dim) or positive");
   if (window_left < -1 || window_right < -1) fail("window bounds must be -1 or >= 0");
   if (attention_chunk < 0) fail("attention_chunk must be >= 0");
   if (!(softcap >= 0.f) || !std::isfinite(softcap)) fail("softcap must be finite and >= 0");
@@ -118,12 +119,16 @@ void AttentionShape::check() const {
 
 namespace {
 
-// One (batch, query head, query row) and where its data lives.
+// One (batch, query head, query row) and where its data lives. q/k rows are
+// head_dim wide, v/out rows value_dim: the same element index, different widths.
 struct Row {
   int b, h, i;
-  size_t q_row;      // first element of q (and out) for this row
-  size_t kv_base;    // first element of k/v for key 0 of this row's kv head
-  size_t kv_stride;  // elements between consecutive keys
+  size_t q_row;      // first element of q for this row
+  size_t out_row;    // first element of out for this row
+  size_t k_base;     // first element of k for key 0 of this row's kv head
+  size_t v_base;     // first element of v for key 0 of this row's kv head
+  size_t k_stride;   // elements of k between consecutive keys
+  size_t v_stride;   // elements of v between consecutive keys
   size_t lse_index;
   long long diagonal;  // i + seqlen_k - seqlen_q: the key aligned with this row
   int first, last;     // visible keys [first, last)
@@ -140,9 +145,14 @@ void for_each_row(const AttentionShape& s, Body&& body) {
       for (int i = 0; i < s.seqlen_q; ++i) {
         Row row;
         row.b = b, row.h = h, row.i = i;
-        row.q_row = ((static_cast<size_t>(b) * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
-        row.kv_base = (static_cast<size_t>(b) * s.seqlen_k * s.heads_kv + h / group) * s.head_dim;
-        row.kv_stride = static_cast<size_t>(s.heads_kv) * s.head_dim;
+        const size_t q_index = (static_cast<size_t>(b) * s.seqlen_q + i) * s.heads_q + h;
+        const size_t kv_index = static_cast<size_t>(b) * s.seqlen_k * s.heads_kv + h / group;
+        row.q_row = q_index * s.head_dim;
+        row.out_row = q_index * s.value_dim();
+        row.k_base = kv_index * s.head_dim;
+        row.v_base = kv_index * s.value_dim();
+        row.k_stride = static_cast<size_t>(s.heads_kv) * s.head_dim;
+        row.v_stride = static_cast<size_t>(s.heads_kv) * s.value_dim();
         row.lse_index = (static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i;
         row.diagonal = static_cast<long long>(i) + s.seqlen_k - s.seqlen_q;
         std::tie(row.first, row.last) = s.visible_keys(i);
@@ -155,7 +165,7 @@ void for_each_row(const AttentionShape& s, Body&& body) {
 
 ReferenceOutput allocate(const AttentionShape& s) {
   ReferenceOutput r;
-  r.out.assign(static_cast<size_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim, 0.0);
+  r.out.assign(static_cast<size_t>(s.batch) * s.seqlen_q * s.heads_q * s.value_dim(), 0.0);
   r.lse.assign(static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q, -std::numeric_limits<double>::infinity());
   return r;
 }
@@ -180,7 +190,7 @@ ReferenceOutput attention_exact(const AttentionShape& s, const std::vector<float
     for (int t = 0; t < keys; ++t) {
       const int j = row.first + t;
       double dot = 0;
-      for (int d = 0; d < s.head_dim; ++d) dot += double(q[row.q_row + d]) * double(k[row.kv_base + j * row.kv_stride + d]);
+      for (int d = 0; d < s.head_dim; ++d) dot += double(q[row.q_row + d]) * double(k[row.k_base + j * row.k_stride + d]);
       double logit = dot * scale;
       if (softcap > 0) logit = softcap * std::tanh(logit / softcap);
       logit -= double(row.slope) * std::fabs(double(row.diagonal - j));
@@ -189,10 +199,10 @@ ReferenceOutput attention_exact(const AttentionShape& s, const std::vector<float
     }
     double sum = std::exp(sink - max_score);
     for (int t = 0; t < keys; ++t) sum += (scores[t] = std::exp(scores[t] - max_score));
-    for (int d = 0; d < s.head_dim; ++d) {
+    for (int d = 0; d < s.value_dim(); ++d) {
       double acc = 0;
-      for (int t = 0; t < keys; ++t) acc += scores[t] * double(v[row.kv_base + (row.first + t) * row.kv_stride + d]);
-      r.out[row.q_row + d] = acc / sum;
+      for (int t = 0; t < keys; ++t) acc += scores[t] * double(v[row.v_base + (row.first + t) * row.v_stride + d]);
+      r.out[row.out_row + d] = acc / sum;
     }
     r.lse[row.lse_index] = max_score + std::log(sum);
   });
@@ -220,7 +230,7 @@ ReferenceOutput attention_16bit(const AttentionShape& s, const std::vector<float
     for (int t = 0; t < keys; ++t) {
       const int j = row.first + t;
       float dot = 0;
-      for (int d = 0; d < s.head_dim; ++d) dot += q[row.q_row + d] * k_operand[row.kv_base + j * row.kv_stride + d];
+      for (int d = 0; d < s.head_dim; ++d) dot += q[row.q_row + d] * k_operand[row.k_base + j * row.k_stride + d];
       float logit = round_to(dot, dtype);
       if (softcap > 0.f) logit = round_to(softcap * std::tanh(logit * scale / softcap), dtype);
       logit -= row.slope * static_cast<float>(std::llabs(row.diagonal - j));
@@ -230,10 +240,10 @@ ReferenceOutput attention_16bit(const AttentionShape& s, const std::vector<float
     float sum = std::exp(sink - max_score);
     for (int t = 0; t < keys; ++t) sum += (scores[t] = std::exp(scores[t] - max_score));
     for (int t = 0; t < keys; ++t) scores[t] = round_to(scores[t] / sum, dtype);
-    for (int d = 0; d < s.head_dim; ++d) {
+    for (int d = 0; d < s.value_dim(); ++d) {
       float acc = 0;
-      for (int t = 0; t < keys; ++t) acc += scores[t] * v[row.kv_base + (row.first + t) * row.kv_stride + d];
-      r.out[row.q_row + d] = round_to(acc, dtype);
+      for (int t = 0; t < keys; ++t) acc += scores[t] * v[row.v_base + (row.first + t) * row.v_stride + d];
+      r.out[row.out_row + d] = round_to(acc, dtype);
     }
     r.lse[row.lse_index] = double(max_score) + std::log(double(sum));
   });
@@ -310,28 +320,35 @@ void VarlenShape::check() const {
 ReferenceOutput attention_varlen(const VarlenShape& s, const std::vector<float>& q, const std::vector<float>& k,
                                  const std::vector<float>& v, const DenseReference& dense) {
   s.check();
+  // Elements per packed row: q and k head_dim wide per head, v and out value_dim.
   const size_t q_row = static_cast<size_t>(s.common.heads_q) * s.common.head_dim;
-  const size_t kv_row = static_cast<size_t>(s.common.heads_kv) * s.common.head_dim;
-  if (q.size() != s.total_q * q_row || k.size() != s.total_k * kv_row || v.size() != k.size()) {
+  const size_t k_row = static_cast<size_t>(s.common.heads_kv) * s.common.head_dim;
+  const size_t v_row = static_cast<size_t>(s.common.heads_kv) * s.common.value_dim();
+  const size_t out_row = static_cast<size_t>(s.common.heads_q) * s.common.value_dim();
+  if (q.size() != s.total_q * q_row || k.size() != s.total_k * k_row || v.size() != s.total_k * v_row) {
     throw std::invalid_argument("attention_varlen: q, k, v must hold total_q and total_k packed rows");
   }
   ReferenceOutput r;
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  r.out.assign(s.total_q * q_row, nan);
+  r.out.assign(s.total_q * out_row, nan);
   r.lse.assign(static_cast<size_t>(s.common.heads_q) * s.total_q, nan);
   for (int b = 0; b < s.batch(); ++b) {
     const AttentionShape sequence = s.sequence(b);
     if (sequence.seqlen_q == 0) continue;  // owns no rows
     const size_t q_first = static_cast<size_t>(s.cu_seqlens_q[b]) * q_row;
-    const size_t k_first = static_cast<size_t>(s.cu_seqlens_k[b]) * kv_row;
-    const size_t k_count = static_cast<size_t>(sequence.seqlen_k) * kv_row;
+    const size_t k_first = static_cast<size_t>(s.cu_seqlens_k[b]) * k_row;
+    const size_t v_first = static_cast<size_t>(s.cu_seqlens_k[b]) * v_row;
+    const size_t keys = static_cast<size_t>(sequence.seqlen_k);
     const std::vector<float> q_b(q.begin() + q_first, q.begin() + q_first + sequence.seqlen_q * q_row);
-    const std::vector<float> k_b(k.begin() + k_first, k.begin() + k_first + k_count);
-    const std::vector<float> v_b(v.begin() + k_first, v.begin() + k_first + k_count);
+    const std::vector<float> k_b(k.begin() + k_first, k.begin() + k_first + keys * k_row);
+    const std::vector<float> v_b(v.begin() + v_first, v.begin() + v_first + keys * v_row);
     const ReferenceOutput dense_b = dense(sequence, q_b, k_b, v_b);
-    // out [1, seqlen_q, heads_q, head_dim] is the packed layout of these rows;
+    if (dense_b.out.size() != sequence.seqlen_q * out_row) {
+      throw std::invalid_argument("attention_varlen: the dense reference's out must hold seqlen_q rows of value_dim");
+    }
+    // out [1, seqlen_q, heads_q, value_dim] is the packed layout of these rows;
     // lse [1, heads_q, seqlen_q] goes to columns cu_seqlens_q[b].. of each head.
-    std::copy(dense_b.out.begin(), dense_b.out.end(), r.out.begin() + q_first);
+    std::copy(dense_b.out.begin(), dense_b.out.end(), r.out.begin() + static_cast<size_t>(s.cu_seqlens_q[b]) * out_row);
     for (int h = 0; h < s.common.heads_q; ++h) {
       std::copy(dense_b.lse.begin() + static_cast<size_t>(h) * sequence.seqlen_q,
                 dense_b.lse.begin() + static_cast<size_t>(h + 1) * sequence.seqlen_q,

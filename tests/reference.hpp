@@ -38,6 +38,9 @@ float round_to(float value, DType dtype);  // value rounded through the 16-bit t
 // has one more logit, learnable_sink[h], whose value is 0: it joins the
 // softmax's max and sum, hence lse, but adds nothing to out; a row that sees
 // no key then outputs 0 with lse = learnable_sink[h].
+// q and k rows have head_dim elements, v and out rows value_dim() (FlashAttention
+// 3's hdim_v, e.g. DeepSeek's q/k 192 with v 128): head_dim sets the scores,
+// value_dim only how many columns of v the weights mix into out.
 struct AttentionShape {
   int batch = 1;
   int seqlen_q = 1;
@@ -46,7 +49,7 @@ struct AttentionShape {
   int heads_kv = 1;
   int head_dim = 64;  // any positive size; the kernels want multiples of 8
   bool causal = false;
-  float scale = 0.f;  // 0: 1/sqrt(head_dim)
+  float scale = 0.f;  // 0: 1/sqrt(head_dim), q's head dim whatever head_dim_v is
   int window_left = -1;   // -1: unbounded
   int window_right = -1;  // -1: unbounded (0 when causal)
   int attention_chunk = 0;  // 0: off
@@ -56,12 +59,16 @@ struct AttentionShape {
   std::vector<float> alibi_slopes;
   // Empty: off. heads_q sink logits, one per query head.
   std::vector<float> learnable_sink;
+  // Last rather than beside head_dim: tests build shapes positionally,
+  // {batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, scale}.
+  int head_dim_v = 0;  // v's and out's head dim; 0: head_dim (FlashAttention 3's hdim_v)
 
   // The plain problem of these sizes (every feature off but causal).
   static AttentionShape dense(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
                               bool causal = false);
 
   float effective_scale() const;
+  int value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   int effective_window_right() const { return causal ? 0 : window_right; }
   // Keys row i sees: [first, second); empty (first == second) when none.
   std::pair<int, int> visible_keys(int i) const;
@@ -74,16 +81,17 @@ struct AttentionShape {
   void check() const;
 };
 
-// Inputs as floats (already rounded to the 16-bit dtype), contiguous
-// [batch, seqlen, heads, head_dim]. Outputs: out [batch, seqlen_q, heads_q,
-// head_dim] and lse [batch, heads_q, seqlen_q] (natural log, -inf for rows
-// that see no key; such rows output 0).
+// Inputs as floats (already rounded to the 16-bit dtype), contiguous: q
+// [batch, seqlen_q, heads_q, head_dim], k [batch, seqlen_k, heads_kv,
+// head_dim], v [batch, seqlen_k, heads_kv, value_dim]. Outputs: out [batch,
+// seqlen_q, heads_q, value_dim] and lse [batch, heads_q, seqlen_q] (natural
+// log, -inf for rows that see no key; such rows output 0).
 struct ReferenceOutput {
   std::vector<double> out;
   std::vector<double> lse;
 };
 
-// Both honour every field of AttentionShape.
+// Both honour every field of AttentionShape (head_dim_v included).
 // Exact: float64 throughout.
 ReferenceOutput attention_exact(const AttentionShape& shape, const std::vector<float>& q,
                                 const std::vector<float>& k, const std::vector<float>& v);
@@ -110,7 +118,7 @@ ReferenceOutput attention_16bit(const AttentionShape& shape, const std::vector<f
 // (off = seqlen_k(b) - seqlen_q(b)). Rows past cu_seqlens_q[batch] are padding
 // that no sequence owns.
 struct VarlenShape {
-  // Heads, head_dim and the features of every sequence. batch must be the
+  // Heads, head dims and the features of every sequence. batch must be the
   // number of sequences (ALiBi slopes: heads_q values, or batch·heads_q with
   // row b for sequence b); seqlen_q and seqlen_k are not used.
   AttentionShape common;
@@ -134,23 +142,26 @@ struct VarlenShape {
   // The longest sequences (key lengths as stored in cu_seqlens_k).
   int max_seqlen_q() const;
   int max_seqlen_k() const;
-  // Sequence b as a dense problem: batch 1, its lengths, its ALiBi slopes.
+  // Sequence b as a dense problem: batch 1, its lengths, its ALiBi slopes
+  // (head dims and every other field as common).
   AttentionShape sequence(int b) const;
   // Throws std::invalid_argument when the shape breaks a rule above (a test bug).
   void check() const;
 };
 
-// A dense reference: (shape, q, k, v) with the layouts of attention_exact.
+// A dense reference: (shape, q, k, v) with the layouts of attention_exact
+// (v and out rows of shape.value_dim()).
 using DenseReference = std::function<ReferenceOutput(const AttentionShape&, const std::vector<float>&,
                                                      const std::vector<float>&, const std::vector<float>&)>;
 
 // Varlen attention computed by running `dense` on each sequence (its rows of
 // q, its used keys of k/v) and scattering the results. Inputs as floats,
-// contiguous: q [total_q, heads_q, head_dim], k/v [total_k, heads_kv,
-// head_dim]. Outputs: out [total_q, heads_q, head_dim] and lse [heads_q,
-// total_q]; padding rows (past cu_seqlens_q[batch]) are NaN in both, as no
-// kernel writes them. Sequences with no queries are skipped; a sequence with
-// no keys gives 0 and -inf, as in the dense case.
+// contiguous: q [total_q, heads_q, head_dim], k [total_k, heads_kv, head_dim],
+// v [total_k, heads_kv, value_dim]. Outputs: out [total_q, heads_q,
+// value_dim] and lse [heads_q, total_q]; padding rows (past
+// cu_seqlens_q[batch]) are NaN in both, as no kernel writes them. Sequences
+// with no queries are skipped; a sequence with no keys gives 0 and -inf, as
+// in the dense case.
 ReferenceOutput attention_varlen(const VarlenShape& shape, const std::vector<float>& q, const std::vector<float>& k,
                                  const std::vector<float>& v, const DenseReference& dense);
 // attention_varlen over attention_exact / attention_16bit.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -561,6 +562,152 @@ TEST_CASE("varlen reference: sequences without queries own no rows, sequences wi
   bad = s;
   bad.common.batch = 3;
   CHECK_THROWS_AS(bad.check(), std::invalid_argument);
+}
+
+// --- head_dim_v: v and out rows narrower (or wider) than q and k's -----------
+
+namespace {
+
+// v rows of `narrow` columns widened to `wide` by appending random columns:
+// the same weights over them must leave out's first `narrow` columns alone.
+std::vector<float> widen_rows(const std::vector<float>& v, int narrow, int wide, DType dtype, std::mt19937_64& rng) {
+  const size_t rows = v.size() / narrow;
+  const std::vector<float> extra = random_values(rows * (wide - narrow), dtype, rng);
+  std::vector<float> widened;
+  for (size_t r = 0; r < rows; ++r) {
+    widened.insert(widened.end(), v.begin() + r * narrow, v.begin() + (r + 1) * narrow);
+    widened.insert(widened.end(), extra.begin() + r * (wide - narrow), extra.begin() + (r + 1) * (wide - narrow));
+  }
+  return widened;
+}
+
+// Equal within `tolerance`, or both NaN (varlen padding), or the same infinity.
+bool same_value(double a, double b, double tolerance) {
+  return a == b || (std::isnan(a) && std::isnan(b)) || std::fabs(a - b) <= tolerance;
+}
+
+// Elements of out rows of `narrow` columns (`narrow_out`) that differ from
+// the first `narrow` columns of the same rows `wide` columns wide, read with
+// row stride `stride` (wide; narrow to mimic a reference that ignores
+// head_dim_v) and column offset `offset` (0; 1 to mimic one off by a column).
+size_t out_mismatches(const std::vector<double>& narrow_out, const std::vector<double>& wide_out, int narrow, int stride,
+                      int offset, double tolerance) {
+  const size_t rows = narrow_out.size() / narrow;
+  size_t mismatches = 0;
+  for (size_t r = 0; r < rows; ++r)
+    for (int d = 0; d < narrow; ++d)
+      mismatches += !same_value(narrow_out[r * narrow + d], wide_out[r * stride + d + offset], tolerance);
+  return mismatches;
+}
+
+size_t lse_mismatches(const std::vector<double>& a, const std::vector<double>& b) {
+  size_t mismatches = a.size() != b.size();
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) mismatches += !same_value(a[i], b[i], 0);
+  return mismatches;
+}
+
+// One reference run both ways: `narrow` with v and out value_dim wide, `wide`
+// (head_dim_v 0) with v widened to head_dim. Checks out's sizes, that the
+// narrow columns match (exactly for the 16-bit reference, which rounds each
+// output element on its own; to 1e-12 for the exact one), that lse matches
+// exactly, and that the comparison can fail: read with a row stride of
+// value_dim, or one column off, the wide output differs.
+void check_narrow_matches_wide(const ReferenceOutput& narrow, const ReferenceOutput& wide, int head_dim, int value_dim,
+                               double tolerance) {
+  const size_t rows = wide.out.size() / head_dim;
+  REQUIRE(wide.out.size() == rows * head_dim);
+  REQUIRE(narrow.out.size() == rows * value_dim);
+  CHECK(out_mismatches(narrow.out, wide.out, value_dim, head_dim, 0, tolerance) == 0);
+  CHECK(lse_mismatches(narrow.lse, wide.lse) == 0);
+  CHECK(out_mismatches(narrow.out, wide.out, value_dim, value_dim, 0, tolerance) > 0);
+  CHECK(out_mismatches(narrow.out, wide.out, value_dim, head_dim, 1, tolerance) > 0);
+}
+
+}  // namespace
+
+TEST_CASE("head_dim_v: v and out rows are value_dim wide, out's columns those of v widened to head_dim") {
+  std::mt19937_64 rng(192128);
+  struct Dims {
+    int head_dim, head_dim_v;
+  };
+  for (const Dims dims : {Dims{64, 32}, Dims{192, 128}}) {
+    for (bool causal : {false, true}) {
+      // seqlen_q > seqlen_k: with causal, rows 0..5 see no key (out 0, lse -inf).
+      AttentionShape wide = AttentionShape::dense(2, 17, 11, 4, 2, dims.head_dim, causal);
+      wide.window_left = causal ? -1 : 6;  // not causal: a window, so rows see different keys
+      AttentionShape narrow = wide;
+      narrow.head_dim_v = dims.head_dim_v;
+      CHECK(narrow.value_dim() == dims.head_dim_v);
+      CHECK(wide.value_dim() == dims.head_dim);
+      CHECK(narrow.effective_scale() == wide.effective_scale());  // 1/sqrt(q's head dim)
+      for (DType dtype : {DType::f16, DType::bf16}) {
+        INFO("head_dim ", dims.head_dim, ", head_dim_v ", dims.head_dim_v, (causal ? ", causal, " : ", window, "),
+             (dtype == DType::bf16 ? "bf16" : "f16"));
+        const auto q = random_values(2 * 17 * 4 * static_cast<size_t>(dims.head_dim), dtype, rng);
+        const auto k = random_values(2 * 11 * 2 * static_cast<size_t>(dims.head_dim), dtype, rng);
+        const auto v = random_values(2 * 11 * 2 * static_cast<size_t>(dims.head_dim_v), dtype, rng);
+        const auto v_wide = widen_rows(v, dims.head_dim_v, dims.head_dim, dtype, rng);
+        check_narrow_matches_wide(attention_exact(narrow, q, k, v), attention_exact(wide, q, k, v_wide), dims.head_dim,
+                                  dims.head_dim_v, 1e-12);
+        check_narrow_matches_wide(attention_16bit(narrow, q, k, v, dtype), attention_16bit(wide, q, k, v_wide, dtype),
+                                  dims.head_dim, dims.head_dim_v, 0);
+      }
+    }
+  }
+
+  // head_dim_v == head_dim is head_dim_v 0, bitwise.
+  {
+    const AttentionShape zero = AttentionShape::dense(1, 9, 12, 4, 2, 64, true);
+    AttentionShape equal = zero;
+    equal.head_dim_v = 64;
+    const auto q = random_values(9 * 4 * 64, DType::f16, rng);
+    const auto k = random_values(12 * 2 * 64, DType::f16, rng), v = random_values(12 * 2 * 64, DType::f16, rng);
+    const ReferenceOutput a = attention_exact(zero, q, k, v), b = attention_exact(equal, q, k, v);
+    CHECK(a.out == b.out);
+    CHECK(a.lse == b.lse);
+  }
+
+  // Varlen: packing and scattering honour value_dim. Sequence 1 has no
+  // queries, sequence 2 no keys (rows 0 and -inf), and there are padding rows
+  // (NaN in both) past the owned ones.
+  {
+    AttentionShape common;
+    common.heads_q = 4;
+    common.heads_kv = 2;
+    common.head_dim = 192;
+    common.causal = true;
+    const VarlenShape wide = VarlenShape::packed(common, {7, 0, 3, 5}, {9, 4, 0, 5}, 2, 3);
+    VarlenShape narrow = wide;
+    narrow.common.head_dim_v = 128;
+    CHECK(narrow.sequence(3).value_dim() == 128);
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      INFO("varlen, ", (dtype == DType::bf16 ? "bf16" : "f16"));
+      const auto q = random_values(static_cast<size_t>(wide.total_q) * 4 * 192, dtype, rng);
+      const auto k = random_values(static_cast<size_t>(wide.total_k) * 2 * 192, dtype, rng);
+      const auto v = random_values(static_cast<size_t>(wide.total_k) * 2 * 128, dtype, rng);
+      const auto v_wide = widen_rows(v, 128, 192, dtype, rng);
+      const ReferenceOutput exact = attention_varlen_exact(narrow, q, k, v);
+      check_narrow_matches_wide(exact, attention_varlen_exact(wide, q, k, v_wide), 192, 128, 1e-12);
+      check_narrow_matches_wide(attention_varlen_16bit(narrow, q, k, v, dtype),
+                                attention_varlen_16bit(wide, q, k, v_wide, dtype), 192, 128, 0);
+      // Sequence 2's rows (7..9) are 0, the padding rows (15, 16) NaN, at value_dim's stride.
+      size_t wrong = 0;
+      for (size_t e = 7 * 4 * 128; e < 10 * 4 * 128; ++e) wrong += !(exact.out[e] == 0.0);
+      for (size_t e = 15 * 4 * 128; e < exact.out.size(); ++e) wrong += !std::isnan(exact.out[e]);
+      CHECK(wrong == 0);
+      CHECK(exact.out.size() == 17 * 4 * 128);
+    }
+    // v of head_dim's width is not v of value_dim's: a test bug, reported.
+    const auto q = random_values(static_cast<size_t>(wide.total_q) * 4 * 192, DType::f16, rng);
+    const auto k = random_values(static_cast<size_t>(wide.total_k) * 2 * 192, DType::f16, rng);
+    CHECK_THROWS_AS(attention_varlen_exact(narrow, q, k, k), std::invalid_argument);
+  }
+
+  AttentionShape negative;
+  negative.head_dim_v = -1;
+  CHECK_THROWS_AS(negative.check(), std::invalid_argument);
+  negative.head_dim_v = 0;
+  CHECK_NOTHROW(negative.check());
 }
 
 }  // TEST_SUITE
