@@ -79,8 +79,8 @@ std::string combine_text(const KernelSpec& spec) {
 }
 
 uint64_t combine_packed(const KernelSpec& spec) {
-  // The family in the top four bits: fwd keys (family 0) stay far below
-  // bit 60 whatever fields they gain, so no fwd key equals a combine key.
+  // The family at bit 60, as fwd and decode keys have theirs (KernelSpec::
+  // packed): no fwd or decode key equals a combine key.
   return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.sink) << 10 |
          static_cast<uint64_t>(spec.dynamic_splits) << 9 |
          static_cast<uint64_t>(spec.elementwise) << 8 |
@@ -221,6 +221,7 @@ std::string KernelSpec::text() const {
   if (padded) out += ".padded";
   if (varlen) out += ".varlen";
   if (unaligned_dim != 0) out += fmt::format(".unaligned_d{}", unaligned_dim);
+  if (head_dim_v != 0) out += fmt::format(".dv{}", head_dim_v);
   return out;
 }
 
@@ -264,6 +265,11 @@ KernelSpec KernelSpec::parse(std::string_view text) {
       if (decode) bad_spec(text, "flag 'unaligned_dN' does not apply to a decode spec");
       continue;
     }
+    if (spec.head_dim_v == 0 && parse_field(fields[i], "dv", spec.head_dim_v)) {
+      if (decode) bad_spec(text, "flag 'dvN' does not apply to a decode spec");
+      if (spec.head_dim_v == 0) bad_spec(text, "dv0: leave the flag out when V has head_dim");
+      continue;
+    }
     const bool half = parse_field(fields[i], "rope_half_r", spec.rotary_dim);
     if (half || parse_field(fields[i], "rope_interleaved_r", spec.rotary_dim)) {
       if (spec.rope != RopeKind::none) bad_spec(text, "more than one rope field");
@@ -305,7 +311,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, chunk, softcap, alibi, sink, rope_half_rN, "
                                  "rope_interleaved_rN, rope_tables, rope_tables16, packgqa, kvcache, dense, leftpad, paged, split, dynsplit, padded, "
-                                 "varlen, unaligned_dN)",
+                                 "varlen, unaligned_dN, dvN)",
                                  fields[i]));
     }
     *flag = true;
@@ -336,9 +342,23 @@ void KernelSpec::validate() const {
   if (rope_tables16 && !rope_tables) fail(ErrorCode::invalid_argument, "rope_tables16 is a kind of rope_tables");
   if (family == Family::decode) {
     if (unaligned_dim != 0) fail(ErrorCode::unsupported, "unaligned_dN does not apply to a decode spec");
+    if (head_dim_v != 0) fail(ErrorCode::unsupported, "dvN does not apply to a decode spec");
     return validate_decode(fail);
   }
   if (dynamic_splits) fail(ErrorCode::unsupported, "dynsplit applies to decode specs only");
+  if (head_dim_v != 0) {
+    // FwdConfig::kSplitDims: V's tiles and O narrower than Q's and K's.
+    if ((head_dim_v != 32 && head_dim_v != 64 && head_dim_v != 96 && head_dim_v != 128 && head_dim_v != 192) ||
+        head_dim_v >= head_dim) {
+      fail(ErrorCode::unsupported,
+           fmt::format("dv{} must be one of 32, 64, 96, 128, 192 and below head_dim={} (dv equal to head_dim is "
+                       "written without the flag)", head_dim_v, head_dim));
+    }
+    if (kvcache || split || unaligned_dim != 0) {
+      fail(ErrorCode::unsupported, "dvN (a value head dim of its own) does not combine with kvcache, split or "
+                                   "unaligned_dN: dense or varlen K/V, unsplit");
+    }
+  }
   if (sink && split) {
     fail(ErrorCode::invalid_argument, "sink with split: split partials leave the sink to their combine (combine...sink)");
   }
@@ -518,7 +538,7 @@ void KernelSpec::validate_decode(const Fail& fail) const {
 int KernelSpec::accumulator_registers() const {
   // A decode warp holds every row of the tile.
   const int rows_per_warp_tiles = family == Family::decode ? block_q / 16 : block_q / warps / 16;
-  return rows_per_warp_tiles * (head_dim / 8 + block_kv / 8) * 4;
+  return rows_per_warp_tiles * (value_dim() / 8 + block_kv / 8) * 4;
 }
 
 uint64_t KernelSpec::hash() const {
@@ -540,8 +560,11 @@ size_t KernelSpec::producer_ring_bytes() const {
   // output it stages (FwdConfig::kOutputRecords), and the order of a varlen
   // persistent kernel's sequences (sequence_order_bytes).
   const int row_elems = (head_dim + 63) / 64 * 64;
+  const int value_row_elems = (value_dim() + 63) / 64 * 64;
   const int q_tiles = persistent ? 2 : 1;
-  const size_t tiles = static_cast<size_t>(q_tiles * block_q + stages * 2 * block_kv) * row_elems * dtype_size(dtype);
+  const size_t tiles =
+      (static_cast<size_t>(q_tiles * block_q + stages * block_kv) * row_elems +
+       static_cast<size_t>(stages) * block_kv * value_row_elems) * dtype_size(dtype);
   return tiles + static_cast<size_t>(5 * stages + (persistent ? 4 : 1)) * 8 + (producer_stores_output() ? 2 * 32 : 0) +
          sequence_order_bytes();
 }
@@ -594,7 +617,9 @@ size_t KernelSpec::smem_bytes() const {
     // Staged RoPE tables: the slots after the tiles, a barrier each.
     return producer_ring_bytes() + rope_table_slots() * (rope_table_slot_bytes() + 8);
   }
-  return static_cast<size_t>(block_q + 2 * block_kv) * row_elems * dtype_size(dtype);
+  const int value_row_elems = (value_dim() + 63) / 64 * 64;
+  return (static_cast<size_t>(block_q + block_kv) * row_elems + static_cast<size_t>(block_kv) * value_row_elems) *
+         dtype_size(dtype);
 }
 
 uint64_t KernelSpec::packed() const {
@@ -602,8 +627,9 @@ uint64_t KernelSpec::packed() const {
   if (family == Family::append) return append_packed(*this);
   uint64_t key = static_cast<uint64_t>(family);
   key = key << 2 | static_cast<uint64_t>(dtype);  // four DTypes
-  // fwd and decode keys stay below bit 60, where combine and append put
-  // their family.
+  // fwd and decode fields take bits 0-59 and the family bits 60-61, where
+  // combine and append keys put theirs (01, 10): every family's keys differ
+  // in those bits.
   key = key << 6 | static_cast<uint64_t>(head_dim / 8);    // multiples of 8 up to 256
   key = key << 5 | static_cast<uint64_t>(block_q / 16);     // multiples of 16 up to 256
   key = key << 4 | static_cast<uint64_t>(block_kv / 16);    // 16 up to 176
@@ -631,6 +657,7 @@ uint64_t KernelSpec::packed() const {
   key = key << 1 | static_cast<uint64_t>(paged);
   key = key << 1 | static_cast<uint64_t>(split);
   key = key << 1 | static_cast<uint64_t>(dynamic_splits);
+  key = key << 3 | static_cast<uint64_t>(head_dim_v / 32);  // 0 (head_dim), 32 .. 192
   return key;
 }
 

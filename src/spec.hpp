@@ -99,6 +99,15 @@ struct KernelSpec {
   // written (text .sink after .alibi; combine: .sink last). A split's
   // partials leave it to their combine, which then has the flag.
   bool sink = false;
+  // fwd: V's (and so the output's) head dim where it differs from q's and
+  // k's (FlashAttention 3's hdim_v, e.g. DeepSeek's 192 with 128): one of
+  // the generated head dims, below head_dim (text .dvN last;
+  // FwdConfig::kSplitDims). 0: V has head_dim. Dense or varlen K/V, not
+  // split.
+  int head_dim_v = 0;
+
+  // V's and the output's head dim in the kernel.
+  int value_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
 
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
   static KernelSpec combine(DType state_dtype, DType out_dtype, bool elementwise = false, bool dynamic_splits = false,
@@ -110,7 +119,8 @@ struct KernelSpec {
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order wgmma, persistent, causal|local, chunk, softcap, alibi, sink, rope_half_rN|rope_interleaved_rN,
-  // rope_tables|rope_tables16, packgqa, kvcache|dense, leftpad, paged, split, dynsplit, padded, varlen, unaligned_dN),
+  // rope_tables|rope_tables16, packgqa, kvcache|dense, leftpad, paged, split, dynsplit, padded, varlen, unaligned_dN,
+  // dvN),
   // "combine.f32.bf16"
   // (".elementwise", then ".dynsplit", then ".sink", where set).
   std::string text() const;

@@ -23,7 +23,37 @@ enum MaskKind : int {
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE,
           bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false, bool PERSISTENT = false,
-          int UNALIGNED_DIM = 0, bool LEFTPAD = false, bool SINK = false>
+          int UNALIGNED_DIM = 0, bool LEFTPAD = false, bool SINK = false, int HEAD_DIM_V = 0>
+struct FwdConfig;
+
+// The view of a FwdConfig's V tiles where V's head dim differs from Q's and
+// K's (FwdConfig::kSplitDims): the same kernel with the row constants of
+// V, so that V's copies, its ldmatrix addresses and the P V products take
+// their widths from it while Q and K keep theirs.
+template <class Cfg>
+struct ValueTileConfig : Cfg {
+  static constexpr int kHeadDim = Cfg::kHeadDimV;
+  static constexpr int kColumns = Cfg::kHeadDimV;
+  static constexpr int kChunksPerRow = Cfg::kHeadDimV / 8;
+  static constexpr int kChunksUsed = Cfg::kHeadDimV / 8;
+  static constexpr int kRowElems = Cfg::kRowElemsV;
+  static constexpr int kRowBytes = Cfg::kRowElemsV * 2;
+  static constexpr int kRowStride = Cfg::kWgmma ? 128 : kRowBytes;
+};
+
+template <bool VALUE_VIEW, class Cfg>
+struct ValueTileOf {
+  using type = Cfg;
+};
+template <class Cfg>
+struct ValueTileOf<true, Cfg> {
+  using type = ValueTileConfig<Cfg>;
+};
+
+template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
+          bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE,
+          bool PAGED, bool SPLIT, int STAGES, bool WGMMA, bool PERSISTENT, int UNALIGNED_DIM, bool LEFTPAD,
+          bool SINK, int HEAD_DIM_V>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
@@ -41,6 +71,17 @@ struct FwdConfig {
                                 !PADDED && !PERSISTENT && (STAGES == 0 || (WGMMA && WARPS == 8))),
                 "unaligned head dims: a non-multiple of 8 below HEAD_DIM, without a KV cache; 4-warp kernels, or "
                 "ordinary-grid wgmma tiles of two warpgroups");
+  // HEAD_DIM_V > 0 and below HEAD_DIM: V (and so O) has its own head dim,
+  // as FlashAttention 3's hdim_v (DeepSeek's q/k 192 with v 128). V's tiles,
+  // the O accumulators and the output rows take it (kSmemV, kOutTiles,
+  // kOutChunks; V's copies and P V through ValueTile), while Q, K and S
+  // keep HEAD_DIM: no work or shared memory on columns V does not have.
+  // Dense or varlen K/V only (KernelSpec::validate).
+  static constexpr int kHeadDimV = HEAD_DIM_V > 0 ? HEAD_DIM_V : HEAD_DIM;
+  static constexpr bool kSplitDims = kHeadDimV != HEAD_DIM;
+  static_assert(!kSplitDims || (kHeadDimV < HEAD_DIM && kHeadDimV % 32 == 0 && !KVCACHE && !SPLIT && !kUnaligned),
+                "a value head dim: a multiple of 32 below HEAD_DIM, over dense or varlen K/V, not split");
+  using ValueTile = typename ValueTileOf<kSplitDims, FwdConfig>::type;
   static constexpr int kBlockQ = BLOCK_Q;
   static constexpr int kBlockKV = BLOCK_KV;
   static constexpr int kWarps = WARPS;  // MMA warps: each owns kRowsPerWarp query rows
@@ -253,18 +294,20 @@ struct FwdConfig {
   static constexpr int kRowsPerWarp = BLOCK_Q / WARPS;
   static constexpr int kMTiles = kRowsPerWarp / 16;  // 16-row MMA tiles per warp
   static constexpr int kScoreTiles = BLOCK_KV / 8;   // 8-column accumulator tiles of S
-  static constexpr int kOutTiles = HEAD_DIM / 8;     // 8-column accumulator tiles of O
+  static constexpr int kOutTiles = kHeadDimV / 8;    // 8-column accumulator tiles of O
+  static constexpr int kOutChunks = kHeadDimV / 8;   // 16-byte chunks of an output row
   static constexpr int kChunksPerRow = HEAD_DIM / 8; // 16-byte chunks of data per row
   // Shared-memory rows hold whole 8-chunk swizzle groups (128 bytes), so head
   // dims such as 32 and 96 leave a few unused chunks per row.
   static constexpr int kRowElems = (HEAD_DIM + 63) / 64 * 64;
+  static constexpr int kRowElemsV = (kHeadDimV + 63) / 64 * 64;  // V's rows (ValueTile)
   static constexpr int kRowBytes = kRowElems * 2;
   // Bytes from one row of a tile to the next (wgmma: within a panel).
   static constexpr int kRowStride = WGMMA ? 128 : kRowBytes;
 
   static constexpr int kSmemQ = BLOCK_Q * kRowElems;  // elements
   static constexpr int kSmemK = BLOCK_KV * kRowElems;
-  static constexpr int kSmemV = BLOCK_KV * kRowElems;
+  static constexpr int kSmemV = BLOCK_KV * kRowElemsV;
   // The producer's ring: kQBuffers Q tiles, kStages K and V stages, then its
   // mbarriers (Ring: five per stage, and per Q buffer "Q landed", plus "Q
   // free" when there are two).

@@ -60,7 +60,7 @@ __device__ __forceinline__ void consume_tiles(const FwdParams& p, const TileJob&
       unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
       pack_probabilities<Cfg>(probabilities, s_acc);
       mbarrier_wait(ring.v_landed(s), parity);
-      gemm_pv<Cfg>(o, probabilities, opaque(ring.v_stage(s)), lane);
+      gemm_pv<typename Cfg::ValueTile>(o, probabilities, opaque(ring.v_stage(s)), lane);
     } else {
       // The stage's V copy lands before the producer may copy into it again.
       mbarrier_wait(ring.v_landed(s), parity);
@@ -160,8 +160,8 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     for (int ks = 0; ks < Cfg::kBlockKV / 16; ++ks) {
       // Keys 16ks..16ks+15: two 8-row groups of every panel; panels (64
       // columns of V each) are kBlockKV rows apart.
-      wgmma_rs_panels<Element, Cfg::kHeadDim>(o[0], probabilities[0][ks],
-                                              wgmma_descriptor_at(v_descriptor, ks * 16 * 128), Cfg::kBlockKV * 128);
+      wgmma_rs_panels<Element, Cfg::kHeadDimV>(o[0], probabilities[0][ks],
+                                               wgmma_descriptor_at(v_descriptor, ks * 16 * 128), Cfg::kBlockKV * 128);
     }
     wgmma_commit();
   };

@@ -84,7 +84,7 @@ __device__ __forceinline__ void pack_probabilities(unsigned (&a)[Cfg::kMTiles][C
 }
 
 // O += P V. V is [BLOCK_KV][HEAD_DIM] row-major, so its B fragments need
-// ldmatrix's transpose.
+// ldmatrix's transpose. Cfg: the kernel's ValueTile (V's own row widths).
 template <class Cfg>
 __device__ __forceinline__ void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kOutTiles][4],
                                         const unsigned (&a)[Cfg::kMTiles][Cfg::kBlockKV / 16][4],
@@ -392,12 +392,12 @@ template <class Cfg, int ROWS, int THREADS, int UNROLL>
 __device__ __forceinline__ void copy_staged_output(const unsigned char* staging, unsigned short* out,
                                                    long long out_row_stride, long long out_head_stride, int q0,
                                                    int first_row, int rows, int group, int chunks_valid, int thread) {
-  constexpr int kChunks = ROWS * Cfg::kChunksPerRow;
+  constexpr int kChunks = ROWS * Cfg::kOutChunks;
 #pragma unroll UNROLL
   for (int i = 0; i < (kChunks + THREADS - 1) / THREADS; ++i) {
     const int chunk = i * THREADS + thread;
-    const int row = first_row + chunk / Cfg::kChunksPerRow;
-    const int column_chunk = chunk % Cfg::kChunksPerRow;
+    const int row = first_row + chunk / Cfg::kOutChunks;
+    const int column_chunk = chunk % Cfg::kOutChunks;
     if ((kChunks % THREADS == 0 || chunk < kChunks) && q0 + row < rows && column_chunk < chunks_valid) {
       const uint4 value = *reinterpret_cast<const uint4*>(staging + swizzled_bytes<Cfg, Cfg::kBlockQ>(row, column_chunk));
       unsigned short* const destination =
@@ -429,7 +429,7 @@ __device__ __forceinline__ void store_output(float (&o)[Cfg::kMTiles][Cfg::kOutT
   stage_output<Cfg>(o, row_max, row_sum, staging, lse, lse_row_stride, lse_head_stride, q0, warp_row0, rows, group,
                     lse_scale, sinks, lane);
   __syncwarp();
-  constexpr int kPasses = Cfg::kRowsPerWarp * Cfg::kChunksPerRow / 32;
+  constexpr int kPasses = Cfg::kRowsPerWarp * Cfg::kOutChunks / 32;
   copy_staged_output<Cfg, Cfg::kRowsPerWarp, 32, kPasses>(staging, out, out_row_stride, out_head_stride, q0,
                                                           warp_row0, rows, group, chunks_valid, lane);
 }

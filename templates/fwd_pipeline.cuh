@@ -197,7 +197,11 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   // Copies block i of this tile (block at.block + i of the CTA's ring) of K
   // or of V into its stage once the stage is free. Tensor copies: one copy
   // per 64-channel panel (and page); the KV head is the tile's query head
-  // (packed or not) over the group size. `first`: block 0.
+  // (packed or not) over the group size. `first`: block 0. V's rows take
+  // their widths from Cfg::ValueTile (Cfg itself unless V has a head dim of
+  // its own); copies by thread are of V blocks, or of a paged cache's,
+  // which has none.
+  using ValueTile = typename Cfg::ValueTile;
   auto issue = [&](int i, bool values, bool first) {
     const int r = at.block + i, s = r % kStages;
     const bool past_end = (Cfg::kVarlen || Cfg::kKVCache) && first && key0_of(0) + Cfg::kBlockKV > job.seqlen_k;
@@ -222,7 +226,7 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
     if (r >= kStages) mbarrier_wait(values ? ring.v_free(s) : ring.k_free(s), (r / kStages - 1) & 1);
     const unsigned stage = values ? ring.v_stage(s) : ring.k_stage(s);
     if constexpr (Cfg::kTensorCopies) {
-      constexpr int kPanels = Cfg::kRowElems / 64;
+      const int panels = values ? ValueTile::kRowElems / 64 : Cfg::kRowElems / 64;
       const unsigned barrier = values ? ring.v_landed(s) : Cfg::kRotateKeys ? ring.k_landed(s) : ring.k_ready(s);
       const int kv_head = job.head / p.heads_per_kv;
       if (by_threads) {
@@ -231,8 +235,8 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
           // three-warpgroup producer's 32 registers spilled holding it.)
           const unsigned short* v_rows = static_cast<const unsigned short*>(p.v) +
                                          static_cast<long long>(k_row0) * p.v_row_stride + kv_head * p.v_head_stride;
-          load_tile_rolled<Cfg, Cfg::kBlockKV>(stage, v_rows, p.v_row_stride, key0_of(i), job.seqlen_k,
-                                               job.chunks_valid);
+          load_tile_rolled<ValueTile, Cfg::kBlockKV>(stage, v_rows, p.v_row_stride, key0_of(i), job.seqlen_k,
+                                                     job.chunks_valid);
         } else if constexpr (Cfg::kPaged) {
           // A row at a time whatever the page size (the block that ends
           // past the sequence, and pages too short for a tensor copy): the
@@ -242,8 +246,8 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
                                values ? p.v_batch_stride : p.k_batch_stride, pages, p.page_shift, key0_of(i),
                                job.seqlen_k, job.chunks_valid);
         } else {
-          load_tile_rolled<Cfg, Cfg::kBlockKV>(stage, job.v, p.v_row_stride, key0_of(i), job.seqlen_k,
-                                               job.chunks_valid);
+          load_tile_rolled<ValueTile, Cfg::kBlockKV>(stage, job.v, p.v_row_stride, key0_of(i), job.seqlen_k,
+                                                     job.chunks_valid);
         }
         cp_async_mbarrier_track(barrier);
         cp_async_commit();
@@ -255,14 +259,14 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       // The byte count may be announced after some copies have completed
       // (the barrier's transaction count goes negative meanwhile): the phase
       // cannot complete before this one counted arrival.
-      if (lane == 0) mbarrier_arrive_expect_bytes(barrier, kPanels * Cfg::kBlockKV * 128);
+      if (lane == 0) mbarrier_arrive_expect_bytes(barrier, panels * Cfg::kBlockKV * 128);
       if (lane * copy_rows >= Cfg::kBlockKV) return;
       const int key = key0_of(i) + lane * copy_rows;
       const int row = Cfg::kPaged ? key & ((1 << p.page_shift) - 1) : k_row0 + key;
       const int outer = Cfg::kPaged ? page : map_batch;
       const TensorMap* map = values ? &p.v_map : &p.k_map;
 #pragma unroll
-      for (int panel = 0; panel < kPanels; ++panel) {
+      for (int panel = 0; panel < panels; ++panel) {
         const unsigned destination = stage + (panel * Cfg::kBlockKV + lane * copy_rows) * 128;
         if constexpr (Cfg::kVarlenKeys) {
           tensor_copy_3d(destination, map, barrier, panel * 64, row, kv_head);
@@ -273,9 +277,14 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
     } else {
       // A paged KV cache: the batch strides are page strides, and the
       // sequence's pages come from its row of the block table.
-      load_kv_tile<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
-                        values ? p.v_batch_stride : p.k_batch_stride, pages, Cfg::kPaged ? p.page_shift : 0,
-                        key0_of(i), job.seqlen_k, job.chunks_valid);
+      if (Cfg::kSplitDims && values) {
+        load_kv_tile<ValueTile>(stage, job.v, p.v_row_stride, p.v_batch_stride, pages, 0, key0_of(i), job.seqlen_k,
+                                job.chunks_valid);
+      } else {
+        load_kv_tile<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
+                          values ? p.v_batch_stride : p.k_batch_stride, pages, Cfg::kPaged ? p.page_shift : 0,
+                          key0_of(i), job.seqlen_k, job.chunks_valid);
+      }
       cp_async_mbarrier_arrive(values ? ring.v_landed(s) : Cfg::kRotateKeys ? ring.k_landed(s) : ring.k_ready(s));
       cp_async_commit();
     }

@@ -404,8 +404,8 @@ __device__ void fwd_prefill(const FwdParams& p) {
     // V may be overwritten.
     cp_async_wait<0>();
     __syncthreads();
-    load_kv_tile<Cfg>(v_tile, v, p.v_row_stride, p.v_batch_stride, pages, p.page_shift, key0, seqlen_k, chunks_valid,
-                      page_current);
+    load_kv_tile<typename Cfg::ValueTile>(v_tile, v, p.v_row_stride, p.v_batch_stride, pages, p.page_shift, key0,
+                                          seqlen_k, chunks_valid, page_current);
     cp_async_commit();
     if constexpr (Cfg::kRotateKeys) {
       // Rotating K here costs 25-40% of a block's time (docs/PERFORMANCE.md):
@@ -457,7 +457,7 @@ __device__ void fwd_prefill(const FwdParams& p) {
       }
       unsigned probabilities[Cfg::kMTiles][Cfg::kBlockKV / 16][4];
       pack_probabilities<Cfg>(probabilities, s);
-      gemm_pv<Cfg>(o, probabilities, opaque(v_tile), lane);
+      gemm_pv<typename Cfg::ValueTile>(o, probabilities, opaque(v_tile), lane);
     } else {
       wait_v_then_load_next_k();
     }

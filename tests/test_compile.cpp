@@ -433,6 +433,92 @@ TEST_CASE("persistent wgmma specs compile with their features and varlen, spilli
   CHECK(errors.empty());
 }
 
+TEST_CASE("value head dims of their own (dvN) compile in every prefill family with their features, spilling no more than with V as wide as K") {
+  // V's tiles and O narrower than Q's and K's (FwdConfig::kSplitDims): the
+  // 4-warp kernels (sm_80), the mma.sync producer layout, wgmma tiles of
+  // two and three warpgroups, persistent and not, 176-key blocks, and head
+  // dims above 128; features cycled as elsewhere, varlen and padded q/k on
+  // some. Each is compiled beside the same spec without its value dim: a
+  // narrower V holds fewer accumulators, so it may not spill more.
+  struct Shape {
+    const char* arch;
+    int head_dim, head_dim_v, block_q, block_kv, warps, stages;
+    bool wgmma, persistent;
+  };
+  const Shape shapes[] = {
+      {"sm_80", 192, 128, 64, 64, 4, 0, false, false},    {"sm_80", 192, 128, 128, 64, 8, 0, false, false},
+      {"sm_80", 128, 64, 128, 64, 4, 0, false, false},    {"sm_80", 96, 64, 128, 64, 4, 0, false, false},
+      {"sm_80", 64, 32, 128, 128, 4, 0, false, false},    {"sm_80", 256, 192, 128, 64, 8, 0, false, false},
+      {"sm_90a", 64, 32, 256, 64, 8, 3, false, false},    {"sm_90a", 192, 128, 128, 96, 8, 2, true, false},
+      {"sm_90a", 192, 128, 128, 128, 8, 2, true, false},  {"sm_90a", 256, 128, 128, 80, 8, 2, true, false},
+      {"sm_90a", 256, 192, 128, 64, 8, 2, true, false},   {"sm_90a", 128, 64, 128, 128, 8, 2, true, true},
+      {"sm_90a", 128, 64, 128, 176, 8, 2, true, false},   {"sm_90a", 64, 32, 192, 128, 12, 4, true, true},
+      {"sm_90a", 128, 96, 128, 128, 8, 2, true, false},   {"sm_90a", 96, 64, 128, 128, 8, 2, true, true}};
+  std::map<std::string, std::vector<KernelSpec>> by_arch, plain_by_arch;
+  int variant = 0;
+  for (const Shape& shape : shapes) {
+    for (int i = 0; i < 2; ++i, ++variant) {
+      KernelSpec spec{Family::fwd, variant % 2 ? DType::f16 : DType::bf16, shape.head_dim, shape.block_q,
+                      shape.block_kv, shape.warps};
+      spec.stages = shape.stages;
+      spec.wgmma = shape.wgmma;
+      spec.persistent = shape.persistent;
+      set_feature_variant(spec, variant);
+      // RoPE where the tiles take it: the mma.sync producer is RoPE's, and
+      // 176-key blocks and three warpgroups take none.
+      const bool rope_ok = !(shape.block_kv == 176 || shape.warps == 12);
+      if (shape.stages > 0 && !shape.wgmma) {
+        spec.rope = RopeKind::half, spec.rotary_dim = shape.head_dim;
+      } else if (!rope_ok || i == 0) {
+        spec.rope = RopeKind::none, spec.rotary_dim = 0, spec.rope_tables = spec.rope_tables16 = false;
+      }
+      if (shape.warps == 12) spec.pack_gqa = false;  // three persistent warpgroups take no packed GQA (planner)
+      // (The planner takes 128-key blocks at 192 for dense keys only.)
+      spec.varlen = variant % 3 == 1 && shape.block_kv != 176 && !(shape.head_dim == 192 && shape.block_kv == 128);
+      spec.padded = variant % 5 == 3;
+      spec.head_dim_v = shape.head_dim_v;
+      spec.validate();
+      CHECK_MESSAGE(spec.smem_bytes() <= 227 * 1024, spec.text());
+      KernelSpec plain = spec;
+      plain.head_dim_v = 0;
+      by_arch[shape.arch].push_back(spec);
+      if (plain.smem_bytes() <= 227 * 1024 && plain.accumulator_registers() <= 192) {
+        plain_by_arch[shape.arch].push_back(plain);
+      }
+    }
+  }
+  std::mutex mutex;
+  std::map<std::string, int> plain_spills;
+  for (auto& [arch, plains] : plain_by_arch) {
+    compile_all(plains, Arch::parse(arch), [&](const KernelSpec& spec, const std::string& log) -> std::string {
+      const std::lock_guard<std::mutex> lock(mutex);
+      plain_spills[spec.text()] = spill_store_bytes(log);
+      return "";
+    });
+  }
+  size_t compiled = 0;
+  for (auto& [arch, specs] : by_arch) {
+    compiled += specs.size();
+    const auto errors = compile_all(specs, Arch::parse(arch), [&](const KernelSpec& spec, const std::string& log) -> std::string {
+      KernelSpec plain = spec;
+      plain.head_dim_v = 0;
+      const std::lock_guard<std::mutex> lock(mutex);
+      const auto found = plain_spills.find(plain.text());
+      // The mma.sync producer layout's V copies of 4-chunk rows spilled 8
+      // bytes where 8-chunk rows did not (head dim 64 with V 32, RoPE and
+      // ALiBi; ptxas, NVRTC 13.0).
+      const int slack = spec.stages > 0 && !spec.wgmma ? 8 : 0;
+      const int bound = (found != plain_spills.end() ? std::max(found->second, 0) : 0) + slack;
+      const int spilled = spill_store_bytes(log);
+      if (spilled > bound) return fmt::format("spills {} bytes; with V as wide as K {}", spilled, bound);
+      return "";
+    });
+    for (const auto& e : errors) FAIL_CHECK(e);
+    CHECK(errors.empty());
+  }
+  CHECK(compiled == 2 * std::size(shapes));
+}
+
 TEST_CASE("feature combinations compile at every head dim: all 32 at 128, a spread elsewhere (sm_80, default tiles)") {
   const Arch arch = Arch::parse("sm_80");
   std::vector<KernelSpec> specs;

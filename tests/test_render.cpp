@@ -50,7 +50,16 @@ TEST_CASE("rendered source is self-contained and carries the spec's constants") 
                                    std::pair{"combine.f32.bf16.sink", "true"},
                                    std::pair{"combine.f32.bf16.dynsplit", "false"}}) {
     CAPTURE(text);
-    CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*SINK=*/") + sink + ">") !=
+    const std::string source = render(KernelSpec::parse(text), TemplateSet());
+    CHECK((source.find(std::string("/*SINK=*/") + sink + ">") != std::string::npos ||
+           source.find(std::string("/*SINK=*/") + sink + ", /*HEAD_DIM_V=*/") != std::string::npos));
+  }
+  // V's head dim: the head dim unless the spec gives V its own (dvN).
+  for (const auto& [text, value_dim] : {std::pair{"fwd.f16.d64.br64.bc32.w4.causal", "64"},
+                                        std::pair{"fwd.bf16.d192.br128.bc96.w8.s2.wgmma.causal.dv128", "128"},
+                                        std::pair{"fwd.f16.d128.br128.bc64.w4.padded.dv64", "64"}}) {
+    CAPTURE(text);
+    CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*HEAD_DIM_V=*/") + value_dim + ">") !=
           std::string::npos);
   }
 }

@@ -448,6 +448,50 @@ TEST_CASE("learnable sinks: a fwd and decode flag after alibi, packed apart, and
                        doctest::Contains("unknown or repeated flag 'sink'"), Error);
 }
 
+TEST_CASE("a value head dim of its own (dvN): last in the text, packed apart, narrower V tiles, and its rules") {
+  const KernelSpec deepseek = KernelSpec::parse("fwd.bf16.d192.br128.bc96.w8.s2.wgmma.causal.dv128");
+  CHECK(deepseek.head_dim == 192);
+  CHECK(deepseek.head_dim_v == 128);
+  CHECK(deepseek.value_dim() == 128);
+  CHECK(deepseek.text() == "fwd.bf16.d192.br128.bc96.w8.s2.wgmma.causal.dv128");
+  KernelSpec same_dims = deepseek;
+  same_dims.head_dim_v = 0;
+  CHECK(same_dims.value_dim() == 192);
+  CHECK(same_dims.packed() != deepseek.packed());
+  CHECK(same_dims.hash() != deepseek.hash());
+  // V's stages take 128-wide rows: 2 stages x 96 keys x 64 columns x 2 bytes less.
+  CHECK(same_dims.smem_bytes() - deepseek.smem_bytes() == 2 * 96 * 64 * 2);
+  // O's accumulators are V's: (128 / 8 + 96 / 8) x 4 per thread.
+  CHECK(deepseek.accumulator_registers() == (128 / 8 + 96 / 8) * 4);
+  // The 4-warp kernels: Q, one K and one V tile.
+  const KernelSpec narrow = KernelSpec::parse("fwd.f16.d128.br128.bc64.w4.padded.varlen.dv64");
+  CHECK(narrow.smem_bytes() == (128 * 128 + 64 * 128 + 64 * 64) * 2);
+  CHECK(KernelSpec::parse(narrow.text()) == narrow);
+  // Every value dim packs apart.
+  std::vector<uint64_t> keys;
+  for (int dv : {0, 32, 64, 96, 128, 192}) {
+    KernelSpec spec = KernelSpec::parse("fwd.bf16.d256.br128.bc64.w8");
+    spec.head_dim_v = dv;
+    spec.validate();
+    keys.push_back(spec.packed());
+  }
+  std::sort(keys.begin(), keys.end());
+  CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
+  for (const auto& [text, why] :
+       {std::pair{"fwd.bf16.d128.br128.bc64.w4.dv128", "below head_dim=128"},
+        std::pair{"fwd.bf16.d128.br128.bc64.w4.dv160", "must be one of 32, 64, 96, 128, 192"},
+        std::pair{"fwd.bf16.d64.br128.bc64.w4.dv48", "must be one of 32, 64, 96, 128, 192"},
+        std::pair{"fwd.bf16.d128.br64.bc128.w4.packgqa.kvcache.dv64", "does not combine with kvcache, split"},
+        std::pair{"fwd.bf16.d128.br64.bc128.w4.split.dv64", "does not combine with kvcache, split"},
+        std::pair{"fwd.bf16.d128.br128.bc64.w4.unaligned_d111.dv64", "does not combine with kvcache, split"},
+        std::pair{"fwd.bf16.d128.br128.bc64.w4.dv0", "leave the flag out"},
+        std::pair{"fwd.bf16.d128.br128.bc64.w4.dv64.dv32", "unknown or repeated flag 'dv32'"},
+        std::pair{"decode.bf16.d128.br16.bc16.w4.s4.dv64", "does not apply to a decode spec"}}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains(why), Error);
+  }
+}
+
 TEST_CASE("spec hash is stable across runs and builds") {
   // Pinned value: XXH3-64 of the canonical text (checked with the Python xxhash package). A change here invalidates
   // every tuned table and cache listing keyed by spec hash, so it must be deliberate.
@@ -529,10 +573,13 @@ TEST_CASE("combine specs: text is combine.<state>.<out>[.elementwise][.dynsplit]
   widest.rope_tables = widest.rope_tables16 = true;
   widest.kvcache = widest.paged = widest.split = true;
   widest.sink = widest.chunk = true;
-  CHECK(widest.packed() < (uint64_t{1} << 60));
-  widest.family = Family::decode;  // the family's two bits, highest of the four
-  CHECK(widest.packed() < (uint64_t{1} << 60));
-  CHECK(KernelSpec::combine(DType::f32, DType::f32).packed() >= (uint64_t{1} << 60));
+  widest.head_dim_v = 192;
+  // Fields in bits 0-59, the family in bits 60-61, for every family.
+  CHECK((widest.packed() >> 60) == 0);
+  widest.family = Family::decode;
+  CHECK((widest.packed() >> 60) == 3);
+  CHECK((KernelSpec::combine(DType::f32, DType::f32, true, true, true).packed() >> 60) == 1);
+  CHECK((KernelSpec::append(DType::bf16, RopeKind::half, 256, true, true, true).packed() >> 60) == 2);
   std::sort(keys.begin(), keys.end());
   CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
   CHECK(KernelSpec::combine(DType::bf16, DType::f32).hash() != KernelSpec::combine(DType::f32, DType::bf16).hash());
