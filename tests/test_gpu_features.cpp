@@ -68,10 +68,10 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   std::string slopes = "off";
   if (!s.alibi_slopes.empty()) slopes = c.slopes_per_batch ? "[batch, heads_q]" : "[heads_q]";
   return fmt::format(
-      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window=({}, {}) chunk={} softcap={} "
-      "alibi={} sinks={} gain={} layout={} reference={} seed={}",
+      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} head_dim_v={} causal={} window=({}, {}) "
+      "chunk={} softcap={} alibi={} sinks={} gain={} layout={} reference={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch, s.seqlen_q, s.seqlen_k,
-      s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.attention_chunk, s.softcap, slopes,
+      s.heads_q, s.heads_kv, s.head_dim, s.value_dim(), s.causal, s.window_left, s.window_right, s.attention_chunk, s.softcap, slopes,
       s.learnable_sink.empty() ? "off" : fmt::format("[{}]", fmt::join(s.learnable_sink, ", ")), c.gain,
       strides_name(c.layout), c.gpu_reference ? "gpu" : "cpu", seed);
 }
@@ -96,16 +96,18 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   const auto& s = c.shape;
   const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
   const int64_t kv_shape[4] = {s.batch, s.seqlen_k, s.heads_kv, s.head_dim};
-  int64_t q_strides[4], kv_strides[4];
+  const int64_t v_shape[4] = {s.batch, s.seqlen_k, s.heads_kv, s.value_dim()};
+  int64_t q_strides[4], kv_strides[4], v_strides[4];
   make_strides(c.layout, q_shape, q_strides);
   make_strides(c.layout, kv_shape, kv_strides);
+  make_strides(c.layout, v_shape, v_strides);
   Inputs in;
   in.q = random_scaled(static_cast<size_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim, c.dtype, c.gain, rng);
   in.k = random_scaled(static_cast<size_t>(s.batch) * s.seqlen_k * s.heads_kv * s.head_dim, c.dtype, c.gain, rng);
-  in.v = random_values(in.k.size(), c.dtype, rng);
+  in.v = random_values(static_cast<size_t>(s.batch) * s.seqlen_k * s.heads_kv * s.value_dim(), c.dtype, rng);
   in.dq = std::make_unique<DeviceTensor>(in.q, c.dtype, q_shape, q_strides);
   in.dk = std::make_unique<DeviceTensor>(in.k, c.dtype, kv_shape, kv_strides);
-  in.dv = std::make_unique<DeviceTensor>(in.v, c.dtype, kv_shape, kv_strides);
+  in.dv = std::make_unique<DeviceTensor>(in.v, c.dtype, v_shape, v_strides);
   if (!s.alibi_slopes.empty()) {
     in.slopes = std::make_unique<DeviceBuffer>(s.alibi_slopes.size() * 4);
     in.slopes->upload(s.alibi_slopes.data(), s.alibi_slopes.size() * 4);
@@ -145,11 +147,13 @@ std::string spec_of(const Case& c) {
   void* placeholder = reinterpret_cast<void*>(uintptr_t{1} << 20);
   const TensorView q = TensorView::contiguous(placeholder, c.dtype, {s.batch, s.seqlen_q, s.heads_q, s.head_dim});
   const TensorView kv = TensorView::contiguous(placeholder, c.dtype, {s.batch, s.seqlen_k, s.heads_kv, s.head_dim});
+  const TensorView v = TensorView::contiguous(placeholder, c.dtype, {s.batch, s.seqlen_k, s.heads_kv, s.value_dim()});
+  const TensorView out = TensorView::contiguous(placeholder, c.dtype, {s.batch, s.seqlen_q, s.heads_q, s.value_dim()});
   const TensorView lse = TensorView::contiguous(placeholder, DType::f32, {s.batch, s.heads_q, s.seqlen_q});
   const TensorView slopes = slopes_view(c, placeholder);
   const TensorView sinks = sinks_view(c, placeholder);
   try {
-    return gpu_tests_runtime().spec_for(q, kv, kv, q, &lse,
+    return gpu_tests_runtime().spec_for(q, kv, v, out, &lse,
                                         options_for(c, s.alibi_slopes.empty() ? nullptr : &slopes,
                                                     s.learnable_sink.empty() ? nullptr : &sinks));
   } catch (const std::exception&) {
@@ -167,11 +171,11 @@ struct KernelRun {
 // Runs jitattn with out and lse poisoned (every byte 0xff) first.
 KernelRun run_kernel(const Case& c, const Inputs& in) {
   const auto& s = c.shape;
-  const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
+  const int64_t out_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.value_dim()};
   int64_t out_strides[4];
   // Output in another layout than the inputs, to exercise its strides.
-  make_strides(c.layout == Strides::contiguous ? Strides::heads_major : Strides::contiguous, q_shape, out_strides);
-  DeviceTensor out(c.dtype, q_shape, out_strides);
+  make_strides(c.layout == Strides::contiguous ? Strides::heads_major : Strides::contiguous, out_shape, out_strides);
+  DeviceTensor out(c.dtype, out_shape, out_strides);
   const size_t lse_count = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
   DeviceBuffer lse(lse_count * 4);
   const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {s.batch, s.heads_q, s.seqlen_q});
@@ -529,6 +533,61 @@ TEST_CASE("features: learnable_sink (gpt-oss's attention sinks) with every mask,
     }
   }
   CHECK_MESSAGE(empty_rows > 0, "the (512, 256) causal cases were meant to include rows that see no key");
+}
+
+TEST_CASE("features: a value head dim of its own (FlashAttention 3's hdim_v, DeepSeek's 192/128), the planner's kernels") {
+  // V and out narrower than q and k, on whatever the planner takes: short
+  // calls on the 4-warp kernels, long ones on wgmma tiles (persistent at
+  // head dim 128 and below), one query row on the prefill kernels (the
+  // decode kernel's V is head_dim wide); masks, softcap, ALiBi, sinks, GQA,
+  // strided layouts, and q/k head dims that run padded (160 on 192).
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  struct Dims {
+    int head_dim, head_dim_v;
+  };
+  const Dims dims[] = {{192, 128}, {128, 64}, {64, 32}, {256, 128}, {160, 128}, {96, 64}, {256, 192}, {128, 96}};
+  const Seqlens seqlens[] = {{113, 203, false}, {1, 239, false}, {512, 256, false}, {2048, 2048, true},
+                             {1024, 1023, true}};
+  std::vector<Case> cases;
+  int index = 0;
+  for (DType dtype : kDTypes) {
+    for (const auto& sl : seqlens) {
+      for (int variant = 0; variant < 4; ++variant, ++index) {
+        const Dims& d = dims[index % 8];
+        Case c;
+        c.dtype = dtype;
+        c.layout = static_cast<Strides>(index % 3);
+        c.gpu_reference = sl.gpu_reference;
+        const int heads_kv[] = {16, 4, 1};
+        c.shape = AttentionShape::dense(2, sl.q, sl.k, 16, heads_kv[index % 3], d.head_dim,
+                                        variant != 1);
+        c.shape.head_dim_v = d.head_dim_v;
+        if (variant == 2) c.shape.window_left = 200;
+        if (index % 5 == 1) c.shape.softcap = 30.f;
+        if (index % 7 == 3) c.shape.alibi_slopes = random_slopes(16, rng);
+        if (index % 4 == 3) c.shape.learnable_sink = random_sinks(16, rng);
+        cases.push_back(c);
+      }
+    }
+  }
+  warm_cases(cases, spec_of);
+  bool mma_sync = false, wgmma = false, persistent = false, padded = false;
+  for (const Case& c : cases) {
+    const std::string spec = spec_of(c);
+    CHECK_MESSAGE(spec.find(fmt::format(".dv{}", c.shape.head_dim_v)) != std::string::npos, describe(c, spec, seed));
+    persistent = persistent || spec.find(".persistent") != std::string::npos;
+    wgmma = wgmma || (spec.find(".wgmma") != std::string::npos && spec.find(".persistent") == std::string::npos);
+    mma_sync = mma_sync || spec.find(".wgmma") == std::string::npos;
+    padded = padded || spec.find(".padded") != std::string::npos;
+  }
+  CHECK(mma_sync);
+  if (current_arch() == "sm_90a") {
+    CHECK(wgmma);
+    CHECK(persistent);
+  }
+  CHECK(padded);
+  check_cases(cases, rng, seed);
 }
 
 TEST_CASE("features: softcap 50, and softcap 5 on large logits, causal and not") {

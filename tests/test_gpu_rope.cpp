@@ -63,10 +63,11 @@ const char* angles_name(Angles a) {
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   const auto& s = c.shape;
   return fmt::format(
-      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window=({}, {}) softcap={} alibi={} "
-      "rope={} rotary_dim={} angles={} offsets={} pack_gqa={} heads_major={} sm_limit={} num_splits={} seed={}",
+      "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} head_dim_v={} causal={} window=({}, {}) "
+      "softcap={} alibi={} rope={} rotary_dim={} angles={} offsets={} pack_gqa={} heads_major={} sm_limit={} "
+      "num_splits={} seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", s.batch, s.seqlen_q, s.seqlen_k,
-      s.heads_q, s.heads_kv, s.head_dim, s.causal, s.window_left, s.window_right, s.softcap, !s.alibi_slopes.empty(),
+      s.heads_q, s.heads_kv, s.head_dim, s.value_dim(), s.causal, s.window_left, s.window_right, s.softcap, !s.alibi_slopes.empty(),
       !c.rope ? "off" : c.rotation.style == RopeStyle::rotate_half ? "rotate_half" : "interleaved",
       c.rotation.rotary_dim,
       fmt::format("{}{}{}{}", angles_name(c.angles), c.tables16 ? "(16-bit)" : "", c.table_gap ? "+gap" : "",
@@ -94,21 +95,24 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   const auto& s = c.shape;
   const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
   const int64_t kv_shape[4] = {s.batch, s.seqlen_k, s.heads_kv, s.head_dim};
-  int64_t q_strides[4], kv_strides[4];
+  const int64_t v_shape[4] = {s.batch, s.seqlen_k, s.heads_kv, s.value_dim()};
+  int64_t q_strides[4], kv_strides[4], v_strides[4];
   if (c.heads_major) {
     heads_major_strides(q_shape, q_strides);
     heads_major_strides(kv_shape, kv_strides);
+    heads_major_strides(v_shape, v_strides);
   } else {
     padded_strides(q_shape, q_strides);
     padded_strides(kv_shape, kv_strides);
+    padded_strides(v_shape, v_strides);
   }
   Inputs in;
   in.q = random_values(static_cast<size_t>(s.batch) * s.seqlen_q * s.heads_q * s.head_dim, c.dtype, rng);
   in.k = random_values(static_cast<size_t>(s.batch) * s.seqlen_k * s.heads_kv * s.head_dim, c.dtype, rng);
-  in.v = random_values(in.k.size(), c.dtype, rng);
+  in.v = random_values(static_cast<size_t>(s.batch) * s.seqlen_k * s.heads_kv * s.value_dim(), c.dtype, rng);
   in.dq = std::make_unique<DeviceTensor>(in.q, c.dtype, q_shape, q_strides);
   in.dk = std::make_unique<DeviceTensor>(in.k, c.dtype, kv_shape, kv_strides);
-  in.dv = std::make_unique<DeviceTensor>(in.v, c.dtype, kv_shape, kv_strides);
+  in.dv = std::make_unique<DeviceTensor>(in.v, c.dtype, v_shape, v_strides);
   std::uniform_int_distribution<int> offset(0, 3000);
   if (c.offsets != Offsets::none) {
     for (int b = 0; b < s.batch; ++b) in.k_offsets.push_back(offset(rng));
@@ -222,10 +226,10 @@ struct KernelRun {
 
 KernelRun run_kernel(const Case& c, const Inputs& in) {
   const auto& s = c.shape;
-  const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
+  const int64_t out_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.value_dim()};
   int64_t out_strides[4];
-  contiguous_strides(q_shape, out_strides);
-  DeviceTensor out(c.dtype, q_shape, out_strides);
+  contiguous_strides(out_shape, out_strides);
+  DeviceTensor out(c.dtype, out_shape, out_strides);
   const size_t lse_count = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
   DeviceBuffer lse(lse_count * 4);
   const TensorView lse_view = TensorView::contiguous(lse.get(), DType::f32, {s.batch, s.heads_q, s.seqlen_q});
@@ -436,6 +440,45 @@ TEST_CASE("wgmma above head dim 128 (sm_90a): 192 and 256, padded 136-248, RoPE 
     const int kernel_dim = c.shape.head_dim > 192 ? 256 : 192;
     CHECK_MESSAGE(run.spec.find(fmt::format("d{}.br128.bc{}.w8.s{}.wgmma", kernel_dim, c.tiles.block_kv,
                                             c.tiles.stages)) != std::string::npos, run.spec);
+  });
+}
+
+TEST_CASE("value head dims of their own (dvN, DeepSeek's 192/128): RoPE and plain on every prefill tile family") {
+  // V and O narrower than Q and K (FwdConfig::kSplitDims), on forced tiles
+  // of each family: the 4-warp kernels and the mma.sync producer (V by
+  // cp.async in V's own row widths), wgmma tiles with and without RoPE (V
+  // by cp.async beside the rotating producer, else by tensor copies of V's
+  // panels), persistent (outputs copied out by the producer at V's width),
+  // three warpgroups, and head dims above 128, padded q/k among them.
+  if (!sm90a_or_skip("wgmma")) return;
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  struct Family {
+    int head_dim, head_dim_v;
+    TileConfig tiles;
+  };
+  const Family families[] = {
+      {128, 64, {128, 64, 4}},                     {64, 32, {256, 64, 8, 3}},
+      {128, 64, {128, 128, 8, 2, true}},           {128, 96, {128, 128, 8, 2, true, true}},
+      {192, 128, {128, 96, 8, 2, true}},           {256, 192, {128, 80, 8, 2, true}},
+      {64, 32, {192, 128, 12, 4, true}},           {160, 128, {128, 96, 8, 2, true}},
+      {96, 64, {128, 64, 4}},                      {224, 128, {128, 64, 8, 2, true}},
+      {64, 32, {128, 128, 8, 4, true, true}},      {192, 128, {64, 64, 4}}};
+  std::vector<Case> cases;
+  for (int index = 0; index < 24; ++index) {
+    const Family& family = families[index % 12];
+    // RoPE on two of every three cases; the mma.sync producer layout is RoPE's.
+    const bool rope = index % 3 != 2 || (family.tiles.stages > 0 && !family.tiles.wgmma);
+    Case c = producer_grid_case(index, family.head_dim, rope);
+    c.shape.head_dim_v = family.head_dim_v;
+    c.tiles = family.tiles;
+    if (family.tiles.persistent) c.sm_limit = 1 + index % 5;
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    CHECK_MESSAGE(run.spec.find(fmt::format(".dv{}", c.shape.head_dim_v)) != std::string::npos, run.spec);
+    CHECK_MESSAGE(run.spec.find(fmt::format(".br{}.bc{}.w{}", c.tiles.block_q, c.tiles.block_kv, c.tiles.warps)) !=
+                      std::string::npos, run.spec);
   });
 }
 

@@ -1772,6 +1772,105 @@ TEST_CASE("every rule is enforced with a message naming the argument") {
   { Call c; c.q.shape[0] = -1; rejects(c, "q: batch=-1 is negative"); }
 }
 
+TEST_CASE("a value head dim of its own (FlashAttention 3's hdim_v): .dvN specs over dense and varlen K/V, never split") {
+  const Arch hopper = Arch::parse("sm_90a"), ampere = Arch::parse("sm_80");
+  // DeepSeek's prefill: q and k 192 wide, v and out 128, 16 heads.
+  auto deepseek = [](int64_t batch, int64_t seqlen, int64_t head_dim, int64_t head_dim_v) {
+    Call call;
+    call.q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 16, head_dim});
+    call.k = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, 16, head_dim});
+    call.v = TensorView::contiguous(address(0x30000), DType::bf16, {batch, seqlen, 16, head_dim_v});
+    call.out = TensorView::contiguous(address(0x40000), DType::bf16, {batch, seqlen, 16, head_dim_v});
+    call.lse = TensorView::contiguous(address(0x50000), DType::f32, {batch, 16, seqlen});
+    call.options.causal = true;
+    return call;
+  };
+  const Call long_call = deepseek(4, 4096, 192, 128);
+  const ForwardPlan plan = long_call.plan();
+  // 128-key blocks: V's narrower stages leave room for them.
+  CHECK(plan.spec.text() == "fwd.bf16.d192.br128.bc128.w8.s2.wgmma.causal.dv128");
+  // The default scale is q's head dim's.
+  CHECK(plan.params.scale == doctest::Approx(1 / std::sqrt(192.0)));
+  // V's tensor map spans V's 128 channels (two panels), K's 192.
+  REQUIRE(plan.spec.tensor_copies());
+  CHECK(plan.k_map.dims[0] == 192);
+  CHECK(plan.v_map.dims[0] == 128);
+  CHECK(plan.v_map.base == long_call.v.data);
+  CHECK(plan.params.v_row_stride == 16 * 128);
+  CHECK(plan.params.o_row_stride == 16 * 128);
+  // sm_80: the 4-warp kernels, with the same flag.
+  CHECK(long_call.plan(true, 163 * 1024, "sm_80").spec.text().find(".dv128") != std::string::npos);
+  CHECK(long_call.plan(true, 163 * 1024, "sm_80").spec.wgmma == false);
+  // Head dim 128 with V 64: persistent wgmma tiles (V's narrower stages),
+  // and padded q/k head dims keep V's exact one.
+  CHECK(deepseek(2, 2048, 128, 64).plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.persistent.causal.dv64");
+  CHECK(deepseek(2, 256, 160, 128).plan().spec.text().find(".d192.") != std::string::npos);
+  CHECK(deepseek(2, 256, 160, 128).plan().spec.text().find(".padded.dv128") != std::string::npos);
+  // One query row: the prefill kernels (the decode kernel's V is head_dim
+  // wide), and no split even with a workspace; forcing splits is refused.
+  Call one = deepseek(1, 1, 192, 128);
+  one.k = TensorView::contiguous(address(0x20000), DType::bf16, {1, 32768, 16, 192});
+  one.v = TensorView::contiguous(address(0x30000), DType::bf16, {1, 32768, 16, 128});
+  one.options.causal = false;
+  CHECK(one.plan().spec.family == Family::fwd);
+  const SplitForwardPlan unsplit =
+      plan_forward_split(one.q, one.k, one.v, one.out, &one.lse, one.options, nullptr, 0, true, hopper, 227 * 1024, 132);
+  CHECK(unsplit.attention.spec.head_dim_v == 128);
+  CHECK_FALSE(unsplit.attention.spec.split);
+  CHECK(unsplit.attention.workspace_bytes == 0);
+  one.options.num_splits = 3;
+  CHECK_THROWS_WITH_AS(plan_forward_split(one.q, one.k, one.v, one.out, &one.lse, one.options, nullptr, 0, true,
+                                          ampere, 163 * 1024, 108),
+                       doctest::Contains("V's own head dim, dvN, do not"), Error);
+  // The rules, each naming the argument.
+  auto rejects = [](const Call& call, const char* message) {
+    CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains(message), Error);
+  };
+  rejects(deepseek(1, 64, 128, 80), "v: head_dim=80 differs from q's head_dim=128: it must then be one of 32, 64, 96");
+  rejects(deepseek(1, 64, 128, 192), "below q's");
+  rejects(deepseek(1, 64, 100, 64), "q's head_dim=100, which must then be a multiple of 8");
+  {
+    Call c = deepseek(1, 64, 192, 128);
+    c.out.shape[3] = 192;
+    rejects(c, "out: shape [1, 64, 16, 192] must be q's shape [1, 64, 16, 192] with v's head_dim 128");
+  }
+  {
+    Call c = deepseek(1, 64, 192, 128);
+    c.v.shape[1] = 63;
+    rejects(c, "v: shape [1, 63, 16, 128] must equal k's shape [1, 64, 16, 192] but for head_dim");
+  }
+  // Varlen: packed K/V take it; a paged cache does not (nor does forward_kvcache).
+  VarlenArgs varlen;
+  varlen.cu_seqlens_q = TensorView::contiguous(address(0x60000), DType::i32, {4});
+  varlen.cu_seqlens_k = TensorView::contiguous(address(0x61000), DType::i32, {4});
+  varlen.max_seqlen_q = 300;
+  varlen.max_seqlen_k = 700;
+  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {900, 16, 192});
+  const TensorView k = TensorView::contiguous(address(0x20000), DType::bf16, {900, 16, 192});
+  const TensorView v = TensorView::contiguous(address(0x30000), DType::bf16, {900, 16, 128});
+  const TensorView out = TensorView::contiguous(address(0x40000), DType::bf16, {900, 16, 128});
+  const ForwardPlan packed = plan_forward_varlen(q, k, v, out, nullptr, varlen, ForwardOptions{}, hopper, 227 * 1024, 132);
+  CHECK(packed.spec.varlen);
+  CHECK(packed.spec.head_dim_v == 128);
+  CHECK(packed.spec.block_kv == 96);  // varlen keeps 96-key blocks at 192
+  const TensorView pages_k = TensorView::contiguous(address(0x20000), DType::bf16, {64, 64, 16, 192});
+  const TensorView pages_v = TensorView::contiguous(address(0x30000), DType::bf16, {64, 64, 16, 128});
+  const TensorView table = TensorView::contiguous(address(0x63000), DType::i32, {3, 16});
+  varlen.block_table = &table;
+  CHECK_THROWS_WITH_AS(
+      plan_forward_varlen(q, pages_k, pages_v, out, nullptr, varlen, ForwardOptions{}, hopper, 227 * 1024, 132),
+      doctest::Contains("v: shape [64, 64, 16, 128] must equal k's shape [64, 64, 16, 192]"), Error);
+  KVCacheArgs args;
+  args.k_cache = TensorView::contiguous(address(0x40000), DType::bf16, {2, 1024, 16, 192});
+  args.v_cache = TensorView::contiguous(address(0x80000), DType::bf16, {2, 1024, 16, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {2});
+  const TensorView decode_q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 16, 192});
+  const TensorView decode_out = TensorView::contiguous(address(0x70000), DType::bf16, {2, 1, 16, 128});
+  CHECK_THROWS_WITH_AS(plan_kvcache(decode_q, args, decode_out, nullptr, ForwardOptions{}, nullptr, 0, true, hopper,
+                                    227 * 1024, 132),
+                       doctest::Contains("v: shape [2, 1024, 16, 128] must equal k's shape"), Error);
+}
+
 TEST_CASE("head dims map to the next generated one, padded in the kernel") {
   auto spec_for_head_dim = [](int64_t d) {
     Call c;

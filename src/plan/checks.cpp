@@ -22,6 +22,23 @@ int kernel_head_dim(int64_t head_dim) {
   throw Error(ErrorCode::unsupported, fmt::format("q: head_dim={} is above the largest supported, 256", head_dim));
 }
 
+int check_value_dim(int64_t head_dim, int64_t head_dim_v) {
+  // FwdConfig::kSplitDims: V's tiles and the output take a generated head
+  // dim of their own, below q's; no padding of V (its chunks past its head
+  // dim would be read as zeros and multiplied for nothing).
+  bool generated = false;
+  for (int dim : kKernelHeadDims) generated = generated || dim == head_dim_v;
+  if (!generated || head_dim_v >= head_dim) {
+    reject(fmt::format("v: head_dim={} differs from q's head_dim={}: it must then be one of 32, 64, 96, 128, 192 and "
+                       "below q's (FlashAttention 3's hdim_v, e.g. q/k 192 with v 128)", head_dim_v, head_dim));
+  }
+  if (head_dim % 8 != 0) {
+    reject(fmt::format("v: head_dim={} differs from q's head_dim={}, which must then be a multiple of 8", head_dim_v,
+                       head_dim));
+  }
+  return static_cast<int>(head_dim_v);
+}
+
 // The alibi_slopes tensor: f32 [heads_q] or [batch, heads_q]; returns the
 // batch stride (0 when the slopes are per head).
 long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads) {
@@ -186,7 +203,8 @@ void check_rope_tables(const RopeOptions& rope, int rotary_dim, DType q_dtype) {
   }
 }
 
-void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
+void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                    bool value_dim_of_its_own) {
   if (k.dtype != q.dtype || v.dtype != q.dtype || out.dtype != q.dtype) {
     reject(fmt::format("k, v, out: dtypes ({}, {}, {}) must all match q's ({})", dtype_name(k.dtype),
                        dtype_name(v.dtype), dtype_name(out.dtype), dtype_name(q.dtype)));
@@ -194,11 +212,22 @@ void check_matching(const TensorView& q, const TensorView& k, const TensorView& 
   // (k and v may have a rank other than q's: packed queries over a paged cache.)
   const int64_t q_dim = q.shape[q.ndim - 1], k_dim = k.shape[k.ndim - 1];
   if (k_dim != q_dim) reject(fmt::format("k: head_dim={} must equal q's head_dim={}", k_dim, q_dim));
-  for (int axis = 0; axis < k.ndim; ++axis) {
-    if (v.shape[axis] != k.shape[axis]) reject(fmt::format("v: shape {} must equal k's shape {}", shape_text(v), shape_text(k)));
+  // V's head dim, which only forward and forward_varlen over K/V tensors
+  // let differ from k's; out's is V's.
+  const int axes = value_dim_of_its_own ? k.ndim - 1 : k.ndim;
+  for (int axis = 0; axis < axes; ++axis) {
+    if (v.shape[axis] != k.shape[axis]) {
+      reject(fmt::format("v: shape {} must equal k's shape {}{}", shape_text(v), shape_text(k),
+                         value_dim_of_its_own ? " but for head_dim" : ""));
+    }
   }
+  const int64_t v_dim = v.shape[v.ndim - 1];
   for (int axis = 0; axis < q.ndim; ++axis) {
-    if (out.shape[axis] != q.shape[axis]) reject(fmt::format("out: shape {} must equal q's shape {}", shape_text(out), shape_text(q)));
+    const int64_t want = axis == q.ndim - 1 ? v_dim : q.shape[axis];
+    if (out.shape[axis] != want) {
+      reject(fmt::format("out: shape {} must be q's shape {} with v's head_dim {}", shape_text(out), shape_text(q),
+                         v_dim));
+    }
   }
   const int64_t heads_q = q.shape[q.ndim - 2], heads_kv = k.shape[k.ndim - 2];
   if (heads_q % heads_kv != 0) reject(fmt::format("k: heads_kv={} must divide heads_q={}", heads_kv, heads_q));

@@ -24,6 +24,7 @@ Problem problem_of(const TensorView& q, const TensorView& k, const TensorView& v
   p.heads_q = q.shape[q.ndim - 2];
   p.heads_kv = k.shape[k.ndim - 2];
   p.head_dim = q.shape[q.ndim - 1];
+  p.head_dim_v = v.shape[v.ndim - 1];
   p.q = q.data, p.k = k.data, p.v = v.data, p.out = out.data;
   copy_strides(q, p.q_strides);
   copy_strides(k, p.k_strides);
@@ -41,7 +42,7 @@ Problem dense_problem(const TensorView& q, const TensorView& k, const TensorView
   check_rows("k", k, 4, true);
   check_rows("v", v, 4, true);
   check_rows("out", out, 4, true);
-  check_matching(q, k, v, out);
+  check_matching(q, k, v, out, /*value_dim_of_its_own=*/true);
   if (k.shape[0] != q.shape[0]) reject(fmt::format("k: batch={} must equal q's batch={}", k.shape[0], q.shape[0]));
   Problem problem = problem_of(q, k, v, out);
   problem.batch = q.shape[0];
@@ -103,7 +104,7 @@ Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorVie
   check_rows("k", k, paged ? 4 : 3, !paged);
   check_rows("v", v, paged ? 4 : 3, !paged);
   check_rows("out", out, 3, !paged);
-  check_matching(q, k, v, out);
+  check_matching(q, k, v, out, /*value_dim_of_its_own=*/!paged);
   const int64_t batch = varlen.cu_seqlens_q.ndim == 1 ? varlen.cu_seqlens_q.shape[0] - 1 : -1;
   if (batch < 0) reject("cu_seqlens_q: shape must be [batch + 1] (at least one element)");
   check_i32_vector("cu_seqlens_q", varlen.cu_seqlens_q, batch + 1, "batch + 1");

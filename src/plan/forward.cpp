@@ -20,6 +20,7 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
   CallFacts facts;
   facts.kernel_dim = kernel_head_dim(head_dim);
   facts.unaligned = head_dim % 8 != 0;
+  if (problem.head_dim_v != head_dim) facts.value_dim = check_value_dim(head_dim, problem.head_dim_v);
   float& scale = facts.scale;
   scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   if (options.softmax_scale) {
@@ -82,8 +83,8 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
 // The tensor maps of K and V for kernels that read them by tensor copies.
 void set_tensor_maps(ForwardPlan& plan, const Problem& problem) {
   if (!plan.spec.tensor_copies()) return;
-  const auto k_map = kv_map_of(problem, problem.k, problem.k_strides, plan.spec.block_kv);
-  const auto v_map = kv_map_of(problem, problem.v, problem.v_strides, plan.spec.block_kv);
+  const auto k_map = kv_map_of(problem, problem.k, problem.k_strides, plan.spec.block_kv, false);
+  const auto v_map = kv_map_of(problem, problem.v, problem.v_strides, plan.spec.block_kv, true);
   if (!k_map || !v_map) {
     const int64_t(&strides)[3] = !k_map ? problem.k_strides : problem.v_strides;
     reject(fmt::format("{}: strides (batch, row, head) = ({}, {}, {}) elements: {} reads K and V by tensor copies, "

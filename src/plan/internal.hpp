@@ -36,8 +36,14 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
 int check_rope_scalars(const RopeOptions& rope, int64_t head_dim);
 // The cos/sin tables: f32 [positions, >= rotary_dim / 2], equal shapes and strides.
 void check_rope_tables(const RopeOptions& rope, int rotary_dim, DType q_dtype);
-// dtypes, head dims, shapes of k/v and out, and the GQA ratio agree.
-void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out);
+// dtypes, head dims, shapes of k/v and out, and the GQA ratio agree. With
+// `value_dim_of_its_own` (forward and forward_varlen over K/V tensors) v's
+// head dim may differ from q's and k's, and out's follows v's.
+void check_matching(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                    bool value_dim_of_its_own = false);
+// V's head dim where it differs from q's (FlashAttention 3's hdim_v): the
+// value dim the kernel takes (KernelSpec::head_dim_v), after its rules.
+int check_value_dim(int64_t head_dim, int64_t head_dim_v);
 
 // ---- constants shared by the steps ----------------------------------------
 
@@ -86,6 +92,7 @@ constexpr int kUnevenPieceKeys = 2048;
 struct Problem {
   DType dtype = DType::bf16;
   int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  int64_t head_dim_v = 0;  // v's and out's head dim (head_dim unless the call gives V its own)
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -131,6 +138,7 @@ struct Problem {
 // check_options): validated scalars and the mask kind.
 struct CallFacts {
   int kernel_dim = 0;  // the generated head dim
+  int value_dim = 0;   // KernelSpec::head_dim_v: V's own head dim, or 0 when it is q's
   bool unaligned = false;  // head_dim not a multiple of 8
   float scale = 0.f;
   long long alibi_batch_stride = 0;
@@ -175,10 +183,10 @@ struct KernelChoice {
 KernelChoice choose_kernel(KernelSpec& spec, const Problem& problem, const ForwardOptions& options,
                            const CallFacts& facts, const Arch& arch, int max_smem_bytes, const TuningTable* tuning,
                            bool varlen);
-// The tensor map of K or V rows for blocks of `block_kv` keys (a page where
-// pages are shorter), if one can describe them.
+// The tensor map of K or V (`values`) rows for blocks of `block_kv` keys (a
+// page where pages are shorter), if one can describe them.
 std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
-                                       int block_kv);
+                                       int block_kv, bool values);
 
 // splits.cpp
 void check_num_splits(const char* name, int num_splits);

@@ -103,8 +103,10 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoic
   FwdParams& p = plan.params;
   // The kernels that write partial results: the decode kernel, the 4-warp
   // mma.sync tiles and the wgmma tiles in an ordinary grid with aligned rows.
+  // Not with V's own head dim (the partials and the combine are head_dim wide).
   const bool splittable = spec.family == Family::decode ||
-                          ((spec.stages == 0 || spec.wgmma) && !spec.persistent && spec.unaligned_dim == 0);
+                          ((spec.stages == 0 || spec.wgmma) && !spec.persistent && spec.unaligned_dim == 0 &&
+                           spec.head_dim_v == 0);
   // Errors name the entry point's own argument and sizing function.
   const bool kvcache_call = problem.kvcache && !varlen;
   const char* num_splits_name = kvcache_call ? "num_splits" : "options.num_splits";
@@ -112,8 +114,9 @@ int64_t plan_splits(ForwardPlan& plan, const Problem& problem, const KernelChoic
                                 : varlen     ? "forward_varlen_workspace_bytes"
                                              : "forward_workspace_bytes";
   if (problem.may_split && !splittable && problem.num_splits > 1) {
-    reject(fmt::format("{}={}: {} does not split (persistent grids, the mma.sync producer layout and head dims that "
-                       "are not a multiple of 8 do not)", num_splits_name, problem.num_splits, spec.text()));
+    reject(fmt::format("{}={}: {} does not split (persistent grids, the mma.sync producer layout, head dims that "
+                       "are not a multiple of 8 and V's own head dim, dvN, do not)", num_splits_name,
+                       problem.num_splits, spec.text()));
   }
   if (problem.may_split && splittable && grid > 0) {
     // Split-KV when the tiles alone leave the GPU underused (a call with no

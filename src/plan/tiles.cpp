@@ -246,11 +246,11 @@ TileMapLayout rope_table_map(const void* data, DType dtype, int64_t positions, i
 }
 
 std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
-                                       int block_kv) {
+                                       int block_kv, bool values) {
   const int box_rows =
       problem.paged ? static_cast<int>(std::min<int64_t>(block_kv, int64_t{1} << problem.page_shift)) : block_kv;
-  return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv, problem.head_dim,
-                     strides, box_rows);
+  return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv,
+                     values ? problem.head_dim_v : problem.head_dim, strides, box_rows);
 }
 
 TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int seqlen_bucket) {
@@ -412,6 +412,7 @@ TileConfig base_spec(KernelSpec& spec, const Problem& problem, const ForwardOpti
   spec.softcap = options.softcap > 0.f;
   spec.alibi = options.alibi_slopes != nullptr;
   spec.sink = options.learnable_sink != nullptr;
+  spec.head_dim_v = facts.value_dim;
   // Head dims that are not a multiple of 8 (KernelSpec::unaligned_dim):
   // element-wise rows in the 4-warp kernels, or on sm_90a the wgmma tiles of
   // two warpgroups, whose producer copies aligned blocks and shifts them
@@ -478,7 +479,7 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
   auto packed_rows = [&] { return detail::packed_rows(problem, spec); };
   // Calls that may split over their keys (a KV cache, or a dense or varlen
   // call given a workspace) are sized by splits rather than tiles.
-  const bool may_split = problem.may_split;
+  const bool may_split = problem.may_split && facts.value_dim == 0;  // splits: plan_splits
   // The decode kernel takes calls of at most 32 packed query rows (16 above
   // head dim 128): over a KV cache (pages of at least a chunk), or dense K/V
   // (packed or not) without RoPE (it does not rotate keys) when the planner
@@ -488,8 +489,10 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
   const bool cache_decode =
       problem.kvcache && ((options.tiles.stages != 0 && !options.tiles.wgmma) ||
                           (few_rows && (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys)));
+  // (Not with V's own head dim: the decode kernel's V and its merge are
+  // head_dim wide.)
   const bool dense_decode =
-      !problem.kvcache && few_rows && options.tiles.stages == 0 && !has_rope && !unaligned;
+      !problem.kvcache && few_rows && options.tiles.stages == 0 && !has_rope && !unaligned && facts.value_dim == 0;
   if (cache_decode || dense_decode) {
     const int64_t decode_tiles = batch * heads_kv * ((seqlen_q * group + 31) / 32);
     // Resident tiles are the planner's choice only (forced tiles keep the
@@ -578,6 +581,17 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
                       (!problem.kvcache || cache_prefill) && hopper && !unaligned && !short_windowed;
   std::optional<TileConfig> wgmma;
   if (!unaligned) wgmma = wgmma_tiles(kernel_dim, has_rope, arch, problem.paged);
+  // V of 128 channels or fewer beside q/k of 192 (DeepSeek's prefill): V's
+  // stages are a third smaller, so 128-key blocks fit two stages. Measured
+  // on the H200 against 96 (bench_value_dim.py, 16 heads, 16384 tokens,
+  // docs/PERFORMANCE.md): 0.94-0.97x the time at 1024-16384 keys, causal
+  // and not. Dense keys without RoPE only: with varlen's producer the
+  // 128-key kernels spilled (52 bytes with a window and sinks; ptxas, NVRTC
+  // 13.0), and RoPE's producer there was not measured.
+  if (wgmma && kernel_dim == 192 && facts.value_dim != 0 && facts.value_dim <= 128 && !has_rope && !spec.varlen &&
+      !problem.kvcache) {
+    *wgmma = TileConfig{128, 128, 8, 2, true};
+  }
   // wgmma kernels read K and V by tensor copies (KernelSpec::tensor_copies)
   // unless their producer rotates K (RoPE without a KV cache) at head dims
   // up to 128; views a tensor map cannot describe keep the mma.sync
@@ -585,11 +599,8 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
   // shorter (one copy per page: no per-row table lookups, so small pages
   // cost little).
   const int64_t page_rows = problem.paged ? int64_t{1} << problem.page_shift : 0;
-  auto kv_map = [&](const void* data, const int64_t (&strides)[3], int block_kv) {
-    return kv_map_of(problem, data, strides, block_kv);
-  };
-  const bool maps_possible = wgmma && kv_map(problem.k, problem.k_strides, wgmma->block_kv) &&
-                             kv_map(problem.v, problem.v_strides, wgmma->block_kv);
+  const bool maps_possible = wgmma && kv_map_of(problem, problem.k, problem.k_strides, wgmma->block_kv, false) &&
+                             kv_map_of(problem, problem.v, problem.v_strides, wgmma->block_kv, true);
   if (wgmma && wgmma->block_q == 192) {
     // 192-row tiles pay where a sequence's (packed) rows fill them. Where
     // they would pad it to over 1.25× the rows 128-row tiles pad it to (at
