@@ -213,7 +213,10 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   // Spare rows get values too: a kernel reading them would go wrong.
   in.q = random_values(static_cast<size_t>(s.total_q) * a.heads_q * a.head_dim, c.dtype, rng);
   in.k = random_values(static_cast<size_t>(s.total_k) * a.heads_kv * a.head_dim, c.dtype, rng);
-  in.v = random_values(in.k.size(), c.dtype, rng);
+  in.v = random_values(static_cast<size_t>(s.total_k) * a.heads_kv * a.value_dim(), c.dtype, rng);
+  if (a.value_dim() != a.head_dim && (c.layout == Layout::qkv || c.page_size > 0)) {
+    throw std::invalid_argument("a value head dim of its own: packed k/v in the contiguous or padded layout");
+  }
   if (c.rope && c.rope_tables16) {
     in.tables = rope_tables(*c.rope, a.head_dim, rope_table_positions(c));
     round_tables(in.tables, c.dtype);
@@ -224,11 +227,11 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     in.sin->upload(sin.data(), sin.size());
   }
   if (!s.seqused_k.empty()) {
-    const size_t row = static_cast<size_t>(a.heads_kv) * a.head_dim;
+    const size_t row = static_cast<size_t>(a.heads_kv) * a.head_dim, v_row = static_cast<size_t>(a.heads_kv) * a.value_dim();
     for (int b = 0; b < s.batch(); ++b) {
-      const size_t first = (s.cu_seqlens_k[b] + s.seqused_k[b]) * row, end = s.cu_seqlens_k[b + 1] * row;
-      std::fill(in.k.begin() + first, in.k.begin() + end, NAN);
-      std::fill(in.v.begin() + first, in.v.begin() + end, NAN);
+      const int first = s.cu_seqlens_k[b] + s.seqused_k[b], end = s.cu_seqlens_k[b + 1];
+      std::fill(in.k.begin() + first * row, in.k.begin() + end * row, NAN);
+      std::fill(in.v.begin() + first * v_row, in.v.begin() + end * v_row, NAN);
     }
   }
   if (c.layout == Layout::qkv) {
@@ -252,17 +255,20 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   } else {
     const int64_t q_shape[4] = {1, s.total_q, a.heads_q, a.head_dim};
     const int64_t kv_shape[4] = {1, s.total_k, a.heads_kv, a.head_dim};
-    int64_t q_strides[4], kv_strides[4];
+    const int64_t v_shape[4] = {1, s.total_k, a.heads_kv, a.value_dim()};
+    int64_t q_strides[4], kv_strides[4], v_strides[4];
     if (c.layout == Layout::padded) {
       padded_strides(q_shape, q_strides);
       padded_strides(kv_shape, kv_strides);
+      padded_strides(v_shape, v_strides);
     } else {
       contiguous_strides(q_shape, q_strides);
       contiguous_strides(kv_shape, kv_strides);
+      contiguous_strides(v_shape, v_strides);
     }
     in.dq = std::make_unique<DeviceTensor>(in.q, c.dtype, q_shape, q_strides);
     in.dk = std::make_unique<DeviceTensor>(in.k, c.dtype, kv_shape, kv_strides);
-    in.dv = std::make_unique<DeviceTensor>(in.v, c.dtype, kv_shape, kv_strides);
+    in.dv = std::make_unique<DeviceTensor>(in.v, c.dtype, v_shape, v_strides);
     in.q_view = packed_view(*in.dq);
     in.k_view = packed_view(*in.dk);
     in.v_view = packed_view(*in.dv);
@@ -365,6 +371,8 @@ std::string spec_of(const Case& c) {
       c.page_size > 0
           ? TensorView::contiguous(placeholder, c.dtype, {num_pages_of(c), c.page_size, a.heads_kv, a.head_dim})
           : TensorView::contiguous(placeholder, c.dtype, {s.total_k, a.heads_kv, a.head_dim});
+  const TensorView v = c.page_size > 0 ? kv : TensorView::contiguous(placeholder, c.dtype, {s.total_k, a.heads_kv, a.value_dim()});
+  const TensorView out = TensorView::contiguous(placeholder, c.dtype, {s.total_q, a.heads_q, a.value_dim()});
   const TensorView lse = TensorView::contiguous(placeholder, DType::f32, {a.heads_q, s.total_q});
   const TensorView slopes = slopes_view(c, placeholder);
   const TensorView sinks = sinks_view(c, placeholder);
@@ -380,11 +388,11 @@ std::string spec_of(const Case& c) {
   const int max_smem = current_max_smem_per_block(), sms = current_sm_count();
   try {
     if (c.num_splits) {
-      return detail::plan_forward_varlen_split(q, kv, kv, q, &lse, varlen.args, options, nullptr, 0, true, arch,
+      return detail::plan_forward_varlen_split(q, kv, v, out, &lse, varlen.args, options, nullptr, 0, true, arch,
                                                max_smem, sms)
           .attention.spec.text();
     }
-    return detail::plan_forward_varlen(q, kv, kv, q, &lse, varlen.args, options, arch, max_smem, sms).spec.text();
+    return detail::plan_forward_varlen(q, kv, v, out, &lse, varlen.args, options, arch, max_smem, sms).spec.text();
   } catch (const std::exception&) {
     return {};
   }
@@ -405,7 +413,7 @@ struct KernelRun {
 KernelRun run_kernel(const Case& c, const Inputs& in) {
   const auto& s = c.shape;
   const auto& a = s.common;
-  const int64_t out_shape[4] = {1, s.total_q, a.heads_q, a.head_dim};
+  const int64_t out_shape[4] = {1, s.total_q, a.heads_q, a.value_dim()};
   int64_t out_strides[4];
   switch (c.layout) {
     case Layout::contiguous: heads_major_strides(out_shape, out_strides); break;  // [heads, total, head_dim]
@@ -1133,6 +1141,63 @@ TEST_CASE("varlen: learnable_sink per query head, packed and paged, decoding ste
     CHECK_MESSAGE((spec.find(".sink") != std::string::npos) == (!split || dynamic), spec);
   }
   check_cases(cases, rng, seed);
+}
+
+TEST_CASE("varlen: a value head dim of its own (192/128, 128/64), packed batches with empty sequences, seqused_k, "
+          "a workspace") {
+  // Packed v and out narrower than q and k: sequences of no queries or no
+  // keys, one of each, causal rows that see nothing; the 4-warp and wgmma
+  // kernels (persistent too) as the planner takes them; a workspace that
+  // must stay unused (these calls never split).
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  int index = 0;
+  for (DType dtype : kDTypes) {
+    for (const auto& [head_dim, head_dim_v] : {std::pair{192, 128}, std::pair{128, 64}, std::pair{256, 192}}) {
+      for (bool causal : {false, true}) {
+        Case c;
+        c.dtype = dtype;
+        c.layout = index % 2 == 0 ? Layout::contiguous : Layout::padded;
+        AttentionShape common = make_common(8, index % 3 == 0 ? 8 : 2, head_dim, causal);
+        common.head_dim_v = head_dim_v;
+        if (index % 4 == 1) common.window_left = 150;
+        if (index % 4 == 2) common.learnable_sink = random_sinks(8, rng);
+        c.shape = index % 3 == 2 ? VarlenShape::packed(common, {0, 0, 5, 1, 300, 650, 129}, {0, 17, 0, 1, 1, 700, 129}, 3, 2)
+                                 : random_batch(common, rng);
+        if (index % 5 == 3) c.shape.seqused_k = random_seqused(c.shape, rng);
+        if (index % 4 == 3) c.num_splits = 0;
+        cases.push_back(c);
+        ++index;
+      }
+    }
+  }
+  // Long sequences on the wgmma tiles (the persistent ones at 128/64).
+  for (const auto& [head_dim, head_dim_v] : {std::pair{192, 128}, std::pair{128, 64}}) {
+    Case c;
+    c.layout = Layout::padded;
+    AttentionShape common = make_common(8, 2, head_dim, true);
+    common.head_dim_v = head_dim_v;
+    c.shape = VarlenShape::packed(common, {1500, 900, 1}, {1500, 1300, 1200});
+    c.gpu_reference = true;
+    cases.push_back(c);
+  }
+  warm_cases(cases, spec_of);
+  bool wgmma = false, persistent = false;
+  for (const Case& c : cases) {
+    const std::string spec = spec_of(c);
+    CHECK_MESSAGE(spec.find(fmt::format(".varlen.dv{}", c.shape.common.head_dim_v)) != std::string::npos, spec);
+    wgmma = wgmma || spec.find(".wgmma") != std::string::npos;
+    persistent = persistent || spec.find(".persistent") != std::string::npos;
+  }
+  if (current_arch() == "sm_90a") {
+    CHECK(wgmma);
+    CHECK(persistent);
+  }
+  const std::vector<size_t> empty = check_cases(cases, rng, seed);
+  size_t empty_rows = 0;
+  for (size_t i = 0; i < cases.size(); ++i) empty_rows += cases[i].shape.common.causal ? empty[i] : 0;
+  CHECK_MESSAGE(empty_rows > 0, "the causal edge batches were meant to include rows that see no key");
 }
 
 TEST_CASE("varlen: long sequences (~1500) against the GPU reference, per sequence") {
