@@ -962,6 +962,23 @@ TEST_CASE("plan prints the launches the planner makes for a forward call") {
   check_launches(sandbox, "--dtype f16 --head-dim 64 --seqlen-q 256 --heads 8 --arch sm_80 --sms 108 --smem 166912 "
                           "--tiles 64x32x4 --splits 3",
                  planned_forward(DType::f16, 1, 256, 8, 8, 64, forced, "sm_80", 166912, 108));
+  // V's own head dim (DeepSeek's 192/128 prefill): out and v 128 wide, never split.
+  {
+    using jitattn::TensorView;
+    const TensorView q = TensorView::contiguous(plan_address(1), DType::bf16, {4, 4096, 16, 192});
+    const TensorView k = TensorView::contiguous(plan_address(2), DType::bf16, {4, 4096, 16, 192});
+    const TensorView v = TensorView::contiguous(plan_address(3), DType::bf16, {4, 4096, 16, 128});
+    const TensorView out = TensorView::contiguous(plan_address(4), DType::bf16, {4, 4096, 16, 128});
+    const std::vector<ExpectedLaunch> expected = expected_with_workspace([&](void* workspace, size_t bytes, bool sizing) {
+      return jitattn::detail::plan_forward_split(q, k, v, out, nullptr, causal, workspace, bytes, sizing,
+                                                 Arch::parse("sm_90a"), 232448, 132);
+    });
+    REQUIRE(expected.size() == 1);
+    CHECK(expected[0].spec.head_dim_v == 128);
+    check_launches(sandbox, "--head-dim 192 --head-dim-v 128 --batch 4 --seqlen-q 4096 --heads 16 --causal "
+                            "--arch sm_90a --sms 132 --smem 232448",
+                   expected);
+  }
   // Without a workspace: plan_forward, which never splits.
   using jitattn::TensorView;
   const TensorView q = TensorView::contiguous(plan_address(1), DType::f16, {1, 256, 8, 64});
@@ -1193,6 +1210,8 @@ TEST_CASE("plan rejects bad options before planning, naming the option and the r
       {"--heads 32 --window 128", "--window: '128' is not L,R"},
       {"--heads 32 --page-size 16", "--page-size: applies to --call kvcache or varlen only"},
       {"--heads 32 --call kvcache --no-workspace", "--no-workspace: applies to --call forward or varlen only"},
+      {"--heads 32 --call kvcache --head-dim-v 64", "--head-dim-v: applies to --call forward or varlen only"},
+      {"--heads 32 --call varlen --page-size 16 --head-dim-v 64", "--head-dim-v: not with --page-size"},
       {"--heads 32 --total-q 64", "--total-q: applies to --call varlen only"},
       {"--heads 32 --call kvcache --total-q 64", "--total-q: applies to --call varlen only"},
       {"--heads 32 --call varlen --new-tokens 1", "--new-tokens: applies to --call kvcache only"},
@@ -1215,7 +1234,7 @@ TEST_CASE("plan rejects bad options before planning, naming the option and the r
   for (const Bad& bad : cases) {
     // --head-dim given twice is a usage error: the shape's is replaced.
     std::string args = shape + bad.args;
-    if (contains(bad.args, "--head-dim")) args = "plan --seqlen-q 64 " + bad.args;
+    if (contains(bad.args, "--head-dim ")) args = "plan --seqlen-q 64 " + bad.args;
     const CliRun result = sandbox.run(args);
     INFO(args << "\nstderr: " << result.err);
     CHECK(result.status == 1);

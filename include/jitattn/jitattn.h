@@ -79,6 +79,8 @@ JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);
 
 /* out = softmax(q k^T * scale) v. q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D], out like q,
  * lse (nullable) [B, Hq, Sq] f32. stream: CUstream / cudaStream_t (NULL = default).
+ * v may be [B, Sk, Hkv, Dv] with Dv one of 32, 64, 96, 128, 192 below D (FlashAttention 3's hdim_v);
+ * out is then [B, Sq, Hq, Dv] (Runtime::forward).
  * On error nothing is written and jitattn_last_error() says why. */
 JITATTN_C_API jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_tensor* k,
                                          const jitattn_tensor* v, const jitattn_tensor* out,

@@ -324,6 +324,13 @@ class JITATTN_API Runtime {
   // multiples of 8 elements); any other head_dim takes any strides and 2-byte
   // alignment, on kernels that shift the rows into place (sm_90a, long enough
   // calls) or read them element by element (docs/PERFORMANCE.md).
+  // v may have a head dim of its own, head_dim_v (FlashAttention 3's hdim_v,
+  // e.g. DeepSeek's q/k 192 with v 128): one of 32, 64, 96, 128, 192, below
+  // q's head_dim (a multiple of 8); out is then [batch, seqlen_q, heads_q,
+  // head_dim_v]. The kernels' V tiles and output are that wide (spec flag
+  // .dvN); the default scale stays 1/sqrt(head_dim). forward and
+  // forward_varlen over K/V tensors only (not a paged cache or
+  // forward_kvcache), and never split (a workspace goes unused).
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const TensorView* lse = nullptr, const ForwardOptions& options = {},
                Stream stream = nullptr);

@@ -40,6 +40,7 @@ struct PlanOptions {
   std::string call = "forward";
   std::string dtype = "bf16";
   int head_dim = 0;
+  std::optional<int> head_dim_v;   // v's and out's head dim (default head_dim)
   int64_t batch = 1;
   int64_t seqlen_q = 0;             // varlen: the longest sequence's (max_seqlen_q)
   std::optional<int64_t> seqlen_k;  // default seqlen_q; kvcache: the keys cached before the call; varlen: max_seqlen_k

@@ -149,6 +149,10 @@ int main(int argc, char** argv) {
       ->type_name("CALL");
   plan_cmd->add_option("--dtype", plan.dtype, "bf16 (default) or f16")->type_name("DTYPE");
   plan_cmd->add_option("--head-dim", plan.head_dim, "Head dim")->required()->type_name("D");
+  plan_cmd->add_option("--head-dim-v", plan.head_dim_v,
+                       "V's and the output's head dim, where it differs from q's and k's (e.g. 128 beside 192; "
+                       "forward and varlen over packed keys; default --head-dim)")
+      ->type_name("DV");
   plan_cmd->add_option("--batch", plan.batch, "Sequences (default 1)")->type_name("B");
   plan_cmd->add_option("--seqlen-q", plan.seqlen_q, "Queries per sequence; varlen: the longest sequence's (max_seqlen_q)")
       ->required()

@@ -125,9 +125,11 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
   const bool varlen = call.varlen = o.call == "varlen";
   const DType dtype = parse_dtype("--dtype", o.dtype);
   const int head_dim = o.head_dim;
+  const int head_dim_v = o.head_dim_v.value_or(head_dim);
   const int64_t batch = o.batch, seqlen_q = o.seqlen_q, heads = o.heads;
   const int64_t heads_kv = o.heads_kv.value_or(heads), seqlen_k = o.seqlen_k.value_or(seqlen_q);
   require_at_least("--head-dim", head_dim, 1);
+  require_at_least("--head-dim-v", head_dim_v, 1);
   require_at_least("--batch", batch, 1);
   require_at_least("--seqlen-q", seqlen_q, 1);
   require_at_least("--seqlen-k", seqlen_k, 0);
@@ -152,11 +154,15 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
                            {"--page-size", o.page_size != 0, "kvcache or varlen", kvcache || varlen},
                            {"--total-seqlen-k", o.total_seqlen_k != 0, "kvcache or varlen", kvcache || varlen},
                            {"--dynamic-splits", o.dynamic_splits, "kvcache or varlen", kvcache || varlen},
-                           {"--cache-leftpad", o.cache_leftpad, "kvcache", kvcache}};
+                           {"--cache-leftpad", o.cache_leftpad, "kvcache", kvcache},
+                           {"--head-dim-v", o.head_dim_v.has_value(), "forward or varlen", !kvcache}};
   for (const Scoped& option : scoped) {
     if (option.given && !option.applies) {
       bad_option(fmt::format("{}: applies to --call {} only", option.option, option.calls));
     }
+  }
+  if (o.head_dim_v.has_value() && o.page_size != 0) {
+    bad_option("--head-dim-v: not with --page-size (a paged cache's V has k's head dim)");
   }
   if (kvcache && o.no_workspace) {
     bad_option("--no-workspace: applies to --call forward or varlen only (forward_kvcache always takes a workspace)");
@@ -211,8 +217,10 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
 
   const std::vector<int64_t> q_shape =
       varlen ? std::vector<int64_t>{total_q, heads, head_dim} : std::vector<int64_t>{batch, seqlen_q, heads, head_dim};
+  std::vector<int64_t> out_shape = q_shape;
+  out_shape.back() = head_dim_v;
   call.q = TensorView::contiguous(fake_address(Buffer::q), dtype, q_shape);
-  call.out = TensorView::contiguous(fake_address(Buffer::out), dtype, q_shape);
+  call.out = TensorView::contiguous(fake_address(Buffer::out), dtype, out_shape);
   int64_t rope_positions = std::max<int64_t>(seqlen_k, 1);  // forward: the keys' positions
   if (varlen) {
     VarlenArgs& sequences = call.sequences;
@@ -225,7 +233,7 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
       // Packed k/v: the step's keys, every sequence's unless --total-seqlen-k says.
       const int64_t rows = o.total_seqlen_k != 0 ? o.total_seqlen_k : batch * seqlen_k;
       call.k = TensorView::contiguous(fake_address(Buffer::k), dtype, {rows, heads_kv, head_dim});
-      call.v = TensorView::contiguous(fake_address(Buffer::v), dtype, {rows, heads_kv, head_dim});
+      call.v = TensorView::contiguous(fake_address(Buffer::v), dtype, {rows, heads_kv, head_dim_v});
       sequences.cu_seqlens_k = TensorView::contiguous(fake_address(Buffer::cu_seqlens_k), DType::i32, {batch + 1});
     } else {
       // A paged cache, each sequence owning whole pages for its keys, read as
@@ -241,7 +249,7 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
   } else if (!kvcache) {
     check_elements("k", {batch, seqlen_k, heads_kv, head_dim});
     call.k = TensorView::contiguous(fake_address(Buffer::k), dtype, {batch, seqlen_k, heads_kv, head_dim});
-    call.v = TensorView::contiguous(fake_address(Buffer::v), dtype, {batch, seqlen_k, heads_kv, head_dim});
+    call.v = TensorView::contiguous(fake_address(Buffer::v), dtype, {batch, seqlen_k, heads_kv, head_dim_v});
     options.num_splits = o.splits;
   } else {
     require_at_least("--new-tokens", o.new_tokens, 0);
