@@ -21,8 +21,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, F32, I32, check, default_options, load, tensor_of  # noqa: E402
-from jitattn_bench import max_difference, random_sinks, write_json  # noqa: E402
+from jitattn_ctypes import BF16, F32, I32, default_options, load, tensor_of  # noqa: E402
+from jitattn_bench import forward_call, max_difference, random_sinks, write_json  # noqa: E402
 from jitattn_kvcache import kvcache_call  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
@@ -63,18 +63,12 @@ def prefill(lib, stream, rows):
         for window in (0, 128):
             with_sinks, keep = sink_options(lib, sinks, window)
             plain, _ = sink_options(lib, None, window)
-
-            def run_sinks():
-                check(lib, lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
-                                           None, ctypes.byref(with_sinks), stream))
-
-            def run_plain():
-                check(lib, lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(tp),
-                                           None, ctypes.byref(plain), stream))
+            run_sinks = forward_call(lib, stream, tq, tk, tv, to, with_sinks)
+            run_plain = forward_call(lib, stream, tq, tk, tv, tp, plain)
+            plain_with_lse = forward_call(lib, stream, tq, tk, tv, tp, plain, lse=tl)
 
             def run_after():
-                check(lib, lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(tp),
-                                           ctypes.byref(tl), ctypes.byref(plain), stream))
+                plain_with_lse()
                 apply_after(out_plain, lse, sinks)
 
             diff = max_difference(run_sinks, out, run_after, out_plain)

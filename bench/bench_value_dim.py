@@ -25,8 +25,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, check, default_options, force_tiles, load, tensor_of  # noqa: E402
-from jitattn_bench import max_difference, write_json  # noqa: E402
+from jitattn_ctypes import BF16, default_options, force_tiles, load, tensor_of  # noqa: E402
+from jitattn_bench import forward_call, max_difference, write_json  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
 HEADS, DIM, DIM_V, TOKENS = 16, 192, 128, 16384
@@ -74,15 +74,8 @@ def main():
             options, padded_options = default_options(lib), default_options(lib)
             options.causal = padded_options.causal = 1 if causal else 0
             force_tiles(options, args.tiles)
-
-            def run_dv():
-                check(lib, lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
-                                           None, ctypes.byref(options), stream))
-
-            def run_padded():
-                check(lib, lib.jitattn_fwd(ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tvp), ctypes.byref(top),
-                                           None, ctypes.byref(padded_options), stream))
-
+            run_dv = forward_call(lib, stream, tq, tk, tv, to, options)
+            run_padded = forward_call(lib, stream, tq, tk, tvp, top, padded_options)
             narrow = out_padded[..., :DIM_V]
             diff = max_difference(run_dv, out, run_padded, narrow)
             if not diff <= 1e-2:

@@ -1,8 +1,20 @@
-"""Steps the benchmarks share around their timings: checking two ways of computing the same output agree
-before either is timed, random sink logits, and writing the rows of results."""
+"""Steps the benchmarks share around their timings: a forward call as a closure, checking two ways of computing
+the same output agree before either is timed, random sink logits, and writing the rows of results."""
+import ctypes
 import json
 
 import torch
+
+
+def forward_call(lib, stream, q, k, v, out, options, lse=None):
+    """A closure that runs jitattn_fwd on ctypes tensors (lse: a tensor, or None to skip it)."""
+    from jitattn_ctypes import check
+
+    def run():
+        check(lib, lib.jitattn_fwd(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out),
+                                   ctypes.byref(lse) if lse is not None else None, ctypes.byref(options), stream))
+
+    return run
 
 
 def max_difference(first, first_out, second, second_out):
