@@ -94,7 +94,8 @@ std::string render_append(const KernelSpec& spec, const TemplateSet& templates) 
       fmt::runtime(templates.read("entry_append.cu")), fmt::arg("spec", spec.text()),
       fmt::arg("element", spec.dtype == DType::bf16 ? "bf16" : "f16"), fmt::arg("rope", rope_constant(spec.rope)),
       fmt::arg("rotary_dim", spec.rotary_dim), fmt::arg("rope_tables", spec.rope_table_bytes()),
-      fmt::arg("paged", spec.paged ? "true" : "false"), fmt::arg("entry_name", entry_name(spec)));
+      fmt::arg("paged", spec.paged ? "true" : "false"), fmt::arg("rope_scaled", spec.rope_scaled ? "true" : "false"),
+      fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;
   expand_includes("entry_append.cu", entry, templates, seen, source);
@@ -146,6 +147,7 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("wgmma", spec.wgmma ? "true" : "false"), fmt::arg("persistent", spec.persistent ? "true" : "false"),
       fmt::arg("unaligned_dim", spec.unaligned_dim), fmt::arg("smem_bytes", spec.smem_bytes()),
       fmt::arg("sink", spec.sink ? "true" : "false"), fmt::arg("head_dim_v", spec.value_dim()),
+      fmt::arg("rope_scaled", spec.rope_scaled ? "true" : "false"),
       fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;

@@ -94,6 +94,7 @@ std::string append_text(const KernelSpec& spec) {
   if (spec.rope != RopeKind::none) {
     out += fmt::format(".rope_{}_r{}", spec.rope == RopeKind::half ? "half" : "interleaved", spec.rotary_dim);
   }
+  if (spec.rope_scaled) out += ".rope_scaled";
   if (spec.rope_tables) out += spec.rope_tables16 ? ".rope_tables16" : ".rope_tables";
   if (spec.paged) out += ".paged";
   return out;
@@ -105,6 +106,9 @@ void validate_append(const KernelSpec& spec) {
   if (spec.dtype != DType::f16 && spec.dtype != DType::bf16) fail("dtype must be f16 or bf16");
   if (spec.rope == RopeKind::none && (spec.rotary_dim != 0 || spec.rope_tables)) fail("rotary_dim and rope_tables need a rope style");
   if (spec.rope_tables16 && !spec.rope_tables) fail("rope_tables16 is a kind of rope_tables");
+  if (spec.rope_scaled && (spec.rope == RopeKind::none || spec.rope_tables)) {
+    fail("rope_scaled scales angles from the frequencies: it needs a rope style and no tables");
+  }
   if (spec.rope != RopeKind::none && (spec.rotary_dim < 16 || spec.rotary_dim > 256 || spec.rotary_dim % 16 != 0)) {
     fail(fmt::format("rotary_dim={} must be a multiple of 16 between 16 and 256", spec.rotary_dim));
   }
@@ -112,7 +116,9 @@ void validate_append(const KernelSpec& spec) {
 
 KernelSpec parse_append(std::string_view text) {
   auto fields = split_fields(text, '.');
-  if (fields.size() < 2) bad_spec(text, "expected append.<dtype>[.rope_half_rN][.rope_tables|.rope_tables16][.paged]");
+  if (fields.size() < 2) {
+    bad_spec(text, "expected append.<dtype>[.rope_half_rN][.rope_scaled|.rope_tables|.rope_tables16][.paged]");
+  }
   KernelSpec spec;
   spec.family = Family::append;
   if (fields[1] == "f16") {
@@ -129,11 +135,13 @@ KernelSpec parse_append(std::string_view text) {
     } else if ((fields[i] == "rope_tables" || fields[i] == "rope_tables16") && !spec.rope_tables) {
       spec.rope_tables = true;
       spec.rope_tables16 = fields[i] == "rope_tables16";
+    } else if (fields[i] == "rope_scaled" && !spec.rope_scaled) {
+      spec.rope_scaled = true;
     } else if (fields[i] == "paged" && !spec.paged) {
       spec.paged = true;
     } else {
       bad_spec(text, fmt::format("unknown or repeated field '{}' (known: rope_half_rN, rope_interleaved_rN, "
-                                 "rope_tables, rope_tables16, paged)", fields[i]));
+                                 "rope_scaled, rope_tables, rope_tables16, paged)", fields[i]));
     }
   }
   validate_append(spec);
@@ -141,7 +149,8 @@ KernelSpec parse_append(std::string_view text) {
 }
 
 uint64_t append_packed(const KernelSpec& spec) {
-  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.rope_tables16) << 16 |
+  return static_cast<uint64_t>(spec.family) << 60 | static_cast<uint64_t>(spec.rope_scaled) << 17 |
+         static_cast<uint64_t>(spec.rope_tables16) << 16 |
          static_cast<uint64_t>(spec.dtype) << 12 | static_cast<uint64_t>(spec.rope) << 10 |
          static_cast<uint64_t>(spec.rotary_dim / 16) << 2 | static_cast<uint64_t>(spec.rope_tables) << 1 |
          static_cast<uint64_t>(spec.paged);
@@ -150,7 +159,7 @@ uint64_t append_packed(const KernelSpec& spec) {
 }  // namespace
 
 KernelSpec KernelSpec::append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool rope_tables16,
-                              bool paged) {
+                              bool paged, bool rope_scaled) {
   KernelSpec spec;
   spec.family = Family::append;
   spec.dtype = dtype;
@@ -158,6 +167,7 @@ KernelSpec KernelSpec::append(DType dtype, RopeKind rope, int rotary_dim, bool r
   spec.rotary_dim = rope == RopeKind::none ? 0 : rotary_dim;
   spec.rope_tables = rope != RopeKind::none && rope_tables;
   spec.rope_tables16 = spec.rope_tables && rope_tables16;
+  spec.rope_scaled = rope != RopeKind::none && !spec.rope_tables && rope_scaled;
   spec.paged = paged;
   return spec;
 }
@@ -210,6 +220,7 @@ std::string KernelSpec::text() const {
   if (rope != RopeKind::none) {
     out += fmt::format(".rope_{}_r{}", rope == RopeKind::half ? "half" : "interleaved", rotary_dim);
   }
+  if (rope_scaled) out += ".rope_scaled";
   if (rope_tables) out += rope_tables16 ? ".rope_tables16" : ".rope_tables";
   if (pack_gqa && !decode) out += ".packgqa";
   if (kvcache && !decode) out += ".kvcache";
@@ -298,6 +309,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
                  : fields[i] == "varlen"  ? &spec.varlen
                  : fields[i] == "packgqa" ? &spec.pack_gqa
                  : fields[i] == "rope_tables" ? &spec.rope_tables
+                 : fields[i] == "rope_scaled" ? &spec.rope_scaled
                  : fields[i] == "kvcache" ? &spec.kvcache
                  : fields[i] == "leftpad" ? &spec.leftpad
                  : fields[i] == "paged"   ? &spec.paged
@@ -310,7 +322,7 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     }
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, chunk, softcap, alibi, sink, rope_half_rN, "
-                                 "rope_interleaved_rN, rope_tables, rope_tables16, packgqa, kvcache, dense, leftpad, paged, split, dynsplit, padded, "
+                                 "rope_interleaved_rN, rope_scaled, rope_tables, rope_tables16, packgqa, kvcache, dense, leftpad, paged, split, dynsplit, padded, "
                                  "varlen, unaligned_dN, dvN)",
                                  fields[i]));
     }
@@ -340,6 +352,9 @@ void KernelSpec::validate() const {
          fmt::format("rotary_dim={} must be a multiple of 16 between 16 and head_dim={}", rotary_dim, head_dim));
   }
   if (rope_tables16 && !rope_tables) fail(ErrorCode::invalid_argument, "rope_tables16 is a kind of rope_tables");
+  if (rope_scaled && (rope == RopeKind::none || rope_tables)) {
+    fail(ErrorCode::invalid_argument, "rope_scaled scales angles from the frequencies: it needs a rope style and no tables");
+  }
   if (family == Family::decode) {
     if (unaligned_dim != 0) fail(ErrorCode::unsupported, "unaligned_dN does not apply to a decode spec");
     if (head_dim_v != 0) fail(ErrorCode::unsupported, "dvN does not apply to a decode spec");
@@ -650,8 +665,10 @@ uint64_t KernelSpec::packed() const {
   key = key << 1 | static_cast<uint64_t>(pack_gqa);
   key = key << 2 | static_cast<uint64_t>(rope);
   key = key << 5 | static_cast<uint64_t>(rotary_dim / 16);
+  // rope_scaled excludes tables, so (rope_tables, rope_tables16) = (0, 1),
+  // which tables never set, marks it: no bit of its own.
   key = key << 1 | static_cast<uint64_t>(rope_tables);
-  key = key << 1 | static_cast<uint64_t>(rope_tables16);
+  key = key << 1 | static_cast<uint64_t>(rope_tables16 || rope_scaled);
   key = key << 1 | static_cast<uint64_t>(kvcache);
   key = key << 1 | static_cast<uint64_t>(leftpad);
   key = key << 1 | static_cast<uint64_t>(paged);

@@ -16,8 +16,8 @@ namespace jitattn::detail {
 // partials, merge_states); its spec is combine.<state dtype>.<out dtype> and
 // uses only `dtype` (the states') and `out_dtype`.
 // append: writes new keys (rotated with RoPE) and values into a KV cache; its
-// spec is append.<dtype>[.rope_half_rN|.rope_interleaved_rN][.rope_tables|.rope_tables16][.paged]
-// and uses dtype, rope, rotary_dim, rope_tables(16) and paged.
+// spec is append.<dtype>[.rope_half_rN|.rope_interleaved_rN][.rope_scaled|.rope_tables|.rope_tables16][.paged]
+// and uses dtype, rope, rotary_dim, rope_scaled, rope_tables(16) and paged.
 // decode: flash decoding for calls with few (packed) query rows
 // (templates/fwd_decode.cuh): block_q is the rows of its tile (16 or 32),
 // block_kv the keys of one warp's chunk, `stages` each warp's pipeline depth;
@@ -105,6 +105,11 @@ struct KernelSpec {
   // FwdConfig::kSplitDims). 0: V has head_dim. Dense or varlen K/V, not
   // split.
   int head_dim_v = 0;
+  // fwd, decode, append with rope from the frequencies (not tables): cos and
+  // sin are scaled by FwdParams::rope_attention_factor (YaRN's attention
+  // factor other than 1; text .rope_scaled after the rope field;
+  // FwdConfig::kRopeScaled). Last for the aggregate initializers' sake.
+  bool rope_scaled = false;
 
   // V's and the output's head dim in the kernel.
   int value_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
@@ -113,13 +118,14 @@ struct KernelSpec {
   static KernelSpec combine(DType state_dtype, DType out_dtype, bool elementwise = false, bool dynamic_splits = false,
                             bool sink = false);
   // An append spec (RoPE and paging as in the attention call it serves).
-  static KernelSpec append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool rope_tables16, bool paged);
+  static KernelSpec append(DType dtype, RopeKind rope, int rotary_dim, bool rope_tables, bool rope_tables16, bool paged,
+                           bool rope_scaled);
   // The template's ROPE_TABLES: bytes of a table entry (0 without tables).
   int rope_table_bytes() const { return !rope_tables ? 0 : rope_tables16 ? 2 : 4; }
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order wgmma, persistent, causal|local, chunk, softcap, alibi, sink, rope_half_rN|rope_interleaved_rN,
-  // rope_tables|rope_tables16, packgqa, kvcache|dense, leftpad, paged, split, dynsplit, padded, varlen, unaligned_dN,
+  // rope_scaled|rope_tables|rope_tables16, packgqa, kvcache|dense, leftpad, paged, split, dynsplit, padded, varlen, unaligned_dN,
   // dvN),
   // "combine.f32.bf16"
   // (".elementwise", then ".dynsplit", then ".sink", where set).

@@ -11,7 +11,7 @@
 
 namespace jitattn {
 
-template <class Element_, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool PAGED>
+template <class Element_, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool PAGED, bool ROPE_SCALED = false>
 struct AppendConfig {
   using Element = Element_;
   static constexpr int kRope = ROPE;
@@ -19,6 +19,10 @@ struct AppendConfig {
   // Bytes of a cos/sin table entry: 4 (f32), 2 (the element type), 0 (no
   // tables: angles from the frequencies).
   static constexpr int kRopeTableBytes = ROPE_TABLES;
+  // Angles from the frequencies scaled by YaRN's attention factor
+  // (rope.cuh, scale_angle): the cache keeps keys rotated as Hugging Face's
+  // and vLLM's scaled cos/sin caches leave them.
+  static constexpr bool kRopeScaled = ROPE_SCALED;
   static constexpr bool kPaged = PAGED;
   static constexpr int kThreads = 128;  // four rows per CTA
 };
@@ -80,8 +84,8 @@ __device__ void append_kv(const AppendParams& p) {
         float m0, m1, o0, o1, s0, c0, s1, c1;
         unpack2<Element>(mine[w], m0, m1);
         unpack2<Element>(other[w], o0, o1);
-        rope_angle<Cfg::kRopeTableBytes, Element>(p, position, pair0 + 2 * w, s0, c0);
-        rope_angle<Cfg::kRopeTableBytes, Element>(p, position, pair0 + 2 * w + 1, s1, c1);
+        rope_angle<Cfg::kRopeTableBytes, Cfg::kRopeScaled, Element>(p, position, pair0 + 2 * w, s0, c0);
+        rope_angle<Cfg::kRopeTableBytes, Cfg::kRopeScaled, Element>(p, position, pair0 + 2 * w + 1, s1, c1);
         // First half: x·cos − y·sin; second half: y·cos + x·sin.
         mine[w] = first_half ? pack2<Element>(m0 * c0 - o0 * s0, m1 * c1 - o1 * s1)
                              : pack2<Element>(m0 * c0 + o0 * s0, m1 * c1 + o1 * s1);
@@ -94,7 +98,7 @@ __device__ void append_kv(const AppendParams& p) {
       for (int w = 0; w < 4; ++w) {
         float x, y, s, c;
         unpack2<Element>(words[w], x, y);
-        rope_angle<Cfg::kRopeTableBytes, Element>(p, position, lane * 4 + w, s, c);
+        rope_angle<Cfg::kRopeTableBytes, Cfg::kRopeScaled, Element>(p, position, lane * 4 + w, s, c);
         words[w] = pack2<Element>(x * c - y * s, y * c + x * s);
       }
     }

@@ -39,6 +39,9 @@ struct AppendParams {
   const void* rope_sin;
   long long rope_table_stride;
   int rope_table_rows;
+  // AppendConfig::kRopeScaled: cos and sin from the frequencies multiplied
+  // by YaRN's attention factor.
+  float rope_attention_factor;
 };
 
 }  // namespace jitattn

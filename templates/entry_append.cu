@@ -4,7 +4,8 @@
 #include "append.cuh"
 
 using Config = jitattn::AppendConfig<jitattn::{element}, /*ROPE=*/jitattn::{rope}, /*ROTARY_DIM=*/{rotary_dim},
-                                     /*ROPE_TABLES=*/{rope_tables}, /*PAGED=*/{paged}>;
+                                     /*ROPE_TABLES=*/{rope_tables}, /*PAGED=*/{paged},
+                                     /*ROPE_SCALED=*/{rope_scaled}>;
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads)
 {entry_name}(const __grid_constant__ jitattn::AppendParams params) {{

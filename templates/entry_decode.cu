@@ -9,7 +9,8 @@ using Config = jitattn::DecodeConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}
                                      /*PADDED=*/{padded}, /*ROPE=*/jitattn::{rope}, /*ROTARY_DIM=*/{rotary_dim},
                                      /*ROPE_TABLES=*/{rope_tables}, /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged},
                                      /*SPLIT=*/{split}, /*DYNAMIC_SPLITS=*/{dynamic_splits},
-                                     /*VARLEN=*/{varlen}, /*LEFTPAD=*/{leftpad}, /*SINK=*/{sink}>;
+                                     /*VARLEN=*/{varlen}, /*LEFTPAD=*/{leftpad}, /*SINK=*/{sink},
+                                     /*ROPE_SCALED=*/{rope_scaled}>;
 
 extern "C" __global__ void __launch_bounds__(Config::kCtaThreads)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{

@@ -11,7 +11,8 @@ using Config = jitattn::FwdConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}, /
                                   /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged}, /*SPLIT=*/{split},
                                   /*STAGES=*/{stages}, /*WGMMA=*/{wgmma}, /*PERSISTENT=*/{persistent},
                                   /*UNALIGNED_DIM=*/{unaligned_dim}, /*LEFTPAD=*/{leftpad},
-                                  /*SINK=*/{sink}, /*HEAD_DIM_V=*/{head_dim_v}>;
+                                  /*SINK=*/{sink}, /*HEAD_DIM_V=*/{head_dim_v},
+                                  /*ROPE_SCALED=*/{rope_scaled}>;
 // The host launches with KernelSpec::smem_bytes(); the two must agree.
 static_assert(Config::kSmemBytes == {smem_bytes}, "shared memory: the kernel's layout and the host's size differ");
 

@@ -23,7 +23,8 @@ enum MaskKind : int {
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE,
           bool PAGED, bool SPLIT, int STAGES = 0, bool WGMMA = false, bool PERSISTENT = false,
-          int UNALIGNED_DIM = 0, bool LEFTPAD = false, bool SINK = false, int HEAD_DIM_V = 0>
+          int UNALIGNED_DIM = 0, bool LEFTPAD = false, bool SINK = false, int HEAD_DIM_V = 0,
+          bool ROPE_SCALED = false>
 struct FwdConfig;
 
 // The view of a FwdConfig's V tiles where V's head dim differs from Q's and
@@ -53,7 +54,7 @@ struct ValueTileOf<true, Cfg> {
 template <class Element_, int HEAD_DIM, int BLOCK_Q, int BLOCK_KV, int WARPS, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, bool VARLEN, bool PACK_GQA, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE,
           bool PAGED, bool SPLIT, int STAGES, bool WGMMA, bool PERSISTENT, int UNALIGNED_DIM, bool LEFTPAD,
-          bool SINK, int HEAD_DIM_V>
+          bool SINK, int HEAD_DIM_V, bool ROPE_SCALED>
 struct FwdConfig {
   using Element = Element_;
   static constexpr int kHeadDim = HEAD_DIM;
@@ -240,6 +241,11 @@ struct FwdConfig {
   // ROPE_TABLES 0: from the frequencies.
   static constexpr int kRopeTableBytes = ROPE_TABLES;
   static constexpr bool kRopeTables = ROPE_TABLES != 0;
+  // Angles from the frequencies, their cos and sin scaled by YaRN's attention
+  // factor (rope.cuh, scale_angle): q's and k's rotated channels come out
+  // FwdParams::rope_attention_factor times longer, as Hugging Face's.
+  static constexpr bool kRopeScaled = ROPE_SCALED;
+  static_assert(!ROPE_SCALED || (ROPE != 0 && ROPE_TABLES == 0), "scaled angles: RoPE from the frequencies");
   // Keys from a KV cache (per-sequence lengths, optional batch remapping;
   // the cached keys are already rotated, so RoPE rotates q only), in pages,
   // and split over several CTAs that write fp32 partial results.

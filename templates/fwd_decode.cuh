@@ -31,13 +31,15 @@ namespace jitattn {
 // are; the CTA-wide constants are added here.
 template <class Element_, int HEAD_DIM, int ROWS, int KEYS, int WARPS, int STAGES, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE, bool PAGED, bool SPLIT,
-          bool DYNAMIC_SPLITS, bool VARLEN, bool LEFTPAD = false, bool SINK = false>
+          bool DYNAMIC_SPLITS, bool VARLEN, bool LEFTPAD = false, bool SINK = false, bool ROPE_SCALED = false>
 struct DecodeConfig
     : FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, /*WARPS=*/1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN,
                 /*PACK_GQA=*/true, ROPE, ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT, /*STAGES=*/0,
-                /*WGMMA=*/false, /*PERSISTENT=*/false, /*UNALIGNED_DIM=*/0, LEFTPAD, SINK> {
+                /*WGMMA=*/false, /*PERSISTENT=*/false, /*UNALIGNED_DIM=*/0, LEFTPAD, SINK, /*HEAD_DIM_V=*/0,
+                ROPE_SCALED> {
   using Warp = FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, 1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN, true, ROPE,
-                         ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT, 0, false, false, 0, LEFTPAD, SINK>;
+                         ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT, 0, false, false, 0, LEFTPAD, SINK, 0,
+                         ROPE_SCALED>;
   static constexpr int kStreams = WARPS;  // warps, each streaming its own chunks
   static constexpr int kStages = STAGES;
   static constexpr int kCtaThreads = WARPS * 32;
@@ -621,8 +623,8 @@ __device__ void fwd_decode(const FwdParams& p) {
     // KV cache: query i is at cache_seqlens + i (rope_q_offsets); cached keys
     // are already rotated.
     const int query_position0 = p.rope_q_offsets[batch];
-    rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTableBytes, Cfg::kBlockQ, Cfg::kCtaThreads,
-                /*PACKED=*/false>(
+    rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTableBytes, Cfg::kRopeScaled,
+                Cfg::kBlockQ, Cfg::kCtaThreads, /*PACKED=*/false>(
         p, [&](int row, int chunk) { return reinterpret_cast<uint4*>(shared_bytes + swizzled_bytes<Warp>(row, chunk)); },
         [&](int row) { return query_position0 + (q0 + row) / group; }, threadIdx.x);
     __syncthreads();

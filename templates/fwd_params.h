@@ -159,6 +159,10 @@ struct FwdParams {
   // units, as the scaled scores; FlashAttention's learnable_sink). Also in
   // the tail padding, so kernels without a sink keep their layout.
   const float* learnable_sink;
+  // Kernels compiled with scaled angles (FwdConfig::kRopeScaled): cos and
+  // sin from the frequencies are multiplied by this, YaRN's attention factor
+  // (Hugging Face's attention_factor). In the tail padding too.
+  float rope_attention_factor;
 };
 
 }  // namespace jitattn

@@ -24,8 +24,8 @@ __device__ __forceinline__ void rotate_tile(unsigned char* tile, const FwdParams
   constexpr int kTableUnitsInFlight = Cfg::kWgmma && Cfg::kHeadDim > 128       ? 1
                                       : Cfg::kRopeTableBytes == 2 && Cfg::kHeadDim <= 64 ? 4
                                                                                          : 2;
-  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTableBytes, ROWS, THREADS, PACKED,
-              kTableUnitsInFlight>(
+  rotate_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeTableBytes, Cfg::kRopeScaled, ROWS, THREADS,
+              PACKED, kTableUnitsInFlight>(
       p,
       [&](int row, int chunk) {
         return reinterpret_cast<uint4*>(tile + swizzled_bytes<Cfg, TILE_ROWS>(first_row + row, chunk));
@@ -45,8 +45,8 @@ __device__ __forceinline__ void rotate_consecutive_tile(unsigned char* tile, con
                                                        first_row, thread);
   } else {
     using Piece = typename RowPiece<WORDS>::type;
-    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, ROWS, THREADS, WORDS, SPREAD_RUNS,
-                            PACKED>(
+    rotate_consecutive_rows<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeScaled, ROWS, THREADS, WORDS,
+                            SPREAD_RUNS, PACKED>(
         p,
         [&](int row, int unit) {
           // Units of 4 or 8 bytes are pieces of the swizzled 16-byte chunks.
@@ -127,8 +127,8 @@ struct ProducerKeyRotation {
 template <class Cfg>
 struct ProducerKeyRotation<Cfg, true> {
   using Pieces = ProducerKeyPieces<Cfg>;
-  SteppedKeyRotation<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kBlockKV, Cfg::kProducerThreads,
-                     Pieces::kWords, Pieces::kNarrowRegisters>
+  SteppedKeyRotation<typename Cfg::Element, Cfg::kRope, Cfg::kRotaryDim, Cfg::kRopeScaled, Cfg::kBlockKV,
+                     Cfg::kProducerThreads, Pieces::kWords, Pieces::kNarrowRegisters>
       stepped;
   __device__ __forceinline__ ProducerKeyRotation(const FwdParams& p, int thread) : stepped(p, thread) {}
   __device__ __forceinline__ void rotate(unsigned char* k_tile, const FwdParams& p, int position0, int tile_index,
@@ -220,13 +220,13 @@ struct QRegisters {
           constexpr int kHalfSteps = Cfg::kRotaryDim / 32;  // k-steps of the first half
           if (ks < kHalfSteps) {
             float s0, c0, s1, c1;
-            rope_angle<Cfg::kRopeTableBytes, Element>(p, positions[j & 1], column, s0, c0);
-            rope_angle<Cfg::kRopeTableBytes, Element>(p, positions[j & 1], column + 1, s1, c1);
+            rope_angle<Cfg::kRopeTableBytes, Cfg::kRopeScaled, Element>(p, positions[j & 1], column, s0, c0);
+            rope_angle<Cfg::kRopeTableBytes, Cfg::kRopeScaled, Element>(p, positions[j & 1], column + 1, s1, c1);
             rotate_half_words<Element, false>(a[ks][j], a[ks + kHalfSteps][j], s0, c0, s1, c1);
           }
         } else if (column < Cfg::kRotaryDim) {
           float sine, cosine;
-          rope_angle<Cfg::kRopeTableBytes, Element>(p, positions[j & 1], column / 2, sine, cosine);
+          rope_angle<Cfg::kRopeTableBytes, Cfg::kRopeScaled, Element>(p, positions[j & 1], column / 2, sine, cosine);
           a[ks][j] = rotate_interleaved<Element, false>(a[ks][j], sine, cosine);
         }
       }

@@ -50,11 +50,26 @@ __device__ __forceinline__ float table_entry(const void* table, long long index)
   }
 }
 
+// SCALED (angles from the frequencies only): cos and sin are multiplied by
+// p.rope_attention_factor, YaRN's attention factor, as Hugging Face and vLLM
+// scale their cos/sin caches; the rotated channels of q and of k (and the
+// keys an append writes) come out that much longer. Tables are the caller's
+// cos and sin as given, so they are never SCALED.
+template <bool SCALED, class Params>
+__device__ __forceinline__ void scale_angle(const Params& p, float& sine, float& cosine) {
+  if constexpr (SCALED) {
+    sine *= p.rope_attention_factor;
+    cosine *= p.rope_attention_factor;
+  }
+}
+
 // cos and sin of pair `pair` at `position`: from the tables (TABLE_BYTES
-// wide entries), or from the frequencies (TABLE_BYTES 0). Params: FwdParams
-// or AppendParams (both carry rope_inv_freq and the table fields).
-template <int TABLE_BYTES, class Element, class Params>
+// wide entries), or from the frequencies (TABLE_BYTES 0; SCALED: scale_angle).
+// Params: FwdParams or AppendParams (both carry rope_inv_freq, the attention
+// factor and the table fields).
+template <int TABLE_BYTES, bool SCALED, class Element, class Params>
 __device__ __forceinline__ void rope_angle(const Params& p, int position, int pair, float& sine, float& cosine) {
+  static_assert(TABLE_BYTES == 0 || !SCALED, "tables hold the caller's cos and sin as they are");
   if constexpr (TABLE_BYTES != 0) {
     const long long index = table_row(p, position) * p.rope_table_stride + pair;
     cosine = table_entry<TABLE_BYTES, Element>(p.rope_cos, index);
@@ -62,6 +77,7 @@ __device__ __forceinline__ void rope_angle(const Params& p, int position, int pa
   } else {
     // The fp32 product, as frameworks build their angle tables.
     sincos_reduced(static_cast<float>(position) * p.rope_inv_freq[pair], sine, cosine);
+    scale_angle<SCALED>(p, sine, cosine);
   }
 }
 
@@ -244,10 +260,10 @@ struct TablesInShared {
 };
 
 // One interleaved pair at an angle from the frequencies.
-template <class Element, bool PACKED>
+template <class Element, bool PACKED, bool SCALED>
 __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams& p, int position, int pair) {
   float sine, cosine;
-  rope_angle<0, Element>(p, position, pair, sine, cosine);
+  rope_angle<0, SCALED, Element>(p, position, pair, sine, cosine);
   return rotate_interleaved<Element, PACKED>(packed, sine, cosine);
 }
 
@@ -256,11 +272,11 @@ __device__ __forceinline__ unsigned rotate_pair(unsigned packed, const FwdParams
 // one 16-byte chunk (interleaved) or a chunk and its partner half a rotary
 // dim away (rotate-half); `chunk_at(row, chunk)` is the chunk's address and
 // `position_of(row)` the row's position; angles from tables whose entries are
-// TABLE_BYTES wide (0: from the frequencies), read through `tables`
-// (TablesInGlobal, TablesInShared). The caller
+// TABLE_BYTES wide (0: from the frequencies, SCALED as in rope_angle), read
+// through `tables` (TablesInGlobal, TablesInShared). The caller
 // brackets this with barriers: the tile must have landed, and readers must
 // wait for the writes.
-template <class Element, int STYLE, int ROTARY_DIM, int TABLE_BYTES, int ROWS, int THREADS, bool PACKED,
+template <class Element, int STYLE, int ROTARY_DIM, int TABLE_BYTES, bool SCALED, int ROWS, int THREADS, bool PACKED,
           int TABLE_UNITS_IN_FLIGHT = 2, typename ChunkAt, typename PositionOf, class Tables = TablesInGlobal>
 __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_at, PositionOf&& position_of,
                                             int thread, const Tables& tables = Tables{}) {
@@ -294,8 +310,8 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           float s0, c0, s1, c1;
-          rope_angle<0, Element>(p, position, unit * 8 + 2 * w, s0, c0);
-          rope_angle<0, Element>(p, position, unit * 8 + 2 * w + 1, s1, c1);
+          rope_angle<0, SCALED, Element>(p, position, unit * 8 + 2 * w, s0, c0);
+          rope_angle<0, SCALED, Element>(p, position, unit * 8 + 2 * w + 1, s1, c1);
           rotate_half_words<Element, PACKED>(av[w], bv[w], s0, c0, s1, c1);
         }
       }
@@ -323,10 +339,10 @@ __device__ __forceinline__ void rotate_rows(const FwdParams& p, ChunkAt&& chunk_
         a.z = rotate_interleaved<Element, PACKED>(a.z, s[2], c[2]);
         a.w = rotate_interleaved<Element, PACKED>(a.w, s[3], c[3]);
       } else {
-        a.x = rotate_pair<Element, PACKED>(a.x, p, position, unit * 4);
-        a.y = rotate_pair<Element, PACKED>(a.y, p, position, unit * 4 + 1);
-        a.z = rotate_pair<Element, PACKED>(a.z, p, position, unit * 4 + 2);
-        a.w = rotate_pair<Element, PACKED>(a.w, p, position, unit * 4 + 3);
+        a.x = rotate_pair<Element, PACKED, SCALED>(a.x, p, position, unit * 4);
+        a.y = rotate_pair<Element, PACKED, SCALED>(a.y, p, position, unit * 4 + 1);
+        a.z = rotate_pair<Element, PACKED, SCALED>(a.z, p, position, unit * 4 + 2);
+        a.w = rotate_pair<Element, PACKED, SCALED>(a.w, p, position, unit * 4 + 3);
       }
       *chunk = a;
     }
@@ -408,8 +424,10 @@ struct RunLayout {
 // The angles of PAIRS consecutive pairs at one position, and their step:
 // fp32 sin and cos, moved from row to row with the angle-sum identities.
 // Each step adds ~5e-7 of error (the approximate sincos of the step, then
-// rounding), so callers re-evaluate after at most 64 steps.
-template <int PAIRS>
+// rounding), so callers re-evaluate after at most 64 steps. SCALED: the
+// angles (not their steps) are scaled as in rope_angle; a step is a rotation,
+// so it keeps their length.
+template <int PAIRS, bool SCALED>
 struct SteppedAngles {
   float cosine[PAIRS], sine[PAIRS], step_cosine[PAIRS], step_sine[PAIRS];
 
@@ -418,6 +436,7 @@ struct SteppedAngles {
 #pragma unroll
     for (int i = 0; i < PAIRS; ++i) {
       sincos_reduced(static_cast<float>(position) * p.rope_inv_freq[first_pair + i], sine[i], cosine[i]);
+      scale_angle<SCALED>(p, sine[i], cosine[i]);
     }
   }
   // A step of `positions` positions.
@@ -433,6 +452,7 @@ struct SteppedAngles {
     for (int i = 0; i < PAIRS; ++i) {
       const float frequency = p.rope_inv_freq[first_pair + i];
       sincos_reduced(static_cast<float>(position) * frequency, sine[i], cosine[i]);
+      scale_angle<SCALED>(p, sine[i], cosine[i]);
       sincos_reduced(static_cast<float>(step_positions) * frequency, step_sine[i], step_cosine[i]);
     }
   }
@@ -462,8 +482,8 @@ struct SteppedAngles {
 // them is rotated: the compiler cannot move a load above an earlier store to
 // a piece that might alias it.
 template <class Element, int STYLE, int WORDS, int RUN, int BATCH, bool BACK, bool STEP_PAST_END, bool PACKED,
-          int PAIRS, typename PieceAt>
-__device__ __forceinline__ void rotate_run(PieceAt&& piece_at, SteppedAngles<PAIRS>& angles) {
+          typename PieceAt, class Angles>
+__device__ __forceinline__ void rotate_run(PieceAt&& piece_at, Angles& angles) {
   using Piece = typename RowPiece<WORDS>::type;
   constexpr int kPieces = STYLE == kRopeHalf ? 2 : 1;  // pieces a unit covers in one row
   static_assert(RUN % BATCH == 0, "whole batches");
@@ -514,8 +534,8 @@ __device__ __forceinline__ void rotate_run(PieceAt&& piece_at, SteppedAngles<PAI
 // producer's 56 registers). Measured on the H200 at head_dim 64
 // (docs/PERFORMANCE.md): both together make RoPE prefill 0.7-1.3% faster;
 // the batched loads alone 0.5%, and the spread rows alone 2-3% slower.
-template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, bool SPREAD_RUNS, bool PACKED,
-          typename PieceAt>
+template <class Element, int STYLE, int ROTARY_DIM, bool SCALED, int ROWS, int THREADS, int WORDS, bool SPREAD_RUNS,
+          bool PACKED, typename PieceAt>
 __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, PieceAt&& piece_at, int position0,
                                                         int thread) {
   using Layout = RunLayout<STYLE, ROTARY_DIM, ROWS, THREADS, WORDS>;
@@ -528,7 +548,7 @@ __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, Piec
   constexpr bool kSpread = SPREAD_RUNS && Layout::kRunners % 8 == 0;
   constexpr int kRowStep = Layout::row_step(kSpread);
   const int row0 = Layout::first_row(run, kSpread);
-  SteppedAngles<Layout::kPairs> angles;
+  SteppedAngles<Layout::kPairs, SCALED> angles;
   angles.start(p, unit * Layout::kPairs, position0 + row0, kRowStep);
   constexpr int kBatch = SPREAD_RUNS ? (Layout::kRun < 4 ? Layout::kRun : 4) : 1;
   rotate_run<Element, STYLE, WORDS, Layout::kRun, kBatch, /*BACK=*/false, /*STEP_PAST_END=*/false, PACKED>(
@@ -544,12 +564,13 @@ __device__ __forceinline__ void rotate_consecutive_rows(const FwdParams& p, Piec
 // longest runs) instead of twice per pair and run: at rotary_dim 128 they
 // were about a fifth of the rotation's instructions, and they share the
 // special-function unit with the MMA warps' exponentials.
-template <class Element, int STYLE, int ROTARY_DIM, int ROWS, int THREADS, int WORDS, bool EVEN_RUNS = false>
+template <class Element, int STYLE, int ROTARY_DIM, bool SCALED, int ROWS, int THREADS, int WORDS,
+          bool EVEN_RUNS = false>
 struct SteppedKeyRotation {
   using Layout = RunLayout<STYLE, ROTARY_DIM, ROWS, THREADS, WORDS, EVEN_RUNS>;
   static_assert(Layout::kWhole, "whole runs");
   static constexpr int kAnchorTiles = Layout::kRun >= 64 ? 1 : 64 / Layout::kRun;
-  SteppedAngles<Layout::kPairs> angles;
+  SteppedAngles<Layout::kPairs, SCALED> angles;
   int unit, row0;
   bool active;
 

@@ -519,6 +519,104 @@ TEST_CASE("value head dims of their own (dvN) compile in every prefill family wi
   CHECK(compiled == 2 * std::size(shapes));
 }
 
+TEST_CASE("angles scaled by YaRN's attention factor (rope_scaled) compile in every family that rotates, spilling no more than unscaled") {
+  // cos and sin multiplied by FwdParams::rope_attention_factor wherever
+  // angles come from the frequencies (rope.cuh, scale_angle): Q in shared
+  // memory and in registers (wgmma at head dims up to 64), K by the 4-warp
+  // kernels, the mma.sync producer and the wgmma producer (stepped angles),
+  // head dims above 128, unaligned rows, decode, KV-cache tiles and the
+  // append. Each is compiled beside the same spec unscaled: the scaling is
+  // two products per evaluated angle and may not cost spills.
+  struct Shape {
+    const char* arch;
+    int head_dim, block_q, block_kv, warps, stages;
+    bool wgmma, persistent;
+    int unaligned_dim;
+  };
+  const Shape shapes[] = {
+      {"sm_80", 128, 128, 64, 4, 0, false, false, 0},      {"sm_80", 64, 128, 64, 4, 0, false, false, 0},
+      {"sm_80", 256, 128, 64, 8, 0, false, false, 0},      {"sm_80", 64, 128, 64, 4, 0, false, false, 59},
+      {"sm_90a", 64, 256, 64, 8, 3, false, false, 0},      {"sm_90a", 128, 128, 64, 8, 2, false, false, 0},
+      {"sm_90a", 128, 128, 128, 8, 2, true, false, 0},     {"sm_90a", 128, 128, 128, 8, 2, true, true, 0},
+      {"sm_90a", 64, 128, 128, 8, 4, true, true, 0},       {"sm_90a", 64, 128, 128, 8, 2, true, false, 0},
+      {"sm_90a", 192, 128, 96, 8, 2, true, false, 0},      {"sm_90a", 256, 128, 80, 8, 2, true, false, 0},
+      {"sm_90a", 96, 128, 64, 8, 3, true, false, 0},       {"sm_90a", 64, 192, 128, 12, 2, true, false, 0},
+      {"sm_90a", 128, 128, 128, 8, 2, true, false, 111}};
+  std::map<std::string, std::vector<KernelSpec>> by_arch, plain_by_arch;
+  int variant = 0;
+  auto add = [&](const char* arch, KernelSpec spec) {
+    spec.rope_tables = spec.rope_tables16 = false;
+    spec.rope_scaled = true;
+    spec.validate();
+    KernelSpec plain = spec;
+    plain.rope_scaled = false;
+    by_arch[arch].push_back(spec);
+    plain_by_arch[arch].push_back(plain);
+  };
+  for (const Shape& shape : shapes) {
+    for (int i = 0; i < 2; ++i, ++variant) {
+      KernelSpec spec{Family::fwd, variant % 2 ? DType::f16 : DType::bf16, shape.head_dim, shape.block_q,
+                      shape.block_kv, shape.warps};
+      spec.stages = shape.stages;
+      spec.wgmma = shape.wgmma;
+      spec.persistent = shape.persistent;
+      if (shape.unaligned_dim != 0) {
+        set_unaligned_variant(spec, variant, shape.unaligned_dim);
+        spec.unaligned_dim = shape.unaligned_dim;
+      } else {
+        set_feature_variant(spec, variant);
+        spec.varlen = variant % 3 == 1;
+      }
+      // Every one rotates: both styles, partial rotation on some.
+      spec.rope = i == 0 ? RopeKind::half : RopeKind::interleaved;
+      const int rotary_limit = shape.unaligned_dim != 0 ? shape.unaligned_dim / 16 * 16 : shape.head_dim;
+      spec.rotary_dim = variant % 3 == 2 ? rotary_limit / 32 * 16 : rotary_limit;
+      if (shape.warps == 12) spec.pack_gqa = false;
+      add(shape.arch, spec);
+    }
+  }
+  // KV caches: the decode kernel and the wgmma and 4-warp tiles rotate q
+  // only; the append rotates the new keys it writes.
+  for (const char* text : {"decode.bf16.d128.br16.bc32.w4.s2.rope_half_r128.paged.split",
+                           "decode.f16.d64.br32.bc64.w4.s2.causal.rope_interleaved_r32.dynsplit.split",
+                           "decode.bf16.d256.br16.bc16.w8.s2.local.sink.rope_half_r256",
+                           "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.packgqa.kvcache.split",
+                           "fwd.bf16.d64.br64.bc64.w4.causal.rope_interleaved_r64.packgqa.kvcache.paged.split"}) {
+    add(std::string(text).find("wgmma") != std::string::npos ? "sm_90a" : "sm_80", KernelSpec::parse(text));
+  }
+  add("sm_90a", KernelSpec::append(DType::bf16, RopeKind::half, 64, false, false, true, true));
+  add("sm_80", KernelSpec::append(DType::f16, RopeKind::interleaved, 128, false, false, false, true));
+  std::mutex mutex;
+  std::map<std::string, int> plain_spills;
+  for (auto& [arch, plains] : plain_by_arch) {
+    const auto errors = compile_all(plains, Arch::parse(arch), [&](const KernelSpec& spec, const std::string& log) -> std::string {
+      const std::lock_guard<std::mutex> lock(mutex);
+      plain_spills[spec.text()] = spill_store_bytes(log);
+      return "";
+    });
+    for (const auto& e : errors) FAIL_CHECK(e);
+  }
+  size_t compiled = 0;
+  for (auto& [arch, specs] : by_arch) {
+    compiled += specs.size();
+    const auto errors = compile_all(specs, Arch::parse(arch), [&](const KernelSpec& spec, const std::string& log) -> std::string {
+      KernelSpec plain = spec;
+      plain.rope_scaled = false;
+      const std::lock_guard<std::mutex> lock(mutex);
+      const auto found = plain_spills.find(plain.text());
+      if (found == plain_spills.end()) return "no unscaled twin compiled";
+      const int spilled = spill_store_bytes(log);
+      if (spilled > std::max(found->second, 0)) {
+        return fmt::format("spills {} bytes; unscaled {}", spilled, found->second);
+      }
+      return "";
+    });
+    for (const auto& e : errors) FAIL_CHECK(e);
+    CHECK(errors.empty());
+  }
+  CHECK(compiled == 2 * std::size(shapes) + 7);
+}
+
 TEST_CASE("feature combinations compile at every head dim: all 32 at 128, a spread elsewhere (sm_80, default tiles)") {
   const Arch arch = Arch::parse("sm_80");
   std::vector<KernelSpec> specs;
@@ -721,10 +819,10 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
                            "fwd.bf16.d128.br128.bc64.w8.s2.causal.kvcache.paged.varlen"}) {
     specs.push_back(KernelSpec::parse(text));
   }
-  specs.push_back(KernelSpec::append(DType::bf16, RopeKind::none, 0, false, false, false));
-  specs.push_back(KernelSpec::append(DType::f16, RopeKind::half, 64, false, false, true));
-  specs.push_back(KernelSpec::append(DType::bf16, RopeKind::interleaved, 128, true, false, false));
-  specs.push_back(KernelSpec::append(DType::f16, RopeKind::half, 128, true, true, true));
+  specs.push_back(KernelSpec::append(DType::bf16, RopeKind::none, 0, false, false, false, false));
+  specs.push_back(KernelSpec::append(DType::f16, RopeKind::half, 64, false, false, true, false));
+  specs.push_back(KernelSpec::append(DType::bf16, RopeKind::interleaved, 128, true, false, false, false));
+  specs.push_back(KernelSpec::append(DType::f16, RopeKind::half, 128, true, true, true, false));
   const auto errors = compile_all(specs, arch);
   for (const auto& e : errors) FAIL_CHECK(e);
   CHECK(errors.empty());

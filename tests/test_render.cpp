@@ -52,14 +52,26 @@ TEST_CASE("rendered source is self-contained and carries the spec's constants") 
     CAPTURE(text);
     const std::string source = render(KernelSpec::parse(text), TemplateSet());
     CHECK((source.find(std::string("/*SINK=*/") + sink + ">") != std::string::npos ||
-           source.find(std::string("/*SINK=*/") + sink + ", /*HEAD_DIM_V=*/") != std::string::npos));
+           source.find(std::string("/*SINK=*/") + sink + ",") != std::string::npos));
   }
   // V's head dim: the head dim unless the spec gives V its own (dvN).
   for (const auto& [text, value_dim] : {std::pair{"fwd.f16.d64.br64.bc32.w4.causal", "64"},
                                         std::pair{"fwd.bf16.d192.br128.bc96.w8.s2.wgmma.causal.dv128", "128"},
                                         std::pair{"fwd.f16.d128.br128.bc64.w4.padded.dv64", "64"}}) {
     CAPTURE(text);
-    CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*HEAD_DIM_V=*/") + value_dim + ">") !=
+    CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*HEAD_DIM_V=*/") + value_dim + ",") !=
+          std::string::npos);
+  }
+  // Angles scaled by YaRN's attention factor: a constant of the families
+  // that rotate (prefill, decode, append), false without the flag.
+  for (const auto& [text, scaled] : {std::pair{"fwd.bf16.d64.br128.bc64.w4.causal.rope_half_r64", "false"},
+                                     std::pair{"fwd.bf16.d64.br128.bc64.w4.causal.rope_half_r64.rope_scaled", "true"},
+                                     std::pair{"decode.bf16.d128.br16.bc32.w4.s2.rope_half_r128.rope_scaled", "true"},
+                                     std::pair{"decode.bf16.d128.br16.bc32.w4.s2", "false"},
+                                     std::pair{"append.bf16.rope_interleaved_r64.rope_scaled.paged", "true"},
+                                     std::pair{"append.bf16.rope_interleaved_r64.paged", "false"}}) {
+    CAPTURE(text);
+    CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*ROPE_SCALED=*/") + scaled + ">") !=
           std::string::npos);
   }
 }

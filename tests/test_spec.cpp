@@ -51,13 +51,14 @@ TEST_CASE("RoPE and packed-GQA fields round-trip, pack distinctly and are valida
   std::vector<uint64_t> keys;
   for (RopeKind rope : {RopeKind::none, RopeKind::half, RopeKind::interleaved})
     for (int rotary_dim : {16, 64, 128})
-      for (int tables : {0, 1, 2})  // none, f32, dtype
+      for (int tables : {0, 1, 2, 3})  // none, f32, dtype, none with angles scaled (YaRN)
         for (bool pack : {false, true}) {
           KernelSpec spec{Family::fwd, DType::bf16, 128, 128, 64, 4};
           spec.rope = rope;
           spec.rotary_dim = rope == RopeKind::none ? 0 : rotary_dim;
-          spec.rope_tables = rope != RopeKind::none && tables > 0;
+          spec.rope_tables = rope != RopeKind::none && (tables == 1 || tables == 2);
           spec.rope_tables16 = rope != RopeKind::none && tables == 2;
+          spec.rope_scaled = rope != RopeKind::none && tables == 3;
           spec.pack_gqa = pack;
           const KernelSpec parsed = KernelSpec::parse(spec.text());
           CHECK(parsed == spec);
@@ -65,7 +66,21 @@ TEST_CASE("RoPE and packed-GQA fields round-trip, pack distinctly and are valida
           keys.push_back(spec.packed());
         }
   std::sort(keys.begin(), keys.end());
-  CHECK(std::unique(keys.begin(), keys.end()) - keys.begin() == 1 * 2 + 2 * 3 * 3 * 2);
+  CHECK(std::unique(keys.begin(), keys.end()) - keys.begin() == 1 * 2 + 2 * 3 * 4 * 2);
+  // Scaled angles share rope_tables16's bit (they exclude tables), and come
+  // from the frequencies only.
+  const KernelSpec scaled = KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.rope_half_r64.rope_scaled.packgqa");
+  CHECK((scaled.rope_scaled && !scaled.rope_tables && !scaled.rope_tables16));
+  CHECK(scaled.text() == "fwd.bf16.d128.br128.bc64.w4.rope_half_r64.rope_scaled.packgqa");
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.rope_half_r64.rope_scaled.rope_tables"),
+                       doctest::Contains("rope_scaled scales angles from the frequencies"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.rope_scaled"),
+                       doctest::Contains("it needs a rope style and no tables"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("decode.bf16.d128.br16.bc16.w4.s2.rope_scaled"),
+                       doctest::Contains("it needs a rope style and no tables"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("append.bf16.rope_half_r64.rope_scaled.rope_tables16"),
+                       doctest::Contains("rope_scaled scales angles from the frequencies"), Error);
+  CHECK_THROWS_WITH_AS(KernelSpec::parse("append.bf16.rope_scaled"), doctest::Contains("needs a rope style"), Error);
   CHECK(KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.causal.rope_half_r64.rope_tables.packgqa").text() ==
         "fwd.bf16.d128.br128.bc64.w4.causal.rope_half_r64.rope_tables.packgqa");
   const KernelSpec tables16 = KernelSpec::parse("fwd.bf16.d128.br128.bc64.w4.rope_half_r64.rope_tables16");
@@ -105,6 +120,10 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
                          "append.f16.rope_interleaved_r64.rope_tables16.paged",
                          "decode.bf16.d128.br16.bc16.w4.s2.rope_half_r128.rope_tables16",
                          "append.bf16.rope_half_r128",
+                         "append.bf16.rope_half_r128.rope_scaled",
+                         "append.bf16.rope_half_r128.rope_scaled.paged",
+                         "decode.bf16.d128.br16.bc16.w4.s2.rope_half_r128.rope_scaled",
+                         "fwd.bf16.d128.br64.bc64.w4.causal.rope_half_r64.rope_scaled.packgqa.kvcache.paged.split",
                          "combine.f32.bf16"};
   std::vector<uint64_t> keys;
   for (const char* text : texts) {
@@ -579,7 +598,7 @@ TEST_CASE("combine specs: text is combine.<state>.<out>[.elementwise][.dynsplit]
   widest.family = Family::decode;
   CHECK((widest.packed() >> 60) == 3);
   CHECK((KernelSpec::combine(DType::f32, DType::f32, true, true, true).packed() >> 60) == 1);
-  CHECK((KernelSpec::append(DType::bf16, RopeKind::half, 256, true, true, true).packed() >> 60) == 2);
+  CHECK((KernelSpec::append(DType::bf16, RopeKind::half, 256, true, true, true, false).packed() >> 60) == 2);
   std::sort(keys.begin(), keys.end());
   CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
   CHECK(KernelSpec::combine(DType::bf16, DType::f32).hash() != KernelSpec::combine(DType::f32, DType::bf16).hash());

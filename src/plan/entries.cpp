@@ -297,7 +297,7 @@ KVCachePlan plan_kvcache(const TensorView& q, const KVCacheArgs& args, const Ten
   if (args.k_new != nullptr && args.k_new->shape[1] > 0 && q.shape[0] > 0) {
     AppendPlan& append = plan.append;
     append.spec = KernelSpec::append(q.dtype, spec.rope, spec.rotary_dim, spec.rope_tables, spec.rope_tables16,
-                                     spec.paged);
+                                     spec.paged, spec.rope_scaled);
     AppendParams& p = append.params;
     p.k_new = args.k_new->data;
     p.v_new = args.v_new->data;
@@ -323,6 +323,7 @@ KVCachePlan plan_kvcache(const TensorView& q, const KVCacheArgs& args, const Ten
     p.rope_sin = fwd.rope_sin;
     p.rope_table_stride = fwd.rope_table_stride;
     p.rope_table_rows = fwd.rope_table_rows;
+    p.rope_attention_factor = fwd.rope_attention_factor;
     const int64_t rows = static_cast<int64_t>(p.batch) * p.seqlen_new * p.heads_kv;
     if ((rows + 3) / 4 > INT_MAX) reject("k_new: batch × seqlen_new × heads_kv is too large");
     append.grid = static_cast<unsigned>((rows + 3) / 4);  // four rows (warps) per CTA
