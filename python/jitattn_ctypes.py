@@ -25,7 +25,10 @@ class Options(ctypes.Structure):
                 ("rope_k_offsets", ctypes.c_void_p), ("pack_gqa", ctypes.c_int32),
                 ("stages", ctypes.c_int32), ("wgmma", ctypes.c_int32), ("persistent", ctypes.c_int32),
                 ("sm_limit", ctypes.c_int32), ("num_splits", ctypes.c_int32), ("attention_chunk", ctypes.c_int32),
-                ("learnable_sink", ctypes.c_void_p)]
+                ("learnable_sink", ctypes.c_void_p), ("rope_yarn_factor", ctypes.c_float),
+                ("rope_yarn_beta_fast", ctypes.c_float), ("rope_yarn_beta_slow", ctypes.c_float),
+                ("rope_yarn_original_max_position", ctypes.c_int32), ("rope_yarn_truncate", ctypes.c_int32),
+                ("rope_yarn_attention_factor", ctypes.c_float)]
 
 
 def tensor(address, dtype, shape, strides=None):

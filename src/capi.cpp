@@ -95,6 +95,12 @@ struct CallViews {
     rope.llama3_low_freq_factor = c_options->rope_llama3_low_freq_factor;
     rope.llama3_high_freq_factor = c_options->rope_llama3_high_freq_factor;
     rope.llama3_original_max_position = c_options->rope_llama3_original_max_position;
+    rope.yarn_factor = c_options->rope_yarn_factor;
+    rope.yarn_beta_fast = c_options->rope_yarn_beta_fast;
+    rope.yarn_beta_slow = c_options->rope_yarn_beta_slow;
+    rope.yarn_original_max_position = c_options->rope_yarn_original_max_position;
+    rope.yarn_truncate = c_options->rope_yarn_truncate != 0;
+    rope.yarn_attention_factor = c_options->rope_yarn_attention_factor;
     rope.cos = optional_view(c_options->rope_cos, "rope_cos", rope_cos);
     rope.sin = optional_view(c_options->rope_sin, "rope_sin", rope_sin);
     rope.q_offsets = optional_view(c_options->rope_q_offsets, "rope_q_offsets", rope_q_offsets);
@@ -160,6 +166,10 @@ void jitattn_fwd_options_init(jitattn_fwd_options* options) {
   options->rope_llama3_low_freq_factor = 1.f;
   options->rope_llama3_high_freq_factor = 4.f;
   options->rope_llama3_original_max_position = 8192;
+  options->rope_yarn_beta_fast = 32.f;
+  options->rope_yarn_beta_slow = 1.f;
+  options->rope_yarn_original_max_position = 4096;
+  options->rope_yarn_truncate = 1;
   options->pack_gqa = -1;
 }
 

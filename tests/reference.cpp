@@ -404,7 +404,32 @@ std::vector<double> RopeReference::inverse_frequencies(int head_dim) const {
     }
     frequencies.push_back(frequency);
   }
+  if (yarn_factor > 0) {
+    // Hugging Face's _compute_yarn_parameters, restated: extrapolated
+    // (theta's) frequencies for the pairs that turn more than beta_fast times
+    // in the original context, interpolated (divided by the factor) for those
+    // that turn fewer than beta_slow times, a linear ramp between.
+    auto correction_dim = [&](double rotations) {
+      return dim * std::log(yarn_original_max_position / (rotations * 2 * M_PI)) / (2 * std::log(theta));
+    };
+    double low = correction_dim(yarn_beta_fast), high = correction_dim(yarn_beta_slow);
+    if (yarn_truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1.0);
+    if (low == high) high += 0.001;
+    for (size_t p = 0; p < frequencies.size(); ++p) {
+      const double extrapolated = frequencies[p], interpolated = frequencies[p] / yarn_factor;
+      const double extrapolation_share = 1.0 - std::min(std::max((p - low) / (high - low), 0.0), 1.0);
+      frequencies[p] = interpolated * (1.0 - extrapolation_share) + extrapolated * extrapolation_share;
+    }
+  }
   return frequencies;
+}
+
+double RopeReference::attention_factor() const {
+  if (yarn_factor <= 0) return 1.0;
+  if (yarn_attention_factor > 0) return yarn_attention_factor;
+  return yarn_factor <= 1 ? 1.0 : 0.1 * std::log(yarn_factor) + 1.0;
 }
 
 RopeTables rope_tables(const RopeReference& rope, int head_dim, int positions) {
@@ -414,8 +439,8 @@ RopeTables rope_tables(const RopeReference& rope, int head_dim, int positions) {
   tables.pairs = static_cast<int>(frequencies.size());
   for (int x = 0; x < positions; ++x) {
     for (double frequency : frequencies) {
-      tables.cos.push_back(static_cast<float>(std::cos(x * frequency)));
-      tables.sin.push_back(static_cast<float>(std::sin(x * frequency)));
+      tables.cos.push_back(static_cast<float>(rope.attention_factor() * std::cos(x * frequency)));
+      tables.sin.push_back(static_cast<float>(rope.attention_factor() * std::sin(x * frequency)));
     }
   }
   return tables;
@@ -446,6 +471,7 @@ void rotate_reference(std::vector<float>& x, int batch, int seqlen, int heads, i
                       bool packed16) {
   const std::vector<double> frequencies = rope.inverse_frequencies(head_dim);
   const int pairs = static_cast<int>(frequencies.size());
+  const double scale = rope.attention_factor();  // tables already hold it
   for (int b = 0; b < batch; ++b) {
     for (int s = 0; s < seqlen; ++s) {
       const int at = position(b, s);
@@ -460,12 +486,14 @@ void rotate_reference(std::vector<float>& x, int batch, int seqlen, int heads, i
             cosine = tables->cos[static_cast<size_t>(clamped) * tables->pairs + p];
             sine = tables->sin[static_cast<size_t>(clamped) * tables->pairs + p];
           } else if (exact) {
-            cosine = std::cos(at * frequencies[p]);
-            sine = std::sin(at * frequencies[p]);
+            cosine = scale * std::cos(at * frequencies[p]);
+            sine = scale * std::sin(at * frequencies[p]);
           } else {
+            // fp32 angle, cos and sin, then scaled in fp32 (as frameworks
+            // scale their fp32 caches).
             const float angle = static_cast<float>(at) * static_cast<float>(frequencies[p]);
-            cosine = static_cast<float>(std::cos(static_cast<double>(angle)));
-            sine = static_cast<float>(std::sin(static_cast<double>(angle)));
+            cosine = static_cast<float>(scale) * static_cast<float>(std::cos(static_cast<double>(angle)));
+            sine = static_cast<float>(scale) * static_cast<float>(std::sin(static_cast<double>(angle)));
           }
           const double a = row[first], c = row[second];
           if (exact) {

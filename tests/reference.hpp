@@ -183,14 +183,23 @@ struct RopeReference {
   double llama3_low_freq_factor = 1.0;
   double llama3_high_freq_factor = 4.0;
   double llama3_original_max_position = 8192.0;
+  double yarn_factor = 0.0;  // 0: off
+  double yarn_beta_fast = 32.0;
+  double yarn_beta_slow = 1.0;
+  double yarn_original_max_position = 4096.0;
+  bool yarn_truncate = true;
+  double yarn_attention_factor = 0.0;  // 0: Hugging Face's default for the factor
 
   // Frequency of pair p (of rotary_dim / 2), Hugging Face's formulas, float64.
   std::vector<double> inverse_frequencies(int head_dim) const;
+  // What cos and sin are multiplied by: YaRN's attention factor, else 1.
+  double attention_factor() const;
 };
 
 // Angles as the kernel will use them: from frequencies (`tables` empty), or
 // f32 tables cos/sin [positions, rotary_dim / 2] that the test also hands the
-// kernel. table() fills those tables from the float64 angles.
+// kernel. table() fills those tables from the float64 angles (times the
+// attention factor).
 struct RopeTables {
   std::vector<float> cos, sin;
   int positions = 0;

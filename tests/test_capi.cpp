@@ -87,7 +87,81 @@ TEST_CASE("options_init gives the documented defaults") {
   CHECK(options.num_splits == 0);
   CHECK(options.attention_chunk == 0);
   CHECK(options.learnable_sink == nullptr);
+  // YaRN: off, with Hugging Face's defaults for the rest (RopeOptions's).
+  options.rope_yarn_factor = 32.f;
+  options.rope_yarn_attention_factor = 2.f;
+  options.rope_yarn_truncate = 0;
+  jitattn_fwd_options_init(&options);
+  const jitattn::RopeOptions rope;
+  CHECK(options.rope_yarn_factor == 0.f);
+  CHECK(options.rope_yarn_beta_fast == 32.f);
+  CHECK(options.rope_yarn_beta_slow == 1.f);
+  CHECK(options.rope_yarn_original_max_position == 4096);
+  CHECK(options.rope_yarn_truncate == 1);
+  CHECK(options.rope_yarn_attention_factor == 0.f);
+  CHECK(options.rope_yarn_factor == rope.yarn_factor);
+  CHECK(options.rope_yarn_beta_fast == rope.yarn_beta_fast);
+  CHECK(options.rope_yarn_beta_slow == rope.yarn_beta_slow);
+  CHECK(options.rope_yarn_original_max_position == rope.yarn_original_max_position);
+  CHECK((options.rope_yarn_truncate != 0) == rope.yarn_truncate);
+  CHECK(options.rope_yarn_attention_factor == rope.yarn_attention_factor);
   CHECK(std::string(jitattn_version()) == jitattn::version());
+}
+
+TEST_CASE("YaRN options reach the planner through the C API, each field checked under its own name") {
+  configure_once();
+  // gpt-oss's shape: 64 query heads over 8, head dim 64, rotate-half RoPE
+  // with YaRN as its config gives it.
+  jitattn_tensor q = bshd(fake(0x1000), JITATTN_BF16, 1, 256, 64, 64);
+  jitattn_tensor k = bshd(fake(0x2000), JITATTN_BF16, 1, 256, 8, 64);
+  jitattn_tensor o = bshd(fake(0x3000), JITATTN_BF16, 1, 256, 64, 64);
+  jitattn_fwd_options gpt_oss;
+  jitattn_fwd_options_init(&gpt_oss);
+  gpt_oss.causal = 1;
+  gpt_oss.rope_style = 1;
+  gpt_oss.rope_theta = 150000.f;
+  gpt_oss.rope_yarn_factor = 32.f;
+  gpt_oss.rope_yarn_truncate = 0;
+  size_t bytes = 0;
+  REQUIRE(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &gpt_oss, &bytes) == JITATTN_OK);
+  // Each field bad on its own: rejected before anything needs a GPU, the
+  // message naming that field.
+  struct Bad {
+    void (*spoil)(jitattn_fwd_options&);
+    const char* message;
+  };
+  const Bad cases[] = {
+      {[](jitattn_fwd_options& o) { o.rope_yarn_factor = -2.f; }, "options.rope.yarn_factor=-2 must be positive"},
+      {[](jitattn_fwd_options& o) { o.rope_yarn_beta_slow = 40.f; }, "yarn_beta_fast=32 and yarn_beta_slow=40"},
+      {[](jitattn_fwd_options& o) { o.rope_yarn_beta_fast = 0.5f; }, "yarn_beta_fast=0.5 and yarn_beta_slow=1"},
+      {[](jitattn_fwd_options& o) { o.rope_yarn_original_max_position = 0; },
+       "options.rope.yarn_original_max_position=0 must be positive"},
+      {[](jitattn_fwd_options& o) { o.rope_yarn_attention_factor = -1.f; },
+       "options.rope.yarn_attention_factor=-1 must be"},
+      {[](jitattn_fwd_options& o) { o.rope_llama3_factor = 8.f; }, "yarn_factor=32 comes alone"},
+  };
+  for (const Bad& bad : cases) {
+    CAPTURE(bad.message);
+    jitattn_fwd_options options = gpt_oss;
+    bad.spoil(options);
+    CHECK(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(jitattn_last_error()).find(bad.message) != std::string::npos);
+    CHECK(jitattn_fwd(&q, &k, &k, &o, nullptr, &options, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(jitattn_last_error()).find(bad.message) != std::string::npos);
+  }
+  // Tables are used as given: YaRN with them is refused.
+  jitattn_tensor cos{};
+  cos.data = fake(0x4000);
+  cos.dtype = JITATTN_F32;
+  cos.ndim = 2;
+  cos.shape[0] = 256;
+  cos.shape[1] = 32;
+  cos.strides[0] = 32;
+  cos.strides[1] = 1;
+  jitattn_fwd_options tables = gpt_oss;
+  tables.rope_cos = tables.rope_sin = &cos;
+  CHECK(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &tables, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("yarn_factor=32 scales angles from theta") != std::string::npos);
 }
 
 TEST_CASE("forward with a workspace through the C API: sized, validated, num_splits passed on") {

@@ -46,6 +46,35 @@ def main():
         message = lib.jitattn_last_error().decode()
         check(status == 1 and "heads_kv=6 must divide heads_q=32" in message, f"bad call rejected: {message}")
 
+        # The YaRN fields at the struct's end: init's defaults read back where
+        # Options puts them, and each field reaches the library under its own
+        # name (a layout that disagreed with jitattn.h would misplace them).
+        options = Options()
+        lib.jitattn_fwd_options_init(ctypes.byref(options))
+        defaults = (options.rope_yarn_factor, options.rope_yarn_beta_fast, options.rope_yarn_beta_slow,
+                    options.rope_yarn_original_max_position, options.rope_yarn_truncate,
+                    options.rope_yarn_attention_factor)
+        check(defaults == (0.0, 32.0, 1.0, 4096, 1, 0.0), f"init sets the YaRN defaults: {defaults}")
+        q, k, out = bshd(0x1000, 1, 16, 64, 64), bshd(0x2000, 1, 16, 8, 64), bshd(0x3000, 1, 16, 64, 64)
+        for field, value, expected in [("rope_yarn_factor", -2.0, "options.rope.yarn_factor=-2 must be positive"),
+                                       ("rope_yarn_beta_fast", 0.5, "yarn_beta_fast=0.5 and yarn_beta_slow=1"),
+                                       ("rope_yarn_beta_slow", 40.0, "yarn_beta_fast=32 and yarn_beta_slow=40"),
+                                       ("rope_yarn_original_max_position", 0,
+                                        "options.rope.yarn_original_max_position=0 must be positive"),
+                                       ("rope_yarn_attention_factor", -1.0,
+                                        "options.rope.yarn_attention_factor=-1 must be")]:
+            options = Options()
+            lib.jitattn_fwd_options_init(ctypes.byref(options))
+            options.rope_style = 1
+            options.rope_theta = 150000.0
+            options.rope_yarn_factor = 32.0
+            options.rope_yarn_truncate = 0
+            setattr(options, field, value)
+            status = lib.jitattn_fwd(ctypes.byref(q), ctypes.byref(k), ctypes.byref(k), ctypes.byref(out), None,
+                                     ctypes.byref(options), None)
+            message = lib.jitattn_last_error().decode()
+            check(status == 1 and expected in message, f"bad {field} rejected: {message}")
+
         status = lib.jitattn_warm(b"combine.f32.bf16", b"sm_80")
         check(status == 0, f"warm compiles a combine kernel (status {status}: {lib.jitattn_last_error().decode()})")
         states = tensor(0x4000, F32, [3, 16, 8, 128])

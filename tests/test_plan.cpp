@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "plan.hpp"
+#include "reference.hpp"
 
 using namespace jitattn;
 using namespace jitattn::detail;
@@ -484,6 +485,88 @@ TEST_CASE("dense wgmma kernels without RoPE get tile maps of K and V; views a ma
   CHECK_FALSE(kv_tile_map(address(0x60000), DType::f16, 0, 5000, 16, 128, negative, 64));
 }
 
+TEST_CASE("RoPE: YaRN's frequencies as Hugging Face computes them; its attention factor scales the kernels' angles") {
+  // gpt-oss: theta 150000, factor 32, betas 32 and 1 over 4096 positions,
+  // "truncate": false, head dim 64. The test reference restates Hugging
+  // Face's _compute_yarn_parameters in its own way.
+  RopeOptions yarn;
+  yarn.style = RopeStyle::rotate_half;
+  yarn.theta = 150000.f;
+  yarn.yarn_factor = 32.f;
+  jitattn::test::RopeReference reference;
+  reference.theta = 150000.0;
+  reference.yarn_factor = 32.0;
+  for (bool truncate : {false, true}) {
+    for (int rotary_dim : {64, 32, 128}) {
+      yarn.yarn_truncate = reference.yarn_truncate = truncate;
+      reference.rotary_dim = rotary_dim;
+      const std::vector<float> f = rope_inv_frequencies(yarn, rotary_dim);
+      const std::vector<double> expected = reference.inverse_frequencies(rotary_dim);
+      REQUIRE(f.size() == expected.size());
+      int blended = 0;
+      for (size_t p = 0; p < f.size(); ++p) {
+        CHECK_MESSAGE(f[p] == doctest::Approx(expected[p]).epsilon(1e-6), "pair ", p, " of ", rotary_dim);
+        const double theta_frequency = std::pow(150000.0, -2.0 * p / rotary_dim);
+        // Pair 0 turns 4096 / 2π ≈ 652 times: theta's frequency; the last
+        // pairs turn less than once: divided by the factor; some between.
+        if (p == 0) CHECK(f[p] == doctest::Approx(theta_frequency));
+        if (p + 1 == f.size()) CHECK(f[p] == doctest::Approx(theta_frequency / 32).epsilon(1e-5));
+        blended += f[p] < theta_frequency * 0.999 && f[p] > theta_frequency / 32 * 1.001;
+      }
+      CHECK(blended > 0);
+    }
+  }
+  // truncate rounds the ramp's bounds outwards: some pair moves.
+  yarn.yarn_truncate = false;
+  const std::vector<float> exact_bounds = rope_inv_frequencies(yarn, 64);
+  yarn.yarn_truncate = true;
+  CHECK(exact_bounds != rope_inv_frequencies(yarn, 64));
+
+  // The attention factor: Hugging Face's default 0.1 ln(factor) + 1 scales
+  // cos and sin in the kernel (a spec flag), an explicit one as given, and
+  // a factor of 1 (DeepSeek V3's mscale ratio, or yarn_factor <= 1) is the
+  // unscaled kernel.
+  Call call;
+  call.options.rope = yarn;
+  call.options.rope.rotary_dim = 64;
+  ForwardPlan plan = call.plan();
+  CHECK(plan.spec.rope_scaled);
+  CHECK(plan.spec.text().find(".rope_half_r64.rope_scaled") != std::string::npos);
+  CHECK(plan.params.rope_attention_factor == doctest::Approx(0.1 * std::log(32.0) + 1.0));
+  CHECK(plan.params.rope_inv_freq[31] == doctest::Approx(std::pow(150000.0, -62.0 / 64) / 32).epsilon(1e-5));
+  call.options.rope.yarn_attention_factor = 1.25f;
+  plan = call.plan();
+  CHECK(plan.spec.rope_scaled);
+  CHECK(plan.params.rope_attention_factor == 1.25f);
+  call.options.rope.yarn_attention_factor = 1.f;
+  plan = call.plan();
+  CHECK_FALSE(plan.spec.rope_scaled);
+  CHECK(plan.spec.text().find("rope_scaled") == std::string::npos);
+  CHECK(plan.params.rope_inv_freq[31] == doctest::Approx(std::pow(150000.0, -62.0 / 64) / 32).epsilon(1e-5));
+  call.options.rope.yarn_attention_factor = 0.f;
+  call.options.rope.yarn_factor = 1.f;
+  CHECK_FALSE(call.plan().spec.rope_scaled);
+
+  // Rejected before anything runs, naming the option and the rule.
+  auto rejects = [&](auto&& set, const char* message) {
+    Call bad;
+    bad.options.rope = yarn;
+    set(bad.options.rope);
+    CHECK_THROWS_WITH_AS(bad.plan(), doctest::Contains(message), Error);
+  };
+  rejects([](RopeOptions& r) { r.yarn_factor = -2.f; }, "options.rope.yarn_factor=-2 must be positive");
+  rejects([](RopeOptions& r) { r.yarn_factor = NAN; }, "options.rope.yarn_factor=nan must be positive");
+  rejects([](RopeOptions& r) { r.linear_scaling = 2.f; }, "yarn_factor=32 comes alone");
+  rejects([](RopeOptions& r) { r.llama3_factor = 8.f; }, "yarn_factor=32 comes alone");
+  rejects([](RopeOptions& r) { r.yarn_beta_fast = 1.f; }, "need 0 < beta_slow < beta_fast");
+  rejects([](RopeOptions& r) { r.yarn_beta_slow = 0.f; }, "need 0 < beta_slow < beta_fast");
+  rejects([](RopeOptions& r) { r.yarn_original_max_position = 0; }, "yarn_original_max_position=0 must be positive");
+  rejects([](RopeOptions& r) { r.yarn_attention_factor = -1.f; }, "yarn_attention_factor=-1 must be positive");
+  rejects([](RopeOptions& r) { r.theta = 1.f; }, "options.rope.theta=1 must be above 1 with yarn_factor");
+  TensorView cos = TensorView::contiguous(address(0x70000), DType::f32, {400, 32});
+  rejects([&](RopeOptions& r) { r.cos = r.sin = &cos; }, "cos/sin tables are used as given");
+}
+
 TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tables become parameters") {
   Call call;
   call.options.rope.style = RopeStyle::rotate_half;
@@ -506,6 +589,8 @@ TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tabl
   const std::vector<float> f = rope_inv_frequencies(llama, 128);
   CHECK(f[0] == 1.f);
   CHECK(f[63] == doctest::Approx(std::pow(500000.0, -126.0 / 128) / 8));
+  CHECK_FALSE(plan.spec.rope_scaled);
+  CHECK(plan.params.rope_attention_factor == 1.f);  // (read only by scaled kernels)
   // Tables: pointers and strides pass through, no frequencies.
   TensorView cos = TensorView::contiguous(address(0x70000), DType::f32, {400, 64});
   TensorView sin = TensorView::contiguous(address(0x80000), DType::f32, {400, 64});
@@ -1369,6 +1454,16 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
   plan = plan_kvcache(q, args, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
   CHECK(plan.append.spec.text() == "append.bf16.rope_half_r64");
   CHECK(plan.append.grid == (2 * 1 * 8 + 3) / 4);
+  // YaRN's attention factor: q's kernel and the append both scale (the
+  // cache keeps keys as Hugging Face's scaled caches leave them).
+  options.rope.yarn_factor = 4.f;
+  plan = plan_kvcache(q, args, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
+  CHECK(plan.append.spec.text() == "append.bf16.rope_half_r64.rope_scaled");
+  CHECK(plan.attention.spec.rope_scaled);
+  CHECK(plan.append.params.rope_attention_factor == doctest::Approx(0.1 * std::log(4.0) + 1.0));
+  CHECK(plan.attention.params.rope_attention_factor == plan.append.params.rope_attention_factor);
+  CHECK(plan.append.params.rope_inv_freq[31] == plan.attention.params.rope_inv_freq[31]);
+  options.rope.yarn_factor = 0.f;
   CHECK(plan.attention.params.seqlen_k_added == 1);
   CHECK(plan.attention.params.rope_q_offsets == args.cache_seqlens.data);
   // Paged: page sizes must be powers of two. Pages of at least a 16-key

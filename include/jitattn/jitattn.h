@@ -73,6 +73,13 @@ typedef struct jitattn_fwd_options {
                          only 0 (it reads its args' num_splits) */
   int32_t attention_chunk; /* chunked local attention (ForwardOptions::attention_chunk): 0 = off */
   const struct jitattn_tensor* learnable_sink; /* f32 [heads_q] sink logits (ForwardOptions::learnable_sink); NULL = off */
+  /* YaRN frequency scaling and attention factor (RopeOptions::yarn_*) */
+  float rope_yarn_factor;                   /* 0 = off */
+  float rope_yarn_beta_fast;                /* init: 32 */
+  float rope_yarn_beta_slow;                /* init: 1 */
+  int32_t rope_yarn_original_max_position;  /* init: 4096 */
+  int32_t rope_yarn_truncate;               /* init: 1 (gpt-oss: 0) */
+  float rope_yarn_attention_factor;         /* 0: 0.1 * ln(factor) + 1 */
 } jitattn_fwd_options;
 
 JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);

@@ -114,13 +114,35 @@ struct RopeOptions {
 
   // Angles position · inv_freq[p] (fp32 product), with
   // inv_freq[p] = theta^(−2p / rotary_dim) / linear_scaling, then optionally
-  // Llama 3.1's frequency scaling (Hugging Face "rope_type": "llama3").
+  // Llama 3.1's frequency scaling (Hugging Face "rope_type": "llama3"), or
+  // YaRN's (below).
   float theta = 10000.f;
   float linear_scaling = 1.f;  // positions divided by this factor (1 = off)
   float llama3_factor = 0.f;   // 0 = off
   float llama3_low_freq_factor = 1.f;
   float llama3_high_freq_factor = 4.f;
   int llama3_original_max_position = 8192;
+
+  // Or YaRN (Hugging Face "rope_type": "yarn"; gpt-oss, DeepSeek V3, Qwen
+  // past its native context), instead of linear or Llama 3.1 scaling:
+  // inv_freq[p] = theta^(−2p / rotary_dim) · (1 − ramp(p)) + theta^(−2p /
+  // rotary_dim) / yarn_factor · ramp(p), where ramp rises linearly from 0 to
+  // 1 over the pairs between those that turn yarn_beta_fast and yarn_beta_slow
+  // times in yarn_original_max_position positions (Hugging Face's
+  // find_correction_range; yarn_truncate rounds the two bounds outwards, as
+  // its "truncate", default true; gpt-oss sets it false). And cos and sin
+  // are multiplied by the attention factor, as Hugging Face's and vLLM's
+  // YaRN caches are: q's and k's rotated channels, and the keys
+  // forward_kvcache appends, come out that much longer.
+  float yarn_factor = 0.f;  // 0 = off
+  float yarn_beta_fast = 32.f;
+  float yarn_beta_slow = 1.f;
+  int yarn_original_max_position = 4096;
+  bool yarn_truncate = true;
+  // 0: Hugging Face's default, 0.1 · ln(yarn_factor) + 1 (1 for factors up
+  // to 1). Configs with mscale and mscale_all_dim (DeepSeek V3) pass
+  // get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim).
+  float yarn_attention_factor = 0.f;
 
   // Or caller tables [positions, >= rotary_dim / 2], both f32 or both in q's
   // dtype (as FlashAttention's rotary_cos / rotary_sin), with the same

@@ -138,6 +138,46 @@ void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seql
   check_lse_alignment(lse, batch * heads * seqlen_q);
 }
 
+namespace {
+
+// YaRN's scalars (RopeOptions::yarn_*), and that no other frequency scaling
+// comes with them: Hugging Face's rope types are one at a time.
+void check_yarn(const RopeOptions& rope) {
+  if (!(rope.yarn_factor > 0.f) || !std::isfinite(rope.yarn_factor)) {
+    reject(fmt::format("options.rope.yarn_factor={} must be positive and finite (0 = off)", rope.yarn_factor));
+  }
+  if (rope.linear_scaling != 1.f || rope.llama3_factor != 0.f) {
+    reject(fmt::format("options.rope: yarn_factor={} comes alone; linear_scaling={} must be 1 and llama3_factor={} "
+                       "0 (one frequency scaling at a time)", rope.yarn_factor, rope.linear_scaling, rope.llama3_factor));
+  }
+  if (!(rope.yarn_beta_slow > 0.f) || !(rope.yarn_beta_fast > rope.yarn_beta_slow) ||
+      !std::isfinite(rope.yarn_beta_fast)) {
+    reject(fmt::format("options.rope: yarn_beta_fast={} and yarn_beta_slow={} need 0 < beta_slow < beta_fast "
+                       "(rotations over the original context; Hugging Face's defaults are 32 and 1)",
+                       rope.yarn_beta_fast, rope.yarn_beta_slow));
+  }
+  if (!(rope.theta > 1.f)) {
+    reject(fmt::format("options.rope.theta={} must be above 1 with yarn_factor (YaRN's ramp divides by ln theta)",
+                       rope.theta));
+  }
+  if (rope.yarn_original_max_position <= 0) {
+    reject(fmt::format("options.rope.yarn_original_max_position={} must be positive", rope.yarn_original_max_position));
+  }
+  if (!(rope.yarn_attention_factor >= 0.f) || !std::isfinite(rope.yarn_attention_factor)) {
+    reject(fmt::format("options.rope.yarn_attention_factor={} must be positive and finite (0 = 0.1 · ln(yarn_factor) + 1)",
+                       rope.yarn_attention_factor));
+  }
+}
+
+}  // namespace
+
+float rope_attention_factor(const RopeOptions& rope) {
+  if (rope.yarn_factor == 0.f || rope.cos != nullptr) return 1.f;
+  if (rope.yarn_attention_factor != 0.f) return rope.yarn_attention_factor;
+  // Hugging Face's get_mscale(factor).
+  return rope.yarn_factor <= 1.f ? 1.f : static_cast<float>(0.1 * std::log(static_cast<double>(rope.yarn_factor)) + 1.0);
+}
+
 // RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
 int check_rope_scalars(const RopeOptions& rope, int64_t head_dim) {
   const int rotary_dim = rope.rotary_dim == 0 ? static_cast<int>(head_dim) : rope.rotary_dim;
@@ -149,13 +189,21 @@ int check_rope_scalars(const RopeOptions& rope, int64_t head_dim) {
                        rope.rotary_dim, head_dim));
   }
   if ((rope.cos == nullptr) != (rope.sin == nullptr)) reject("options.rope: cos and sin tables come together (one is null)");
-  if (rope.cos != nullptr) return rotary_dim;
+  if (rope.cos != nullptr) {
+    if (rope.yarn_factor != 0.f) {
+      reject(fmt::format("options.rope: yarn_factor={} scales angles from theta; cos/sin tables are used as given "
+                         "(build them with YaRN's frequencies and attention factor, or leave the tables out)",
+                         rope.yarn_factor));
+    }
+    return rotary_dim;
+  }
   if (!(rope.theta > 0.f) || !std::isfinite(rope.theta)) {
     reject(fmt::format("options.rope.theta={} must be positive and finite", rope.theta));
   }
   if (!(rope.linear_scaling > 0.f) || !std::isfinite(rope.linear_scaling)) {
     reject(fmt::format("options.rope.linear_scaling={} must be positive and finite (1 = off)", rope.linear_scaling));
   }
+  if (rope.yarn_factor != 0.f) check_yarn(rope);
   if (rope.llama3_factor != 0.f) {
     if (!(rope.llama3_factor > 0.f) || !std::isfinite(rope.llama3_factor)) {
       reject(fmt::format("options.rope.llama3_factor={} must be positive and finite (0 = off)", rope.llama3_factor));

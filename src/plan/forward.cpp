@@ -42,6 +42,7 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
   const RopeOptions& rope = options.rope;
   const bool has_rope = facts.has_rope = rope.style != RopeStyle::none;
   const int rotary_dim = facts.rotary_dim = has_rope ? check_rope_scalars(rope, head_dim) : 0;
+  if (has_rope) facts.rope_attention_factor = rope_attention_factor(rope);
   if (has_rope && rope.cos != nullptr) {
     check_rope_tables(rope, rotary_dim, problem.dtype);
     const bool offsets = rope.q_offsets != nullptr || rope.k_offsets != nullptr;
@@ -195,13 +196,19 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
                         last_options.llama3_factor == rope.llama3_factor &&
                         last_options.llama3_low_freq_factor == rope.llama3_low_freq_factor &&
                         last_options.llama3_high_freq_factor == rope.llama3_high_freq_factor &&
-                        last_options.llama3_original_max_position == rope.llama3_original_max_position;
+                        last_options.llama3_original_max_position == rope.llama3_original_max_position &&
+                        last_options.yarn_factor == rope.yarn_factor &&
+                        last_options.yarn_beta_fast == rope.yarn_beta_fast &&
+                        last_options.yarn_beta_slow == rope.yarn_beta_slow &&
+                        last_options.yarn_original_max_position == rope.yarn_original_max_position &&
+                        last_options.yarn_truncate == rope.yarn_truncate;
       if (!same) {
         last_frequencies = rope_inv_frequencies(rope, rotary_dim);
         last_options = rope;
         last_rotary_dim = rotary_dim;
       }
       std::copy(last_frequencies.begin(), last_frequencies.end(), p.rope_inv_freq);
+      p.rope_attention_factor = facts.rope_attention_factor;
     }
     p.rope_q_offsets = rope.q_offsets != nullptr ? static_cast<const int*>(rope.q_offsets->data) : nullptr;
     p.rope_k_offsets = rope.k_offsets != nullptr ? static_cast<const int*>(rope.k_offsets->data) : nullptr;
@@ -224,8 +231,33 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
 std::vector<float> rope_inv_frequencies(const RopeOptions& rope, int rotary_dim) {
   std::vector<float> frequencies(rotary_dim / 2);
   const double two_pi = 6.283185307179586;
+  // YaRN: the pairs between ramp_low and ramp_high blend from theta's
+  // frequency (below: pairs that turn more than beta_fast times in the
+  // original context) to it divided by the factor (above: fewer than
+  // beta_slow turns). Pair p turns original · theta^(−2p / rotary_dim) / 2π
+  // times, hence Hugging Face's find_correction_dim below, and its clamps.
+  double ramp_low = 0.0, ramp_high = 0.0;
+  if (rope.yarn_factor != 0.f) {
+    auto pair_turning = [&](double turns) {
+      return rotary_dim * std::log(rope.yarn_original_max_position / (turns * two_pi)) /
+             (2.0 * std::log(static_cast<double>(rope.theta)));
+    };
+    ramp_low = pair_turning(rope.yarn_beta_fast);
+    ramp_high = pair_turning(rope.yarn_beta_slow);
+    if (rope.yarn_truncate) {
+      ramp_low = std::floor(ramp_low);
+      ramp_high = std::ceil(ramp_high);
+    }
+    ramp_low = std::max(ramp_low, 0.0);
+    ramp_high = std::min(ramp_high, rotary_dim - 1.0);
+    if (ramp_low == ramp_high) ramp_high += 0.001;  // as Hugging Face's linear_ramp_factor
+  }
   for (int pair = 0; pair < rotary_dim / 2; ++pair) {
     double frequency = std::pow(static_cast<double>(rope.theta), -2.0 * pair / rotary_dim) / rope.linear_scaling;
+    if (rope.yarn_factor != 0.f) {
+      const double ramp = std::clamp((pair - ramp_low) / (ramp_high - ramp_low), 0.0, 1.0);
+      frequency = frequency * (1.0 - ramp) + frequency / rope.yarn_factor * ramp;
+    }
     if (rope.llama3_factor != 0.f) {
       // Long wavelengths are slowed by the factor, short ones kept, and the
       // band between interpolated (Llama 3.1).

@@ -34,6 +34,9 @@ void check_lse_alignment(const TensorView& lse, int64_t elements);
 void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seqlen_q);
 // RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
 int check_rope_scalars(const RopeOptions& rope, int64_t head_dim);
+// The factor cos and sin from the frequencies are scaled by: YaRN's
+// attention factor, else 1 (and 1 with tables, which are used as given).
+float rope_attention_factor(const RopeOptions& rope);
 // The cos/sin tables: f32 [positions, >= rotary_dim / 2], equal shapes and strides.
 void check_rope_tables(const RopeOptions& rope, int rotary_dim, DType q_dtype);
 // dtypes, head dims, shapes of k/v and out, and the GQA ratio agree. With
@@ -144,6 +147,7 @@ struct CallFacts {
   long long alibi_batch_stride = 0;
   bool has_rope = false;
   int rotary_dim = 0;
+  float rope_attention_factor = 1.f;  // KernelSpec::rope_scaled where it is not 1
   // The mask: causal is a window with right bound 0; a window that bounds
   // nothing is no mask. left/right: -1 unbounded.
   int left = -1, right = -1;

@@ -436,6 +436,7 @@ TileConfig base_spec(KernelSpec& spec, const Problem& problem, const ForwardOpti
     spec.rotary_dim = facts.rotary_dim;
     spec.rope_tables = rope.cos != nullptr;
     spec.rope_tables16 = spec.rope_tables && rope.cos->dtype != DType::f32;
+    spec.rope_scaled = facts.rope_attention_factor != 1.f;
   }
   // Packing a KV head's query heads into one tile pays when query sequences
   // are shorter than a tile (decoding, short chunks): fewer, fuller tiles,
