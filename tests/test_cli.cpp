@@ -643,6 +643,152 @@ TEST_CASE("the gpt-oss preset warms every kernel of its calls: sinks, causal and
   CHECK(checked > 50);
 }
 
+TEST_CASE("the gpt-oss preset warms its YaRN RoPE kernels: .rope_scaled prefill, decoding and appends") {
+  // gpt-oss rotates the whole head (64) rotate-half with YaRN (factor 32):
+  // angles from theta come with an attention factor of 0.1 ln 32 + 1, so
+  // those kernels scale cos and sin (.rope_scaled); tables in q's dtype are
+  // used as given, unscaled. Calls as gpt-oss's config makes them (other
+  // batches and lengths than the preset's sweeps) find their kernels warmed.
+  using jitattn::DType;
+  using jitattn::TensorView;
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  for (const char* arch_text : {"sm_90a", "sm_80"}) {
+    CAPTURE(arch_text);
+    const Arch arch = Arch::parse(arch_text);
+    const int max_smem = jitattn::cli::max_smem_of(arch);
+    const std::vector<KernelSpec> preset = jitattn::cli::preset_specs("gpt-oss", arch);
+    std::set<std::string> warmed;
+    size_t scaled = 0, tables = 0, plain_sinks = 0;
+    bool scaled_prefill = false, scaled_varlen = false, scaled_decode = false;
+    for (const KernelSpec& spec : preset) {
+      CHECK(KernelSpec::parse(spec.text()) == spec);
+      warmed.insert(spec.text());
+      if (spec.rope == jitattn::detail::RopeKind::none) {
+        CHECK_FALSE(spec.rope_scaled);
+        if (spec.sink) ++plain_sinks;
+        continue;
+      }
+      CHECK(spec.rope == jitattn::detail::RopeKind::half);
+      CHECK(spec.rotary_dim == 64);
+      // Angles from theta are YaRN's, scaled; tables in q's dtype are not.
+      CHECK_MESSAGE(spec.rope_scaled == !spec.rope_tables, spec.text());
+      CHECK_MESSAGE((!spec.rope_tables || spec.rope_tables16), spec.text());
+      (spec.rope_scaled ? scaled : tables) += 1;
+      if (!spec.rope_scaled || spec.family == jitattn::detail::Family::append) continue;
+      const bool prefill = spec.family == jitattn::detail::Family::fwd && !spec.kvcache && !spec.split && !spec.pack_gqa;
+      if (prefill && spec.sink && !spec.varlen) scaled_prefill = true;
+      if (prefill && spec.sink && spec.varlen) scaled_varlen = true;
+      if (spec.family == jitattn::detail::Family::decode && spec.sink) scaled_decode = true;
+    }
+    CHECK(scaled > 0);
+    CHECK(scaled == tables);  // each call's kernel once from theta, once from tables
+    CHECK(plain_sinks > 0);   // and without fused RoPE, as before
+    CHECK(scaled_prefill);
+    CHECK(scaled_varlen);
+    CHECK(scaled_decode);
+    for (const char* append : {"append.bf16.rope_half_r64.rope_scaled", "append.bf16.rope_half_r64.rope_scaled.paged",
+                               "append.bf16.rope_half_r64.rope_tables16",
+                               "append.bf16.rope_half_r64.rope_tables16.paged"}) {
+      CHECK_MESSAGE(warmed.count(append) == 1, append);
+    }
+
+    const TensorView sinks = TensorView::contiguous(address(0x90000), DType::f32, {64});
+    for (const bool from_tables : {false, true}) {
+      for (const int window : {-1, 127}) {
+        const std::string form = fmt::format("{} window={}", from_tables ? "tables" : "theta", window);
+        auto expect_warmed = [&](const KernelSpec& spec, const std::string& call) {
+          const std::string context = fmt::format("{} {}: {}", form, call, spec.text());
+          CHECK_MESSAGE(warmed.count(spec.text()) == 1, context);
+          if (spec.family == jitattn::detail::Family::combine) return;
+          CHECK_MESSAGE(spec.rope == jitattn::detail::RopeKind::half, context);
+          CHECK_MESSAGE(spec.rope_scaled == !from_tables, context);
+        };
+        TensorView cos, sin;
+        auto options_for = [&](int64_t positions) {
+          jitattn::ForwardOptions options;
+          options.causal = true;
+          options.window_left = window;
+          options.learnable_sink = &sinks;
+          options.rope.style = jitattn::RopeStyle::rotate_half;
+          options.rope.rotary_dim = 64;
+          if (from_tables) {
+            cos = TensorView::contiguous(address(0x60000), DType::bf16, {positions, 32});
+            sin = TensorView::contiguous(address(0x70000), DType::bf16, {positions, 32});
+            options.rope.cos = &cos;
+            options.rope.sin = &sin;
+          } else {  // gpt-oss's config.json
+            options.rope.theta = 150000.f;
+            options.rope.yarn_factor = 32.f;
+            options.rope.yarn_beta_fast = 32.f;
+            options.rope.yarn_beta_slow = 1.f;
+            options.rope.yarn_original_max_position = 4096;
+            options.rope.yarn_truncate = false;
+          }
+          return options;
+        };
+        // Prefill: forward() and a varlen step over packed k/v.
+        for (const auto& [batch, seqlen] :
+             {std::pair<int64_t, int64_t>{1, 300}, {3, 1000}, {2, 5000}, {8, 2048}, {1, 12000}}) {
+          const std::string call = fmt::format("prefill batch={} seqlen={}", batch, seqlen);
+          const jitattn::ForwardOptions options = options_for(seqlen);
+          const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 64, 64});
+          const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, 8, 64});
+          const KernelSpec dense = jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec;
+          CHECK(dense.sink);
+          expect_warmed(dense, call);
+          const TensorView packed_q = TensorView::contiguous(address(0x10000), DType::bf16, {batch * seqlen, 64, 64});
+          const TensorView packed_kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch * seqlen, 8, 64});
+          jitattn::VarlenArgs varlen;
+          varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
+          varlen.max_seqlen_q = varlen.max_seqlen_k = static_cast<int>(seqlen);
+          expect_warmed(jitattn::detail::plan_forward_varlen(packed_q, packed_kv, packed_kv, packed_q, nullptr, varlen,
+                                                             options, arch, max_smem, 132)
+                            .spec,
+                        "varlen " + call);
+        }
+        // Decoding and speculative tokens over a KV cache, new keys rotated
+        // (and scaled) as they are appended: contiguous and paged, split or not.
+        for (const auto& [batch, tokens] : {std::pair<int64_t, int64_t>{1, 1}, {12, 1}, {64, 1}, {3, 4}}) {
+          for (int page : {0, 16, 64, 256}) {
+            for (const auto& [splits, dynamic] : {std::pair<int, bool>{0, false}, {1, false}, {0, true}}) {
+              const int64_t capacity = 16384;
+              const std::string call = fmt::format("kvcache batch={} tokens={} page={} splits={} dynamic={}", batch,
+                                                   tokens, page, splits, dynamic);
+              const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, tokens, 64, 64});
+              const TensorView k_new = TensorView::contiguous(address(0x20000), DType::bf16, {batch, tokens, 8, 64});
+              const TensorView table =
+                  TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
+              jitattn::KVCacheArgs args;
+              args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16, {batch, capacity, 8, 64})
+                                       : TensorView::contiguous(address(0x40000), DType::bf16,
+                                                                {batch * capacity / page, page, 8, 64});
+              args.v_cache = args.k_cache;
+              args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+              args.block_table = page == 0 ? nullptr : &table;
+              args.k_new = args.v_new = &k_new;
+              args.num_splits = splits;
+              args.dynamic_splits = dynamic;
+              const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options_for(capacity),
+                                                              address(0x100000), size_t{1} << 32, false, arch,
+                                                              max_smem, 132);
+              expect_warmed(plan.attention.spec, call);
+              expect_warmed(plan.append.spec, call + " (append)");
+              if (plan.combine.grid > 0) expect_warmed(plan.combine.spec, call + " (combine)");
+            }
+          }
+        }
+      }
+    }
+  }
+  // No other preset's kernels scale RoPE.
+  for (const jitattn::cli::Preset& other : jitattn::cli::presets()) {
+    if (other.name == "gpt-oss") continue;
+    for (const KernelSpec& spec : jitattn::cli::preset_specs(other.name, Arch::parse("sm_90a"))) {
+      CHECK_MESSAGE(!spec.rope_scaled, fmt::format("{}: {}", other.name, spec.text()));
+    }
+  }
+}
+
 TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and decoding, angles from theta or tables") {
   using jitattn::DType;
   using jitattn::TensorView;
@@ -1066,6 +1212,68 @@ TEST_CASE("plan --call kvcache prints append, attention and combine as plan_kvca
   CHECK(split[1]["spec"] == "combine.f32.bf16.sink");
 }
 
+TEST_CASE("plan --yarn-factor prints .rope_scaled kernels, and none for an attention factor of 1") {
+  CliSandbox sandbox;
+  const std::string target = " --arch sm_90a --sms 132 --smem 232448";
+  // YaRN as a caller passes it: Hugging Face's default attention factor
+  // (0.1 ln 32 + 1), or its own.
+  auto yarn = [](float attention_factor) {
+    jitattn::ForwardOptions options;
+    options.causal = true;
+    options.rope.style = jitattn::RopeStyle::rotate_half;
+    options.rope.rotary_dim = 128;
+    options.rope.yarn_factor = 32.f;
+    options.rope.yarn_attention_factor = attention_factor;
+    return options;
+  };
+  // Prefill.
+  const std::string prefill = "--head-dim 128 --batch 2 --seqlen-q 2048 --heads 32 --heads-kv 8 --causal --rope half" +
+                              target;
+  const std::vector<ExpectedLaunch> scaled_prefill =
+      planned_forward(jitattn::DType::bf16, 2, 2048, 32, 8, 128, yarn(0.f), "sm_90a", 232448, 132);
+  REQUIRE(scaled_prefill.size() == 1);
+  CHECK(scaled_prefill[0].spec.rope_scaled);
+  CHECK(contains(scaled_prefill[0].spec.text(), ".rope_half_r128.rope_scaled"));
+  check_launches(sandbox, prefill + " --yarn-factor 32", scaled_prefill);
+  check_launches(sandbox, prefill + " --yarn-factor 32 --yarn-attention-factor 1.5",
+                 planned_forward(jitattn::DType::bf16, 2, 2048, 32, 8, 128, yarn(1.5f), "sm_90a", 232448, 132));
+  // An attention factor of 1 (DeepSeek V3's, or the default's for factors
+  // up to 1) scales nothing: the kernels of RoPE without YaRN.
+  const json plain = sandbox.run_json("plan " + prefill + " --json")["launches"];
+  for (const std::string& unscaled : {std::string(" --yarn-factor 32 --yarn-attention-factor 1"),
+                                      std::string(" --yarn-factor 1")}) {
+    CAPTURE(unscaled);
+    const json launches = sandbox.run_json("plan " + prefill + unscaled + " --json")["launches"];
+    CHECK(launches == plain);
+    CHECK(contains(launches[0]["spec"], ".rope_half_r128"));
+    CHECK_FALSE(contains(launches[0]["spec"], ".rope_scaled"));
+  }
+  // Decoding with new keys appended: the append rotates them scaled too,
+  // and the split partials' combine has no RoPE.
+  const std::string decode = "--call kvcache --head-dim 128 --batch 4 --seqlen-q 1 --seqlen-k 3000 --cache-len 4096 "
+                             "--page-size 16 --new-tokens 1 --heads 32 --heads-kv 8 --causal --splits 4 --rope half" +
+                             target;
+  const std::vector<ExpectedLaunch> scaled_decode = planned_kvcache(4, 1, 4096, 16, 1, 32, 8, 4, 3001, yarn(0.f));
+  REQUIRE(scaled_decode.size() == 3);
+  CHECK(scaled_decode[0].spec.text() == "append.bf16.rope_half_r128.rope_scaled.paged");
+  CHECK(contains(scaled_decode[1].spec.text(), ".rope_half_r128.rope_scaled"));
+  CHECK(scaled_decode[2].spec.text() == "combine.f32.bf16");
+  check_launches(sandbox, decode + " --yarn-factor 32", scaled_decode);
+  const CliRun manifest = sandbox.run("plan " + decode + " --yarn-factor 32 --manifest");
+  REQUIRE(manifest.status == 0);
+  CHECK(contains(manifest.out, "append.bf16.rope_half_r128.rope_scaled.paged @sm_90a\n"));
+  const json unscaled_decode =
+      sandbox.run_json("plan " + decode + " --yarn-factor 32 --yarn-attention-factor 1 --json")["launches"];
+  CHECK(unscaled_decode == sandbox.run_json("plan " + decode + " --json")["launches"]);
+  for (const json& launch : unscaled_decode) CHECK_FALSE(contains(launch["spec"], ".rope_scaled"));
+  // An engine's varlen step.
+  const json step = sandbox.run_json("plan --call varlen --batch 16 --seqlen-q 1 --seqlen-k 8192 --head-dim 128 "
+                                     "--heads 32 --heads-kv 8 --causal --rope half --yarn-factor 32" + target +
+                                     " --json")["launches"];
+  REQUIRE(step.size() >= 1);
+  CHECK(contains(step[0]["spec"], ".rope_half_r128.rope_scaled"));
+}
+
 TEST_CASE("plan --call varlen prints the launches forward_varlen plans for an engine's step") {
   CliSandbox sandbox;
   jitattn::ForwardOptions causal;
@@ -1230,6 +1438,13 @@ TEST_CASE("plan rejects bad options before planning, naming the option and the r
       {"--heads 32 --head-dim 300", "q: head_dim=300 is above the largest supported, 256"},
       {"--heads 32 --call kvcache --page-size 48", "k_cache: page_size=48 (dimension 1 of a paged cache) must be a power of two"},
       {"--heads 32 --tiles 128x128x8x2w --arch sm_80", "options.tiles.wgmma needs sm_90a, not sm_80"},
+      {"--heads 32 --rope half --yarn-factor -1", "options.rope.yarn_factor=-1 must be positive and finite (0 = off)"},
+      {"--heads 32 --rope half --yarn-factor 32 --rope-tables bf16",
+       "options.rope: yarn_factor=32 scales angles from theta; cos/sin tables are used as given"},
+      {"--heads 32 --rope half --yarn-factor 32 --yarn-attention-factor -1",
+       "options.rope.yarn_attention_factor=-1 must be"},
+      {"--heads 32 --rope half --yarn-factor 0 --yarn-attention-factor 2",
+       "--yarn-attention-factor: 2 needs a --yarn-factor other than 0"},
   };
   for (const Bad& bad : cases) {
     // --head-dim given twice is a usage error: the shape's is replaced.
@@ -1249,6 +1464,13 @@ TEST_CASE("plan rejects bad options before planning, naming the option and the r
     INFO(usage);
     CHECK(sandbox.run(usage).status == 2);
   }
+  // YaRN scales RoPE's angles, and its attention factor is YaRN's.
+  const CliRun unrotated = sandbox.run("plan --head-dim 64 --seqlen-q 64 --heads 8 --yarn-factor 32");
+  CHECK(unrotated.status == 2);
+  CHECK(contains(unrotated.err, "--yarn-factor requires --rope"));
+  const CliRun no_yarn = sandbox.run("plan --head-dim 64 --seqlen-q 64 --heads 8 --rope half --yarn-attention-factor 2");
+  CHECK(no_yarn.status == 2);
+  CHECK(contains(no_yarn.err, "--yarn-attention-factor requires --yarn-factor"));
 }
 
 TEST_CASE("plan --help lists its options") {
@@ -1257,7 +1479,8 @@ TEST_CASE("plan --help lists its options") {
   CHECK(help.status == 0);
   for (const char* option : {"--call", "--dtype", "--head-dim", "--batch", "--seqlen-q", "--seqlen-k", "--heads",
                              "--heads-kv", "--causal", "--window", "--attention-chunk", "--softcap", "--alibi", "--learnable-sink", "--rope", "--rotary-dim",
-                             "--rope-tables", "--tiles", "--splits", "--pack-gqa", "--no-workspace", "--cache-len",
+                             "--rope-tables", "--yarn-factor", "--yarn-attention-factor", "--tiles", "--splits",
+                             "--pack-gqa", "--no-workspace", "--cache-len",
                              "--page-size", "--new-tokens", "--max-seqlen-k", "--total-seqlen-k", "--dynamic-splits",
                              "--total-q", "--arch", "--sms", "--smem", "--json", "--manifest"}) {
     CHECK_MESSAGE(contains(help.out, option), option);

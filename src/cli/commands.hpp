@@ -55,6 +55,8 @@ struct PlanOptions {
   std::string rope;  // "", half or interleaved
   std::optional<int> rotary_dim;   // default head_dim
   std::string rope_tables = "none";  // none (angles from theta), f32, bf16 or f16
+  float yarn_factor = 0;             // RopeOptions::yarn_factor; 0 = off
+  float yarn_attention_factor = 0;   // RopeOptions::yarn_attention_factor; 0 = Hugging Face's default
   std::string tiles;               // "" = the planner's; else as python/jitattn_ctypes.py force_tiles
   int splits = 0;                  // 0 = the planner's
   std::string pack_gqa = "auto";   // yes, no or auto

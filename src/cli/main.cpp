@@ -183,6 +183,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "f32", "bf16", "f16"}))
       ->needs(rope_option)
       ->type_name("DTYPE");
+  CLI::Option* yarn_option =
+      plan_cmd->add_option("--yarn-factor", plan.yarn_factor,
+                           "YaRN frequency scaling (rope_type yarn; gpt-oss: 32), angles from theta (0 = off)")
+          ->needs(rope_option)
+          ->type_name("F");
+  plan_cmd->add_option("--yarn-attention-factor", plan.yarn_attention_factor,
+                       "YaRN's attention factor scaling cos and sin, .rope_scaled unless 1 (default 0 = 0.1 ln F + 1)")
+      ->needs(yarn_option)
+      ->type_name("A");
   plan_cmd->add_option("--tiles", plan.tiles, "Force tiles: BQxBKVxW[xS][w|wp] (format below)")->type_name("TILES");
   plan_cmd->add_option("--splits", plan.splits, "Key splits: 0 = the planner's (default), 1 = none, n forces n")
       ->type_name("N");

@@ -304,6 +304,14 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
     }
     if (o.rotary_dim) require_at_least("--rotary-dim", *o.rotary_dim, 1);
     rope.rotary_dim = o.rotary_dim.value_or(head_dim);
+    // YaRN's own rules (a positive factor, alone, angles from theta) are the planner's.
+    if (o.yarn_factor == 0.f && o.yarn_attention_factor != 0.f) {
+      bad_option(fmt::format("--yarn-attention-factor: {} needs a --yarn-factor other than 0 (without YaRN there is "
+                             "no attention factor)",
+                             o.yarn_attention_factor));
+    }
+    rope.yarn_factor = o.yarn_factor;
+    rope.yarn_attention_factor = o.yarn_attention_factor;
     if (o.rope_tables != "none") {
       // FlashAttention's rotary_cos / rotary_sin: [positions, rotary_dim / 2].
       const DType table_dtype = o.rope_tables == "f32" ? DType::f32 : parse_dtype("--rope-tables", o.rope_tables);

@@ -34,6 +34,9 @@ void set_rope(ForwardOptions& options, const AttentionShape& shape, RopeForm for
   if (form == RopeForm::none) return;
   options.rope.style = shape.rope;
   options.rope.rotary_dim = shape.rotary_dim != 0 ? shape.rotary_dim : shape.head_dim;
+  // YaRN with Hugging Face's default attention factor (.rope_scaled kernels
+  // where it is not 1); tables take none.
+  if (form == RopeForm::theta) options.rope.yarn_factor = shape.yarn_factor;
   if (form == RopeForm::tables) {
     const int64_t pairs = options.rope.rotary_dim / 2;
     tables.cos = TensorView::contiguous(address(0x60000), shape.dtype, {positions, pairs});
@@ -307,12 +310,17 @@ const std::vector<Preset>& presets() {
        {{DType::bf16, 96, true, false, false, true, kHalf}}},
       {"gemma2-9b", "Gemma 2 9B: bf16, head_dim 256, softcap 50, global causal and 4096-token local layers, RoPE rotate-half",
        {{DType::bf16, 256, true, false, true, true, kHalf}, {DType::bf16, 256, true, true, true, true, kHalf}}},
-      // YaRN's angles are not among the kernels' formulas: RoPE stays the
-      // engine's (or cos/sin tables: jitattn plan --rope-tables ... --manifest).
+      // gpt-oss's RoPE is rotate-half over the whole head with YaRN (factor
+      // 32; theta 150000 and the other YaRN settings are runtime arguments):
+      // angles from theta warm its .rope_scaled kernels (attention factor
+      // 0.1 ln 32 + 1), tables in q's dtype (built scaled by the engine)
+      // unscaled ones.
       {"gpt-oss",
-       "gpt-oss 20B/120B: bf16, head_dim 64, learnable sinks, causal and 128-token sliding layers (64 q / 8 kv heads)",
-       {{DType::bf16, 64, true, false, false, true, RopeStyle::none, 0, /*sink=*/true, /*window=*/0, 64, 8},
-        {DType::bf16, 64, true, true, false, true, RopeStyle::none, 0, /*sink=*/true, /*window=*/127, 64, 8}}},
+       "gpt-oss 20B/120B: bf16, head_dim 64, learnable sinks, causal and 128-token sliding layers (64 q / 8 kv heads), "
+       "RoPE rotate-half with YaRN (factor 32)",
+       {{DType::bf16, 64, true, false, false, true, kHalf, 0, /*yarn_factor=*/32.f, /*sink=*/true, /*window=*/0, 64, 8},
+        {DType::bf16, 64, true, true, false, true, kHalf, 0, /*yarn_factor=*/32.f, /*sink=*/true, /*window=*/127, 64,
+         8}}},
   };
   return all;
 }

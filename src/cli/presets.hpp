@@ -33,6 +33,12 @@ struct AttentionShape {
   // arguments; f32 tables are left to `jitattn plan --rope-tables f32 --manifest`.
   RopeStyle rope = RopeStyle::none;
   int rotary_dim = 0;  // 0 = head_dim
+  // YaRN (RopeOptions::yarn_factor; 0 = off), which the model's angles from
+  // theta always take, with Hugging Face's default attention factor: not 1
+  // for factors above 1, so those kernels scale cos and sin (.rope_scaled),
+  // and they are what the preset warms with angles from theta. Tables are
+  // used as given (the engine builds them scaled): their kernels are unscaled.
+  float yarn_factor = 0.f;
   // Learnable attention sinks (ForwardOptions::learnable_sink): every kernel
   // of the shape folds them in (.sink), split calls in their combine.
   bool sink = false;
