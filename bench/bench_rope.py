@@ -12,6 +12,7 @@ against rotate-then-attend in PyTorch.
 import argparse
 import ctypes
 import json
+import math
 import os
 import sys
 
@@ -22,6 +23,20 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from jitattn_ctypes import BF16, F32, check, default_options, force_tiles, load, tensor_of  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
+
+
+def yarn_inv_freq(head_dim, theta, factor, original=4096, beta_fast=32.0, beta_slow=1.0):
+    """Hugging Face's YaRN frequencies (truncate true) and attention factor."""
+    def pair_turning(turns):
+        return head_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+    low = max(math.floor(pair_turning(beta_fast)), 0)
+    high = min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
+    if low == high:
+        high += 0.001
+    pairs = torch.arange(head_dim // 2, device="cuda", dtype=torch.float32)
+    ramp = ((pairs - low) / (high - low)).clamp(0, 1)
+    base = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device="cuda", dtype=torch.float32) / head_dim))
+    return base * (1 - ramp) + base / factor * ramp, 0.1 * math.log(factor) + 1.0
 
 
 def main():
@@ -37,6 +52,9 @@ def main():
     parser.add_argument("--quick", action="store_true", help="time plain and fused RoPE only (no tables, no PyTorch)")
     parser.add_argument("--table-dtypes", default="f32,bf16",
                         help="dtypes of the cos/sin tables to time (bf16 needs a library that takes 16-bit tables)")
+    parser.add_argument("--yarn", type=float, default=0.0,
+                        help="also time YaRN angles of this factor (betas 32 and 1 over 4096 positions, Hugging Face's "
+                             "attention factor, so the kernels scale cos and sin), checked against PyTorch too")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the check against PyTorch (timing experimental templates that compute wrong results)")
     args = parser.parse_args()
@@ -59,14 +77,20 @@ def main():
                 inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, device="cuda", dtype=torch.float32) / head_dim))
                 angles = torch.outer(positions, inv_freq)
                 cos_table, sin_table = angles.cos().contiguous(), angles.sin().contiguous()
+                mscale = 1.0
+                if args.yarn:
+                    yarn_freq, mscale = yarn_inv_freq(head_dim, 10000.0, args.yarn)
+                    yarn_angles = torch.outer(positions, yarn_freq)
+                    yarn_cos, yarn_sin = yarn_angles.cos() * mscale, yarn_angles.sin() * mscale
                 tq, tk, tv, to = (tensor_of(t, BF16) for t in (q, k, v, out))
                 tcos = tensor_of(cos_table, F32)
                 tsin = tensor_of(sin_table, F32)
                 cos16, sin16 = cos_table.to(torch.bfloat16), sin_table.to(torch.bfloat16)
                 tcos16, tsin16 = tensor_of(cos16, BF16), tensor_of(sin16, BF16)
 
-                def options(rope, tables=None):
+                def options(rope, tables=None, yarn=0.0):
                     o = default_options(lib)
+                    o.rope_yarn_factor = yarn
                     o.causal = 1
                     o.rope_style = 1 if rope else 0
                     forced = args.rope_tiles if rope else args.plain_tiles
@@ -76,7 +100,7 @@ def main():
                         o.rope_sin = ctypes.addressof(tsin if tables == "f32" else tsin16)
                     return o
 
-                plain, fused = options(False), options(True)
+                plain, fused, fused_yarn = options(False), options(True), options(True, yarn=args.yarn)
                 tabled, tabled16 = options(True, "f32"), options(True, "bf16")
 
                 def call(o):
@@ -85,17 +109,25 @@ def main():
                                                    ctypes.byref(to), None, ctypes.byref(o), stream))
                     return run
 
-                cos_full = torch.cat([cos_table, cos_table], dim=-1)[None, :, None, :].to(torch.bfloat16)
-                sin_full = torch.cat([sin_table, sin_table], dim=-1)[None, :, None, :].to(torch.bfloat16)
+                def full(table):
+                    return torch.cat([table, table], dim=-1)[None, :, None, :]
 
-                def rotate(x):
+                cos_full, sin_full = full(cos_table), full(sin_table)
+
+                def rotate(x, cos, sin, fp32):
+                    # Timed: in bf16, as a framework would. Checked against: fp32 arithmetic rounded once
+                    # (the kernels rotate q so), since YaRN's attention factor sharpens the scores enough for
+                    # bf16 rotation's own error to reach the check's bound.
+                    dtype = torch.float32 if fp32 else torch.bfloat16
+                    x, cos, sin = x.to(dtype), cos.to(dtype), sin.to(dtype)
                     half = x.shape[-1] // 2
                     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-                    return x * cos_full + rotated * sin_full
+                    return (x * cos + rotated * sin).to(torch.bfloat16)
 
-                def torch_rope_fa2():
+                def torch_rope_fa2(cos=cos_full, sin=sin_full, fp32=False):
                     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                        return F.scaled_dot_product_attention(rotate(q).transpose(1, 2), rotate(k).transpose(1, 2),
+                        return F.scaled_dot_product_attention(rotate(q, cos, sin, fp32).transpose(1, 2),
+                                                              rotate(k, cos, sin, fp32).transpose(1, 2),
                                                               v.transpose(1, 2), is_causal=True)
 
                 def torch_fa2():
@@ -105,26 +137,34 @@ def main():
 
                 table_dtypes = [] if args.quick else args.table_dtypes.split(",")
                 timed = {"f32": tabled, "bf16": tabled16}
-                for o in () if args.no_check else [fused] + [timed[t] for t in table_dtypes]:
+                checked = [(fused, (cos_full, sin_full))] + [(timed[t], (cos_full, sin_full)) for t in table_dtypes]
+                if args.yarn:
+                    checked.append((fused_yarn, (full(yarn_cos), full(yarn_sin))))
+                for o, tables in () if args.no_check else checked:
                     out.fill_(float("nan"))
                     call(o)()
-                    reference = torch_rope_fa2().transpose(1, 2)
+                    reference = torch_rope_fa2(*tables, fp32=True).transpose(1, 2)
                     diff = (out.float() - reference.float()).abs().max().item()
-                    if not diff <= 3e-2:
-                        print(f"MISMATCH d={head_dim} N={n} batch={batch}: max |fused - torch rope+FA2| = {diff}")
+                    # YaRN's attention factor scales the scores, and the roundings that reach the output, by mscale².
+                    bound = 3e-2 * (mscale ** 2 if o is fused_yarn else 1.0)
+                    if not diff <= bound:
+                        print(f"MISMATCH d={head_dim} N={n} batch={batch} yarn={o is fused_yarn}: "
+                              f"max |fused - torch rope+FA2| = {diff}")
                         return 1
                 nan = float("nan")
                 r = {"head_dim": head_dim, "batch": batch, "heads": heads, "seqlen": n, "causal": True,
                      "plain_ms": median_ms(call(plain), 30, 5), "rope_ms": median_ms(call(fused), 30, 5),
                      "rope_tables_ms": median_ms(call(tabled), 30, 5) if "f32" in table_dtypes else nan,
                      "rope_tables16_ms": median_ms(call(tabled16), 30, 5) if "bf16" in table_dtypes else nan,
+                     "rope_yarn_ms": median_ms(call(fused_yarn), 30, 5) if args.yarn else nan,
                      "torch_rope_fa2_ms": nan if args.quick else median_ms(torch_rope_fa2, 30, 5),
                      "fa2_ms": nan if args.quick else median_ms(torch_fa2, 30, 5)}
                 rows.append(r)
                 print(f"{head_dim:>4} {batch:>5} {n:>6} | {r['plain_ms']:9.4f} {r['rope_ms']:9.4f} "
                       f"{r['rope_tables_ms']:9.4f} {r['rope_tables16_ms']:9.4f} | {r['rope_ms'] / r['plain_ms']:9.3f}x "
                       f"{r['rope_tables_ms'] / r['plain_ms']:8.3f}x {r['rope_tables16_ms'] / r['plain_ms']:10.3f}x | "
-                      f"{r['torch_rope_fa2_ms']:17.4f} {r['fa2_ms']:8.4f}",
+                      f"{r['torch_rope_fa2_ms']:17.4f} {r['fa2_ms']:8.4f}"
+                      + (f" | yarn {r['rope_yarn_ms']:.4f} ms, {r['rope_yarn_ms'] / r['rope_ms']:.3f}x rope" if args.yarn else ""),
                       flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -41,6 +41,10 @@ struct Case {
   double rotary_fraction = 1.0;
   bool tables = false;
   bool tables16 = false;  // the tables in q's dtype (FlashAttention's rotary_cos / rotary_sin), not f32
+  // YaRN angles (theta 150000, an original context of 256 positions): this
+  // factor (0 = off) with this attention factor (0: Hugging Face's default).
+  double yarn_factor = 0.0;
+  double yarn_attention_factor = 0.0;
   int page_size = 0;  // 0: contiguous cache
   bool batch_index = false;
   // cache_leftpad (contiguous caches): each sequence's keys start at a random
@@ -64,13 +68,13 @@ struct Case {
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} chunk={} sinks={} append={} rope={} "
-      "fraction={} tables={}{} page_size={} cache_batch_idx={} leftpad={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} "
+      "fraction={} yarn={}/{} tables={}{} page_size={} cache_batch_idx={} leftpad={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} "
       "seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
       c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.attention_chunk,
       c.learnable_sink.empty() ? "off" : fmt::format("[{}]", fmt::join(c.learnable_sink, ", ")), c.append,
       static_cast<int>(c.rope),
-      c.rotary_fraction, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.leftpad, c.num_splits,
+      c.rotary_fraction, c.yarn_factor, c.yarn_attention_factor, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.leftpad, c.num_splits,
       c.uneven, c.dynamic, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
 }
@@ -81,6 +85,12 @@ RopeReference rotation_of(const Case& c) {
   RopeReference r;
   r.style = c.rope;
   r.rotary_dim = rotary_dim_of(c);
+  if (c.yarn_factor != 0.0) {
+    r.theta = 150000.0;
+    r.yarn_factor = c.yarn_factor;
+    r.yarn_original_max_position = 256;
+    r.yarn_attention_factor = c.yarn_attention_factor;
+  }
   return r;
 }
 
@@ -326,6 +336,11 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
   if (c.rope != RopeStyle::none) {
     v.options.rope.style = c.rope;
     v.options.rope.rotary_dim = rotary_dim_of(c);
+    const RopeReference rotation = rotation_of(c);
+    v.options.rope.theta = static_cast<float>(rotation.theta);
+    v.options.rope.yarn_factor = static_cast<float>(rotation.yarn_factor);
+    v.options.rope.yarn_original_max_position = static_cast<int>(rotation.yarn_original_max_position);
+    v.options.rope.yarn_attention_factor = static_cast<float>(rotation.yarn_attention_factor);
     if (in.cos) {
       v.cos = TensorView::contiguous(in.cos->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
       v.sin = TensorView::contiguous(in.sin->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
@@ -636,6 +651,52 @@ TEST_CASE("kvcache: cache_leftpad (keys from each sequence's own first row) on e
   add(64, 800, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.causal = false, c.dtype = DType::f16; });
   add(3, 1024, [](Case& c) { c.head_dim = 256, c.append = true, c.rope = RopeStyle::rotate_half, c.batch_index = true; });
   check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache: YaRN angles, keys appended scaled by the attention factor, on every kernel family") {
+  // q rotated at cache_seqlens + i by the decode kernel and the prefill
+  // tiles, and the new keys by the append, all with YaRN's frequencies and
+  // cos and sin times the attention factor: the cache then holds keys as
+  // Hugging Face's and vLLM's scaled caches do (check_cache), and the cached
+  // ones are read as they are. An attention factor of exactly 1 takes the
+  // unscaled kernels.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  auto add = [&](int seqlen_q, int seqlen_k, auto&& set) {
+    Case c = four_sequences(seqlen_q, seqlen_k);
+    c.append = true;
+    c.rope = RopeStyle::rotate_half;
+    c.yarn_factor = 32.0;
+    set(c);
+    cases.push_back(c);
+  };
+  // The decode kernel: heuristic, forced and dynamic splits, pages, partial rotation.
+  add(1, 1000, [](Case&) {});
+  add(1, 2048, [](Case& c) { c.rope = RopeStyle::interleaved, c.num_splits = 3, c.page_size = 64; });
+  add(3, 1024, [](Case& c) { c.dynamic = true, c.page_size = 16, c.rotary_fraction = 0.5, c.yarn_factor = 4.0; });
+  add(1, 700, [](Case& c) { c.dtype = DType::f16, c.head_dim = 64, c.window_left = 127, c.yarn_attention_factor = 1.5; });
+  add(1, 339, [](Case& c) { c.yarn_attention_factor = 1.0, c.batch_index = true; });
+  // Tiles of 64 query rows and more (wgmma on sm_90a), split or not; forced
+  // mma.sync tiles; head dim 256.
+  add(64, 800, [](Case&) {});
+  add(64, 2048, [](Case& c) { c.rope = RopeStyle::interleaved, c.num_splits = 3, c.page_size = 64; });
+  add(64, 800, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.causal = false, c.dtype = DType::f16; });
+  add(3, 1024, [](Case& c) { c.head_dim = 256, c.yarn_attention_factor = 1.25; });
+  check_cases(cases, rng, seed);
+  // What the kernels were: scaled exactly where the attention factor is not 1.
+  const int sms = current_sm_count();
+  for (const Case& c : cases) {
+    inspect_call(c, seed, [&](const Inputs& in, CallViews& v) {
+      const TensorView q = in.dq->view();
+      const detail::KVCachePlan plan =
+          detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true, detail::Arch::parse(current_arch()),
+                               current_max_smem_per_block(), sms);
+      const bool scaled = rotation_of(c).attention_factor() != 1.0;
+      CHECK_MESSAGE(plan.attention.spec.rope_scaled == scaled, describe(c, plan.attention.spec.text(), seed));
+      CHECK_MESSAGE(plan.append.spec.rope_scaled == scaled, describe(c, plan.append.spec.text(), seed));
+    });
+  }
 }
 
 TEST_CASE("kvcache: attention_chunk (keys of the query's own chunk) on every kernel family") {

@@ -22,7 +22,7 @@ using namespace jitattn::test;
 
 namespace {
 
-enum class Angles { theta, linear, llama3, tables };
+enum class Angles { theta, linear, llama3, tables, yarn };
 enum class Offsets { none, keys, both };
 
 struct Case {
@@ -56,6 +56,7 @@ const char* angles_name(Angles a) {
     case Angles::linear: return "theta+linear";
     case Angles::llama3: return "theta+llama3";
     case Angles::tables: return "tables";
+    case Angles::yarn: return "theta+yarn";
   }
   return "?";
 }
@@ -174,6 +175,12 @@ void fill_options(const Case& c, const Inputs& in, CallViews& views) {
   r.llama3_low_freq_factor = static_cast<float>(c.rotation.llama3_low_freq_factor);
   r.llama3_high_freq_factor = static_cast<float>(c.rotation.llama3_high_freq_factor);
   r.llama3_original_max_position = static_cast<int>(c.rotation.llama3_original_max_position);
+  r.yarn_factor = static_cast<float>(c.rotation.yarn_factor);
+  r.yarn_beta_fast = static_cast<float>(c.rotation.yarn_beta_fast);
+  r.yarn_beta_slow = static_cast<float>(c.rotation.yarn_beta_slow);
+  r.yarn_original_max_position = static_cast<int>(c.rotation.yarn_original_max_position);
+  r.yarn_truncate = c.rotation.yarn_truncate;
+  r.yarn_attention_factor = static_cast<float>(c.rotation.yarn_attention_factor);
   if (in.cos) {
     views.cos = TensorView::contiguous(in.cos->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
     views.sin = TensorView::contiguous(in.sin->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
@@ -480,6 +487,83 @@ TEST_CASE("value head dims of their own (dvN, DeepSeek's 192/128): RoPE and plai
     CHECK_MESSAGE(run.spec.find(fmt::format(".br{}.bc{}.w{}", c.tiles.block_q, c.tiles.block_kv, c.tiles.warps)) !=
                       std::string::npos, run.spec);
   });
+}
+
+TEST_CASE("rope: YaRN's frequencies and attention factor on every tile family that rotates (gpt-oss, DeepSeek V3)") {
+  // Frequencies blended between theta's and theta's / factor over a ramp of
+  // pairs (host-computed), and cos and sin scaled by the attention factor in
+  // every kernel that evaluates angles (rope.cuh, scale_angle): Q rotated in
+  // shared memory and in registers, K by the 4-warp kernels, the mma.sync
+  // producer and the wgmma producers (stepped angles, re-anchored past 8k
+  // keys), head dims above 128 and unaligned rows. An original context of
+  // 512 positions puts the ramp's blended pairs inside these calls; an
+  // attention factor of exactly 1 (DeepSeek V3's mscale ratio) is the
+  // unscaled kernel.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const bool hopper = current_arch() == "sm_90a";
+  struct Family {
+    int head_dim;
+    TileConfig tiles;
+    bool hopper_only;
+  };
+  const Family families[] = {
+      {64, {}, false},                          {128, {}, false},
+      {128, {128, 64, 4}, false},               {64, {128, 64, 4}, false},
+      {64, {256, 64, 8, 3}, false},             {128, {128, 128, 8, 2, true}, true},
+      {64, {128, 128, 8, 4, true, true}, true}, {128, {128, 128, 8, 2, true, true}, true},
+      {192, {128, 96, 8, 2, true}, true},       {256, {128, 80, 8, 2, true}, true},
+      {64, {192, 128, 12, 2, true}, true},      {59, {}, false}};
+  std::vector<Case> cases;
+  int index = 0;
+  for (const Family& family : families) {
+    if (family.hopper_only && !hopper) continue;
+    for (int i = 0; i < 2; ++i, ++index) {
+      Case c = producer_grid_case(index, family.head_dim, true);
+      c.tiles = family.tiles;
+      c.angles = Angles::yarn;
+      c.table_gap = c.tables16 = false;
+      c.rotation.theta = 150000.0;
+      c.rotation.yarn_factor = index % 3 == 2 ? 32.0 : 8.0;
+      c.rotation.yarn_original_max_position = 512;
+      c.rotation.yarn_truncate = index % 2 == 0;
+      c.rotation.yarn_attention_factor = index % 5 == 3 ? 1.0 : index % 5 == 1 ? 1.5 : 0.0;
+      if (family.tiles.persistent) c.sm_limit = 1 + index % 3;
+      cases.push_back(c);
+    }
+  }
+  // Long calls: keys past 8k, where the producers re-anchor their stepped angles.
+  for (int head_dim : {64, 128}) {
+    Case c;
+    c.dtype = DType::bf16;
+    c.shape = AttentionShape::dense(1, 300, 8192, 2, 1, head_dim, true);
+    c.rotation.style = head_dim == 64 ? RopeStyle::rotate_half : RopeStyle::interleaved;
+    c.rotation.rotary_dim = head_dim;
+    c.angles = Angles::yarn;
+    c.rotation.theta = 150000.0;
+    c.rotation.yarn_factor = 32.0;
+    c.rotation.yarn_truncate = false;  // gpt-oss
+    c.offsets = Offsets::keys;
+    cases.push_back(c);
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    const bool scaled = c.rotation.attention_factor() != 1.0;
+    CHECK_MESSAGE((run.spec.find(".rope_scaled") != std::string::npos) == scaled, run.spec);
+    if (c.tiles.block_q != 0) {
+      CHECK_MESSAGE(run.spec.find(fmt::format(".br{}.bc{}.w{}", c.tiles.block_q, c.tiles.block_kv, c.tiles.warps)) !=
+                        std::string::npos, run.spec);
+    }
+  });
+  // The attention factor changes the answer: the same inputs rotated without it differ.
+  {
+    Case c = cases.front();
+    const Inputs in = make_inputs(c, rng);
+    const References scaled = make_references(c, in);
+    c.rotation.yarn_attention_factor = 1.0;
+    const References unscaled = make_references(c, in);
+    REQUIRE(cases.front().rotation.attention_factor() > 1.1);
+    CHECK_MESSAGE(max_deviation(scaled.exact.out, unscaled.exact.out) > 0.05, describe(c, "yarn sanity", seed));
+  }
 }
 
 TEST_CASE("wgmma with 176-key blocks (sm_90a): no mask and masks, softcap, ALiBi, GQA packing, padded, split") {
