@@ -261,6 +261,80 @@ void check_launches(const CliSandbox& sandbox, const std::string& args, const st
   }
 }
 
+// Calls a model preset must have warmed, planned as a caller makes them
+// (other head counts, batches and lengths than the preset's own sweeps, so
+// that the check is of what the preset covers, not a copy of it), each
+// kernel handed to expect_warmed(spec, call):
+//   - prefill: forward() and a varlen step over packed k/v, for each
+//     (batch, seqlen, heads, heads_kv);
+//   - decoding and speculative tokens over a KV cache of 16384 rows with new
+//     keys appended, for each (batch, query tokens) and page size (0:
+//     contiguous), split by the heuristic, unsplit, and dynamically, with a
+//     workspace, so split calls' combines are planned too.
+// options_for(positions) gives the call's options (RoPE tables of
+// `positions` rows where the caller uses tables).
+struct PresetCalls {
+  int head_dim = 128;
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> prefill;
+  int64_t decode_heads = 32, decode_heads_kv = 8;
+  std::vector<std::pair<int64_t, int64_t>> decode;
+  std::vector<int> pages;
+};
+
+template <class OptionsFor, class ExpectWarmed>
+void expect_calls_warmed(const PresetCalls& calls, const Arch& arch, OptionsFor&& options_for,
+                         ExpectWarmed&& expect_warmed) {
+  using jitattn::DType;
+  using jitattn::TensorView;
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  const int max_smem = jitattn::cli::max_smem_of(arch);
+  const int64_t d = calls.head_dim;
+  for (const auto& [batch, seqlen, heads, heads_kv] : calls.prefill) {
+    const std::string call = fmt::format("prefill batch={} seqlen={} heads={}/{}", batch, seqlen, heads, heads_kv);
+    const jitattn::ForwardOptions options = options_for(seqlen);
+    const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, heads, d});
+    const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, heads_kv, d});
+    expect_warmed(jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec, call);
+    const TensorView packed_q = TensorView::contiguous(address(0x10000), DType::bf16, {batch * seqlen, heads, d});
+    const TensorView packed_kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch * seqlen, heads_kv, d});
+    jitattn::VarlenArgs varlen;
+    varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
+    varlen.max_seqlen_q = varlen.max_seqlen_k = static_cast<int>(seqlen);
+    expect_warmed(jitattn::detail::plan_forward_varlen(packed_q, packed_kv, packed_kv, packed_q, nullptr, varlen,
+                                                       options, arch, max_smem, 132)
+                      .spec,
+                  "varlen " + call);
+  }
+  for (const auto& [batch, tokens] : calls.decode) {
+    for (int page : calls.pages) {
+      for (const auto& [splits, dynamic] : {std::pair<int, bool>{0, false}, {1, false}, {0, true}}) {
+        const int64_t capacity = 16384, heads_kv = calls.decode_heads_kv;
+        const std::string call =
+            fmt::format("kvcache batch={} tokens={} page={} splits={} dynamic={}", batch, tokens, page, splits, dynamic);
+        const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, tokens, calls.decode_heads, d});
+        const TensorView k_new = TensorView::contiguous(address(0x20000), DType::bf16, {batch, tokens, heads_kv, d});
+        const TensorView table =
+            TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
+        jitattn::KVCacheArgs args;
+        args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16, {batch, capacity, heads_kv, d})
+                                 : TensorView::contiguous(address(0x40000), DType::bf16,
+                                                          {batch * capacity / page, page, heads_kv, d});
+        args.v_cache = args.k_cache;
+        args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+        args.block_table = page == 0 ? nullptr : &table;
+        args.k_new = args.v_new = &k_new;
+        args.num_splits = splits;
+        args.dynamic_splits = dynamic;
+        const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options_for(capacity), address(0x100000),
+                                                        size_t{1} << 32, false, arch, max_smem, 132);
+        expect_warmed(plan.attention.spec, call);
+        expect_warmed(plan.append.spec, call + " (append)");
+        if (plan.combine.grid > 0) expect_warmed(plan.combine.spec, call + " (combine)");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("cli") {
@@ -655,7 +729,6 @@ TEST_CASE("the gpt-oss preset warms its YaRN RoPE kernels: .rope_scaled prefill,
   for (const char* arch_text : {"sm_90a", "sm_80"}) {
     CAPTURE(arch_text);
     const Arch arch = Arch::parse(arch_text);
-    const int max_smem = jitattn::cli::max_smem_of(arch);
     const std::vector<KernelSpec> preset = jitattn::cli::preset_specs("gpt-oss", arch);
     std::set<std::string> warmed;
     size_t scaled = 0, tables = 0, plain_sinks = 0;
@@ -726,57 +799,15 @@ TEST_CASE("the gpt-oss preset warms its YaRN RoPE kernels: .rope_scaled prefill,
           }
           return options;
         };
-        // Prefill: forward() and a varlen step over packed k/v.
-        for (const auto& [batch, seqlen] :
-             {std::pair<int64_t, int64_t>{1, 300}, {3, 1000}, {2, 5000}, {8, 2048}, {1, 12000}}) {
-          const std::string call = fmt::format("prefill batch={} seqlen={}", batch, seqlen);
-          const jitattn::ForwardOptions options = options_for(seqlen);
-          const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 64, 64});
-          const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, 8, 64});
-          const KernelSpec dense = jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec;
-          CHECK(dense.sink);
-          expect_warmed(dense, call);
-          const TensorView packed_q = TensorView::contiguous(address(0x10000), DType::bf16, {batch * seqlen, 64, 64});
-          const TensorView packed_kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch * seqlen, 8, 64});
-          jitattn::VarlenArgs varlen;
-          varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
-          varlen.max_seqlen_q = varlen.max_seqlen_k = static_cast<int>(seqlen);
-          expect_warmed(jitattn::detail::plan_forward_varlen(packed_q, packed_kv, packed_kv, packed_q, nullptr, varlen,
-                                                             options, arch, max_smem, 132)
-                            .spec,
-                        "varlen " + call);
-        }
-        // Decoding and speculative tokens over a KV cache, new keys rotated
-        // (and scaled) as they are appended: contiguous and paged, split or not.
-        for (const auto& [batch, tokens] : {std::pair<int64_t, int64_t>{1, 1}, {12, 1}, {64, 1}, {3, 4}}) {
-          for (int page : {0, 16, 64, 256}) {
-            for (const auto& [splits, dynamic] : {std::pair<int, bool>{0, false}, {1, false}, {0, true}}) {
-              const int64_t capacity = 16384;
-              const std::string call = fmt::format("kvcache batch={} tokens={} page={} splits={} dynamic={}", batch,
-                                                   tokens, page, splits, dynamic);
-              const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, tokens, 64, 64});
-              const TensorView k_new = TensorView::contiguous(address(0x20000), DType::bf16, {batch, tokens, 8, 64});
-              const TensorView table =
-                  TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
-              jitattn::KVCacheArgs args;
-              args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16, {batch, capacity, 8, 64})
-                                       : TensorView::contiguous(address(0x40000), DType::bf16,
-                                                                {batch * capacity / page, page, 8, 64});
-              args.v_cache = args.k_cache;
-              args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
-              args.block_table = page == 0 ? nullptr : &table;
-              args.k_new = args.v_new = &k_new;
-              args.num_splits = splits;
-              args.dynamic_splits = dynamic;
-              const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options_for(capacity),
-                                                              address(0x100000), size_t{1} << 32, false, arch,
-                                                              max_smem, 132);
-              expect_warmed(plan.attention.spec, call);
-              expect_warmed(plan.append.spec, call + " (append)");
-              if (plan.combine.grid > 0) expect_warmed(plan.combine.spec, call + " (combine)");
-            }
-          }
-        }
+        PresetCalls calls;
+        calls.head_dim = 64;
+        calls.prefill = {{1, 300, 64, 8}, {3, 1000, 64, 8}, {2, 5000, 64, 8}, {8, 2048, 64, 8}, {1, 12000, 64, 8}};
+        calls.decode_heads = 64;
+        // Decoding and speculative tokens, new keys rotated (and scaled) as
+        // they are appended.
+        calls.decode = {{1, 1}, {12, 1}, {64, 1}, {3, 4}};
+        calls.pages = {0, 16, 64, 256};
+        expect_calls_warmed(calls, arch, options_for, expect_warmed);
       }
     }
   }
@@ -823,6 +854,7 @@ TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and deco
         auto expect_warmed = [&](const KernelSpec& spec, const std::string& call) {
           CHECK_MESSAGE(std::find(preset.begin(), preset.end(), spec) != preset.end(),
                         fmt::format("{}, {}: {} not warmed", form, call, spec.text()));
+          if (spec.family == jitattn::detail::Family::append) CHECK((spec.rope == jitattn::detail::RopeKind::half) == rope);
         };
         // RoPE as a caller passes it; tables of `positions` rows.
         TensorView cos, sin;
@@ -844,60 +876,13 @@ TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and deco
           }
           return options;
         };
-        // Prefill: forward() and a varlen step over packed k/v.
-        for (const auto& [batch, seqlen, heads, heads_kv] :
-             {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 300, 32, 8}, {3, 1000, 32, 8}, {5, 3000, 64, 8},
-              {24, 700, 28, 4}, {2, 12000, 32, 8}, {40, 2048, 32, 8}}) {
-          const std::string call = fmt::format("prefill batch={} seqlen={} heads={}/{}", batch, seqlen, heads, heads_kv);
-          const jitattn::ForwardOptions options = options_for(seqlen);
-          const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, heads, model.head_dim});
-          const TensorView kv =
-              TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, heads_kv, model.head_dim});
-          expect_warmed(jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec, call);
-          const TensorView packed_q =
-              TensorView::contiguous(address(0x10000), DType::bf16, {batch * seqlen, heads, model.head_dim});
-          const TensorView packed_kv =
-              TensorView::contiguous(address(0x20000), DType::bf16, {batch * seqlen, heads_kv, model.head_dim});
-          jitattn::VarlenArgs varlen;
-          varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
-          varlen.max_seqlen_q = varlen.max_seqlen_k = static_cast<int>(seqlen);
-          expect_warmed(jitattn::detail::plan_forward_varlen(packed_q, packed_kv, packed_kv, packed_q, nullptr, varlen,
-                                                             options, arch, max_smem, 132)
-                            .spec,
-                        "varlen " + call);
-        }
-        // Decoding and speculative tokens over a KV cache, new keys rotated
-        // as they are appended: contiguous and paged, split or not.
-        for (const auto& [batch, seqlen_q] : {std::pair<int64_t, int64_t>{1, 1}, {12, 1}, {64, 1}, {3, 5}}) {
-          for (int page : {0, 32, 256}) {
-            for (const auto& [splits, dynamic] : {std::pair<int, bool>{0, false}, {1, false}, {0, true}}) {
-              const int64_t capacity = 16384;
-              const std::string call = fmt::format("kvcache batch={} seqlen_q={} page={} splits={} dynamic={}", batch,
-                                                   seqlen_q, page, splits, dynamic);
-              const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen_q, 32, model.head_dim});
-              const TensorView k_new =
-                  TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen_q, 8, model.head_dim});
-              const TensorView table =
-                  TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
-              jitattn::KVCacheArgs args;
-              args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16,
-                                                                {batch, capacity, 8, model.head_dim})
-                                       : TensorView::contiguous(address(0x40000), DType::bf16,
-                                                                {batch * capacity / page, page, 8, model.head_dim});
-              args.v_cache = args.k_cache;
-              args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
-              args.block_table = page == 0 ? nullptr : &table;
-              args.k_new = args.v_new = &k_new;
-              args.num_splits = splits;
-              args.dynamic_splits = dynamic;
-              const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options_for(capacity), nullptr, 0,
-                                                              true, arch, max_smem, 132);
-              expect_warmed(plan.attention.spec, call);
-              CHECK((plan.append.spec.rope == jitattn::detail::RopeKind::half) == rope);
-              expect_warmed(plan.append.spec, call + " (append)");
-            }
-          }
-        }
+        PresetCalls calls;
+        calls.head_dim = model.head_dim;
+        calls.prefill = {{1, 300, 32, 8}, {3, 1000, 32, 8}, {5, 3000, 64, 8}, {24, 700, 28, 4}, {2, 12000, 32, 8},
+                         {40, 2048, 32, 8}};
+        calls.decode = {{1, 1}, {12, 1}, {64, 1}, {3, 5}};
+        calls.pages = {0, 32, 256};
+        expect_calls_warmed(calls, arch, options_for, expect_warmed);
         // An engine's varlen step of decoding sequences and a prefill chunk over packed k/v.
         for (const auto& [batch, total_q, max_seqlen_q] :
              {std::tuple<int64_t, int64_t, int>{12, 12, 1}, {9, 300, 292}}) {

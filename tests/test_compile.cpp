@@ -128,6 +128,46 @@ void set_unaligned_variant(KernelSpec& spec, int variant, int caller_dim) {
   spec.varlen = variant % 2 == 1;
 }
 
+// Compiles each spec of specs_by_arch beside its twin (twin_of(spec): the
+// same kernel without the feature under test), twins first, and fails a spec
+// that spills more than its twin plus slack(spec). A twin that would not fit
+// (twin_fits false) is not compiled and counts as spilling nothing. Returns
+// the number of specs compiled (not twins).
+size_t compile_beside_twins(const std::map<std::string, std::vector<KernelSpec>>& specs_by_arch,
+                            const std::function<KernelSpec(const KernelSpec&)>& twin_of,
+                            const std::function<bool(const KernelSpec&)>& twin_fits,
+                            const std::function<int(const KernelSpec&)>& slack, const char* twin_name) {
+  std::mutex mutex;
+  std::map<std::string, int> twin_spills;
+  for (const auto& [arch, specs] : specs_by_arch) {
+    std::vector<KernelSpec> twins;
+    for (const KernelSpec& spec : specs) {
+      const KernelSpec twin = twin_of(spec);
+      if (twin_fits(twin)) twins.push_back(twin);
+    }
+    const auto errors = compile_all(twins, Arch::parse(arch), [&](const KernelSpec& twin, const std::string& log) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      twin_spills[twin.text()] = spill_store_bytes(log);
+      return std::string();
+    });
+    for (const auto& e : errors) FAIL_CHECK(e);
+  }
+  size_t compiled = 0;
+  for (const auto& [arch, specs] : specs_by_arch) {
+    compiled += specs.size();
+    const auto errors = compile_all(specs, Arch::parse(arch), [&](const KernelSpec& spec, const std::string& log) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      const auto found = twin_spills.find(twin_of(spec).text());
+      const int bound = (found != twin_spills.end() ? std::max(found->second, 0) : 0) + slack(spec);
+      const int spilled = spill_store_bytes(log);
+      return spilled > bound ? fmt::format("spills {} bytes; {} {}", spilled, twin_name, bound) : std::string();
+    });
+    for (const auto& e : errors) FAIL_CHECK(e);
+    CHECK(errors.empty());
+  }
+  return compiled;
+}
+
 }  // namespace
 
 TEST_SUITE("compile") {
@@ -454,7 +494,7 @@ TEST_CASE("value head dims of their own (dvN) compile in every prefill family wi
       {"sm_90a", 256, 192, 128, 64, 8, 2, true, false},   {"sm_90a", 128, 64, 128, 128, 8, 2, true, true},
       {"sm_90a", 128, 64, 128, 176, 8, 2, true, false},   {"sm_90a", 64, 32, 192, 128, 12, 4, true, true},
       {"sm_90a", 128, 96, 128, 128, 8, 2, true, false},   {"sm_90a", 96, 64, 128, 128, 8, 2, true, true}};
-  std::map<std::string, std::vector<KernelSpec>> by_arch, plain_by_arch;
+  std::map<std::string, std::vector<KernelSpec>> by_arch;
   int variant = 0;
   for (const Shape& shape : shapes) {
     for (int i = 0; i < 2; ++i, ++variant) {
@@ -479,43 +519,21 @@ TEST_CASE("value head dims of their own (dvN) compile in every prefill family wi
       spec.head_dim_v = shape.head_dim_v;
       spec.validate();
       CHECK_MESSAGE(spec.smem_bytes() <= 227 * 1024, spec.text());
-      KernelSpec plain = spec;
-      plain.head_dim_v = 0;
       by_arch[shape.arch].push_back(spec);
-      if (plain.smem_bytes() <= 227 * 1024 && plain.accumulator_registers() <= 192) {
-        plain_by_arch[shape.arch].push_back(plain);
-      }
     }
   }
-  std::mutex mutex;
-  std::map<std::string, int> plain_spills;
-  for (auto& [arch, plains] : plain_by_arch) {
-    compile_all(plains, Arch::parse(arch), [&](const KernelSpec& spec, const std::string& log) -> std::string {
-      const std::lock_guard<std::mutex> lock(mutex);
-      plain_spills[spec.text()] = spill_store_bytes(log);
-      return "";
-    });
-  }
-  size_t compiled = 0;
-  for (auto& [arch, specs] : by_arch) {
-    compiled += specs.size();
-    const auto errors = compile_all(specs, Arch::parse(arch), [&](const KernelSpec& spec, const std::string& log) -> std::string {
-      KernelSpec plain = spec;
-      plain.head_dim_v = 0;
-      const std::lock_guard<std::mutex> lock(mutex);
-      const auto found = plain_spills.find(plain.text());
+  const size_t compiled = compile_beside_twins(
+      by_arch,
+      [](const KernelSpec& spec) {
+        KernelSpec plain = spec;
+        plain.head_dim_v = 0;
+        return plain;
+      },
+      [](const KernelSpec& plain) { return plain.smem_bytes() <= 227 * 1024 && plain.accumulator_registers() <= 192; },
       // The mma.sync producer layout's V copies of 4-chunk rows spilled 8
       // bytes where 8-chunk rows did not (head dim 64 with V 32, RoPE and
       // ALiBi; ptxas, NVRTC 13.0).
-      const int slack = spec.stages > 0 && !spec.wgmma ? 8 : 0;
-      const int bound = (found != plain_spills.end() ? std::max(found->second, 0) : 0) + slack;
-      const int spilled = spill_store_bytes(log);
-      if (spilled > bound) return fmt::format("spills {} bytes; with V as wide as K {}", spilled, bound);
-      return "";
-    });
-    for (const auto& e : errors) FAIL_CHECK(e);
-    CHECK(errors.empty());
-  }
+      [](const KernelSpec& spec) { return spec.stages > 0 && !spec.wgmma ? 8 : 0; }, "with V as wide as K");
   CHECK(compiled == 2 * std::size(shapes));
 }
 
@@ -542,16 +560,13 @@ TEST_CASE("angles scaled by YaRN's attention factor (rope_scaled) compile in eve
       {"sm_90a", 192, 128, 96, 8, 2, true, false, 0},      {"sm_90a", 256, 128, 80, 8, 2, true, false, 0},
       {"sm_90a", 96, 128, 64, 8, 3, true, false, 0},       {"sm_90a", 64, 192, 128, 12, 2, true, false, 0},
       {"sm_90a", 128, 128, 128, 8, 2, true, false, 111}};
-  std::map<std::string, std::vector<KernelSpec>> by_arch, plain_by_arch;
+  std::map<std::string, std::vector<KernelSpec>> by_arch;
   int variant = 0;
   auto add = [&](const char* arch, KernelSpec spec) {
     spec.rope_tables = spec.rope_tables16 = false;
     spec.rope_scaled = true;
     spec.validate();
-    KernelSpec plain = spec;
-    plain.rope_scaled = false;
     by_arch[arch].push_back(spec);
-    plain_by_arch[arch].push_back(plain);
   };
   for (const Shape& shape : shapes) {
     for (int i = 0; i < 2; ++i, ++variant) {
@@ -586,34 +601,14 @@ TEST_CASE("angles scaled by YaRN's attention factor (rope_scaled) compile in eve
   }
   add("sm_90a", KernelSpec::append(DType::bf16, RopeKind::half, 64, false, false, true, true));
   add("sm_80", KernelSpec::append(DType::f16, RopeKind::interleaved, 128, false, false, false, true));
-  std::mutex mutex;
-  std::map<std::string, int> plain_spills;
-  for (auto& [arch, plains] : plain_by_arch) {
-    const auto errors = compile_all(plains, Arch::parse(arch), [&](const KernelSpec& spec, const std::string& log) -> std::string {
-      const std::lock_guard<std::mutex> lock(mutex);
-      plain_spills[spec.text()] = spill_store_bytes(log);
-      return "";
-    });
-    for (const auto& e : errors) FAIL_CHECK(e);
-  }
-  size_t compiled = 0;
-  for (auto& [arch, specs] : by_arch) {
-    compiled += specs.size();
-    const auto errors = compile_all(specs, Arch::parse(arch), [&](const KernelSpec& spec, const std::string& log) -> std::string {
-      KernelSpec plain = spec;
-      plain.rope_scaled = false;
-      const std::lock_guard<std::mutex> lock(mutex);
-      const auto found = plain_spills.find(plain.text());
-      if (found == plain_spills.end()) return "no unscaled twin compiled";
-      const int spilled = spill_store_bytes(log);
-      if (spilled > std::max(found->second, 0)) {
-        return fmt::format("spills {} bytes; unscaled {}", spilled, found->second);
-      }
-      return "";
-    });
-    for (const auto& e : errors) FAIL_CHECK(e);
-    CHECK(errors.empty());
-  }
+  const size_t compiled = compile_beside_twins(
+      by_arch,
+      [](const KernelSpec& spec) {
+        KernelSpec unscaled = spec;
+        unscaled.rope_scaled = false;
+        return unscaled;
+      },
+      [](const KernelSpec&) { return true; }, [](const KernelSpec&) { return 0; }, "unscaled");
   CHECK(compiled == 2 * std::size(shapes) + 7);
 }
 
