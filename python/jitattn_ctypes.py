@@ -28,7 +28,11 @@ class Options(ctypes.Structure):
                 ("learnable_sink", ctypes.c_void_p), ("rope_yarn_factor", ctypes.c_float),
                 ("rope_yarn_beta_fast", ctypes.c_float), ("rope_yarn_beta_slow", ctypes.c_float),
                 ("rope_yarn_original_max_position", ctypes.c_int32), ("rope_yarn_truncate", ctypes.c_int32),
-                ("rope_yarn_attention_factor", ctypes.c_float)]
+                ("rope_yarn_attention_factor", ctypes.c_float),
+                ("rope_longrope_pair_factors", ctypes.POINTER(ctypes.c_float)),
+                ("rope_longrope_factor", ctypes.c_float),
+                ("rope_longrope_original_max_position", ctypes.c_int32),
+                ("rope_longrope_attention_factor", ctypes.c_float)]
 
 
 def tensor(address, dtype, shape, strides=None):

@@ -101,6 +101,10 @@ struct CallViews {
     rope.yarn_original_max_position = c_options->rope_yarn_original_max_position;
     rope.yarn_truncate = c_options->rope_yarn_truncate != 0;
     rope.yarn_attention_factor = c_options->rope_yarn_attention_factor;
+    rope.longrope_pair_factors = c_options->rope_longrope_pair_factors;
+    rope.longrope_factor = c_options->rope_longrope_factor;
+    rope.longrope_original_max_position = c_options->rope_longrope_original_max_position;
+    rope.longrope_attention_factor = c_options->rope_longrope_attention_factor;
     rope.cos = optional_view(c_options->rope_cos, "rope_cos", rope_cos);
     rope.sin = optional_view(c_options->rope_sin, "rope_sin", rope_sin);
     rope.q_offsets = optional_view(c_options->rope_q_offsets, "rope_q_offsets", rope_q_offsets);
@@ -170,6 +174,7 @@ void jitattn_fwd_options_init(jitattn_fwd_options* options) {
   options->rope_yarn_beta_slow = 1.f;
   options->rope_yarn_original_max_position = 4096;
   options->rope_yarn_truncate = 1;
+  options->rope_longrope_original_max_position = 4096;
   options->pack_gqa = -1;
 }
 

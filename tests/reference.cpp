@@ -423,10 +423,21 @@ std::vector<double> RopeReference::inverse_frequencies(int head_dim) const {
       frequencies[p] = interpolated * (1.0 - extrapolation_share) + extrapolated * extrapolation_share;
     }
   }
+  if (!longrope_pair_factors.empty()) {
+    // Hugging Face's _compute_longrope_parameters: 1 / (factor · theta^(i / dim)).
+    for (size_t p = 0; p < frequencies.size(); ++p) {
+      frequencies[p] = 1.0 / (longrope_pair_factors.at(p) * std::pow(theta, 2.0 * p / dim));
+    }
+  }
   return frequencies;
 }
 
 double RopeReference::attention_factor() const {
+  if (!longrope_pair_factors.empty()) {
+    if (longrope_attention_factor > 0) return longrope_attention_factor;
+    return longrope_factor <= 1 ? 1.0
+                                : std::sqrt(1.0 + std::log(longrope_factor) / std::log(longrope_original_max_position));
+  }
   if (yarn_factor <= 0) return 1.0;
   if (yarn_attention_factor > 0) return yarn_attention_factor;
   return yarn_factor <= 1 ? 1.0 : 0.1 * std::log(yarn_factor) + 1.0;

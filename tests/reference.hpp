@@ -189,10 +189,17 @@ struct RopeReference {
   double yarn_original_max_position = 4096.0;
   bool yarn_truncate = true;
   double yarn_attention_factor = 0.0;  // 0: Hugging Face's default for the factor
+  // LongRoPE: the per-pair factors (empty: off), and Hugging Face's factor and
+  // original context for its default attention factor, or an explicit one.
+  std::vector<double> longrope_pair_factors;
+  double longrope_factor = 0.0;
+  double longrope_original_max_position = 4096.0;
+  double longrope_attention_factor = 0.0;  // 0: the default from the two above
 
   // Frequency of pair p (of rotary_dim / 2), Hugging Face's formulas, float64.
   std::vector<double> inverse_frequencies(int head_dim) const;
-  // What cos and sin are multiplied by: YaRN's attention factor, else 1.
+  // What cos and sin are multiplied by: YaRN's or LongRoPE's attention
+  // factor, else 1.
   double attention_factor() const;
 };
 

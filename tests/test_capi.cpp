@@ -3,8 +3,10 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include <jitattn/jitattn.h>
@@ -105,7 +107,67 @@ TEST_CASE("options_init gives the documented defaults") {
   CHECK(options.rope_yarn_original_max_position == rope.yarn_original_max_position);
   CHECK((options.rope_yarn_truncate != 0) == rope.yarn_truncate);
   CHECK(options.rope_yarn_attention_factor == rope.yarn_attention_factor);
+  // LongRoPE: off, with RopeOptions's defaults.
+  const float factors[1] = {2.f};
+  options.rope_longrope_pair_factors = factors;
+  options.rope_longrope_factor = 32.f;
+  options.rope_longrope_original_max_position = 7;
+  options.rope_longrope_attention_factor = 2.f;
+  jitattn_fwd_options_init(&options);
+  CHECK(options.rope_longrope_pair_factors == nullptr);
+  CHECK(options.rope_longrope_factor == 0.f);
+  CHECK(options.rope_longrope_original_max_position == 4096);
+  CHECK(options.rope_longrope_attention_factor == 0.f);
+  CHECK(options.rope_longrope_pair_factors == rope.longrope_pair_factors);
+  CHECK(options.rope_longrope_factor == rope.longrope_factor);
+  CHECK(options.rope_longrope_original_max_position == rope.longrope_original_max_position);
+  CHECK(options.rope_longrope_attention_factor == rope.longrope_attention_factor);
   CHECK(std::string(jitattn_version()) == jitattn::version());
+}
+
+TEST_CASE("LongRoPE options reach the planner through the C API, each field checked under its own name") {
+  configure_once();
+  // Phi-3.5-mini's shape: 32 heads, head dim 96, rotate-half RoPE with
+  // LongRoPE over 131072 / 4096 positions (48 pair factors).
+  jitattn_tensor q = bshd(fake(0x1000), JITATTN_BF16, 1, 256, 32, 96);
+  jitattn_tensor o = bshd(fake(0x3000), JITATTN_BF16, 1, 256, 32, 96);
+  float factors[48];
+  for (int p = 0; p < 48; ++p) factors[p] = 1.f + p;
+  jitattn_fwd_options phi;
+  jitattn_fwd_options_init(&phi);
+  phi.causal = 1;
+  phi.rope_style = 1;
+  phi.rope_longrope_pair_factors = factors;
+  phi.rope_longrope_factor = 32.f;
+  size_t bytes = 0;
+  REQUIRE(jitattn_fwd_workspace_bytes(&q, &q, &q, &o, nullptr, &phi, &bytes) == JITATTN_OK);
+  float spoiled[48];
+  std::copy(factors, factors + 48, spoiled);
+  spoiled[5] = -1.f;
+  struct Bad {
+    std::function<void(jitattn_fwd_options&)> spoil;
+    const char* message;
+  };
+  const Bad cases[] = {
+      {[&](jitattn_fwd_options& o) { o.rope_longrope_pair_factors = spoiled; },
+       "options.rope.longrope_pair_factors[5]=-1 must be positive"},
+      {[](jitattn_fwd_options& o) { o.rope_longrope_factor = -3.f; }, "options.rope.longrope_factor=-3 must be positive"},
+      {[](jitattn_fwd_options& o) { o.rope_longrope_original_max_position = 0; },
+       "options.rope.longrope_original_max_position=0 must be above 1"},
+      {[](jitattn_fwd_options& o) { o.rope_longrope_attention_factor = -1.f; },
+       "options.rope.longrope_attention_factor=-1 must be positive"},
+      {[](jitattn_fwd_options& o) { o.rope_yarn_factor = 4.f; }, "longrope_pair_factors comes alone"},
+      {[](jitattn_fwd_options& o) { o.rope_longrope_pair_factors = nullptr; }, "need longrope_pair_factors"},
+  };
+  for (const Bad& bad : cases) {
+    CAPTURE(bad.message);
+    jitattn_fwd_options options = phi;
+    bad.spoil(options);
+    CHECK(jitattn_fwd_workspace_bytes(&q, &q, &q, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(jitattn_last_error()).find(bad.message) != std::string::npos);
+    CHECK(jitattn_fwd(&q, &q, &q, &o, nullptr, &options, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(jitattn_last_error()).find(bad.message) != std::string::npos);
+  }
 }
 
 TEST_CASE("YaRN options reach the planner through the C API, each field checked under its own name") {

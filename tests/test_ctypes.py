@@ -75,6 +75,41 @@ def main():
             message = lib.jitattn_last_error().decode()
             check(status == 1 and expected in message, f"bad {field} rejected: {message}")
 
+        # The LongRoPE fields after them, the same way; the pair factors are a
+        # host array the library reads during the call.
+        options = Options()
+        lib.jitattn_fwd_options_init(ctypes.byref(options))
+        defaults = (bool(options.rope_longrope_pair_factors), options.rope_longrope_factor,
+                    options.rope_longrope_original_max_position, options.rope_longrope_attention_factor)
+        check(defaults == (False, 0.0, 4096, 0.0), f"init sets the LongRoPE defaults: {defaults}")
+        factors = (ctypes.c_float * 32)(*[1.0 + p for p in range(32)])
+        spoiled = (ctypes.c_float * 32)(*[1.0 + p for p in range(32)])
+        spoiled[3] = float("nan")
+        for field, value, expected in [(None, None, None),
+                                       ("rope_longrope_pair_factors", spoiled,
+                                        "options.rope.longrope_pair_factors[3]=nan must be positive"),
+                                       ("rope_longrope_factor", -2.0, "options.rope.longrope_factor=-2 must be"),
+                                       ("rope_longrope_original_max_position", 1,
+                                        "options.rope.longrope_original_max_position=1 must be above 1"),
+                                       ("rope_longrope_attention_factor", -1.0,
+                                        "options.rope.longrope_attention_factor=-1 must be")]:
+            options = Options()
+            lib.jitattn_fwd_options_init(ctypes.byref(options))
+            options.rope_style = 1
+            options.rope_longrope_pair_factors = factors
+            options.rope_longrope_factor = 32.0
+            if field is not None:
+                setattr(options, field, value)
+            size = ctypes.c_size_t(0)
+            status = lib.jitattn_fwd_workspace_bytes(ctypes.byref(q), ctypes.byref(k), ctypes.byref(k),
+                                                     ctypes.byref(out), None, ctypes.byref(options),
+                                                     ctypes.byref(size))
+            message = lib.jitattn_last_error().decode()
+            if field is None:
+                check(status == 0, f"LongRoPE options accepted (status {status}: {message})")
+            else:
+                check(status == 1 and expected in message, f"bad {field} rejected: {message}")
+
         status = lib.jitattn_warm(b"combine.f32.bf16", b"sm_80")
         check(status == 0, f"warm compiles a combine kernel (status {status}: {lib.jitattn_last_error().decode()})")
         states = tensor(0x4000, F32, [3, 16, 8, 128])

@@ -567,6 +567,110 @@ TEST_CASE("RoPE: YaRN's frequencies as Hugging Face computes them; its attention
   rejects([&](RopeOptions& r) { r.cos = r.sin = &cos; }, "cos/sin tables are used as given");
 }
 
+TEST_CASE("RoPE: LongRoPE's frequencies as Hugging Face computes them (Phi-3.5, Phi-4-mini); its attention factor") {
+  // Phi-4-mini: head dim 128 rotated over its first 96 channels, 48 pair
+  // factors rising from 1 (long_factor-like), a 131072 / 4096 context. The
+  // reference restates Hugging Face's _compute_longrope_parameters.
+  std::vector<float> factors(48);
+  jitattn::test::RopeReference reference;
+  reference.theta = 10000.0;
+  for (int p = 0; p < 48; ++p) {
+    factors[p] = 1.f + static_cast<float>(p * p) / 45.f;
+    reference.longrope_pair_factors.push_back(factors[p]);
+  }
+  reference.longrope_factor = 32.0;
+  RopeOptions longrope;
+  longrope.style = RopeStyle::rotate_half;
+  longrope.rotary_dim = 96;
+  longrope.longrope_pair_factors = factors.data();
+  longrope.longrope_factor = 32.f;
+  reference.rotary_dim = 96;
+  const std::vector<float> f = rope_inv_frequencies(longrope, 96);
+  const std::vector<double> expected = reference.inverse_frequencies(128);
+  REQUIRE(f.size() == 48);
+  for (size_t p = 0; p < f.size(); ++p) {
+    CHECK_MESSAGE(f[p] == doctest::Approx(expected[p]).epsilon(1e-6), "pair ", p);
+    CHECK(f[p] == doctest::Approx(std::pow(10000.0, -2.0 * p / 96) / factors[p]).epsilon(1e-6));
+  }
+
+  // The attention factor: Hugging Face's default sqrt(1 + ln 32 / ln 4096)
+  // scales cos and sin in the kernel, an explicit one as given; a factor of
+  // 1 is the unscaled kernel.
+  Call call;
+  call.options.rope = longrope;
+  ForwardPlan plan = call.plan();
+  CHECK(plan.spec.rope_scaled);
+  CHECK(plan.spec.text().find(".rope_half_r96.rope_scaled") != std::string::npos);
+  CHECK(plan.params.rope_attention_factor == doctest::Approx(std::sqrt(1.0 + std::log(32.0) / std::log(4096.0))));
+  CHECK(plan.params.rope_attention_factor == doctest::Approx(reference.attention_factor()));
+  CHECK(plan.params.rope_inv_freq[47] == doctest::Approx(expected[47]).epsilon(1e-6));
+  // Frequencies follow the factors' values, not their address: an engine
+  // refilling one array with short_factor after long_factor gets new ones.
+  factors[47] *= 2.f;
+  plan = call.plan();
+  CHECK(plan.params.rope_inv_freq[47] == doctest::Approx(expected[47] / 2).epsilon(1e-6));
+  factors[47] /= 2.f;
+  CHECK(call.plan().params.rope_inv_freq[47] == doctest::Approx(expected[47]).epsilon(1e-6));
+  call.options.rope.longrope_original_max_position = 8192;
+  CHECK(call.plan().params.rope_attention_factor ==
+        doctest::Approx(std::sqrt(1.0 + std::log(32.0) / std::log(8192.0))));
+  call.options.rope.longrope_attention_factor = 1.25f;
+  plan = call.plan();
+  CHECK(plan.spec.rope_scaled);
+  CHECK(plan.params.rope_attention_factor == 1.25f);
+  call.options.rope.longrope_attention_factor = 1.f;
+  CHECK_FALSE(call.plan().spec.rope_scaled);
+  call.options.rope.longrope_attention_factor = 0.f;
+  call.options.rope.longrope_factor = 1.f;  // a 4k model's short factors
+  plan = call.plan();
+  CHECK_FALSE(plan.spec.rope_scaled);
+  CHECK(plan.spec.text().find("rope_scaled") == std::string::npos);
+  CHECK(plan.params.rope_inv_freq[47] == doctest::Approx(expected[47]).epsilon(1e-6));
+  // Without pair factors the frequencies are theta's again.
+  call.options.rope = RopeOptions{};
+  call.options.rope.style = RopeStyle::rotate_half;
+  call.options.rope.rotary_dim = 96;
+  CHECK(call.plan().params.rope_inv_freq[47] == doctest::Approx(std::pow(10000.0, -94.0 / 96)).epsilon(1e-6));
+
+  // Rejected before anything runs, naming the option and the rule.
+  auto rejects = [&](auto&& set, const char* message) {
+    Call bad;
+    bad.options.rope = longrope;
+    set(bad.options.rope);
+    CHECK_THROWS_WITH_AS(bad.plan(), doctest::Contains(message), Error);
+  };
+  std::vector<float> spoiled = factors;
+  spoiled[7] = 0.f;
+  rejects([&](RopeOptions& r) { r.longrope_pair_factors = spoiled.data(); },
+          "options.rope.longrope_pair_factors[7]=0 must be positive and finite (rotary_dim / 2 = 48 factors");
+  std::vector<float> infinite = factors;
+  infinite[47] = INFINITY;
+  rejects([&](RopeOptions& r) { r.longrope_pair_factors = infinite.data(); },
+          "options.rope.longrope_pair_factors[47]=inf must be positive");
+  rejects([](RopeOptions& r) { r.linear_scaling = 2.f; }, "longrope_pair_factors comes alone");
+  rejects([](RopeOptions& r) { r.llama3_factor = 8.f; }, "longrope_pair_factors comes alone");
+  rejects([](RopeOptions& r) { r.yarn_factor = 4.f; }, "longrope_pair_factors comes alone");
+  rejects([](RopeOptions& r) { r.longrope_factor = 0.f; }, "options.rope.longrope_factor=0 must be positive and finite");
+  rejects([](RopeOptions& r) { r.longrope_factor = NAN; }, "options.rope.longrope_factor=nan must be positive");
+  rejects([](RopeOptions& r) { r.longrope_original_max_position = 1; },
+          "options.rope.longrope_original_max_position=1 must be above 1");
+  rejects([](RopeOptions& r) { r.longrope_attention_factor = -1.f; },
+          "options.rope.longrope_attention_factor=-1 must be positive");
+  rejects([](RopeOptions& r) { r.longrope_pair_factors = nullptr; },
+          "longrope_factor=32 and longrope_attention_factor=0 need longrope_pair_factors");
+  TensorView cos = TensorView::contiguous(address(0x70000), DType::f32, {400, 48});
+  rejects([&](RopeOptions& r) { r.cos = r.sin = &cos; }, "longrope_pair_factors scale angles from theta");
+  rejects([&](RopeOptions& r) { r.cos = r.sin = &cos, r.longrope_pair_factors = nullptr; },
+          "need longrope_pair_factors");
+  // With the attention factor given, the factor and original context are not needed.
+  Call given;
+  given.options.rope = longrope;
+  given.options.rope.longrope_factor = 0.f;
+  given.options.rope.longrope_original_max_position = 0;
+  given.options.rope.longrope_attention_factor = 1.19f;
+  CHECK(given.plan().params.rope_attention_factor == 1.19f);
+}
+
 TEST_CASE("RoPE: styles and rotary dims become spec fields; frequencies and tables become parameters") {
   Call call;
   call.options.rope.style = RopeStyle::rotate_half;
@@ -1464,6 +1568,19 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
   CHECK(plan.attention.params.rope_attention_factor == plan.append.params.rope_attention_factor);
   CHECK(plan.append.params.rope_inv_freq[31] == plan.attention.params.rope_inv_freq[31]);
   options.rope.yarn_factor = 0.f;
+  // LongRoPE the same way: its frequencies and attention factor in both.
+  std::vector<float> pair_factors(32, 3.f);
+  options.rope.longrope_pair_factors = pair_factors.data();
+  options.rope.longrope_factor = 32.f;
+  plan = plan_kvcache(q, args, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
+  CHECK(plan.append.spec.text() == "append.bf16.rope_half_r64.rope_scaled");
+  CHECK(plan.attention.spec.rope_scaled);
+  CHECK(plan.append.params.rope_attention_factor == doctest::Approx(std::sqrt(1.0 + std::log(32.0) / std::log(4096.0))));
+  CHECK(plan.attention.params.rope_attention_factor == plan.append.params.rope_attention_factor);
+  CHECK(plan.append.params.rope_inv_freq[31] == doctest::Approx(std::pow(10000.0, -62.0 / 64) / 3).epsilon(1e-6));
+  CHECK(plan.attention.params.rope_inv_freq[31] == plan.append.params.rope_inv_freq[31]);
+  options.rope.longrope_pair_factors = nullptr;
+  options.rope.longrope_factor = 0.f;
   CHECK(plan.attention.params.seqlen_k_added == 1);
   CHECK(plan.attention.params.rope_q_offsets == args.cache_seqlens.data);
   // Paged: page sizes must be powers of two. Pages of at least a 16-key

@@ -80,6 +80,11 @@ typedef struct jitattn_fwd_options {
   int32_t rope_yarn_original_max_position;  /* init: 4096 */
   int32_t rope_yarn_truncate;               /* init: 1 (gpt-oss: 0) */
   float rope_yarn_attention_factor;         /* 0: 0.1 * ln(factor) + 1 */
+  /* LongRoPE frequency scaling and attention factor (RopeOptions::longrope_*) */
+  const float* rope_longrope_pair_factors;      /* host, rotary_dim / 2 (long_factor or short_factor); NULL = off */
+  float rope_longrope_factor;                   /* for the default attention factor (max / original positions) */
+  int32_t rope_longrope_original_max_position;  /* init: 4096 */
+  float rope_longrope_attention_factor;         /* 0: sqrt(1 + ln(factor) / ln(original)) */
 } jitattn_fwd_options;
 
 JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);

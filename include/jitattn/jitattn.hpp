@@ -115,7 +115,7 @@ struct RopeOptions {
   // Angles position · inv_freq[p] (fp32 product), with
   // inv_freq[p] = theta^(−2p / rotary_dim) / linear_scaling, then optionally
   // Llama 3.1's frequency scaling (Hugging Face "rope_type": "llama3"), or
-  // YaRN's (below).
+  // YaRN's or LongRoPE's (below).
   float theta = 10000.f;
   float linear_scaling = 1.f;  // positions divided by this factor (1 = off)
   float llama3_factor = 0.f;   // 0 = off
@@ -143,6 +143,28 @@ struct RopeOptions {
   // to 1). Configs with mscale and mscale_all_dim (DeepSeek V3) pass
   // get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim).
   float yarn_attention_factor = 0.f;
+
+  // Or LongRoPE (Hugging Face "rope_type": "longrope"; Phi-3 128k, Phi-3.5,
+  // Phi-4-mini), instead of linear, Llama 3.1 or YaRN scaling: inv_freq[p] =
+  // theta^(−2p / rotary_dim) / longrope_pair_factors[p]. The pair factors are
+  // the config's long_factor or short_factor, rotary_dim / 2 of them, in host
+  // memory read during the call. Which list applies is the caller's choice
+  // per call: Hugging Face takes long_factor once the sequence is longer than
+  // original_max_position_embeddings, vLLM once any position of the batch
+  // is. And cos and sin are multiplied by the attention factor, as with YaRN
+  // (the same .rope_scaled kernels).
+  const float* longrope_pair_factors = nullptr;  // nullptr = off
+  // The attention factor: longrope_attention_factor when not 0 (the config's
+  // attention_factor), else Hugging Face's default sqrt(1 + ln(longrope_factor)
+  // / ln(longrope_original_max_position)), 1 for factors up to 1. Its factor
+  // is max_position_embeddings / original_max_position_embeddings where the
+  // config has the latter (Phi-3: 131072 / 4096 = 32), else rope_scaling's
+  // factor. One of longrope_factor and longrope_attention_factor must be set.
+  float longrope_factor = 0.f;
+  int longrope_original_max_position = 4096;
+  float longrope_attention_factor = 0.f;
+  // (Hugging Face's "dynamic" NTK scaling is theta alone: pass the theta it
+  // computes for the call's length.)
 
   // Or caller tables [positions, >= rotary_dim / 2], both f32 or both in q's
   // dtype (as FlashAttention's rotary_cos / rotary_sin), with the same

@@ -169,10 +169,59 @@ void check_yarn(const RopeOptions& rope) {
   }
 }
 
+// LongRoPE's (RopeOptions::longrope_*): positive finite pair factors, one
+// way to its attention factor, and no other frequency scaling.
+void check_longrope(const RopeOptions& rope, int rotary_dim) {
+  if (rope.linear_scaling != 1.f || rope.llama3_factor != 0.f || rope.yarn_factor != 0.f) {
+    reject(fmt::format("options.rope: longrope_pair_factors comes alone; linear_scaling={} must be 1, llama3_factor={} "
+                       "and yarn_factor={} 0 (one frequency scaling at a time)",
+                       rope.linear_scaling, rope.llama3_factor, rope.yarn_factor));
+  }
+  for (int pair = 0; pair < rotary_dim / 2; ++pair) {
+    const float factor = rope.longrope_pair_factors[pair];
+    if (!(factor > 0.f) || !std::isfinite(factor)) {
+      reject(fmt::format("options.rope.longrope_pair_factors[{}]={} must be positive and finite (rotary_dim / 2 = {} "
+                         "factors: the config's long_factor or short_factor)", pair, factor, rotary_dim / 2));
+    }
+  }
+  if (!(rope.longrope_attention_factor >= 0.f) || !std::isfinite(rope.longrope_attention_factor)) {
+    reject(fmt::format("options.rope.longrope_attention_factor={} must be positive and finite (0 = Hugging Face's "
+                       "default from longrope_factor)", rope.longrope_attention_factor));
+  }
+  if (rope.longrope_attention_factor == 0.f) {
+    if (!(rope.longrope_factor > 0.f) || !std::isfinite(rope.longrope_factor)) {
+      reject(fmt::format("options.rope.longrope_factor={} must be positive and finite where longrope_attention_factor "
+                         "is 0 (max_position_embeddings / original_max_position_embeddings, or the config's factor; "
+                         "or give longrope_attention_factor)", rope.longrope_factor));
+    }
+    if (rope.longrope_original_max_position <= 1) {
+      reject(fmt::format("options.rope.longrope_original_max_position={} must be above 1 (the default attention factor "
+                         "divides by its log)", rope.longrope_original_max_position));
+    }
+  }
+}
+
+// LongRoPE's fields without longrope_pair_factors would be silently unused.
+void check_no_longrope_scalars(const RopeOptions& rope) {
+  if (rope.longrope_factor != 0.f || rope.longrope_attention_factor != 0.f) {
+    reject(fmt::format("options.rope: longrope_factor={} and longrope_attention_factor={} need longrope_pair_factors "
+                       "(null: no LongRoPE)", rope.longrope_factor, rope.longrope_attention_factor));
+  }
+}
+
 }  // namespace
 
 float rope_attention_factor(const RopeOptions& rope) {
-  if (rope.yarn_factor == 0.f || rope.cos != nullptr) return 1.f;
+  if (rope.cos != nullptr) return 1.f;
+  if (rope.longrope_pair_factors != nullptr) {
+    if (rope.longrope_attention_factor != 0.f) return rope.longrope_attention_factor;
+    // Hugging Face's _compute_longrope_parameters' default.
+    const double factor = rope.longrope_factor;
+    return factor <= 1.0 ? 1.f
+                         : static_cast<float>(std::sqrt(
+                               1.0 + std::log(factor) / std::log(static_cast<double>(rope.longrope_original_max_position))));
+  }
+  if (rope.yarn_factor == 0.f) return 1.f;
   if (rope.yarn_attention_factor != 0.f) return rope.yarn_attention_factor;
   // Hugging Face's get_mscale(factor).
   return rope.yarn_factor <= 1.f ? 1.f : static_cast<float>(0.1 * std::log(static_cast<double>(rope.yarn_factor)) + 1.0);
@@ -195,6 +244,11 @@ int check_rope_scalars(const RopeOptions& rope, int64_t head_dim) {
                          "(build them with YaRN's frequencies and attention factor, or leave the tables out)",
                          rope.yarn_factor));
     }
+    if (rope.longrope_pair_factors != nullptr) {
+      reject("options.rope: longrope_pair_factors scale angles from theta; cos/sin tables are used as given (build "
+             "them with LongRoPE's frequencies and attention factor, or leave the tables out)");
+    }
+    check_no_longrope_scalars(rope);
     return rotary_dim;
   }
   if (!(rope.theta > 0.f) || !std::isfinite(rope.theta)) {
@@ -202,6 +256,11 @@ int check_rope_scalars(const RopeOptions& rope, int64_t head_dim) {
   }
   if (!(rope.linear_scaling > 0.f) || !std::isfinite(rope.linear_scaling)) {
     reject(fmt::format("options.rope.linear_scaling={} must be positive and finite (1 = off)", rope.linear_scaling));
+  }
+  if (rope.longrope_pair_factors != nullptr) {
+    check_longrope(rope, rotary_dim);
+  } else {
+    check_no_longrope_scalars(rope);
   }
   if (rope.yarn_factor != 0.f) check_yarn(rope);
   if (rope.llama3_factor != 0.f) {

@@ -191,6 +191,9 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
       thread_local RopeOptions last_options{};
       thread_local int last_rotary_dim = 0;
       thread_local std::vector<float> last_frequencies;
+      // LongRoPE's pair factors by value: the caller may refill its array.
+      thread_local std::vector<float> last_pair_factors;
+      const bool longrope = rope.longrope_pair_factors != nullptr;
       const bool same = last_rotary_dim == rotary_dim && last_options.theta == rope.theta &&
                         last_options.linear_scaling == rope.linear_scaling &&
                         last_options.llama3_factor == rope.llama3_factor &&
@@ -201,11 +204,15 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
                         last_options.yarn_beta_fast == rope.yarn_beta_fast &&
                         last_options.yarn_beta_slow == rope.yarn_beta_slow &&
                         last_options.yarn_original_max_position == rope.yarn_original_max_position &&
-                        last_options.yarn_truncate == rope.yarn_truncate;
+                        last_options.yarn_truncate == rope.yarn_truncate &&
+                        (last_options.longrope_pair_factors != nullptr) == longrope &&
+                        (!longrope || std::equal(last_pair_factors.begin(), last_pair_factors.end(),
+                                                 rope.longrope_pair_factors));
       if (!same) {
         last_frequencies = rope_inv_frequencies(rope, rotary_dim);
         last_options = rope;
         last_rotary_dim = rotary_dim;
+        last_pair_factors.assign(rope.longrope_pair_factors, rope.longrope_pair_factors + (longrope ? rotary_dim / 2 : 0));
       }
       std::copy(last_frequencies.begin(), last_frequencies.end(), p.rope_inv_freq);
       p.rope_attention_factor = facts.rope_attention_factor;
@@ -258,6 +265,7 @@ std::vector<float> rope_inv_frequencies(const RopeOptions& rope, int rotary_dim)
       const double ramp = std::clamp((pair - ramp_low) / (ramp_high - ramp_low), 0.0, 1.0);
       frequency = frequency * (1.0 - ramp) + frequency / rope.yarn_factor * ramp;
     }
+    if (rope.longrope_pair_factors != nullptr) frequency /= rope.longrope_pair_factors[pair];
     if (rope.llama3_factor != 0.f) {
       // Long wavelengths are slowed by the factor, short ones kept, and the
       // band between interpolated (Llama 3.1).
