@@ -811,9 +811,9 @@ TEST_CASE("the gpt-oss preset warms its YaRN RoPE kernels: .rope_scaled prefill,
       }
     }
   }
-  // No other preset's kernels scale RoPE.
+  // No other preset's kernels scale RoPE but LongRoPE's (Phi-3.5, Phi-4-mini).
   for (const jitattn::cli::Preset& other : jitattn::cli::presets()) {
-    if (other.name == "gpt-oss") continue;
+    if (other.name == "gpt-oss" || other.name == "phi3.5-mini" || other.name == "phi4-mini") continue;
     for (const KernelSpec& spec : jitattn::cli::preset_specs(other.name, Arch::parse("sm_90a"))) {
       CHECK_MESSAGE(!spec.rope_scaled, fmt::format("{}: {}", other.name, spec.text()));
     }
@@ -828,12 +828,18 @@ TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and deco
     const char* preset;
     int head_dim, rotary_dim;
     bool local, softcap;
+    // LongRoPE (0: none); the model's own heads, which its calls always
+    // have (0: calls of several head counts).
+    float longrope_factor = 0.f;
+    int64_t heads_q = 0, heads_kv = 0;
   };
   // Call shapes other than the preset's own lists (other head counts, odd
   // lengths, other batches), so that the check is of what the preset covers,
   // not a copy of it.
-  for (const Model& model : {Model{"llama3-8b", 128, 128, false, false}, Model{"phi3-mini", 96, 96, false, false},
-                             Model{"gemma2-9b", 256, 256, true, true}}) {
+  for (const Model& model :
+       {Model{"llama3-8b", 128, 128, false, false}, Model{"phi3-mini", 96, 96, false, false, 0.f, 32, 32},
+        Model{"gemma2-9b", 256, 256, true, true, 0.f, 16, 8}, Model{"phi3.5-mini", 96, 96, false, false, 32.f, 32, 32},
+        Model{"phi4-mini", 128, 96, false, false, 32.f, 24, 8}}) {
     for (const char* arch_text : {"sm_90a", "sm_80"}) {
       const Arch arch = Arch::parse(arch_text);
       const int max_smem = jitattn::cli::max_smem_of(arch);
@@ -845,6 +851,8 @@ TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and deco
         CHECK(spec.rope == jitattn::detail::RopeKind::half);
         CHECK(spec.rotary_dim == model.rotary_dim);
         CHECK((!spec.rope_tables || spec.rope_tables16));  // theta, or tables in q's dtype
+        // LongRoPE's angles from theta are scaled; tables (built scaled by the engine) are not.
+        CHECK_MESSAGE(spec.rope_scaled == (model.longrope_factor != 0.f && !spec.rope_tables), spec.text());
       }
       CHECK(rope_specs > 0);
       // Without RoPE (the checks above cover fewer calls), angles from theta, tables.
@@ -858,6 +866,7 @@ TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and deco
         };
         // RoPE as a caller passes it; tables of `positions` rows.
         TensorView cos, sin;
+        std::vector<float> longrope_pair_factors;
         auto options_for = [&](int64_t positions) {
           jitattn::ForwardOptions options;
           options.causal = !model.local;
@@ -867,8 +876,17 @@ TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and deco
           options.rope.style = jitattn::RopeStyle::rotate_half;
           options.rope.rotary_dim = model.rotary_dim;
           options.rope.theta = 500000.f;
-          options.rope.llama3_factor = 8.f;
+          if (model.longrope_factor != 0.f) {
+            // Phi's config: long or short pair factors, 131072 / 4096 positions.
+            longrope_pair_factors.assign(model.rotary_dim / 2, 1.5f);
+            options.rope.longrope_pair_factors = longrope_pair_factors.data();
+            options.rope.longrope_factor = model.longrope_factor;
+          } else {
+            options.rope.llama3_factor = 8.f;
+          }
           if (tables) {
+            options.rope.longrope_pair_factors = nullptr;
+            options.rope.longrope_factor = 0.f;
             cos = TensorView::contiguous(address(0x60000), DType::bf16, {positions, model.rotary_dim / 2});
             sin = TensorView::contiguous(address(0x70000), DType::bf16, {positions, model.rotary_dim / 2});
             options.rope.cos = &cos;
@@ -880,6 +898,13 @@ TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and deco
         calls.head_dim = model.head_dim;
         calls.prefill = {{1, 300, 32, 8}, {3, 1000, 32, 8}, {5, 3000, 64, 8}, {24, 700, 28, 4}, {2, 12000, 32, 8},
                          {40, 2048, 32, 8}};
+        if (model.heads_q != 0) {
+          const int64_t hq = model.heads_q, hk = model.heads_kv;
+          calls.prefill = {{1, 300, hq, hk}, {3, 1000, hq, hk}, {5, 3000, hq, hk}, {24, 700, hq, hk},
+                           {2, 12000, hq, hk}, {40, 2048, hq, hk}};
+          calls.decode_heads = hq;
+          calls.decode_heads_kv = hk;
+        }
         calls.decode = {{1, 1}, {12, 1}, {64, 1}, {3, 5}};
         calls.pages = {0, 32, 256};
         expect_calls_warmed(calls, arch, options_for, expect_warmed);
@@ -888,8 +913,10 @@ TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and deco
              {std::tuple<int64_t, int64_t, int>{12, 12, 1}, {9, 300, 292}}) {
           for (bool workspace : {false, true}) {
             const std::string call = fmt::format("varlen step batch={} total_q={} workspace={}", batch, total_q, workspace);
-            const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {total_q, 32, model.head_dim});
-            const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch * 6000, 8, model.head_dim});
+            const TensorView q =
+                TensorView::contiguous(address(0x10000), DType::bf16, {total_q, calls.decode_heads, model.head_dim});
+            const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16,
+                                                         {batch * 6000, calls.decode_heads_kv, model.head_dim});
             jitattn::VarlenArgs varlen;
             varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
             varlen.max_seqlen_q = max_seqlen_q;
@@ -1259,6 +1286,65 @@ TEST_CASE("plan --yarn-factor prints .rope_scaled kernels, and none for an atten
   CHECK(contains(step[0]["spec"], ".rope_half_r128.rope_scaled"));
 }
 
+TEST_CASE("plan --longrope-factor prints .rope_scaled kernels (Phi-4-mini), and none for an attention factor of 1") {
+  CliSandbox sandbox;
+  const std::string target = " --arch sm_90a --sms 132 --smem 232448";
+  // LongRoPE as a caller passes it: pair factors (their values change no
+  // kernel), Hugging Face's default attention factor sqrt(1 + ln 32 / ln
+  // 4096), or its own. Phi-4-mini rotates 96 of its 128 channels.
+  const std::vector<float> pair_factors(48, 1.f);
+  auto longrope = [&](float attention_factor) {
+    jitattn::ForwardOptions options;
+    options.causal = true;
+    options.rope.style = jitattn::RopeStyle::rotate_half;
+    options.rope.rotary_dim = 96;
+    options.rope.longrope_pair_factors = pair_factors.data();
+    options.rope.longrope_factor = 32.f;
+    options.rope.longrope_attention_factor = attention_factor;
+    return options;
+  };
+  const std::string prefill = "--head-dim 128 --batch 2 --seqlen-q 2048 --heads 24 --heads-kv 8 --causal --rope half "
+                              "--rotary-dim 96" + target;
+  const std::vector<ExpectedLaunch> scaled_prefill =
+      planned_forward(jitattn::DType::bf16, 2, 2048, 24, 8, 128, longrope(0.f), "sm_90a", 232448, 132);
+  REQUIRE(scaled_prefill.size() == 1);
+  CHECK(contains(scaled_prefill[0].spec.text(), ".rope_half_r96.rope_scaled"));
+  check_launches(sandbox, prefill + " --longrope-factor 32", scaled_prefill);
+  check_launches(sandbox, prefill + " --longrope-factor 32 --longrope-attention-factor 1.5",
+                 planned_forward(jitattn::DType::bf16, 2, 2048, 24, 8, 128, longrope(1.5f), "sm_90a", 232448, 132));
+  // A factor up to 1 (a 4k model's) or an attention factor of 1: the kernels of RoPE without scaling.
+  const json plain = sandbox.run_json("plan " + prefill + " --json")["launches"];
+  for (const std::string& unscaled : {std::string(" --longrope-factor 32 --longrope-attention-factor 1"),
+                                      std::string(" --longrope-factor 1")}) {
+    CAPTURE(unscaled);
+    CHECK(sandbox.run_json("plan " + prefill + unscaled + " --json")["launches"] == plain);
+  }
+  // Decoding with new keys appended: the append rotates them scaled too.
+  const std::string decode = "--call kvcache --head-dim 128 --batch 4 --seqlen-q 1 --seqlen-k 3000 --cache-len 4096 "
+                             "--page-size 16 --new-tokens 1 --heads 24 --heads-kv 8 --causal --splits 4 --rope half "
+                             "--rotary-dim 96" + target;
+  const std::vector<ExpectedLaunch> scaled_decode = planned_kvcache(4, 1, 4096, 16, 1, 24, 8, 4, 3001, longrope(0.f));
+  REQUIRE(scaled_decode.size() == 3);
+  CHECK(scaled_decode[0].spec.text() == "append.bf16.rope_half_r96.rope_scaled.paged");
+  check_launches(sandbox, decode + " --longrope-factor 32", scaled_decode);
+  // Misuse: LongRoPE's rules are the planner's, its flags need RoPE, and it comes alone.
+  const CliRun tables = sandbox.run("plan " + prefill + " --longrope-factor 32 --rope-tables bf16");
+  CHECK(tables.status == 1);
+  CHECK(contains(tables.err, "longrope_pair_factors scale angles from theta; cos/sin tables are used as given"));
+  const CliRun negative = sandbox.run("plan " + prefill + " --longrope-factor -2");
+  CHECK(negative.status == 1);
+  CHECK(contains(negative.err, "options.rope.longrope_factor=-2 must be positive and finite"));
+  const CliRun off = sandbox.run("plan " + prefill + " --longrope-factor 0 --longrope-attention-factor 2");
+  CHECK(off.status == 1);
+  CHECK(contains(off.err, "--longrope-attention-factor: 2 needs a --longrope-factor other than 0"));
+  const CliRun unrotated = sandbox.run("plan --head-dim 64 --seqlen-q 64 --heads 8 --longrope-factor 32");
+  CHECK(unrotated.status == 2);
+  CHECK(contains(unrotated.err, "--longrope-factor requires --rope"));
+  const CliRun with_yarn = sandbox.run("plan " + prefill + " --longrope-factor 32 --yarn-factor 4");
+  CHECK(with_yarn.status == 2);
+  CHECK(contains(with_yarn.err, "excludes"));
+}
+
 TEST_CASE("plan --call varlen prints the launches forward_varlen plans for an engine's step") {
   CliSandbox sandbox;
   jitattn::ForwardOptions causal;
@@ -1464,7 +1550,8 @@ TEST_CASE("plan --help lists its options") {
   CHECK(help.status == 0);
   for (const char* option : {"--call", "--dtype", "--head-dim", "--batch", "--seqlen-q", "--seqlen-k", "--heads",
                              "--heads-kv", "--causal", "--window", "--attention-chunk", "--softcap", "--alibi", "--learnable-sink", "--rope", "--rotary-dim",
-                             "--rope-tables", "--yarn-factor", "--yarn-attention-factor", "--tiles", "--splits",
+                             "--rope-tables", "--yarn-factor", "--yarn-attention-factor", "--longrope-factor",
+                             "--longrope-attention-factor", "--tiles", "--splits",
                              "--pack-gqa", "--no-workspace", "--cache-len",
                              "--page-size", "--new-tokens", "--max-seqlen-k", "--total-seqlen-k", "--dynamic-splits",
                              "--total-q", "--arch", "--sms", "--smem", "--json", "--manifest"}) {

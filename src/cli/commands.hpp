@@ -57,6 +57,8 @@ struct PlanOptions {
   std::string rope_tables = "none";  // none (angles from theta), f32, bf16 or f16
   float yarn_factor = 0;             // RopeOptions::yarn_factor; 0 = off
   float yarn_attention_factor = 0;   // RopeOptions::yarn_attention_factor; 0 = Hugging Face's default
+  float longrope_factor = 0;            // RopeOptions::longrope_factor; 0 = no LongRoPE
+  float longrope_attention_factor = 0;  // RopeOptions::longrope_attention_factor; 0 = Hugging Face's default
   std::string tiles;               // "" = the planner's; else as python/jitattn_ctypes.py force_tiles
   int splits = 0;                  // 0 = the planner's
   std::string pack_gqa = "auto";   // yes, no or auto

@@ -192,6 +192,19 @@ int main(int argc, char** argv) {
                        "YaRN's attention factor scaling cos and sin, .rope_scaled unless 1 (default 0 = 0.1 ln F + 1)")
       ->needs(yarn_option)
       ->type_name("A");
+  CLI::Option* longrope_option =
+      plan_cmd
+          ->add_option("--longrope-factor", plan.longrope_factor,
+                       "LongRoPE frequency scaling (rope_type longrope; Phi-3.5, Phi-4-mini: 32 = 131072 / 4096 "
+                       "positions), angles from theta; the pair factors do not change the kernels (0 = off)")
+          ->needs(rope_option)
+          ->excludes(yarn_option)
+          ->type_name("F");
+  plan_cmd->add_option("--longrope-attention-factor", plan.longrope_attention_factor,
+                       "LongRoPE's attention factor scaling cos and sin, .rope_scaled unless 1 (default 0 = "
+                       "sqrt(1 + ln F / ln 4096))")
+      ->needs(longrope_option)
+      ->type_name("A");
   plan_cmd->add_option("--tiles", plan.tiles, "Force tiles: BQxBKVxW[xS][w|wp] (format below)")->type_name("TILES");
   plan_cmd->add_option("--splits", plan.splits, "Key splits: 0 = the planner's (default), 1 = none, n forces n")
       ->type_name("N");

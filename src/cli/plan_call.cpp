@@ -91,6 +91,9 @@ struct CallArguments {
   TensorView q, out;
   TensorView k, v;  // forward and varlen
   TensorView alibi_slopes, learnable_sink, rope_cos, rope_sin, block_table, k_new, v_new, seqused_k, cache_leftpad;
+  // LongRoPE's pair factors: their values change the frequencies, never the
+  // kernels, so a plan takes ones.
+  std::vector<float> longrope_pair_factors;
   ForwardOptions options;
   KVCacheArgs cache;  // kvcache only
   VarlenArgs sequences;  // varlen only
@@ -312,6 +315,18 @@ void build_arguments(const PlanOptions& o, CallArguments& call) {
     }
     rope.yarn_factor = o.yarn_factor;
     rope.yarn_attention_factor = o.yarn_attention_factor;
+    // LongRoPE's the same way.
+    if (o.longrope_factor == 0.f && o.longrope_attention_factor != 0.f) {
+      bad_option(fmt::format("--longrope-attention-factor: {} needs a --longrope-factor other than 0 (without "
+                             "LongRoPE there is no attention factor)",
+                             o.longrope_attention_factor));
+    }
+    if (o.longrope_factor != 0.f) {
+      call.longrope_pair_factors.assign(std::max(rope.rotary_dim / 2, 0), 1.f);
+      rope.longrope_pair_factors = call.longrope_pair_factors.data();
+      rope.longrope_factor = o.longrope_factor;
+      rope.longrope_attention_factor = o.longrope_attention_factor;
+    }
     if (o.rope_tables != "none") {
       // FlashAttention's rotary_cos / rotary_sin: [positions, rotary_dim / 2].
       const DType table_dtype = o.rope_tables == "f32" ? DType::f32 : parse_dtype("--rope-tables", o.rope_tables);

@@ -25,6 +25,7 @@ std::vector<RopeForm> rope_forms(const AttentionShape& shape) {
 // RoPE tables (RopeForm::tables) and sinks.
 struct OptionTensors {
   TensorView cos, sin, sinks;
+  std::vector<float> longrope_pair_factors;
 };
 
 // `options` of a call with `shape` in `form` whose keys lie at positions
@@ -37,6 +38,12 @@ void set_rope(ForwardOptions& options, const AttentionShape& shape, RopeForm for
   // YaRN with Hugging Face's default attention factor (.rope_scaled kernels
   // where it is not 1); tables take none.
   if (form == RopeForm::theta) options.rope.yarn_factor = shape.yarn_factor;
+  // LongRoPE the same way (pair factors of 1: their values change no kernel).
+  if (form == RopeForm::theta && shape.longrope_factor != 0.f) {
+    tables.longrope_pair_factors.assign(options.rope.rotary_dim / 2, 1.f);
+    options.rope.longrope_pair_factors = tables.longrope_pair_factors.data();
+    options.rope.longrope_factor = shape.longrope_factor;
+  }
   if (form == RopeForm::tables) {
     const int64_t pairs = options.rope.rotary_dim / 2;
     tables.cos = TensorView::contiguous(address(0x60000), shape.dtype, {positions, pairs});
@@ -75,6 +82,30 @@ std::vector<AttentionShape> all_generated_shapes() {
   return shapes;
 }
 
+// `shape` with the model's heads (its calls' GQA ratio and tile counts).
+AttentionShape model_heads(AttentionShape shape, int heads_q, int heads_kv) {
+  shape.heads_q = heads_q;
+  shape.heads_kv = heads_kv;
+  return shape;
+}
+
+// A decoder shape in bf16 with rotate-half RoPE over `rotary_dim` channels
+// and LongRoPE (Phi-3.5, Phi-4-mini), its calls planned with the model's heads.
+AttentionShape longrope_shape(int head_dim, int rotary_dim, int heads_q, int heads_kv, float longrope_factor) {
+  AttentionShape shape{DType::bf16, head_dim, true, false, false, true, RopeStyle::rotate_half, rotary_dim};
+  shape.heads_q = heads_q;
+  shape.heads_kv = heads_kv;
+  shape.longrope_factor = longrope_factor;
+  return shape;
+}
+
+// The batch of one-token sequences whose tiles (one a KV head) number
+// `tiles`: the decode grids' bands are of tiles, so a model with other KV
+// heads than 8 reaches them at other batches.
+int64_t batch_of_tiles(int64_t tiles, int64_t heads_kv) {
+  return std::max<int64_t>(1, (tiles + heads_kv - 1) / heads_kv);
+}
+
 // The combine of a call with dynamic splits (which skips the rows of tiles
 // that wrote their own), where `attention` is one (sizing-only plans leave
 // the combine unplanned).
@@ -88,8 +119,9 @@ void add_dynamic_combine(const detail::KernelSpec& attention, const AttentionSha
 
 // The kernels forward_kvcache plans for `shape` (its query heads over its KV
 // heads, new keys appended): one-token decoding of one sequence (one CTA
-// per SM) and of many (two per SM), one split and several, and of 20, 28,
-// 40 and 48 sequences (resident tiles of each pipeline size); 8 tokens
+// per SM) and of many (two per SM), one split and several, and of batches
+// of 160, 224, 320 and 384 tiles (resident tiles of each pipeline size: 20,
+// 28, 40 and 48 sequences at 8 KV heads); 8 tokens
 // (speculative decoding: at 4 query heads per KV head 32 packed rows, the
 // decode kernel's two-tile rows)
 // and 16 (64 packed rows, beyond the decode kernel) of one sequence and of
@@ -113,14 +145,29 @@ void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail:
   // at 4 query heads per KV head.
   const int64_t group = std::max<int64_t>(1, heads_q / heads_kv);
   const int64_t two_tiles = std::max<int64_t>(1, 32 / group), beyond = std::max<int64_t>(1, 64 / group);
-  const Call calls[] = {{1, 1, 4096, 1, false},  {1, 1, 4096, 3, false},  {64, 1, 4096, 1, false},
-                        {64, 1, 4096, 3, false}, {20, 1, 4096, 0, false}, {28, 1, 4096, 0, false},
-                        {40, 1, 4096, 0, false}, {48, 1, 4096, 0, false},
-                        {1, two_tiles, 4096, 1, false},  {1, two_tiles, 4096, 3, false},
-                        {64, two_tiles, 4096, 1, false}, {64, two_tiles, 4096, 3, false}, {1, beyond, 4096, 1, false},
-                        {1, beyond, 4096, 3, false}, {64, beyond, 4096, 1, false}, {1, 2048, 8192, 1, false},
-                        {1, 1, 4096, 0, true},   {64, 1, 4096, 0, true},  {1, two_tiles, 4096, 0, true},
-                        {64, two_tiles, 4096, 0, true}};
+  // Batches of 512 tiles (two per SM), and of 160, 224, 320 and 384 (the
+  // resident bands of each pipeline size) at the model's KV heads.
+  const int64_t many = batch_of_tiles(512, heads_kv);
+  const Call calls[] = {{1, 1, 4096, 1, false},
+                        {1, 1, 4096, 3, false},
+                        {many, 1, 4096, 1, false},
+                        {many, 1, 4096, 3, false},
+                        {batch_of_tiles(160, heads_kv), 1, 4096, 0, false},
+                        {batch_of_tiles(224, heads_kv), 1, 4096, 0, false},
+                        {batch_of_tiles(320, heads_kv), 1, 4096, 0, false},
+                        {batch_of_tiles(384, heads_kv), 1, 4096, 0, false},
+                        {1, two_tiles, 4096, 1, false},
+                        {1, two_tiles, 4096, 3, false},
+                        {many, two_tiles, 4096, 1, false},
+                        {many, two_tiles, 4096, 3, false},
+                        {1, beyond, 4096, 1, false},
+                        {1, beyond, 4096, 3, false},
+                        {many, beyond, 4096, 1, false},
+                        {1, 2048, 8192, 1, false},
+                        {1, 1, 4096, 0, true},
+                        {many, 1, 4096, 0, true},
+                        {1, two_tiles, 4096, 0, true},
+                        {many, two_tiles, 4096, 0, true}};
   for (const auto& [batch, seqlen_q, capacity, splits, dynamic_splits] : calls) {
     for (int page : {0, 16, 64, 256}) {
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen_q, heads_q, shape.head_dim});
@@ -175,9 +222,10 @@ void add_dense_split_specs(const AttentionShape& shape, RopeForm form, const det
 }
 
 // The kernels forward_varlen plans for an inference engine's step of
-// `shape` (its query heads over its KV heads): 1, 16, 20, 28, 40 and 64
-// decoding steps over up to 8192 keys (the decode kernel: split, one CTA per
-// SM, resident tiles of each pipeline size, two per SM), 4
+// `shape` (its query heads over its KV heads): 1 decoding step, and steps of
+// 128, 160, 224, 320 and 512 tiles (16, 20, 28, 40 and 64 at 8 KV heads)
+// over up to 8192 keys (the decode kernel: split, one CTA per SM, resident
+// tiles of each pipeline size, two per SM), 4
 // sequences of 8 tokens (speculative decoding),
 // and 15 steps beside a 512-token prefill chunk (packed GQA tiles); over
 // packed K/V and over pages of 16 and 64 rows; with a workspace (split)
@@ -193,8 +241,13 @@ void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::
   // Speculative steps of 32 packed rows a sequence (8 tokens at 4 query
   // heads per KV head).
   const int64_t speculative = std::max<int64_t>(1, 32 / std::max<int64_t>(1, heads_q / heads_kv));
+  // Decoding steps of 128, 160, 224, 320 and 512 tiles at the model's KV heads.
+  auto decoding = [&](int64_t tiles) {
+    const int64_t batch = batch_of_tiles(tiles, heads_kv);
+    return Step{batch, batch, 1};
+  };
   for (const auto& [batch, total_q, max_seqlen_q] :
-       {Step{1, 1, 1}, Step{16, 16, 1}, Step{20, 20, 1}, Step{28, 28, 1}, Step{40, 40, 1}, Step{64, 64, 1},
+       {Step{1, 1, 1}, decoding(128), decoding(160), decoding(224), decoding(320), decoding(512),
         Step{4, 4 * speculative, speculative}, Step{16, 527, 512}}) {
     for (int page : {0, 16, 64}) {
       // Keys in a paged cache were rotated as they were written (forward_kvcache's k_new).
@@ -299,17 +352,20 @@ const std::vector<Preset>& presets() {
       {"llama3-8b", "Llama 3 8B: bf16, head_dim 128, causal (32 q / 8 kv heads), RoPE rotate-half",
        {{DType::bf16, 128, true, false, false, true, kHalf}}},
       {"llama3-70b", "Llama 3 70B: bf16, head_dim 128, causal (64 q / 8 kv heads), RoPE rotate-half",
-       {{DType::bf16, 128, true, false, false, true, kHalf}}},
+       {model_heads({DType::bf16, 128, true, false, false, true, kHalf}, 64, 8)}},
       {"mistral-7b", "Mistral 7B: bf16, head_dim 128, causal (32 q / 8 kv heads), RoPE rotate-half",
        {{DType::bf16, 128, true, false, false, true, kHalf}}},
       {"qwen2.5-7b", "Qwen2.5 7B: bf16, head_dim 128, causal (28 q / 4 kv heads), RoPE rotate-half",
-       {{DType::bf16, 128, true, false, false, true, kHalf}}},
-      {"gpt2", "GPT-2: f16, head_dim 64, causal (12 heads)", {{DType::f16, 64, true, false, false, true}}},
-      {"bert-base", "BERT base: f16, head_dim 64, bidirectional (12 heads)", {{DType::f16, 64, false}}},
-      {"phi3-mini", "Phi-3 mini: bf16, head_dim 96, causal (32 heads), RoPE rotate-half",
-       {{DType::bf16, 96, true, false, false, true, kHalf}}},
+       {model_heads({DType::bf16, 128, true, false, false, true, kHalf}, 28, 4)}},
+      {"gpt2", "GPT-2: f16, head_dim 64, causal (12 heads)",
+       {model_heads({DType::f16, 64, true, false, false, true}, 12, 12)}},
+      {"bert-base", "BERT base: f16, head_dim 64, bidirectional (12 heads)",
+       {model_heads({DType::f16, 64, false}, 12, 12)}},
+      {"phi3-mini", "Phi-3 mini (4k): bf16, head_dim 96, causal (32 heads), RoPE rotate-half",
+       {model_heads({DType::bf16, 96, true, false, false, true, kHalf}, 32, 32)}},
       {"gemma2-9b", "Gemma 2 9B: bf16, head_dim 256, softcap 50, global causal and 4096-token local layers, RoPE rotate-half",
-       {{DType::bf16, 256, true, false, true, true, kHalf}, {DType::bf16, 256, true, true, true, true, kHalf}}},
+       {model_heads({DType::bf16, 256, true, false, true, true, kHalf}, 16, 8),
+        model_heads({DType::bf16, 256, true, true, true, true, kHalf}, 16, 8)}},
       // gpt-oss's RoPE is rotate-half over the whole head with YaRN (factor
       // 32; theta 150000 and the other YaRN settings are runtime arguments):
       // angles from theta warm its .rope_scaled kernels (attention factor
@@ -321,6 +377,18 @@ const std::vector<Preset>& presets() {
        {{DType::bf16, 64, true, false, false, true, kHalf, 0, /*yarn_factor=*/32.f, /*sink=*/true, /*window=*/0, 64, 8},
         {DType::bf16, 64, true, true, false, true, kHalf, 0, /*yarn_factor=*/32.f, /*sink=*/true, /*window=*/127, 64,
          8}}},
+      // LongRoPE over 131072 positions of an original 4096 (factor 32; the
+      // pair factors, long or short, are runtime arguments): angles from
+      // theta warm .rope_scaled kernels (attention factor sqrt(1 + ln 32 /
+      // ln 4096)), tables in q's dtype unscaled ones.
+      {"phi3.5-mini",
+       "Phi-3.5 mini and Phi-3 mini 128k: bf16, head_dim 96, causal (32 heads), RoPE rotate-half with LongRoPE "
+       "(131072 / 4096 positions)",
+       {longrope_shape(96, 96, 32, 32, 32.f)}},
+      {"phi4-mini",
+       "Phi-4-mini: bf16, head_dim 128, causal (24 q / 8 kv heads), RoPE rotate-half over 96 channels with LongRoPE "
+       "(131072 / 4096 positions)",
+       {longrope_shape(128, 96, 24, 8, 32.f)}},
   };
   return all;
 }

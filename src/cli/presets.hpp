@@ -49,6 +49,11 @@ struct AttentionShape {
   // packed into its tiles, so the GQA ratio (with the query tokens) picks
   // between the decode kernel and tiles of 64 rows or more.
   int heads_q = 32, heads_kv = 8;
+  // LongRoPE (RopeOptions::longrope_factor; 0 = off), as YaRN above: the
+  // model's angles from theta always take it, with Hugging Face's default
+  // attention factor (not 1 for factors above 1: .rope_scaled kernels); its
+  // pair factors change no kernel.
+  float longrope_factor = 0.f;
 };
 
 struct Preset {
