@@ -443,6 +443,28 @@ double RopeReference::attention_factor() const {
   return yarn_factor <= 1 ? 1.0 : 0.1 * std::log(yarn_factor) + 1.0;
 }
 
+void RopeReference::set_options(RopeOptions& options, std::vector<float>& pair_factors) const {
+  options.style = style;
+  options.rotary_dim = rotary_dim;
+  options.theta = static_cast<float>(theta);
+  options.linear_scaling = static_cast<float>(linear_scaling);
+  options.llama3_factor = static_cast<float>(llama3_factor);
+  options.llama3_low_freq_factor = static_cast<float>(llama3_low_freq_factor);
+  options.llama3_high_freq_factor = static_cast<float>(llama3_high_freq_factor);
+  options.llama3_original_max_position = static_cast<int>(llama3_original_max_position);
+  options.yarn_factor = static_cast<float>(yarn_factor);
+  options.yarn_beta_fast = static_cast<float>(yarn_beta_fast);
+  options.yarn_beta_slow = static_cast<float>(yarn_beta_slow);
+  options.yarn_original_max_position = static_cast<int>(yarn_original_max_position);
+  options.yarn_truncate = yarn_truncate;
+  options.yarn_attention_factor = static_cast<float>(yarn_attention_factor);
+  pair_factors.assign(longrope_pair_factors.begin(), longrope_pair_factors.end());
+  options.longrope_pair_factors = pair_factors.empty() ? nullptr : pair_factors.data();
+  options.longrope_factor = static_cast<float>(longrope_factor);
+  options.longrope_original_max_position = static_cast<int>(longrope_original_max_position);
+  options.longrope_attention_factor = static_cast<float>(longrope_attention_factor);
+}
+
 RopeTables rope_tables(const RopeReference& rope, int head_dim, int positions) {
   const std::vector<double> frequencies = rope.inverse_frequencies(head_dim);
   RopeTables tables;

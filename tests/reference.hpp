@@ -201,6 +201,10 @@ struct RopeReference {
   // What cos and sin are multiplied by: YaRN's or LongRoPE's attention
   // factor, else 1.
   double attention_factor() const;
+  // The kernel's options for these angles (style, rotary_dim, theta and each
+  // scaling; not tables or offsets). LongRoPE's pair factors are copied to
+  // `pair_factors`, which must outlive the call.
+  void set_options(RopeOptions& options, std::vector<float>& pair_factors) const;
 };
 
 // Angles as the kernel will use them: from frequencies (`tables` empty), or

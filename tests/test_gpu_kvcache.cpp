@@ -42,9 +42,12 @@ struct Case {
   bool tables = false;
   bool tables16 = false;  // the tables in q's dtype (FlashAttention's rotary_cos / rotary_sin), not f32
   // YaRN angles (theta 150000, an original context of 256 positions): this
-  // factor (0 = off) with this attention factor (0: Hugging Face's default).
+  // factor (0 = off); or LongRoPE's (rotation_of's pair factors), this
+  // factor (0 = off) over 4096 original positions. Either with this
+  // attention factor (0: Hugging Face's default).
   double yarn_factor = 0.0;
-  double yarn_attention_factor = 0.0;
+  double longrope_factor = 0.0;
+  double attention_factor = 0.0;
   int page_size = 0;  // 0: contiguous cache
   bool batch_index = false;
   // cache_leftpad (contiguous caches): each sequence's keys start at a random
@@ -68,13 +71,13 @@ struct Case {
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} chunk={} sinks={} append={} rope={} "
-      "fraction={} yarn={}/{} tables={}{} page_size={} cache_batch_idx={} leftpad={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} "
+      "fraction={} yarn={} longrope={} attention_factor={} tables={}{} page_size={} cache_batch_idx={} leftpad={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} "
       "seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
       c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.attention_chunk,
       c.learnable_sink.empty() ? "off" : fmt::format("[{}]", fmt::join(c.learnable_sink, ", ")), c.append,
       static_cast<int>(c.rope),
-      c.rotary_fraction, c.yarn_factor, c.yarn_attention_factor, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.leftpad, c.num_splits,
+      c.rotary_fraction, c.yarn_factor, c.longrope_factor, c.attention_factor, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.leftpad, c.num_splits,
       c.uneven, c.dynamic, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
 }
@@ -89,7 +92,16 @@ RopeReference rotation_of(const Case& c) {
     r.theta = 150000.0;
     r.yarn_factor = c.yarn_factor;
     r.yarn_original_max_position = 256;
-    r.yarn_attention_factor = c.yarn_attention_factor;
+    r.yarn_attention_factor = c.attention_factor;
+  }
+  if (c.longrope_factor != 0.0) {
+    // Phi's shape of long_factor: from 1 at the fastest pair to tens at the
+    // slowest, so that positions of a few thousand turn the slow pairs
+    // visibly less than theta alone would.
+    const int pairs = r.rotary_dim / 2;
+    for (int p = 0; p < pairs; ++p) r.longrope_pair_factors.push_back(1.0 + 40.0 * p * p / (pairs * pairs));
+    r.longrope_factor = c.longrope_factor;
+    r.longrope_attention_factor = c.attention_factor;
   }
   return r;
 }
@@ -294,6 +306,7 @@ struct Run {
 struct CallViews {
   KVCacheArgs args;
   TensorView block_table, batch_index, leftpad, k_new, v_new, cos, sin, sinks;
+  std::vector<float> longrope_pair_factors;
   ForwardOptions options;
 };
 
@@ -334,13 +347,7 @@ void fill_call(const Case& c, const Inputs& in, CallViews& v) {
     v.options.learnable_sink = &v.sinks;
   }
   if (c.rope != RopeStyle::none) {
-    v.options.rope.style = c.rope;
-    v.options.rope.rotary_dim = rotary_dim_of(c);
-    const RopeReference rotation = rotation_of(c);
-    v.options.rope.theta = static_cast<float>(rotation.theta);
-    v.options.rope.yarn_factor = static_cast<float>(rotation.yarn_factor);
-    v.options.rope.yarn_original_max_position = static_cast<int>(rotation.yarn_original_max_position);
-    v.options.rope.yarn_attention_factor = static_cast<float>(rotation.yarn_attention_factor);
+    rotation_of(c).set_options(v.options.rope, v.longrope_pair_factors);
     if (in.cos) {
       v.cos = TensorView::contiguous(in.cos->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
       v.sin = TensorView::contiguous(in.sin->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
@@ -675,14 +682,14 @@ TEST_CASE("kvcache: YaRN angles, keys appended scaled by the attention factor, o
   add(1, 1000, [](Case&) {});
   add(1, 2048, [](Case& c) { c.rope = RopeStyle::interleaved, c.num_splits = 3, c.page_size = 64; });
   add(3, 1024, [](Case& c) { c.dynamic = true, c.page_size = 16, c.rotary_fraction = 0.5, c.yarn_factor = 4.0; });
-  add(1, 700, [](Case& c) { c.dtype = DType::f16, c.head_dim = 64, c.window_left = 127, c.yarn_attention_factor = 1.5; });
-  add(1, 339, [](Case& c) { c.yarn_attention_factor = 1.0, c.batch_index = true; });
+  add(1, 700, [](Case& c) { c.dtype = DType::f16, c.head_dim = 64, c.window_left = 127, c.attention_factor = 1.5; });
+  add(1, 339, [](Case& c) { c.attention_factor = 1.0, c.batch_index = true; });
   // Tiles of 64 query rows and more (wgmma on sm_90a), split or not; forced
   // mma.sync tiles; head dim 256.
   add(64, 800, [](Case&) {});
   add(64, 2048, [](Case& c) { c.rope = RopeStyle::interleaved, c.num_splits = 3, c.page_size = 64; });
   add(64, 800, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.causal = false, c.dtype = DType::f16; });
-  add(3, 1024, [](Case& c) { c.head_dim = 256, c.yarn_attention_factor = 1.25; });
+  add(3, 1024, [](Case& c) { c.head_dim = 256, c.attention_factor = 1.25; });
   check_cases(cases, rng, seed);
   // What the kernels were: scaled exactly where the attention factor is not 1.
   const int sms = current_sm_count();
@@ -697,6 +704,59 @@ TEST_CASE("kvcache: YaRN angles, keys appended scaled by the attention factor, o
       CHECK_MESSAGE(plan.append.spec.rope_scaled == scaled, describe(c, plan.append.spec.text(), seed));
     });
   }
+}
+
+TEST_CASE("kvcache: LongRoPE angles (Phi-3.5, Phi-4-mini), keys appended scaled, on the decode kernel and the tiles") {
+  // LongRoPE's pair factors divide theta's frequencies (host-computed), and
+  // its attention factor scales cos and sin in the same .rope_scaled kernels
+  // as YaRN's: q at cache_seqlens + i, the appended keys (check_cache), the
+  // cached ones read as they are. Phi-3.5's head dim 96 rotated whole and
+  // Phi-4-mini's 128 rotated over 96 channels; an attention factor of 1 (a
+  // factor up to 1) takes the unscaled kernels.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Case> cases;
+  auto add = [&](int seqlen_q, int seqlen_k, auto&& set) {
+    Case c = four_sequences(seqlen_q, seqlen_k);
+    c.append = true;
+    c.rope = RopeStyle::rotate_half;
+    c.head_dim = 96;
+    c.longrope_factor = 32.0;
+    set(c);
+    cases.push_back(c);
+  };
+  add(1, 3000, [](Case&) {});
+  add(1, 2048, [](Case& c) { c.head_dim = 128, c.rotary_fraction = 0.75, c.num_splits = 3, c.page_size = 64; });
+  add(3, 1024, [](Case& c) { c.head_dim = 128, c.rotary_fraction = 0.75, c.dynamic = true, c.page_size = 16; });
+  add(1, 700, [](Case& c) { c.dtype = DType::f16, c.attention_factor = 1.5, c.heads_kv = 8; });
+  add(1, 339, [](Case& c) { c.longrope_factor = 1.0, c.batch_index = true; });
+  add(64, 800, [](Case& c) { c.head_dim = 128, c.rotary_fraction = 0.75; });
+  add(64, 2048, [](Case& c) { c.num_splits = 3, c.page_size = 64; });
+  add(64, 800, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.causal = false, c.dtype = DType::f16; });
+  check_cases(cases, rng, seed);
+  const int sms = current_sm_count();
+  for (const Case& c : cases) {
+    inspect_call(c, seed, [&](const Inputs& in, CallViews& v) {
+      const TensorView q = in.dq->view();
+      const detail::KVCachePlan plan =
+          detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true, detail::Arch::parse(current_arch()),
+                               current_max_smem_per_block(), sms);
+      const bool scaled = rotation_of(c).attention_factor() != 1.0;
+      CHECK_MESSAGE(plan.attention.spec.rope_scaled == scaled, describe(c, plan.attention.spec.text(), seed));
+      CHECK_MESSAGE(plan.append.spec.rope_scaled == scaled, describe(c, plan.append.spec.text(), seed));
+      CHECK_MESSAGE(v.options.rope.longrope_pair_factors != nullptr, describe(c, plan.attention.spec.text(), seed));
+    });
+  }
+  // The pair factors alone change the appended keys (check_cache's
+  // expectation): the unscaled case's keys rotated by theta alone differ.
+  Case c = cases[4];
+  REQUIRE(rotation_of(c).attention_factor() == 1.0);
+  const Inputs in = make_inputs(c, rng);
+  const std::vector<float> factored = appended_keys(c, in, true);
+  c.longrope_factor = 0.0;
+  const std::vector<float> theta_only = appended_keys(c, in, true);
+  CHECK_MESSAGE(max_deviation(std::vector<double>(factored.begin(), factored.end()), theta_only) > 0.1,
+                describe(c, "longrope sanity", seed));
 }
 
 TEST_CASE("kvcache: attention_chunk (keys of the query's own chunk) on every kernel family") {

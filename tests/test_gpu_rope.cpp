@@ -22,7 +22,7 @@ using namespace jitattn::test;
 
 namespace {
 
-enum class Angles { theta, linear, llama3, tables, yarn };
+enum class Angles { theta, linear, llama3, tables, yarn, longrope };
 enum class Offsets { none, keys, both };
 
 struct Case {
@@ -57,6 +57,7 @@ const char* angles_name(Angles a) {
     case Angles::llama3: return "theta+llama3";
     case Angles::tables: return "tables";
     case Angles::yarn: return "theta+yarn";
+    case Angles::longrope: return "theta+longrope";
   }
   return "?";
 }
@@ -148,6 +149,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
 // Views the options point at; they live as long as the call.
 struct CallViews {
   TensorView cos, sin, q_offsets, k_offsets, slopes;
+  std::vector<float> longrope_pair_factors;
   ForwardOptions options;
 };
 
@@ -167,20 +169,7 @@ void fill_options(const Case& c, const Inputs& in, CallViews& views) {
   }
   if (!c.rope) return;
   RopeOptions& r = o.rope;
-  r.style = c.rotation.style;
-  r.rotary_dim = c.rotation.rotary_dim;
-  r.theta = static_cast<float>(c.rotation.theta);
-  r.linear_scaling = static_cast<float>(c.rotation.linear_scaling);
-  r.llama3_factor = static_cast<float>(c.rotation.llama3_factor);
-  r.llama3_low_freq_factor = static_cast<float>(c.rotation.llama3_low_freq_factor);
-  r.llama3_high_freq_factor = static_cast<float>(c.rotation.llama3_high_freq_factor);
-  r.llama3_original_max_position = static_cast<int>(c.rotation.llama3_original_max_position);
-  r.yarn_factor = static_cast<float>(c.rotation.yarn_factor);
-  r.yarn_beta_fast = static_cast<float>(c.rotation.yarn_beta_fast);
-  r.yarn_beta_slow = static_cast<float>(c.rotation.yarn_beta_slow);
-  r.yarn_original_max_position = static_cast<int>(c.rotation.yarn_original_max_position);
-  r.yarn_truncate = c.rotation.yarn_truncate;
-  r.yarn_attention_factor = static_cast<float>(c.rotation.yarn_attention_factor);
+  c.rotation.set_options(r, views.longrope_pair_factors);
   if (in.cos) {
     views.cos = TensorView::contiguous(in.cos->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
     views.sin = TensorView::contiguous(in.sin->get(), in.tables.dtype, {in.tables.positions, in.tables.pairs});
@@ -563,6 +552,71 @@ TEST_CASE("rope: YaRN's frequencies and attention factor on every tile family th
     const References unscaled = make_references(c, in);
     REQUIRE(cases.front().rotation.attention_factor() > 1.1);
     CHECK_MESSAGE(max_deviation(scaled.exact.out, unscaled.exact.out) > 0.05, describe(c, "yarn sanity", seed));
+  }
+}
+
+TEST_CASE("rope: LongRoPE's pair factors and attention factor on the prefill tile families (Phi-3.5, Phi-4-mini)") {
+  // theta's frequencies divided pair by pair by factors the caller passes
+  // (host-computed, like YaRN's), and cos and sin scaled by the attention
+  // factor in the same kernels as YaRN's. Phi-3.5's head dim 96 rotated
+  // whole, Phi-4-mini's 128 over 96 channels, and the other families that
+  // rotate; factors of Phi's long_factor shape (1 to tens) or random ones.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  const bool hopper = current_arch() == "sm_90a";
+  struct Family {
+    int head_dim, rotary_dim;
+    TileConfig tiles;
+    bool hopper_only;
+  };
+  const Family families[] = {{96, 96, {}, false},
+                             {128, 96, {}, false},
+                             {64, 64, {128, 64, 4}, false},
+                             {128, 96, {256, 64, 8, 3}, false},
+                             {128, 96, {128, 128, 8, 2, true, true}, true},
+                             {64, 64, {128, 128, 8, 4, true, true}, true},
+                             {96, 96, {128, 128, 8, 2, true}, true}};
+  std::uniform_real_distribution<double> random_factor(1.0, 30.0);
+  std::vector<Case> cases;
+  int index = 0;
+  for (const Family& family : families) {
+    if (family.hopper_only && !hopper) continue;
+    for (int i = 0; i < 2; ++i, ++index) {
+      Case c = producer_grid_case(index, family.head_dim, true);
+      c.tiles = family.tiles;
+      c.angles = Angles::longrope;
+      c.table_gap = c.tables16 = false;
+      c.offsets = index % 2 == 0 ? Offsets::keys : Offsets::none;
+      c.rotation.style = RopeStyle::rotate_half;
+      c.rotation.rotary_dim = family.rotary_dim;
+      const int pairs = family.rotary_dim / 2;
+      for (int p = 0; p < pairs; ++p) {
+        c.rotation.longrope_pair_factors.push_back(i == 0 ? 1.0 + 40.0 * p * p / (pairs * pairs) : random_factor(rng));
+      }
+      c.rotation.longrope_factor = index % 4 == 3 ? 1.0 : 32.0;
+      c.rotation.longrope_attention_factor = index % 5 == 1 ? 1.5 : 0.0;
+      if (family.tiles.persistent) c.sm_limit = 1 + index % 3;
+      cases.push_back(c);
+    }
+  }
+  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
+    const bool scaled = c.rotation.attention_factor() != 1.0;
+    CHECK_MESSAGE((run.spec.find(".rope_scaled") != std::string::npos) == scaled, run.spec);
+    CHECK_MESSAGE(run.spec.find(fmt::format(".rope_half_r{}", c.rotation.rotary_dim)) != std::string::npos, run.spec);
+    if (c.tiles.block_q != 0) {
+      CHECK_MESSAGE(run.spec.find(fmt::format(".br{}.bc{}.w{}", c.tiles.block_q, c.tiles.block_kv, c.tiles.warps)) !=
+                        std::string::npos, run.spec);
+    }
+  });
+  // The pair factors change the answer: the same inputs rotated by theta alone differ.
+  {
+    Case c = cases.front();
+    REQUIRE(c.rotation.attention_factor() > 1.1);
+    const Inputs in = make_inputs(c, rng);
+    const References factored = make_references(c, in);
+    c.rotation.longrope_pair_factors.assign(c.rotation.longrope_pair_factors.size(), 1.0);
+    const References theta_only = make_references(c, in);
+    CHECK_MESSAGE(max_deviation(factored.exact.out, theta_only.exact.out) > 0.05, describe(c, "longrope sanity", seed));
   }
 }
 
