@@ -106,8 +106,8 @@ struct KernelSpec {
   // split.
   int head_dim_v = 0;
   // fwd, decode, append with rope from the frequencies (not tables): cos and
-  // sin are scaled by FwdParams::rope_attention_factor (YaRN's attention
-  // factor other than 1; text .rope_scaled after the rope field;
+  // sin are scaled by FwdParams::rope_attention_factor (YaRN's or LongRoPE's
+  // attention factor other than 1; text .rope_scaled after the rope field;
   // FwdConfig::kRopeScaled). Last for the aggregate initializers' sake.
   bool rope_scaled = false;
 

@@ -19,9 +19,9 @@ struct AppendConfig {
   // Bytes of a cos/sin table entry: 4 (f32), 2 (the element type), 0 (no
   // tables: angles from the frequencies).
   static constexpr int kRopeTableBytes = ROPE_TABLES;
-  // Angles from the frequencies scaled by YaRN's attention factor
-  // (rope.cuh, scale_angle): the cache keeps keys rotated as Hugging Face's
-  // and vLLM's scaled cos/sin caches leave them.
+  // Angles from the frequencies scaled by YaRN's or LongRoPE's attention
+  // factor (rope.cuh, scale_angle): the cache keeps keys rotated as Hugging
+  // Face's and vLLM's scaled cos/sin caches leave them.
   static constexpr bool kRopeScaled = ROPE_SCALED;
   static constexpr bool kPaged = PAGED;
   static constexpr int kThreads = 128;  // four rows per CTA

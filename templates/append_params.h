@@ -40,7 +40,7 @@ struct AppendParams {
   long long rope_table_stride;
   int rope_table_rows;
   // AppendConfig::kRopeScaled: cos and sin from the frequencies multiplied
-  // by YaRN's attention factor.
+  // by YaRN's or LongRoPE's attention factor.
   float rope_attention_factor;
 };
 

@@ -241,8 +241,8 @@ struct FwdConfig {
   // ROPE_TABLES 0: from the frequencies.
   static constexpr int kRopeTableBytes = ROPE_TABLES;
   static constexpr bool kRopeTables = ROPE_TABLES != 0;
-  // Angles from the frequencies, their cos and sin scaled by YaRN's attention
-  // factor (rope.cuh, scale_angle): q's and k's rotated channels come out
+  // Angles from the frequencies, their cos and sin scaled by YaRN's or
+  // LongRoPE's attention factor (rope.cuh, scale_angle): q's and k's rotated channels come out
   // FwdParams::rope_attention_factor times longer, as Hugging Face's.
   static constexpr bool kRopeScaled = ROPE_SCALED;
   static_assert(!ROPE_SCALED || (ROPE != 0 && ROPE_TABLES == 0), "scaled angles: RoPE from the frequencies");

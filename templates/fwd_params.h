@@ -160,8 +160,8 @@ struct FwdParams {
   // the tail padding, so kernels without a sink keep their layout.
   const float* learnable_sink;
   // Kernels compiled with scaled angles (FwdConfig::kRopeScaled): cos and
-  // sin from the frequencies are multiplied by this, YaRN's attention factor
-  // (Hugging Face's attention_factor). In the tail padding too.
+  // sin from the frequencies are multiplied by this, YaRN's or LongRoPE's
+  // attention factor (Hugging Face's attention_factor). In the tail padding too.
   float rope_attention_factor;
 };
 

@@ -51,9 +51,9 @@ __device__ __forceinline__ float table_entry(const void* table, long long index)
 }
 
 // SCALED (angles from the frequencies only): cos and sin are multiplied by
-// p.rope_attention_factor, YaRN's attention factor, as Hugging Face and vLLM
-// scale their cos/sin caches; the rotated channels of q and of k (and the
-// keys an append writes) come out that much longer. Tables are the caller's
+// p.rope_attention_factor, YaRN's or LongRoPE's attention factor, as Hugging
+// Face and vLLM scale their cos/sin caches; the rotated channels of q and of
+// k (and the keys an append writes) come out that much longer. Tables are the caller's
 // cos and sin as given, so they are never SCALED.
 template <bool SCALED, class Params>
 __device__ __forceinline__ void scale_angle(const Params& p, float& sine, float& cosine) {

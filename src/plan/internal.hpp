@@ -34,8 +34,8 @@ void check_lse_alignment(const TensorView& lse, int64_t elements);
 void check_lse(const TensorView& lse, int64_t batch, int64_t heads, int64_t seqlen_q);
 // RoPE options that need no tensor shapes beyond head_dim; returns rotary_dim.
 int check_rope_scalars(const RopeOptions& rope, int64_t head_dim);
-// The factor cos and sin from the frequencies are scaled by: YaRN's
-// attention factor, else 1 (and 1 with tables, which are used as given).
+// The factor cos and sin from the frequencies are scaled by: YaRN's or
+// LongRoPE's attention factor, else 1 (and 1 with tables, which are used as given).
 float rope_attention_factor(const RopeOptions& rope);
 // The cos/sin tables: f32 [positions, >= rotary_dim / 2], equal shapes and strides.
 void check_rope_tables(const RopeOptions& rope, int rotary_dim, DType q_dtype);
