@@ -277,7 +277,7 @@ struct PresetCalls {
   int head_dim = 128;
   std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> prefill;
   int64_t decode_heads = 32, decode_heads_kv = 8;
-  std::vector<std::pair<int64_t, int64_t>> decode;
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> decode;  // batch, tokens, cache rows
   std::vector<int> pages;
 };
 
@@ -295,6 +295,14 @@ void expect_calls_warmed(const PresetCalls& calls, const Arch& arch, OptionsFor&
     const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, heads, d});
     const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, heads_kv, d});
     expect_warmed(jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec, call);
+    // With a workspace: split where the tiles are few.
+    const auto split = jitattn::detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0,
+                                                           /*sizing_only=*/true, arch, max_smem, 132);
+    expect_warmed(split.attention.spec, call + " (workspace)");
+    if (split.attention.spec.split) {
+      expect_warmed(jitattn::detail::KernelSpec::combine(DType::f32, DType::bf16, false, false, split.attention.spec.sink),
+                    call + " (combine)");
+    }
     const TensorView packed_q = TensorView::contiguous(address(0x10000), DType::bf16, {batch * seqlen, heads, d});
     const TensorView packed_kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch * seqlen, heads_kv, d});
     jitattn::VarlenArgs varlen;
@@ -305,12 +313,13 @@ void expect_calls_warmed(const PresetCalls& calls, const Arch& arch, OptionsFor&
                       .spec,
                   "varlen " + call);
   }
-  for (const auto& [batch, tokens] : calls.decode) {
+  // Caches of 16384 rows, and of 2048 (where head dims up to 64 take chunks of their own).
+  for (const auto& [batch, tokens, capacity] : calls.decode) {
     for (int page : calls.pages) {
       for (const auto& [splits, dynamic] : {std::pair<int, bool>{0, false}, {1, false}, {0, true}}) {
-        const int64_t capacity = 16384, heads_kv = calls.decode_heads_kv;
-        const std::string call =
-            fmt::format("kvcache batch={} tokens={} page={} splits={} dynamic={}", batch, tokens, page, splits, dynamic);
+        const int64_t heads_kv = calls.decode_heads_kv;
+        const std::string call = fmt::format("kvcache batch={} tokens={} capacity={} page={} splits={} dynamic={}", batch,
+                                             tokens, capacity, page, splits, dynamic);
         const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, tokens, calls.decode_heads, d});
         const TensorView k_new = TensorView::contiguous(address(0x20000), DType::bf16, {batch, tokens, heads_kv, d});
         const TensorView table =
@@ -805,8 +814,8 @@ TEST_CASE("the gpt-oss preset warms its YaRN RoPE kernels: .rope_scaled prefill,
         calls.decode_heads = 64;
         // Decoding and speculative tokens, new keys rotated (and scaled) as
         // they are appended.
-        calls.decode = {{1, 1}, {12, 1}, {64, 1}, {3, 4}};
-        calls.pages = {0, 16, 64, 256};
+        calls.decode = {{1, 1, 16384}, {12, 1, 16384}, {64, 1, 16384}, {3, 4, 16384}, {64, 1, 2048}, {40, 1, 1500}};
+        calls.pages = {0, 16, 32, 64, 256};
         expect_calls_warmed(calls, arch, options_for, expect_warmed);
       }
     }
@@ -905,7 +914,7 @@ TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and deco
           calls.decode_heads = hq;
           calls.decode_heads_kv = hk;
         }
-        calls.decode = {{1, 1}, {12, 1}, {64, 1}, {3, 5}};
+        calls.decode = {{1, 1, 16384}, {12, 1, 16384}, {64, 1, 16384}, {3, 5, 16384}, {64, 1, 2048}};
         calls.pages = {0, 32, 256};
         expect_calls_warmed(calls, arch, options_for, expect_warmed);
         // An engine's varlen step of decoding sequences and a prefill chunk over packed k/v.

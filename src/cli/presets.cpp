@@ -119,15 +119,17 @@ void add_dynamic_combine(const detail::KernelSpec& attention, const AttentionSha
 
 // The kernels forward_kvcache plans for `shape` (its query heads over its KV
 // heads, new keys appended): one-token decoding of one sequence (one CTA
-// per SM) and of many (two per SM), one split and several, and of batches
+// per SM) and of many (two per SM, also over caches of 2048 keys, where
+// head dims up to 64 take chunks of their own), one split and several, and of batches
 // of 160, 224, 320 and 384 tiles (resident tiles of each pipeline size: 20,
 // 28, 40 and 48 sequences at 8 KV heads); 8 tokens
 // (speculative decoding: at 4 query heads per KV head 32 packed rows, the
 // decode kernel's two-tile rows)
 // and 16 (64 packed rows, beyond the decode kernel) of one sequence and of
 // many; chunked prefill of 2048 tokens over 8192 cached ones; a contiguous
-// cache and pages of 16, 64 and 256 rows each (FlashAttention-2 takes only
-// multiples of 256); and the combine kernel. Also the kernels of calls captured in CUDA graphs with
+// cache and pages of 16, 32, 64 and 256 rows each (FlashAttention-2 takes
+// only multiples of 256; at head dims up to 64, pages of 32 rows cut the
+// decode kernel's 64-key chunks); and the combine kernel. Also the kernels of calls captured in CUDA graphs with
 // dynamic_splits (KVCacheArgs): 1 and 8 tokens (one 16-row tile a KV head,
 // and two) of one sequence and of 64, whose tiles differ, and the combine
 // that skips the rows such calls write themselves.
@@ -152,6 +154,10 @@ void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail:
                         {1, 1, 4096, 3, false},
                         {many, 1, 4096, 1, false},
                         {many, 1, 4096, 3, false},
+                        // Short caches, where head dims up to 64 take chunks of their own.
+                        {many, 1, 2048, 0, false},
+                        {many, 1, 2048, 1, false},
+                        {many, 1, 2048, 0, true},
                         {batch_of_tiles(160, heads_kv), 1, 4096, 0, false},
                         {batch_of_tiles(224, heads_kv), 1, 4096, 0, false},
                         {batch_of_tiles(320, heads_kv), 1, 4096, 0, false},
@@ -169,7 +175,7 @@ void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail:
                         {1, two_tiles, 4096, 0, true},
                         {many, two_tiles, 4096, 0, true}};
   for (const auto& [batch, seqlen_q, capacity, splits, dynamic_splits] : calls) {
-    for (int page : {0, 16, 64, 256}) {
+    for (int page : {0, 16, 32, 64, 256}) {
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen_q, heads_q, shape.head_dim});
       const TensorView k_new = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen_q, heads_kv, shape.head_dim});
       const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
@@ -286,7 +292,9 @@ void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::
 // the planner's choices (tiles by head dim, ordinary and persistent grids,
 // RoPE tables staged or not), as forward() calls (without RoPE the
 // default_tile_set covers those) and as forward_varlen() steps over packed
-// k/v, and without RoPE over a paged cache too (prefill after a cached prefix).
+// k/v, and without RoPE over a paged cache too (prefill after a cached
+// prefix); and forward() calls with a workspace where they split (few heads
+// and short sequences leave the GPU underused).
 void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
                        std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
@@ -295,10 +303,19 @@ void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail:
     for (int64_t seqlen = 128; seqlen <= 16384; seqlen *= 2) {
       OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, 4096, seqlen, tables);
-      if (form != RopeForm::none) {
+      {
         const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, heads_q, dim});
         const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, heads_kv, dim});
-        specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
+        if (form != RopeForm::none) {
+          specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
+        }
+        // Given a workspace, calls of few tiles (few heads, short sequences)
+        // split over their keys.
+        const detail::KernelSpec split =
+            detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem,
+                                       132)
+                .attention.spec;
+        if (split.split) specs.push_back(split);
       }
       for (int page : {0, 64}) {
         if (page != 0 && form != RopeForm::none) continue;  // keys rotated as they were written
