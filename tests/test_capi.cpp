@@ -125,6 +125,22 @@ TEST_CASE("options_init gives the documented defaults") {
   CHECK(std::string(jitattn_version()) == jitattn::version());
 }
 
+// `base` spoiled by `spoil` is rejected before anything needs a GPU, by
+// jitattn_fwd_workspace_bytes and jitattn_fwd alike, the message naming the
+// field (`message`).
+void expect_rejected(const jitattn_tensor& q, const jitattn_tensor& kv, const jitattn_tensor& o,
+                     const jitattn_fwd_options& base, const std::function<void(jitattn_fwd_options&)>& spoil,
+                     const char* message) {
+  CAPTURE(message);
+  jitattn_fwd_options options = base;
+  spoil(options);
+  size_t bytes = 0;
+  CHECK(jitattn_fwd_workspace_bytes(&q, &kv, &kv, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find(message) != std::string::npos);
+  CHECK(jitattn_fwd(&q, &kv, &kv, &o, nullptr, &options, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find(message) != std::string::npos);
+}
+
 TEST_CASE("LongRoPE options reach the planner through the C API, each field checked under its own name") {
   configure_once();
   // Phi-3.5-mini's shape: 32 heads, head dim 96, rotate-half RoPE with
@@ -159,15 +175,7 @@ TEST_CASE("LongRoPE options reach the planner through the C API, each field chec
       {[](jitattn_fwd_options& o) { o.rope_yarn_factor = 4.f; }, "longrope_pair_factors comes alone"},
       {[](jitattn_fwd_options& o) { o.rope_longrope_pair_factors = nullptr; }, "need longrope_pair_factors"},
   };
-  for (const Bad& bad : cases) {
-    CAPTURE(bad.message);
-    jitattn_fwd_options options = phi;
-    bad.spoil(options);
-    CHECK(jitattn_fwd_workspace_bytes(&q, &q, &q, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
-    CHECK(std::string(jitattn_last_error()).find(bad.message) != std::string::npos);
-    CHECK(jitattn_fwd(&q, &q, &q, &o, nullptr, &options, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
-    CHECK(std::string(jitattn_last_error()).find(bad.message) != std::string::npos);
-  }
+  for (const Bad& bad : cases) expect_rejected(q, q, o, phi, bad.spoil, bad.message);
 }
 
 TEST_CASE("YaRN options reach the planner through the C API, each field checked under its own name") {
@@ -189,7 +197,7 @@ TEST_CASE("YaRN options reach the planner through the C API, each field checked 
   // Each field bad on its own: rejected before anything needs a GPU, the
   // message naming that field.
   struct Bad {
-    void (*spoil)(jitattn_fwd_options&);
+    std::function<void(jitattn_fwd_options&)> spoil;
     const char* message;
   };
   const Bad cases[] = {
@@ -202,15 +210,7 @@ TEST_CASE("YaRN options reach the planner through the C API, each field checked 
        "options.rope.yarn_attention_factor=-1 must be"},
       {[](jitattn_fwd_options& o) { o.rope_llama3_factor = 8.f; }, "yarn_factor=32 comes alone"},
   };
-  for (const Bad& bad : cases) {
-    CAPTURE(bad.message);
-    jitattn_fwd_options options = gpt_oss;
-    bad.spoil(options);
-    CHECK(jitattn_fwd_workspace_bytes(&q, &k, &k, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
-    CHECK(std::string(jitattn_last_error()).find(bad.message) != std::string::npos);
-    CHECK(jitattn_fwd(&q, &k, &k, &o, nullptr, &options, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
-    CHECK(std::string(jitattn_last_error()).find(bad.message) != std::string::npos);
-  }
+  for (const Bad& bad : cases) expect_rejected(q, k, o, gpt_oss, bad.spoil, bad.message);
   // Tables are used as given: YaRN with them is refused.
   jitattn_tensor cos{};
   cos.data = fake(0x4000);

@@ -46,69 +46,65 @@ def main():
         message = lib.jitattn_last_error().decode()
         check(status == 1 and "heads_kv=6 must divide heads_q=32" in message, f"bad call rejected: {message}")
 
-        # The YaRN fields at the struct's end: init's defaults read back where
-        # Options puts them, and each field reaches the library under its own
-        # name (a layout that disagreed with jitattn.h would misplace them).
-        options = Options()
-        lib.jitattn_fwd_options_init(ctypes.byref(options))
-        defaults = (options.rope_yarn_factor, options.rope_yarn_beta_fast, options.rope_yarn_beta_slow,
-                    options.rope_yarn_original_max_position, options.rope_yarn_truncate,
-                    options.rope_yarn_attention_factor)
-        check(defaults == (0.0, 32.0, 1.0, 4096, 1, 0.0), f"init sets the YaRN defaults: {defaults}")
-        q, k, out = bshd(0x1000, 1, 16, 64, 64), bshd(0x2000, 1, 16, 8, 64), bshd(0x3000, 1, 16, 64, 64)
-        for field, value, expected in [("rope_yarn_factor", -2.0, "options.rope.yarn_factor=-2 must be positive"),
-                                       ("rope_yarn_beta_fast", 0.5, "yarn_beta_fast=0.5 and yarn_beta_slow=1"),
-                                       ("rope_yarn_beta_slow", 40.0, "yarn_beta_fast=32 and yarn_beta_slow=40"),
-                                       ("rope_yarn_original_max_position", 0,
-                                        "options.rope.yarn_original_max_position=0 must be positive"),
-                                       ("rope_yarn_attention_factor", -1.0,
-                                        "options.rope.yarn_attention_factor=-1 must be")]:
+        # The YaRN and LongRoPE fields at the struct's end: init's defaults
+        # read back where Options puts them, and each field reaches the
+        # library under its own name (a layout that disagreed with jitattn.h
+        # would misplace them). LongRoPE's pair factors are a host array the
+        # library reads during the call.
+        def planned(base, field=None, value=None):
+            """jitattn_fwd_workspace_bytes's status and message for options set by base, then field = value."""
             options = Options()
             lib.jitattn_fwd_options_init(ctypes.byref(options))
             options.rope_style = 1
-            options.rope_theta = 150000.0
-            options.rope_yarn_factor = 32.0
-            options.rope_yarn_truncate = 0
-            setattr(options, field, value)
-            status = lib.jitattn_fwd(ctypes.byref(q), ctypes.byref(k), ctypes.byref(k), ctypes.byref(out), None,
-                                     ctypes.byref(options), None)
-            message = lib.jitattn_last_error().decode()
-            check(status == 1 and expected in message, f"bad {field} rejected: {message}")
-
-        # The LongRoPE fields after them, the same way; the pair factors are a
-        # host array the library reads during the call.
-        options = Options()
-        lib.jitattn_fwd_options_init(ctypes.byref(options))
-        defaults = (bool(options.rope_longrope_pair_factors), options.rope_longrope_factor,
-                    options.rope_longrope_original_max_position, options.rope_longrope_attention_factor)
-        check(defaults == (False, 0.0, 4096, 0.0), f"init sets the LongRoPE defaults: {defaults}")
-        factors = (ctypes.c_float * 32)(*[1.0 + p for p in range(32)])
-        spoiled = (ctypes.c_float * 32)(*[1.0 + p for p in range(32)])
-        spoiled[3] = float("nan")
-        for field, value, expected in [(None, None, None),
-                                       ("rope_longrope_pair_factors", spoiled,
-                                        "options.rope.longrope_pair_factors[3]=nan must be positive"),
-                                       ("rope_longrope_factor", -2.0, "options.rope.longrope_factor=-2 must be"),
-                                       ("rope_longrope_original_max_position", 1,
-                                        "options.rope.longrope_original_max_position=1 must be above 1"),
-                                       ("rope_longrope_attention_factor", -1.0,
-                                        "options.rope.longrope_attention_factor=-1 must be")]:
-            options = Options()
-            lib.jitattn_fwd_options_init(ctypes.byref(options))
-            options.rope_style = 1
-            options.rope_longrope_pair_factors = factors
-            options.rope_longrope_factor = 32.0
+            base(options)
             if field is not None:
                 setattr(options, field, value)
             size = ctypes.c_size_t(0)
             status = lib.jitattn_fwd_workspace_bytes(ctypes.byref(q), ctypes.byref(k), ctypes.byref(k),
                                                      ctypes.byref(out), None, ctypes.byref(options),
                                                      ctypes.byref(size))
-            message = lib.jitattn_last_error().decode()
-            if field is None:
-                check(status == 0, f"LongRoPE options accepted (status {status}: {message})")
-            else:
-                check(status == 1 and expected in message, f"bad {field} rejected: {message}")
+            return status, lib.jitattn_last_error().decode()
+
+        def yarn(options):  # gpt-oss's
+            options.rope_theta = 150000.0
+            options.rope_yarn_factor = 32.0
+            options.rope_yarn_truncate = 0
+
+        factors = (ctypes.c_float * 32)(*[1.0 + p for p in range(32)])
+        spoiled = (ctypes.c_float * 32)(*[1.0 + p for p in range(32)])
+        spoiled[3] = float("nan")
+
+        def longrope(options):
+            options.rope_longrope_pair_factors = factors
+            options.rope_longrope_factor = 32.0
+
+        options = Options()
+        lib.jitattn_fwd_options_init(ctypes.byref(options))
+        defaults = (options.rope_yarn_factor, options.rope_yarn_beta_fast, options.rope_yarn_beta_slow,
+                    options.rope_yarn_original_max_position, options.rope_yarn_truncate,
+                    options.rope_yarn_attention_factor)
+        check(defaults == (0.0, 32.0, 1.0, 4096, 1, 0.0), f"init sets the YaRN defaults: {defaults}")
+        defaults = (bool(options.rope_longrope_pair_factors), options.rope_longrope_factor,
+                    options.rope_longrope_original_max_position, options.rope_longrope_attention_factor)
+        check(defaults == (False, 0.0, 4096, 0.0), f"init sets the LongRoPE defaults: {defaults}")
+        q, k, out = bshd(0x1000, 1, 16, 64, 64), bshd(0x2000, 1, 16, 8, 64), bshd(0x3000, 1, 16, 64, 64)
+        for base in (yarn, longrope):
+            status, message = planned(base)
+            check(status == 0, f"{base.__name__} options accepted (status {status}: {message})")
+        for base, field, value, expected in [
+                (yarn, "rope_yarn_factor", -2.0, "options.rope.yarn_factor=-2 must be positive"),
+                (yarn, "rope_yarn_beta_fast", 0.5, "yarn_beta_fast=0.5 and yarn_beta_slow=1"),
+                (yarn, "rope_yarn_beta_slow", 40.0, "yarn_beta_fast=32 and yarn_beta_slow=40"),
+                (yarn, "rope_yarn_original_max_position", 0, "options.rope.yarn_original_max_position=0 must be positive"),
+                (yarn, "rope_yarn_attention_factor", -1.0, "options.rope.yarn_attention_factor=-1 must be"),
+                (longrope, "rope_longrope_pair_factors", spoiled,
+                 "options.rope.longrope_pair_factors[3]=nan must be positive"),
+                (longrope, "rope_longrope_factor", -2.0, "options.rope.longrope_factor=-2 must be"),
+                (longrope, "rope_longrope_original_max_position", 1,
+                 "options.rope.longrope_original_max_position=1 must be above 1"),
+                (longrope, "rope_longrope_attention_factor", -1.0, "options.rope.longrope_attention_factor=-1 must be")]:
+            status, message = planned(base, field, value)
+            check(status == 1 and expected in message, f"bad {field} rejected: {message}")
 
         status = lib.jitattn_warm(b"combine.f32.bf16", b"sm_80")
         check(status == 0, f"warm compiles a combine kernel (status {status}: {lib.jitattn_last_error().decode()})")

@@ -368,6 +368,24 @@ void inspect_call(const Case& c, uint64_t seed, Inspect&& inspect) {
   inspect(in, v);
 }
 
+// What the kernels of scaled-angle cases (YaRN, LongRoPE) were: the
+// attention's and the append's .rope_scaled exactly where the attention
+// factor is not 1.
+void check_scaled_kernels(const std::vector<Case>& cases, uint64_t seed) {
+  const int sms = current_sm_count();
+  for (const Case& c : cases) {
+    inspect_call(c, seed, [&](const Inputs& in, CallViews& v) {
+      const TensorView q = in.dq->view();
+      const detail::KVCachePlan plan =
+          detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true, detail::Arch::parse(current_arch()),
+                               current_max_smem_per_block(), sms);
+      const bool scaled = rotation_of(c).attention_factor() != 1.0;
+      CHECK_MESSAGE(plan.attention.spec.rope_scaled == scaled, describe(c, plan.attention.spec.text(), seed));
+      CHECK_MESSAGE(plan.append.spec.rope_scaled == scaled, describe(c, plan.append.spec.text(), seed));
+    });
+  }
+}
+
 // Checks the cache after the call: appended rows as the host rotation says
 // (values bit-exact, keys within one 16-bit rounding), everything else as
 // uploaded. Returns a description of the first mismatch, or "".
@@ -691,19 +709,7 @@ TEST_CASE("kvcache: YaRN angles, keys appended scaled by the attention factor, o
   add(64, 800, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.causal = false, c.dtype = DType::f16; });
   add(3, 1024, [](Case& c) { c.head_dim = 256, c.attention_factor = 1.25; });
   check_cases(cases, rng, seed);
-  // What the kernels were: scaled exactly where the attention factor is not 1.
-  const int sms = current_sm_count();
-  for (const Case& c : cases) {
-    inspect_call(c, seed, [&](const Inputs& in, CallViews& v) {
-      const TensorView q = in.dq->view();
-      const detail::KVCachePlan plan =
-          detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true, detail::Arch::parse(current_arch()),
-                               current_max_smem_per_block(), sms);
-      const bool scaled = rotation_of(c).attention_factor() != 1.0;
-      CHECK_MESSAGE(plan.attention.spec.rope_scaled == scaled, describe(c, plan.attention.spec.text(), seed));
-      CHECK_MESSAGE(plan.append.spec.rope_scaled == scaled, describe(c, plan.append.spec.text(), seed));
-    });
-  }
+  check_scaled_kernels(cases, seed);
 }
 
 TEST_CASE("kvcache: LongRoPE angles (Phi-3.5, Phi-4-mini), keys appended scaled, on the decode kernel and the tiles") {
@@ -734,19 +740,7 @@ TEST_CASE("kvcache: LongRoPE angles (Phi-3.5, Phi-4-mini), keys appended scaled,
   add(64, 2048, [](Case& c) { c.num_splits = 3, c.page_size = 64; });
   add(64, 800, [](Case& c) { c.tiles = {64, 128, 4, 0}, c.causal = false, c.dtype = DType::f16; });
   check_cases(cases, rng, seed);
-  const int sms = current_sm_count();
-  for (const Case& c : cases) {
-    inspect_call(c, seed, [&](const Inputs& in, CallViews& v) {
-      const TensorView q = in.dq->view();
-      const detail::KVCachePlan plan =
-          detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true, detail::Arch::parse(current_arch()),
-                               current_max_smem_per_block(), sms);
-      const bool scaled = rotation_of(c).attention_factor() != 1.0;
-      CHECK_MESSAGE(plan.attention.spec.rope_scaled == scaled, describe(c, plan.attention.spec.text(), seed));
-      CHECK_MESSAGE(plan.append.spec.rope_scaled == scaled, describe(c, plan.append.spec.text(), seed));
-      CHECK_MESSAGE(v.options.rope.longrope_pair_factors != nullptr, describe(c, plan.attention.spec.text(), seed));
-    });
-  }
+  check_scaled_kernels(cases, seed);
   // The pair factors alone change the appended keys (check_cache's
   // expectation): the unscaled case's keys rotated by theta alone differ.
   Case c = cases[4];

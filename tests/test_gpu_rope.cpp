@@ -369,6 +369,48 @@ Case producer_grid_case(int index, int head_dim, bool rope) {
   return c;
 }
 
+// A tile family of the scaled-angle cases (YaRN, LongRoPE): forced tiles
+// (zeros: the planner's), wgmma ones on sm_90a only; rotary_dim 0 keeps
+// producer_grid_case's.
+struct ScaledFamily {
+  int head_dim, rotary_dim;
+  TileConfig tiles;
+  bool hopper_only;
+};
+
+// Two cases a family (producer_grid_case's shapes and masks, no tables),
+// `set(case, index, i)` filling in the angles; case `index` counts over all.
+template <class Set>
+std::vector<Case> scaled_family_cases(const std::vector<ScaledFamily>& families, Set&& set) {
+  const bool hopper = current_arch() == "sm_90a";
+  std::vector<Case> cases;
+  int index = 0;
+  for (const ScaledFamily& family : families) {
+    if (family.hopper_only && !hopper) continue;
+    for (int i = 0; i < 2; ++i, ++index) {
+      Case c = producer_grid_case(index, family.head_dim, true);
+      c.tiles = family.tiles;
+      c.table_gap = c.tables16 = false;
+      if (family.rotary_dim != 0) c.rotation.rotary_dim = family.rotary_dim;
+      if (family.tiles.persistent) c.sm_limit = 1 + index % 3;
+      set(c, index, i);
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+// A scaled-angle run's kernel: .rope_scaled exactly where the attention
+// factor is not 1, and the forced tiles where there are some.
+void check_scaled_kernel(const Case& c, const KernelRun& run) {
+  const bool scaled = c.rotation.attention_factor() != 1.0;
+  CHECK_MESSAGE((run.spec.find(".rope_scaled") != std::string::npos) == scaled, run.spec);
+  if (c.tiles.block_q != 0) {
+    CHECK_MESSAGE(run.spec.find(fmt::format(".br{}.bc{}.w{}", c.tiles.block_q, c.tiles.block_kv, c.tiles.warps)) !=
+                      std::string::npos, run.spec);
+  }
+}
+
 TEST_CASE("producer layout (sN): RoPE and plain, both styles, masks, softcap, ALiBi, GQA packing, head dims 32-128") {
   // The producer warpgroup copies (and rotates) every K/V block; the MMA
   // warps skip the blocks their own rows cannot see, and 2-4 stages wrap the
@@ -490,37 +532,27 @@ TEST_CASE("rope: YaRN's frequencies and attention factor on every tile family th
   // unscaled kernel.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
-  const bool hopper = current_arch() == "sm_90a";
-  struct Family {
-    int head_dim;
-    TileConfig tiles;
-    bool hopper_only;
-  };
-  const Family families[] = {
-      {64, {}, false},                          {128, {}, false},
-      {128, {128, 64, 4}, false},               {64, {128, 64, 4}, false},
-      {64, {256, 64, 8, 3}, false},             {128, {128, 128, 8, 2, true}, true},
-      {64, {128, 128, 8, 4, true, true}, true}, {128, {128, 128, 8, 2, true, true}, true},
-      {192, {128, 96, 8, 2, true}, true},       {256, {128, 80, 8, 2, true}, true},
-      {64, {192, 128, 12, 2, true}, true},      {59, {}, false}};
-  std::vector<Case> cases;
-  int index = 0;
-  for (const Family& family : families) {
-    if (family.hopper_only && !hopper) continue;
-    for (int i = 0; i < 2; ++i, ++index) {
-      Case c = producer_grid_case(index, family.head_dim, true);
-      c.tiles = family.tiles;
-      c.angles = Angles::yarn;
-      c.table_gap = c.tables16 = false;
-      c.rotation.theta = 150000.0;
-      c.rotation.yarn_factor = index % 3 == 2 ? 32.0 : 8.0;
-      c.rotation.yarn_original_max_position = 512;
-      c.rotation.yarn_truncate = index % 2 == 0;
-      c.rotation.yarn_attention_factor = index % 5 == 3 ? 1.0 : index % 5 == 1 ? 1.5 : 0.0;
-      if (family.tiles.persistent) c.sm_limit = 1 + index % 3;
-      cases.push_back(c);
-    }
-  }
+  std::vector<Case> cases = scaled_family_cases(
+      {{64, 0, {}, false},
+       {128, 0, {}, false},
+       {128, 0, {128, 64, 4}, false},
+       {64, 0, {128, 64, 4}, false},
+       {64, 0, {256, 64, 8, 3}, false},
+       {128, 0, {128, 128, 8, 2, true}, true},
+       {64, 0, {128, 128, 8, 4, true, true}, true},
+       {128, 0, {128, 128, 8, 2, true, true}, true},
+       {192, 0, {128, 96, 8, 2, true}, true},
+       {256, 0, {128, 80, 8, 2, true}, true},
+       {64, 0, {192, 128, 12, 2, true}, true},
+       {59, 0, {}, false}},
+      [](Case& c, int index, int) {
+        c.angles = Angles::yarn;
+        c.rotation.theta = 150000.0;
+        c.rotation.yarn_factor = index % 3 == 2 ? 32.0 : 8.0;
+        c.rotation.yarn_original_max_position = 512;
+        c.rotation.yarn_truncate = index % 2 == 0;
+        c.rotation.yarn_attention_factor = index % 5 == 3 ? 1.0 : index % 5 == 1 ? 1.5 : 0.0;
+      });
   // Long calls: keys past 8k, where the producers re-anchor their stepped angles.
   for (int head_dim : {64, 128}) {
     Case c;
@@ -535,14 +567,7 @@ TEST_CASE("rope: YaRN's frequencies and attention factor on every tile family th
     c.offsets = Offsets::keys;
     cases.push_back(c);
   }
-  check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
-    const bool scaled = c.rotation.attention_factor() != 1.0;
-    CHECK_MESSAGE((run.spec.find(".rope_scaled") != std::string::npos) == scaled, run.spec);
-    if (c.tiles.block_q != 0) {
-      CHECK_MESSAGE(run.spec.find(fmt::format(".br{}.bc{}.w{}", c.tiles.block_q, c.tiles.block_kv, c.tiles.warps)) !=
-                        std::string::npos, run.spec);
-    }
-  });
+  check_cases(cases, rng, seed, check_scaled_kernel);
   // The attention factor changes the answer: the same inputs rotated without it differ.
   {
     Case c = cases.front();
@@ -563,50 +588,29 @@ TEST_CASE("rope: LongRoPE's pair factors and attention factor on the prefill til
   // rotate; factors of Phi's long_factor shape (1 to tens) or random ones.
   const uint64_t seed = clock_seed();
   std::mt19937_64 rng(seed);
-  const bool hopper = current_arch() == "sm_90a";
-  struct Family {
-    int head_dim, rotary_dim;
-    TileConfig tiles;
-    bool hopper_only;
-  };
-  const Family families[] = {{96, 96, {}, false},
-                             {128, 96, {}, false},
-                             {64, 64, {128, 64, 4}, false},
-                             {128, 96, {256, 64, 8, 3}, false},
-                             {128, 96, {128, 128, 8, 2, true, true}, true},
-                             {64, 64, {128, 128, 8, 4, true, true}, true},
-                             {96, 96, {128, 128, 8, 2, true}, true}};
   std::uniform_real_distribution<double> random_factor(1.0, 30.0);
-  std::vector<Case> cases;
-  int index = 0;
-  for (const Family& family : families) {
-    if (family.hopper_only && !hopper) continue;
-    for (int i = 0; i < 2; ++i, ++index) {
-      Case c = producer_grid_case(index, family.head_dim, true);
-      c.tiles = family.tiles;
-      c.angles = Angles::longrope;
-      c.table_gap = c.tables16 = false;
-      c.offsets = index % 2 == 0 ? Offsets::keys : Offsets::none;
-      c.rotation.style = RopeStyle::rotate_half;
-      c.rotation.rotary_dim = family.rotary_dim;
-      const int pairs = family.rotary_dim / 2;
-      for (int p = 0; p < pairs; ++p) {
-        c.rotation.longrope_pair_factors.push_back(i == 0 ? 1.0 + 40.0 * p * p / (pairs * pairs) : random_factor(rng));
-      }
-      c.rotation.longrope_factor = index % 4 == 3 ? 1.0 : 32.0;
-      c.rotation.longrope_attention_factor = index % 5 == 1 ? 1.5 : 0.0;
-      if (family.tiles.persistent) c.sm_limit = 1 + index % 3;
-      cases.push_back(c);
-    }
-  }
+  std::vector<Case> cases = scaled_family_cases(
+      {{96, 96, {}, false},
+       {128, 96, {}, false},
+       {64, 64, {128, 64, 4}, false},
+       {128, 96, {256, 64, 8, 3}, false},
+       {128, 96, {128, 128, 8, 2, true, true}, true},
+       {64, 64, {128, 128, 8, 4, true, true}, true},
+       {96, 96, {128, 128, 8, 2, true}, true}},
+      [&](Case& c, int index, int i) {
+        c.angles = Angles::longrope;
+        c.offsets = index % 2 == 0 ? Offsets::keys : Offsets::none;
+        c.rotation.style = RopeStyle::rotate_half;
+        const int pairs = c.rotation.rotary_dim / 2;
+        for (int p = 0; p < pairs; ++p) {
+          c.rotation.longrope_pair_factors.push_back(i == 0 ? 1.0 + 40.0 * p * p / (pairs * pairs) : random_factor(rng));
+        }
+        c.rotation.longrope_factor = index % 4 == 3 ? 1.0 : 32.0;
+        c.rotation.longrope_attention_factor = index % 5 == 1 ? 1.5 : 0.0;
+      });
   check_cases(cases, rng, seed, [&](const Case& c, const KernelRun& run) {
-    const bool scaled = c.rotation.attention_factor() != 1.0;
-    CHECK_MESSAGE((run.spec.find(".rope_scaled") != std::string::npos) == scaled, run.spec);
+    check_scaled_kernel(c, run);
     CHECK_MESSAGE(run.spec.find(fmt::format(".rope_half_r{}", c.rotation.rotary_dim)) != std::string::npos, run.spec);
-    if (c.tiles.block_q != 0) {
-      CHECK_MESSAGE(run.spec.find(fmt::format(".br{}.bc{}.w{}", c.tiles.block_q, c.tiles.block_kv, c.tiles.warps)) !=
-                        std::string::npos, run.spec);
-    }
   });
   // The pair factors change the answer: the same inputs rotated by theta alone differ.
   {
