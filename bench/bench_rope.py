@@ -39,6 +39,19 @@ def yarn_inv_freq(head_dim, theta, factor, original=4096, beta_fast=32.0, beta_s
     return base * (1 - ramp) + base / factor * ramp, 0.1 * math.log(factor) + 1.0
 
 
+def longrope_pair_factors(head_dim):
+    """Pair factors of the shape of Phi's long_factor: 1 at the fastest pair, 41 at the slowest."""
+    pairs = head_dim // 2
+    return [1.0 + 40.0 * p * p / (pairs * pairs) for p in range(pairs)]
+
+
+def longrope_inv_freq(head_dim, theta, factor, original=4096):
+    """Hugging Face's LongRoPE frequencies (longrope_pair_factors) and default attention factor."""
+    pair_factors = torch.tensor(longrope_pair_factors(head_dim), device="cuda", dtype=torch.float32)
+    base = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device="cuda", dtype=torch.float32) / head_dim))
+    return base / pair_factors, math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--lib", default="build/libjitattn.so")
@@ -55,9 +68,15 @@ def main():
     parser.add_argument("--yarn", type=float, default=0.0,
                         help="also time YaRN angles of this factor (betas 32 and 1 over 4096 positions, Hugging Face's "
                              "attention factor, so the kernels scale cos and sin), checked against PyTorch too")
+    parser.add_argument("--longrope", type=float, default=0.0,
+                        help="or LongRoPE angles of this factor (Phi's: 32; pair factors of the shape of Phi's "
+                             "long_factor, Hugging Face's attention factor: the same scaled kernels as YaRN's)")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the check against PyTorch (timing experimental templates that compute wrong results)")
     args = parser.parse_args()
+    if args.yarn and args.longrope:
+        parser.error("--yarn and --longrope are one frequency scaling at a time")
+    scaled = "yarn" if args.yarn else "longrope" if args.longrope else ""
     lib = load(args.lib)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     rows = []
@@ -78,19 +97,25 @@ def main():
                 angles = torch.outer(positions, inv_freq)
                 cos_table, sin_table = angles.cos().contiguous(), angles.sin().contiguous()
                 mscale = 1.0
-                if args.yarn:
-                    yarn_freq, mscale = yarn_inv_freq(head_dim, 10000.0, args.yarn)
-                    yarn_angles = torch.outer(positions, yarn_freq)
-                    yarn_cos, yarn_sin = yarn_angles.cos() * mscale, yarn_angles.sin() * mscale
+                if scaled:
+                    scaled_freq, mscale = (yarn_inv_freq(head_dim, 10000.0, args.yarn) if args.yarn
+                                           else longrope_inv_freq(head_dim, 10000.0, args.longrope))
+                    scaled_angles = torch.outer(positions, scaled_freq)
+                    scaled_cos, scaled_sin = scaled_angles.cos() * mscale, scaled_angles.sin() * mscale
+                pair_factors = (ctypes.c_float * (head_dim // 2))(*longrope_pair_factors(head_dim))
                 tq, tk, tv, to = (tensor_of(t, BF16) for t in (q, k, v, out))
                 tcos = tensor_of(cos_table, F32)
                 tsin = tensor_of(sin_table, F32)
                 cos16, sin16 = cos_table.to(torch.bfloat16), sin_table.to(torch.bfloat16)
                 tcos16, tsin16 = tensor_of(cos16, BF16), tensor_of(sin16, BF16)
 
-                def options(rope, tables=None, yarn=0.0):
+                def options(rope, tables=None, scaling=""):
                     o = default_options(lib)
-                    o.rope_yarn_factor = yarn
+                    if scaling == "yarn":
+                        o.rope_yarn_factor = args.yarn
+                    elif scaling == "longrope":
+                        o.rope_longrope_pair_factors = pair_factors
+                        o.rope_longrope_factor = args.longrope
                     o.causal = 1
                     o.rope_style = 1 if rope else 0
                     forced = args.rope_tiles if rope else args.plain_tiles
@@ -100,7 +125,7 @@ def main():
                         o.rope_sin = ctypes.addressof(tsin if tables == "f32" else tsin16)
                     return o
 
-                plain, fused, fused_yarn = options(False), options(True), options(True, yarn=args.yarn)
+                plain, fused, fused_scaled = options(False), options(True), options(True, scaling=scaled)
                 tabled, tabled16 = options(True, "f32"), options(True, "bf16")
 
                 def call(o):
@@ -116,7 +141,7 @@ def main():
 
                 def rotate(x, cos, sin, fp32):
                     # Timed: in bf16, as a framework would. Checked against: fp32 arithmetic rounded once
-                    # (the kernels rotate q so), since YaRN's attention factor sharpens the scores enough for
+                    # (the kernels rotate q so), since YaRN's (or LongRoPE's) attention factor sharpens the scores enough for
                     # bf16 rotation's own error to reach the check's bound.
                     dtype = torch.float32 if fp32 else torch.bfloat16
                     x, cos, sin = x.to(dtype), cos.to(dtype), sin.to(dtype)
@@ -138,17 +163,17 @@ def main():
                 table_dtypes = [] if args.quick else args.table_dtypes.split(",")
                 timed = {"f32": tabled, "bf16": tabled16}
                 checked = [(fused, (cos_full, sin_full))] + [(timed[t], (cos_full, sin_full)) for t in table_dtypes]
-                if args.yarn:
-                    checked.append((fused_yarn, (full(yarn_cos), full(yarn_sin))))
+                if scaled:
+                    checked.append((fused_scaled, (full(scaled_cos), full(scaled_sin))))
                 for o, tables in () if args.no_check else checked:
                     out.fill_(float("nan"))
                     call(o)()
                     reference = torch_rope_fa2(*tables, fp32=True).transpose(1, 2)
                     diff = (out.float() - reference.float()).abs().max().item()
-                    # YaRN's attention factor scales the scores, and the roundings that reach the output, by mscale².
-                    bound = 3e-2 * (mscale ** 2 if o is fused_yarn else 1.0)
+                    # The attention factor scales the scores, and the roundings that reach the output, by mscale².
+                    bound = 3e-2 * (mscale ** 2 if o is fused_scaled else 1.0)
                     if not diff <= bound:
-                        print(f"MISMATCH d={head_dim} N={n} batch={batch} yarn={o is fused_yarn}: "
+                        print(f"MISMATCH d={head_dim} N={n} batch={batch} {scaled or 'theta'}={o is fused_scaled}: "
                               f"max |fused - torch rope+FA2| = {diff}")
                         return 1
                 nan = float("nan")
@@ -156,7 +181,7 @@ def main():
                      "plain_ms": median_ms(call(plain), 30, 5), "rope_ms": median_ms(call(fused), 30, 5),
                      "rope_tables_ms": median_ms(call(tabled), 30, 5) if "f32" in table_dtypes else nan,
                      "rope_tables16_ms": median_ms(call(tabled16), 30, 5) if "bf16" in table_dtypes else nan,
-                     "rope_yarn_ms": median_ms(call(fused_yarn), 30, 5) if args.yarn else nan,
+                     "scaled": scaled, "rope_scaled_ms": median_ms(call(fused_scaled), 30, 5) if scaled else nan,
                      "torch_rope_fa2_ms": nan if args.quick else median_ms(torch_rope_fa2, 30, 5),
                      "fa2_ms": nan if args.quick else median_ms(torch_fa2, 30, 5)}
                 rows.append(r)
@@ -164,7 +189,8 @@ def main():
                       f"{r['rope_tables_ms']:9.4f} {r['rope_tables16_ms']:9.4f} | {r['rope_ms'] / r['plain_ms']:9.3f}x "
                       f"{r['rope_tables_ms'] / r['plain_ms']:8.3f}x {r['rope_tables16_ms'] / r['plain_ms']:10.3f}x | "
                       f"{r['torch_rope_fa2_ms']:17.4f} {r['fa2_ms']:8.4f}"
-                      + (f" | yarn {r['rope_yarn_ms']:.4f} ms, {r['rope_yarn_ms'] / r['rope_ms']:.3f}x rope" if args.yarn else ""),
+                      + (f" | {scaled} {r['rope_scaled_ms']:.4f} ms, {r['rope_scaled_ms'] / r['rope_ms']:.3f}x rope"
+                         if scaled else ""),
                       flush=True)
     if args.json:
         with open(args.json, "w") as f:
