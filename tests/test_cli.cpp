@@ -726,6 +726,51 @@ TEST_CASE("the gpt-oss preset warms every kernel of its calls: sinks, causal and
   CHECK(checked > 50);
 }
 
+TEST_CASE("the deepseek-v3 preset warms DeepSeek's MLA prefill: q/k 192 with v 128, forward and varlen") {
+  using jitattn::DType;
+  using jitattn::TensorView;
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  for (const char* arch_text : {"sm_90a", "sm_80"}) {
+    const Arch arch = Arch::parse(arch_text);
+    const int max_smem = jitattn::cli::max_smem_of(arch);
+    const std::vector<KernelSpec> preset = jitattn::cli::preset_specs("deepseek-v3", arch);
+    REQUIRE_FALSE(preset.empty());
+    for (const KernelSpec& spec : preset) {
+      CHECK_MESSAGE(spec.head_dim == 192, spec.text());
+      CHECK_MESSAGE(spec.head_dim_v == 128, spec.text());  // no kernel of the generic d192 tiles
+    }
+    auto expect_warmed = [&](const KernelSpec& spec, const std::string& call) {
+      CHECK_MESSAGE(std::find(preset.begin(), preset.end(), spec) != preset.end(),
+                    fmt::format("{} {}: {} not warmed", arch_text, call, spec.text()));
+    };
+    jitattn::ForwardOptions causal;
+    causal.causal = true;
+    // Calls of other batches and lengths than the preset's sweep, with and without a workspace.
+    for (const auto& [batch, seqlen] : {std::pair<int64_t, int64_t>{1, 100}, {1, 700}, {3, 1500}, {2, 5000}, {8, 3000},
+                                        {1, 20000}}) {
+      const std::string call = fmt::format("batch={} seqlen={}", batch, seqlen);
+      const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, 128, 192});
+      const TensorView v = TensorView::contiguous(address(0x30000), DType::bf16, {batch, seqlen, 128, 128});
+      const TensorView out = TensorView::contiguous(address(0x40000), DType::bf16, {batch, seqlen, 128, 128});
+      expect_warmed(jitattn::detail::plan_forward(q, q, v, out, nullptr, causal, arch, max_smem, 132).spec, call);
+      expect_warmed(jitattn::detail::plan_forward_split(q, q, v, out, nullptr, causal, nullptr, 0, true, arch, max_smem,
+                                                        132)
+                        .attention.spec,
+                    call + " (workspace)");
+      const TensorView packed_q = TensorView::contiguous(address(0x10000), DType::bf16, {batch * seqlen, 128, 192});
+      const TensorView packed_v = TensorView::contiguous(address(0x30000), DType::bf16, {batch * seqlen, 128, 128});
+      const TensorView packed_out = TensorView::contiguous(address(0x40000), DType::bf16, {batch * seqlen, 128, 128});
+      jitattn::VarlenArgs varlen;
+      varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x50000), DType::i32, {batch + 1});
+      varlen.max_seqlen_q = varlen.max_seqlen_k = static_cast<int>(seqlen);
+      expect_warmed(jitattn::detail::plan_forward_varlen(packed_q, packed_q, packed_v, packed_out, nullptr, varlen, causal,
+                                                         arch, max_smem, 132)
+                        .spec,
+                    "varlen " + call);
+    }
+  }
+}
+
 TEST_CASE("the gpt-oss preset warms its YaRN RoPE kernels: .rope_scaled prefill, decoding and appends") {
   // gpt-oss rotates the whole head (64) rotate-half with YaRN (factor 32):
   // angles from theta come with an attention factor of 0.1 ln 32 + 1, so

@@ -99,6 +99,13 @@ AttentionShape longrope_shape(int head_dim, int rotary_dim, int heads_q, int hea
   return shape;
 }
 
+// DeepSeek V3's MLA prefill: 128 heads of q/k 192 and v 128, causal.
+AttentionShape deepseek_prefill_shape() {
+  AttentionShape shape = model_heads({DType::bf16, 192, true}, 128, 128);
+  shape.head_dim_v = 128;
+  return shape;
+}
+
 // The batch of one-token sequences whose tiles (one a KV head) number
 // `tiles`: the decode grids' bands are of tiles, so a model with other KV
 // heads than 8 reaches them at other batches.
@@ -299,27 +306,34 @@ void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail:
                        std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   const int64_t heads_q = shape.heads_q, heads_kv = shape.heads_kv, dim = shape.head_dim;
+  const int64_t dim_v = shape.head_dim_v != 0 ? shape.head_dim_v : dim;
   for (int64_t batch = 1; batch <= 64; batch *= 2) {
     for (int64_t seqlen = 128; seqlen <= 16384; seqlen *= 2) {
       OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, 4096, seqlen, tables);
       {
         const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, heads_q, dim});
-        const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, heads_kv, dim});
-        if (form != RopeForm::none) {
-          specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
+        const TensorView k = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, heads_kv, dim});
+        const TensorView v = TensorView::contiguous(address(0x30000), shape.dtype, {batch, seqlen, heads_kv, dim_v});
+        const TensorView out = TensorView::contiguous(address(0x40000), shape.dtype, {batch, seqlen, heads_q, dim_v});
+        // (Without RoPE default_tile_set covers the plain forward, but not V's own head dim.)
+        if (form != RopeForm::none || dim_v != dim) {
+          specs.push_back(detail::plan_forward(q, k, v, out, nullptr, options, arch, max_smem, 132).spec);
         }
         // Given a workspace, calls of few tiles (few heads, short sequences)
         // split over their keys.
         const detail::KernelSpec split =
-            detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch, max_smem,
-                                       132)
+            detail::plan_forward_split(q, k, v, out, nullptr, options, nullptr, 0, /*sizing_only=*/true, arch,
+                                       max_smem, 132)
                 .attention.spec;
         if (split.split) specs.push_back(split);
       }
       for (int page : {0, 64}) {
         if (page != 0 && form != RopeForm::none) continue;  // keys rotated as they were written
+        if (page != 0 && dim_v != dim) continue;            // V's own head dim: packed keys only
         const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch * seqlen, heads_q, dim});
+        const TensorView out = TensorView::contiguous(address(0x50000), shape.dtype, {batch * seqlen, heads_q, dim_v});
+        const TensorView v = TensorView::contiguous(address(0x60000), shape.dtype, {batch * seqlen, heads_kv, dim_v});
         const TensorView kv =
             page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * seqlen, heads_kv, dim})
                       : TensorView::contiguous(address(0x20000), shape.dtype,
@@ -336,7 +350,9 @@ void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail:
           varlen.block_table = &table;
           varlen.seqused_k = &seqused_k;
         }
-        specs.push_back(detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch, max_smem, 132).spec);
+        specs.push_back(detail::plan_forward_varlen(q, kv, page == 0 ? v : kv, out, nullptr, varlen, options, arch, max_smem,
+                                                    132)
+                            .spec);
       }
     }
   }
@@ -402,6 +418,12 @@ const std::vector<Preset>& presets() {
        "Phi-3.5 mini and Phi-3 mini 128k: bf16, head_dim 96, causal (32 heads), RoPE rotate-half with LongRoPE "
        "(131072 / 4096 positions)",
        {longrope_shape(96, 96, 32, 32, 32.f)}},
+      // MLA prefill as engines run it over uncompressed keys: q/k of 192
+      // (128 + 64 RoPE channels, rotated by the engine before the call), v of
+      // 128, one KV head a query head.
+      {"deepseek-v3",
+       "DeepSeek V3 / R1 MLA prefill over uncompressed keys: bf16, q/k head_dim 192, v 128 (dv128), causal (128 heads)",
+       {deepseek_prefill_shape()}},
       {"phi4-mini",
        "Phi-4-mini: bf16, head_dim 128, causal (24 q / 8 kv heads), RoPE rotate-half over 96 channels with LongRoPE "
        "(131072 / 4096 positions)",
@@ -428,6 +450,10 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
           });
           if (same_class && !known) tile_set.push_back(choice.tiles);
         }
+      }
+      if (shape.head_dim_v != 0) {
+        add_prefill_specs(shape, RopeForm::none, arch, specs);
+        continue;
       }
       for (const TileConfig& tiles : tile_set) {
         detail::KernelSpec spec;

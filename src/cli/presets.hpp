@@ -54,6 +54,11 @@ struct AttentionShape {
   // attention factor (not 1 for factors above 1: .rope_scaled kernels); its
   // pair factors change no kernel.
   float longrope_factor = 0.f;
+  // V's own head dim (ForwardOptions' hdim_v; 0: head_dim), e.g. DeepSeek's
+  // MLA prefill over uncompressed keys (192 with 128): such shapes warm their
+  // prefill (forward and varlen over packed keys, the calls that take it),
+  // not the head dim's generic tiles.
+  int head_dim_v = 0;
 };
 
 struct Preset {
