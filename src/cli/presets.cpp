@@ -92,9 +92,8 @@ AttentionShape model_heads(AttentionShape shape, int heads_q, int heads_kv) {
 // A decoder shape in bf16 with rotate-half RoPE over `rotary_dim` channels
 // and LongRoPE (Phi-3.5, Phi-4-mini), its calls planned with the model's heads.
 AttentionShape longrope_shape(int head_dim, int rotary_dim, int heads_q, int heads_kv, float longrope_factor) {
-  AttentionShape shape{DType::bf16, head_dim, true, false, false, true, RopeStyle::rotate_half, rotary_dim};
-  shape.heads_q = heads_q;
-  shape.heads_kv = heads_kv;
+  AttentionShape shape = model_heads({DType::bf16, head_dim, true, false, false, true, RopeStyle::rotate_half, rotary_dim},
+                                     heads_q, heads_kv);
   shape.longrope_factor = longrope_factor;
   return shape;
 }
