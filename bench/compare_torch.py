@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import Options, Tensor, check, force_tiles  # noqa: E402
+from jitattn_ctypes import Tensor, check, default_options, force_tiles  # noqa: E402
 from jitattn_timing import median_ms  # noqa: E402
 
 
@@ -63,8 +63,7 @@ def main():
                                for _ in range(3))
                     out = torch.empty_like(q)
                     tq, tk, tv, to = (as_bshd(t, code) for t in (q, k, v, out))
-                    options = Options()
-                    lib.jitattn_fwd_options_init(ctypes.byref(options))
+                    options = default_options(lib)
                     options.causal = int(causal)
                     force_tiles(options, args.tiles)
                     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)

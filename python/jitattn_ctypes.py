@@ -1,7 +1,10 @@
 """ctypes mirror of include/jitattn/jitattn.h, shared by the Python tests and benchmarks.
 
-The structs must match the C header field for field: a shorter Python struct
-would let the library read past its end.
+The structs must match the C header field for field. Those that grow
+(options, varlen and KV-cache args) start with struct_size, which they set to
+their own size: a library reads no further than that, gives the fields a
+shorter mirror lacks their defaults, and refuses a mirror shorter than any
+jitattn.h was.
 """
 import ctypes
 
@@ -13,8 +16,19 @@ class Tensor(ctypes.Structure):
                 ("shape", ctypes.c_int64 * 4), ("strides", ctypes.c_int64 * 4)]
 
 
-class Options(ctypes.Structure):
-    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
+class Grown(ctypes.Structure):
+    """A struct of jitattn.h's that grows at its end. struct_size is set to this mirror's size; positional
+    arguments fill the fields after it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(**kwargs)
+        for (name, _), value in zip(self._fields_[1:], args):
+            setattr(self, name, value)
+        self.struct_size = ctypes.sizeof(self)
+
+
+class Options(Grown):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
                 ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("alibi_slopes", ctypes.c_void_p),
                 ("block_q", ctypes.c_int32), ("block_kv", ctypes.c_int32), ("warps", ctypes.c_int32),
                 ("rope_style", ctypes.c_int32), ("rotary_dim", ctypes.c_int32), ("rope_theta", ctypes.c_float),
@@ -65,9 +79,10 @@ def check(lib, status):
         raise RuntimeError(lib.jitattn_last_error().decode())
 
 
-def default_options(lib):
-    options = Options()
-    lib.jitattn_fwd_options_init(ctypes.byref(options))
+def default_options(lib, options_type=None):
+    """Options (or options_type, a mirror of another header's) with jitattn_fwd_options_init's defaults."""
+    options = (options_type or Options)()
+    lib.jitattn_fwd_options_init_sized(ctypes.byref(options), ctypes.c_size_t(ctypes.sizeof(options)))
     return options
 
 
@@ -87,15 +102,15 @@ def force_tiles(options, text):
     return options
 
 
-class KVCacheArgs(ctypes.Structure):
-    _fields_ = [("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("cache_seqlens", ctypes.c_void_p),
+class KVCacheArgs(Grown):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("cache_seqlens", ctypes.c_void_p),
                 ("block_table", ctypes.c_void_p), ("cache_batch_idx", ctypes.c_void_p), ("k_new", ctypes.c_void_p),
                 ("v_new", ctypes.c_void_p), ("num_splits", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32),
                 ("total_seqlen_k", ctypes.c_int64), ("dynamic_splits", ctypes.c_int32),
                 ("cache_leftpad", ctypes.c_void_p)]
 
 
-class VarlenArgs(ctypes.Structure):
-    _fields_ = [("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p),
+class VarlenArgs(Grown):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p),
                 ("block_table", ctypes.c_void_p), ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32),
                 ("total_seqlen_k", ctypes.c_int64), ("dynamic_splits", ctypes.c_int32)]

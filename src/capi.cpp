@@ -7,7 +7,51 @@
 
 #include <jitattn/jitattn.hpp>
 
+#include "grown_struct.hpp"
+
 namespace {
+
+using jitattn::capi::GrownLayout;
+using jitattn::capi::read_grown;
+
+// The growing structs as this library knows them. first_size is the sizeof of jitattn 0.2.0's header, the
+// first with struct_size: it never changes. known_end is where the last field ends: move it to each new
+// last field (a field past it is rejected as unknown, so a forgotten update fails the field's own tests).
+#define JITATTN_FIELD_END(type, field) (offsetof(type, field) + sizeof(type::field))
+constexpr GrownLayout kFwdOptionsLayout{"jitattn_fwd_options", "jitattn_fwd_options_init", 200,
+                                        JITATTN_FIELD_END(jitattn_fwd_options, rope_longrope_attention_factor),
+                                        alignof(jitattn_fwd_options)};
+constexpr GrownLayout kVarlenArgsLayout{"jitattn_varlen_args", "jitattn_varlen_args_init", 64,
+                                        JITATTN_FIELD_END(jitattn_varlen_args, dynamic_splits),
+                                        alignof(jitattn_varlen_args)};
+constexpr GrownLayout kKVCacheArgsLayout{"jitattn_kvcache_args", "jitattn_kvcache_args_init", 96,
+                                         JITATTN_FIELD_END(jitattn_kvcache_args, cache_leftpad),
+                                         alignof(jitattn_kvcache_args)};
+#undef JITATTN_FIELD_END
+// Tripwires for the first field added to each (LP64): keep first_size, move known_end, drop the line.
+static_assert(sizeof(jitattn_fwd_options) == 200, "jitattn_fwd_options grew: see kFwdOptionsLayout");
+static_assert(sizeof(jitattn_varlen_args) == 64, "jitattn_varlen_args grew: see kVarlenArgsLayout");
+static_assert(sizeof(jitattn_kvcache_args) == 96, "jitattn_kvcache_args grew: see kKVCacheArgsLayout");
+
+// jitattn_fwd_options_init's values.
+jitattn_fwd_options fwd_options_defaults() {
+  jitattn_fwd_options options{};
+  options.struct_size = sizeof(jitattn_fwd_options);
+  options.window_left = -1;
+  options.window_right = -1;
+  options.rope_theta = 10000.f;
+  options.rope_linear_scaling = 1.f;
+  options.rope_llama3_low_freq_factor = 1.f;
+  options.rope_llama3_high_freq_factor = 4.f;
+  options.rope_llama3_original_max_position = 8192;
+  options.rope_yarn_beta_fast = 32.f;
+  options.rope_yarn_beta_slow = 1.f;
+  options.rope_yarn_original_max_position = 4096;
+  options.rope_yarn_truncate = 1;
+  options.rope_longrope_original_max_position = 4096;
+  options.pack_gqa = -1;
+  return options;
+}
 
 thread_local std::string t_last_error;
 
@@ -71,48 +115,49 @@ struct CallViews {
       : q(view_of(q_, "q")), k(view_of(k_, "k")), v(view_of(v_, "v")), out(view_of(out_, "out")), has_lse(lse_ != nullptr) {
     if (has_lse) lse = view_of(lse_, "lse");
     if (c_options == nullptr) return;
-    if (c_options->softmax_scale > 0.f) options.softmax_scale = c_options->softmax_scale;
-    options.causal = c_options->causal != 0;
-    options.window_left = c_options->window_left;
-    options.window_right = c_options->window_right;
-    options.attention_chunk = c_options->attention_chunk;
-    options.softcap = c_options->softcap;
-    if (c_options->alibi_slopes != nullptr) {
-      alibi = view_of(c_options->alibi_slopes, "alibi_slopes");
+    const jitattn_fwd_options given = read_grown(*c_options, fwd_options_defaults(), kFwdOptionsLayout, "options");
+    if (given.softmax_scale > 0.f) options.softmax_scale = given.softmax_scale;
+    options.causal = given.causal != 0;
+    options.window_left = given.window_left;
+    options.window_right = given.window_right;
+    options.attention_chunk = given.attention_chunk;
+    options.softcap = given.softcap;
+    if (given.alibi_slopes != nullptr) {
+      alibi = view_of(given.alibi_slopes, "alibi_slopes");
       options.alibi_slopes = &alibi;
     }
-    options.learnable_sink = optional_view(c_options->learnable_sink, "learnable_sink", learnable_sink);
-    options.tiles = {c_options->block_q, c_options->block_kv, c_options->warps, c_options->stages,
-                     c_options->wgmma != 0, c_options->persistent != 0};
-    options.sm_limit = c_options->sm_limit;
-    options.num_splits = c_options->num_splits;
+    options.learnable_sink = optional_view(given.learnable_sink, "learnable_sink", learnable_sink);
+    options.tiles = {given.block_q, given.block_kv, given.warps, given.stages,
+                     given.wgmma != 0, given.persistent != 0};
+    options.sm_limit = given.sm_limit;
+    options.num_splits = given.num_splits;
     jitattn::RopeOptions& rope = options.rope;
-    rope.style = static_cast<jitattn::RopeStyle>(c_options->rope_style);
-    rope.rotary_dim = c_options->rotary_dim;
-    rope.theta = c_options->rope_theta;
-    rope.linear_scaling = c_options->rope_linear_scaling;
-    rope.llama3_factor = c_options->rope_llama3_factor;
-    rope.llama3_low_freq_factor = c_options->rope_llama3_low_freq_factor;
-    rope.llama3_high_freq_factor = c_options->rope_llama3_high_freq_factor;
-    rope.llama3_original_max_position = c_options->rope_llama3_original_max_position;
-    rope.yarn_factor = c_options->rope_yarn_factor;
-    rope.yarn_beta_fast = c_options->rope_yarn_beta_fast;
-    rope.yarn_beta_slow = c_options->rope_yarn_beta_slow;
-    rope.yarn_original_max_position = c_options->rope_yarn_original_max_position;
-    rope.yarn_truncate = c_options->rope_yarn_truncate != 0;
-    rope.yarn_attention_factor = c_options->rope_yarn_attention_factor;
-    rope.longrope_pair_factors = c_options->rope_longrope_pair_factors;
-    rope.longrope_factor = c_options->rope_longrope_factor;
-    rope.longrope_original_max_position = c_options->rope_longrope_original_max_position;
-    rope.longrope_attention_factor = c_options->rope_longrope_attention_factor;
-    rope.cos = optional_view(c_options->rope_cos, "rope_cos", rope_cos);
-    rope.sin = optional_view(c_options->rope_sin, "rope_sin", rope_sin);
-    rope.q_offsets = optional_view(c_options->rope_q_offsets, "rope_q_offsets", rope_q_offsets);
-    rope.k_offsets = optional_view(c_options->rope_k_offsets, "rope_k_offsets", rope_k_offsets);
-    if (c_options->pack_gqa < -1 || c_options->pack_gqa > 1) {
+    rope.style = static_cast<jitattn::RopeStyle>(given.rope_style);
+    rope.rotary_dim = given.rotary_dim;
+    rope.theta = given.rope_theta;
+    rope.linear_scaling = given.rope_linear_scaling;
+    rope.llama3_factor = given.rope_llama3_factor;
+    rope.llama3_low_freq_factor = given.rope_llama3_low_freq_factor;
+    rope.llama3_high_freq_factor = given.rope_llama3_high_freq_factor;
+    rope.llama3_original_max_position = given.rope_llama3_original_max_position;
+    rope.yarn_factor = given.rope_yarn_factor;
+    rope.yarn_beta_fast = given.rope_yarn_beta_fast;
+    rope.yarn_beta_slow = given.rope_yarn_beta_slow;
+    rope.yarn_original_max_position = given.rope_yarn_original_max_position;
+    rope.yarn_truncate = given.rope_yarn_truncate != 0;
+    rope.yarn_attention_factor = given.rope_yarn_attention_factor;
+    rope.longrope_pair_factors = given.rope_longrope_pair_factors;
+    rope.longrope_factor = given.rope_longrope_factor;
+    rope.longrope_original_max_position = given.rope_longrope_original_max_position;
+    rope.longrope_attention_factor = given.rope_longrope_attention_factor;
+    rope.cos = optional_view(given.rope_cos, "rope_cos", rope_cos);
+    rope.sin = optional_view(given.rope_sin, "rope_sin", rope_sin);
+    rope.q_offsets = optional_view(given.rope_q_offsets, "rope_q_offsets", rope_q_offsets);
+    rope.k_offsets = optional_view(given.rope_k_offsets, "rope_k_offsets", rope_k_offsets);
+    if (given.pack_gqa < -1 || given.pack_gqa > 1) {
       throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "options.pack_gqa: must be -1 (auto), 0 or 1");
     }
-    if (c_options->pack_gqa >= 0) options.pack_gqa = c_options->pack_gqa == 1;
+    if (given.pack_gqa >= 0) options.pack_gqa = given.pack_gqa == 1;
   }
   CallViews(const CallViews&) = delete;
   CallViews& operator=(const CallViews&) = delete;
@@ -135,22 +180,25 @@ struct CallViews {
 struct KVCacheViews {
   KVCacheViews(const jitattn_tensor* q, const jitattn_kvcache_args* c_args, const jitattn_tensor* out,
                const jitattn_tensor* lse, const jitattn_fwd_options* options)
-      : call(q, c_args != nullptr ? c_args->k_cache : nullptr, c_args != nullptr ? c_args->v_cache : nullptr, out, lse,
-             options) {
-    if (c_args == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "args: is NULL");
+      : given(read(c_args)), call(q, given.k_cache, given.v_cache, out, lse, options) {
     args.k_cache = call.k;
     args.v_cache = call.v;
-    args.cache_seqlens = view_of(c_args->cache_seqlens, "cache_seqlens");
-    args.block_table = CallViews::optional_view(c_args->block_table, "block_table", block_table);
-    args.cache_batch_idx = CallViews::optional_view(c_args->cache_batch_idx, "cache_batch_idx", cache_batch_idx);
-    args.cache_leftpad = CallViews::optional_view(c_args->cache_leftpad, "cache_leftpad", cache_leftpad);
-    args.k_new = CallViews::optional_view(c_args->k_new, "k_new", k_new);
-    args.v_new = CallViews::optional_view(c_args->v_new, "v_new", v_new);
-    args.num_splits = c_args->num_splits;
-    args.max_seqlen_k = c_args->max_seqlen_k;
-    args.total_seqlen_k = c_args->total_seqlen_k;
-    args.dynamic_splits = c_args->dynamic_splits != 0;
+    args.cache_seqlens = view_of(given.cache_seqlens, "cache_seqlens");
+    args.block_table = CallViews::optional_view(given.block_table, "block_table", block_table);
+    args.cache_batch_idx = CallViews::optional_view(given.cache_batch_idx, "cache_batch_idx", cache_batch_idx);
+    args.cache_leftpad = CallViews::optional_view(given.cache_leftpad, "cache_leftpad", cache_leftpad);
+    args.k_new = CallViews::optional_view(given.k_new, "k_new", k_new);
+    args.v_new = CallViews::optional_view(given.v_new, "v_new", v_new);
+    args.num_splits = given.num_splits;
+    args.max_seqlen_k = given.max_seqlen_k;
+    args.total_seqlen_k = given.total_seqlen_k;
+    args.dynamic_splits = given.dynamic_splits != 0;
   }
+  static jitattn_kvcache_args read(const jitattn_kvcache_args* c_args) {
+    if (c_args == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "args: is NULL");
+    return read_grown(*c_args, jitattn_kvcache_args{}, kKVCacheArgsLayout, "args");
+  }
+  const jitattn_kvcache_args given;  // before `call`, which is built from it
   CallViews call;
   jitattn::TensorView block_table, cache_batch_idx, cache_leftpad, k_new, v_new;
   jitattn::KVCacheArgs args;
@@ -160,22 +208,8 @@ struct KVCacheViews {
 
 extern "C" {
 
-void jitattn_fwd_options_init(jitattn_fwd_options* options) {
-  if (options == nullptr) return;
-  *options = jitattn_fwd_options{};
-  options->window_left = -1;
-  options->window_right = -1;
-  options->rope_theta = 10000.f;
-  options->rope_linear_scaling = 1.f;
-  options->rope_llama3_low_freq_factor = 1.f;
-  options->rope_llama3_high_freq_factor = 4.f;
-  options->rope_llama3_original_max_position = 8192;
-  options->rope_yarn_beta_fast = 32.f;
-  options->rope_yarn_beta_slow = 1.f;
-  options->rope_yarn_original_max_position = 4096;
-  options->rope_yarn_truncate = 1;
-  options->rope_longrope_original_max_position = 4096;
-  options->pack_gqa = -1;
+void jitattn_fwd_options_init_sized(jitattn_fwd_options* options, size_t struct_size) {
+  jitattn::capi::write_grown(options, struct_size, fwd_options_defaults());
 }
 
 jitattn_status jitattn_fwd(const jitattn_tensor* q, const jitattn_tensor* k, const jitattn_tensor* v,
@@ -237,17 +271,18 @@ struct VarlenViews {
   jitattn::VarlenArgs args;
   jitattn::TensorView seqused_k, block_table;
 
-  explicit VarlenViews(const jitattn_varlen_args* c) {
-    if (c == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "args: is NULL");
-    args.cu_seqlens_q = view_of(c->cu_seqlens_q, "cu_seqlens_q");
+  explicit VarlenViews(const jitattn_varlen_args* c_args) {
+    if (c_args == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "args: is NULL");
+    const jitattn_varlen_args given = read_grown(*c_args, jitattn_varlen_args{}, kVarlenArgsLayout, "args");
+    args.cu_seqlens_q = view_of(given.cu_seqlens_q, "cu_seqlens_q");
     // NULL (allowed with block_table and seqused_k) stays an empty view.
-    if (c->cu_seqlens_k != nullptr) args.cu_seqlens_k = view_of(c->cu_seqlens_k, "cu_seqlens_k");
-    args.seqused_k = CallViews::optional_view(c->seqused_k, "seqused_k", seqused_k);
-    args.block_table = CallViews::optional_view(c->block_table, "block_table", block_table);
-    args.max_seqlen_q = c->max_seqlen_q;
-    args.max_seqlen_k = c->max_seqlen_k;
-    args.total_seqlen_k = c->total_seqlen_k;
-    args.dynamic_splits = c->dynamic_splits != 0;
+    if (given.cu_seqlens_k != nullptr) args.cu_seqlens_k = view_of(given.cu_seqlens_k, "cu_seqlens_k");
+    args.seqused_k = CallViews::optional_view(given.seqused_k, "seqused_k", seqused_k);
+    args.block_table = CallViews::optional_view(given.block_table, "block_table", block_table);
+    args.max_seqlen_q = given.max_seqlen_q;
+    args.max_seqlen_k = given.max_seqlen_k;
+    args.total_seqlen_k = given.total_seqlen_k;
+    args.dynamic_splits = given.dynamic_splits != 0;
   }
   VarlenViews(const VarlenViews&) = delete;
   VarlenViews& operator=(const VarlenViews&) = delete;

@@ -5,14 +5,17 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
 
+#include <fmt/format.h>
 #include <jitattn/jitattn.h>
 #include <jitattn/jitattn.hpp>
 
 #include "driver.hpp"
+#include "grown_struct.hpp"
 
 namespace {
 
@@ -79,6 +82,7 @@ TEST_CASE("options_init gives the documented defaults") {
   options.causal = 7;
   options.softmax_scale = 3.f;
   jitattn_fwd_options_init(&options);
+  CHECK(options.struct_size == sizeof(jitattn_fwd_options));
   CHECK(options.causal == 0);
   CHECK(options.softmax_scale == 0.f);
   CHECK(options.block_q == 0);
@@ -123,6 +127,168 @@ TEST_CASE("options_init gives the documented defaults") {
   CHECK(options.rope_longrope_original_max_position == rope.longrope_original_max_position);
   CHECK(options.rope_longrope_attention_factor == rope.longrope_attention_factor);
   CHECK(std::string(jitattn_version()) == jitattn::version());
+}
+
+namespace grown_v1 {
+// A growing struct as one header had it, and as the next header has it (two fields more, the first of them
+// non-zero by default in the library, as an older caller must then get it).
+struct Options {
+  uint32_t struct_size;
+  int32_t a;
+  int64_t b;
+};
+}  // namespace grown_v1
+namespace grown_v2 {
+struct Options {
+  uint32_t struct_size;
+  int32_t a;
+  int64_t b;
+  int32_t c;
+  int32_t d;
+};
+const jitattn::capi::GrownLayout layout{"toy_options", "toy_options_init", sizeof(grown_v1::Options),
+                                        offsetof(Options, d) + sizeof(int32_t), alignof(Options)};
+constexpr Options defaults{sizeof(Options), -1, -2, 7, 0};
+}  // namespace grown_v2
+
+TEST_CASE("growing structs: older callers get the defaults, newer ones are accepted while their new fields are 0") {
+  using jitattn::capi::read_grown;
+  using jitattn::capi::write_grown;
+  using grown_v2::defaults;
+  using grown_v2::layout;
+  // A caller built against the older header: its fields are read, the newer ones take the defaults, and
+  // nothing past its struct_size is read (the bytes after it are poison).
+  struct {
+    grown_v1::Options options;
+    unsigned char poison[16];
+  } older{};
+  std::fill(std::begin(older.poison), std::end(older.poison), 0xAB);
+  older.options = {sizeof(grown_v1::Options), 5, 6};
+  const grown_v2::Options read = read_grown(*reinterpret_cast<const grown_v2::Options*>(&older.options), defaults,
+                                            layout, "toy");
+  CHECK(read.struct_size == sizeof(grown_v2::Options));
+  CHECK(read.a == 5);
+  CHECK(read.b == 6);
+  CHECK(read.c == 7);
+  CHECK(read.d == 0);
+  // The library's own size: every field is the caller's.
+  const grown_v2::Options same{sizeof(grown_v2::Options), 1, 2, 3, 4};
+  CHECK(read_grown(same, defaults, layout, "toy").d == 4);
+  // A caller built against a newer header (8 bytes more): accepted while the bytes the library does not know
+  // are 0, else rejected as unsupported, naming the first byte set.
+  struct Newer {
+    grown_v2::Options options;
+    int64_t e;
+  } newer{{sizeof(Newer), 1, 2, 3, 4}, 0};
+  CHECK(read_grown(newer.options, defaults, layout, "toy").c == 3);
+  newer.e = 1;
+  try {
+    (void)read_grown(newer.options, defaults, layout, "toy");
+    FAIL("an unknown field set was accepted");
+  } catch (const jitattn::Error& error) {
+    CHECK(error.code() == jitattn::ErrorCode::unsupported);
+    CHECK(std::string(error.what()).find(fmt::format("toy: byte {} of the caller's toy_options ({} bytes", offsetof(Newer, e),
+                                                     sizeof(Newer))) != std::string::npos);
+  }
+  // Sizes no header had: 0 (never initialized), below the first header's, not a multiple of the alignment.
+  const auto rejected = [&](uint32_t size, const char* message) {
+    CAPTURE(size);
+    grown_v2::Options options = same;
+    options.struct_size = size;
+    try {
+      (void)read_grown(options, defaults, layout, "toy");
+      FAIL("accepted");
+    } catch (const jitattn::Error& error) {
+      CHECK(error.code() == jitattn::ErrorCode::invalid_argument);
+      CHECK_MESSAGE(std::string(error.what()).find(message) != std::string::npos, error.what());
+    }
+  };
+  rejected(0, "toy.struct_size is 0: initialize the toy_options with toy_options_init()");
+  rejected(8, "toy.struct_size=8 is not the size of any toy_options: it must be a multiple of 8 and at least 16");
+  rejected(20, "toy.struct_size=20 is not the size");
+  // write_grown fills exactly the caller's size: the defaults it knows, 0 past them, struct_size its size.
+  struct {
+    grown_v1::Options options;
+    unsigned char poison[16];
+  } older_init;
+  std::memset(&older_init, 0xAB, sizeof older_init);
+  write_grown(reinterpret_cast<grown_v2::Options*>(&older_init.options), sizeof(grown_v1::Options), defaults);
+  CHECK(older_init.options.struct_size == sizeof(grown_v1::Options));
+  CHECK(older_init.options.a == -1);
+  CHECK(older_init.options.b == -2);
+  CHECK(std::all_of(std::begin(older_init.poison), std::end(older_init.poison), [](unsigned char x) { return x == 0xAB; }));
+  Newer newer_init;
+  std::memset(&newer_init, 0xAB, sizeof newer_init);
+  write_grown(&newer_init.options, sizeof(Newer), defaults);
+  CHECK(newer_init.options.struct_size == sizeof(Newer));
+  CHECK(newer_init.options.c == 7);
+  CHECK(newer_init.e == 0);
+  CHECK(read_grown(newer_init.options, defaults, layout, "toy").a == -1);
+}
+
+TEST_CASE("growing structs through the C API: struct_size checked in options and in varlen and KV-cache args") {
+  configure_once();
+  jitattn_tensor q = bshd(fake(0x1000), JITATTN_BF16, 2, 1, 32, 128);
+  jitattn_tensor o = bshd(fake(0x3000), JITATTN_BF16, 2, 1, 32, 128);
+  jitattn_tensor cache = bshd(fake(0x100000), JITATTN_BF16, 2, 4096, 8, 128);
+  jitattn_tensor seqlens = index_tensor(0x5000, JITATTN_I32, 2, 0);
+  jitattn_kvcache_args args;
+  jitattn_kvcache_args_init(&args);
+  CHECK(args.struct_size == sizeof(jitattn_kvcache_args));
+  args.k_cache = args.v_cache = &cache;
+  args.cache_seqlens = &seqlens;
+  // Options as a caller built against a newer jitattn.h holds them: 16 bytes more, zeroed by its init.
+  struct {
+    jitattn_fwd_options options;
+    unsigned char unknown[16];
+    unsigned char poison[16];
+  } newer;
+  std::memset(&newer, 0xAB, sizeof newer);
+  jitattn_fwd_options_init_sized(&newer.options, sizeof newer.options + sizeof newer.unknown);
+  CHECK(newer.options.struct_size == sizeof newer.options + sizeof newer.unknown);
+  CHECK(newer.options.window_left == -1);
+  CHECK(std::all_of(std::begin(newer.unknown), std::end(newer.unknown), [](unsigned char x) { return x == 0; }));
+  CHECK(std::all_of(std::begin(newer.poison), std::end(newer.poison), [](unsigned char x) { return x == 0xAB; }));
+  size_t bytes = 0, reference_bytes = 0;
+  jitattn_fwd_options options;
+  jitattn_fwd_options_init(&options);
+  REQUIRE(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &reference_bytes) == JITATTN_OK);
+  REQUIRE(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &newer.options, &bytes) == JITATTN_OK);
+  CHECK(bytes == reference_bytes);
+  // A field this library does not know, set: refused as unsupported, the output left alone.
+  newer.unknown[5] = 1;
+  bytes = 12345;
+  CHECK(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &newer.options, &bytes) == JITATTN_ERROR_UNSUPPORTED);
+  CHECK(bytes == 12345);
+  CHECK(std::string(jitattn_last_error())
+            .find(fmt::format("options: byte {} of the caller's jitattn_fwd_options", sizeof newer.options + 5)) !=
+        std::string::npos);
+  // Structs never initialized.
+  options.struct_size = 0;
+  CHECK(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()) ==
+        "options.struct_size is 0: initialize the jitattn_fwd_options with jitattn_fwd_options_init(), which sets "
+        "struct_size to its sizeof");
+  jitattn_fwd_options_init(&options);
+  args.struct_size = 0;
+  CHECK(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("args.struct_size is 0: initialize the jitattn_kvcache_args with "
+                                               "jitattn_kvcache_args_init()") != std::string::npos);
+  // Smaller than any jitattn.h with struct_size had it (a binding whose mirror lacks fields).
+  args.struct_size = offsetof(jitattn_kvcache_args, cache_leftpad);
+  CHECK(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("is not the size of any jitattn_kvcache_args") != std::string::npos);
+  jitattn_varlen_args varlen;
+  jitattn_varlen_args_init(&varlen);
+  CHECK(varlen.struct_size == sizeof(jitattn_varlen_args));
+  varlen.struct_size = 0;
+  jitattn_tensor rows = bshd(fake(0x1000), JITATTN_BF16, 1, 2, 32, 128);
+  rows.ndim = 3;
+  for (int i = 0; i < 3; ++i) rows.shape[i] = rows.shape[i + 1], rows.strides[i] = rows.strides[i + 1];
+  CHECK(jitattn_fwd_varlen_workspace_bytes(&rows, &rows, &rows, &rows, nullptr, &varlen, &options, &bytes) ==
+        JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("args.struct_size is 0: initialize the jitattn_varlen_args with "
+                                               "jitattn_varlen_args_init()") != std::string::npos);
 }
 
 // `base` spoiled by `spoil` is rejected before anything needs a GPU, by
@@ -363,7 +529,13 @@ TEST_CASE("varlen with a workspace and a paged cache through the C API: sized, v
   jitattn_tensor cu = vector(0x5000, 3, 0);
   jitattn_tensor used = vector(0x6000, 2, 0);
   jitattn_tensor table = vector(0x7000, 2, 256);
-  jitattn_varlen_args args{&cu, &cu, &used, &table, 1, 16384};
+  jitattn_varlen_args args;
+  jitattn_varlen_args_init(&args);
+  args.cu_seqlens_q = args.cu_seqlens_k = &cu;
+  args.seqused_k = &used;
+  args.block_table = &table;
+  args.max_seqlen_q = 1;
+  args.max_seqlen_k = 16384;
   jitattn_fwd_options options;
   jitattn_fwd_options_init(&options);
   size_t bytes = 0;
@@ -423,7 +595,8 @@ TEST_CASE("KV-cache calls through the C API: cache_batch_idx and cache_leftpad p
   jitattn_tensor cache = bshd(fake(0x100000), JITATTN_BF16, 2, 4096, 8, 128);
   jitattn_tensor seqlens = vector(0x5000, JITATTN_I32, 2);
   jitattn_tensor leftpad = vector(0x6000, JITATTN_I32, 2);
-  jitattn_kvcache_args args{};
+  jitattn_kvcache_args args;
+  jitattn_kvcache_args_init(&args);
   args.k_cache = args.v_cache = &cache;
   args.cache_seqlens = &seqlens;
   args.cache_leftpad = &leftpad;

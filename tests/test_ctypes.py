@@ -11,7 +11,7 @@ import tempfile
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from jitattn_ctypes import BF16, F32, Options, Tensor, tensor  # noqa: E402
+from jitattn_ctypes import BF16, F32, I32, KVCacheArgs, Options, Tensor, default_options, tensor  # noqa: E402
 
 
 def bshd(address, b, s, h, d):
@@ -39,8 +39,7 @@ def main():
         status = lib.jitattn_warm(b"fwd.bf16.d64.br128.bc64.w4", b"sm_80")
         check(status == 0, f"warm compiles a kernel (status {status}: {lib.jitattn_last_error().decode()})")
         q, k, out = bshd(0x1000, 1, 16, 32, 128), bshd(0x2000, 1, 16, 6, 128), bshd(0x3000, 1, 16, 32, 128)
-        options = Options()
-        lib.jitattn_fwd_options_init(ctypes.byref(options))
+        options = default_options(lib)
         status = lib.jitattn_fwd(ctypes.byref(q), ctypes.byref(k), ctypes.byref(k), ctypes.byref(out), None,
                                  ctypes.byref(options), None)
         message = lib.jitattn_last_error().decode()
@@ -53,8 +52,7 @@ def main():
         # library reads during the call.
         def planned(base, field=None, value=None):
             """jitattn_fwd_workspace_bytes's status and message for options set by base, then field = value."""
-            options = Options()
-            lib.jitattn_fwd_options_init(ctypes.byref(options))
+            options = default_options(lib)
             options.rope_style = 1
             base(options)
             if field is not None:
@@ -78,8 +76,7 @@ def main():
             options.rope_longrope_pair_factors = factors
             options.rope_longrope_factor = 32.0
 
-        options = Options()
-        lib.jitattn_fwd_options_init(ctypes.byref(options))
+        options = default_options(lib)
         defaults = (options.rope_yarn_factor, options.rope_yarn_beta_fast, options.rope_yarn_beta_slow,
                     options.rope_yarn_original_max_position, options.rope_yarn_truncate,
                     options.rope_yarn_attention_factor)
@@ -105,6 +102,34 @@ def main():
                 (longrope, "rope_longrope_attention_factor", -1.0, "options.rope.longrope_attention_factor=-1 must be")]:
             status, message = planned(base, field, value)
             check(status == 1 and expected in message, f"bad {field} rejected: {message}")
+
+        # struct_size: the mirror's own size, so a mirror that disagrees with the library's header is read only
+        # as far as it goes, and one shorter than any jitattn.h (a field left out) is refused by name.
+        check(default_options(lib).struct_size == ctypes.sizeof(Options), "Options carry their size")
+
+        class ShortOptions(Options.__base__):
+            _fields_ = Options._fields_[:-1]
+
+        short = default_options(lib, ShortOptions)
+        size = ctypes.c_size_t(0)
+        status = lib.jitattn_fwd_workspace_bytes(ctypes.byref(q), ctypes.byref(k), ctypes.byref(k), ctypes.byref(out),
+                                                 None, ctypes.byref(short), ctypes.byref(size))
+        message = lib.jitattn_last_error().decode()
+        check(status == 1 and f"options.struct_size={ctypes.sizeof(ShortOptions)} is not the size of any "
+              "jitattn_fwd_options" in message, f"a mirror missing a field refused: {message}")
+        cache, lengths = bshd(0x7000, 1, 4096, 8, 64), tensor(0x8000, I32, [1])
+        kv_args = KVCacheArgs(ctypes.addressof(cache), ctypes.addressof(cache), ctypes.addressof(lengths))
+        check(kv_args.struct_size == ctypes.sizeof(KVCacheArgs) and kv_args.cache_seqlens == ctypes.addressof(lengths),
+              "positional KVCacheArgs fill the fields after struct_size")
+        options = default_options(lib)
+        status = lib.jitattn_kvcache_workspace_bytes(ctypes.byref(q), ctypes.byref(kv_args), ctypes.byref(out), None,
+                                                     ctypes.byref(options), ctypes.byref(size))
+        check(status == 0, f"a KV-cache call planned through the mirror ({lib.jitattn_last_error().decode()})")
+        kv_args.struct_size = 0
+        status = lib.jitattn_kvcache_workspace_bytes(ctypes.byref(q), ctypes.byref(kv_args), ctypes.byref(out), None,
+                                                     ctypes.byref(options), ctypes.byref(size))
+        message = lib.jitattn_last_error().decode()
+        check(status == 1 and "args.struct_size is 0" in message, f"args never initialized refused: {message}")
 
         status = lib.jitattn_warm(b"combine.f32.bf16", b"sm_80")
         check(status == 0, f"warm compiles a combine kernel (status {status}: {lib.jitattn_last_error().decode()})")

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(JITATTN_BUILDING)
 #define JITATTN_C_API __attribute__((visibility("default")))
@@ -38,7 +39,18 @@ typedef struct jitattn_tensor {
   int64_t strides[4];
 } jitattn_tensor;
 
+/* Structs that grow. jitattn_fwd_options, jitattn_varlen_args and jitattn_kvcache_args begin with
+ * struct_size, the sizeof the caller was compiled with; their init functions below set it (and zero or
+ * default every field). New fields are only ever added at a struct's end, with 0 meaning off or the default.
+ * So a binary built against another jitattn.h keeps working with this library:
+ *   - an older caller's struct is shorter: the fields it lacks take their defaults;
+ *   - a newer caller's struct is longer: accepted while every field this library does not know is 0, else
+ *     JITATTN_ERROR_UNSUPPORTED naming the first byte it does not know.
+ * The library never reads past struct_size bytes. A struct_size of 0 (a struct never initialized) is
+ * rejected with JITATTN_ERROR_INVALID_ARGUMENT. */
+
 typedef struct jitattn_fwd_options {
+  uint32_t struct_size; /* sizeof(jitattn_fwd_options), set by jitattn_fwd_options_init() */
   float softmax_scale;  /* <= 0: 1/sqrt(head_dim) */
   int32_t causal;       /* bottom-right aligned */
   int32_t window_left;  /* sliding window, -1 = unbounded (see jitattn.hpp) */
@@ -87,7 +99,12 @@ typedef struct jitattn_fwd_options {
   float rope_longrope_attention_factor;         /* 0: sqrt(1 + ln(factor) / ln(original)) */
 } jitattn_fwd_options;
 
-JITATTN_C_API void jitattn_fwd_options_init(jitattn_fwd_options* options);
+/* Writes the defaults into the first struct_size bytes of options and sets options->struct_size.
+ * Callers use jitattn_fwd_options_init(); bindings without a C compiler (ctypes) pass their struct's size. */
+JITATTN_C_API void jitattn_fwd_options_init_sized(jitattn_fwd_options* options, size_t struct_size);
+static inline void jitattn_fwd_options_init(jitattn_fwd_options* options) {
+  jitattn_fwd_options_init_sized(options, sizeof *options);
+}
 
 /* out = softmax(q k^T * scale) v. q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D], out like q,
  * lse (nullable) [B, Hq, Sq] f32. stream: CUstream / cudaStream_t (NULL = default).
@@ -131,6 +148,7 @@ JITATTN_C_API jitattn_status jitattn_fwd_varlen(const jitattn_tensor* q, const j
  * are the first seqused_k[b] (else cu_seqlens_k[b+1] - cu_seqlens_k[b]) rows of its pages.
  * seqused_k and block_table may be NULL; cu_seqlens_k may be NULL when both are given. */
 typedef struct jitattn_varlen_args {
+  uint32_t struct_size; /* sizeof(jitattn_varlen_args), set by jitattn_varlen_args_init() */
   const struct jitattn_tensor* cu_seqlens_q;
   const struct jitattn_tensor* cu_seqlens_k;
   const struct jitattn_tensor* seqused_k;
@@ -140,6 +158,12 @@ typedef struct jitattn_varlen_args {
   int64_t total_seqlen_k; /* sum of the sequences' keys if known; 0: unknown (VarlenArgs::total_seqlen_k) */
   int32_t dynamic_splits; /* nonzero: split counts chosen on the device (VarlenArgs::dynamic_splits) */
 } jitattn_varlen_args;
+
+/* Zeroes args (every field off) and sets args->struct_size. */
+static inline void jitattn_varlen_args_init(jitattn_varlen_args* args) {
+  memset(args, 0, sizeof *args);
+  args->struct_size = (uint32_t)sizeof *args;
+}
 
 /* Calls whose tiles leave the GPU underused split over their keys (options->num_splits:
  * 0 chosen by the library, 1 no split, n forced). workspace: device memory of at least
@@ -164,6 +188,7 @@ JITATTN_C_API jitattn_status jitattn_fwd_varlen_workspace_bytes(const jitattn_te
  * cache_seqlens i32 [batch]; block_table (paged) i32 [batch, max_pages], cache_batch_idx
  * i32 [batch], cache_leftpad i32 [batch] and k_new/v_new [batch, seqlen_new, Hkv, D] may be NULL. */
 typedef struct jitattn_kvcache_args {
+  uint32_t struct_size; /* sizeof(jitattn_kvcache_args), set by jitattn_kvcache_args_init() */
   const struct jitattn_tensor* k_cache;
   const struct jitattn_tensor* v_cache;
   const struct jitattn_tensor* cache_seqlens;
@@ -180,6 +205,12 @@ typedef struct jitattn_kvcache_args {
   const struct jitattn_tensor* cache_leftpad; /* i32 [batch] or NULL: the cache row where sequence b's keys start
                                                  (contiguous caches; KVCacheArgs::cache_leftpad) */
 } jitattn_kvcache_args;
+
+/* Zeroes args (every field off) and sets args->struct_size. */
+static inline void jitattn_kvcache_args_init(jitattn_kvcache_args* args) {
+  memset(args, 0, sizeof *args);
+  args->struct_size = (uint32_t)sizeof *args;
+}
 
 /* q [B, Sq, Hq, D], out like q, lse (nullable) [B, Hq, Sq] f32. workspace: device memory
  * of at least jitattn_kvcache_workspace_bytes() (may be NULL when that is 0). */
