@@ -428,6 +428,29 @@ TEST_CASE("warm --manifest skips comments and blank lines, honours @ARCH, and ru
                                                                 {"fwd.bf16.d64.br64.bc64.w4.causal", "sm_90a"}});
 }
 
+TEST_CASE("list --manifest prints a cache's kernels for warm --manifest on another host") {
+  CliSandbox staging;
+  const std::string manifest = staging.write_file("kernels.txt", "fwd.f16.d64.br64.bc64.w4 @sm_80 @sm_90a\n"
+                                                                 "fwd.bf16.d64.br64.bc64.w4.causal @sm_90a\n");
+  REQUIRE(staging.run(fmt::format("warm --manifest {}", shell_quoted(manifest))).status == 0);
+  const CliRun listed = staging.run("list --manifest");
+  REQUIRE(listed.status == 0);
+  // A comment naming the count and the cache, then each kernel once, sorted.
+  const std::string kernels = "fwd.bf16.d64.br64.bc64.w4.causal @sm_90a\n"
+                              "fwd.f16.d64.br64.bc64.w4 @sm_80\n"
+                              "fwd.f16.d64.br64.bc64.w4 @sm_90a\n";
+  CHECK(contains(listed.out, "# 3 kernels in "));
+  CHECK(listed.out.substr(listed.out.find('\n') + 1) == kernels);
+  // Another cache warmed from that list holds the same kernels.
+  CliSandbox deploy;
+  const std::string copied = deploy.write_file("from-staging.txt", listed.out);
+  const json results = deploy.run_json(fmt::format("warm --manifest {} --json", shell_quoted(copied)));
+  CHECK(results.size() == 3);
+  const CliRun relisted = deploy.run("list --manifest");
+  CHECK(relisted.out.substr(relisted.out.find('\n') + 1) == kernels);
+  CHECK(deploy.run("list --manifest --json").status != 0);
+}
+
 TEST_CASE("a bad manifest line fails before compiling, naming the file and line") {
   CliSandbox sandbox;
   const std::string manifest = sandbox.write_file("bad.txt", "# ok\nfwd.f16.d64.br64.bc64.w4\nfwd.f16.d64.br64.bc64.w3\n");
@@ -1625,5 +1648,6 @@ TEST_CASE("planning without a GPU assumes each arch's opt-in shared memory per b
   CHECK(max_smem_of(Arch::parse("sm_89")) == 101376);
   CHECK(max_smem_of(Arch::parse("sm_120")) == 101376);
 }
+
 
 }  // TEST_SUITE("cli")

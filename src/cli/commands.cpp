@@ -850,10 +850,20 @@ int list_presets(const std::vector<std::string>& arch_texts, bool json_output) {
   return 0;
 }
 
-int list(const Config& config, bool json_output) {
+int list(const Config& config, bool json_output, bool manifest) {
   std::unique_ptr<detail::Cache> cache = open_cache(config);
   const std::vector<detail::EntryInfo> entries = cache->list();
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  if (manifest) {
+    // Entries of other NVRTC or library versions name the same kernel: one line each.
+    std::set<std::pair<std::string, std::string>> kernels;
+    for (const detail::EntryInfo& entry : entries) {
+      if (entry.valid) kernels.emplace(entry.meta.spec, entry.meta.arch);
+    }
+    fmt::print("# {} in {}\n", count_of(kernels.size(), "kernel", "kernels"), cache->location());
+    for (const auto& [spec, arch] : kernels) fmt::print("{} @{}\n", spec, arch);
+    return 0;
+  }
   if (json_output) {
     json records = json::array();
     for (const detail::EntryInfo& entry : entries) records.push_back(entry_json(entry, now));

@@ -87,7 +87,9 @@ int warm(const Config& config, const WarmOptions& options);
 // Lists the presets and the specs each expands to for `archs` (default as for warm).
 int list_presets(const std::vector<std::string>& archs, bool json);
 // Lists the disk cache's entries.
-int list(const Config& config, bool json);
+// The cache's entries as a table, a JSON array, or (manifest) the `SPEC @ARCH` lines of its valid entries, each
+// once and sorted, for `jitattn warm --manifest` on another host: a staging run's cache becomes the deploy's list.
+int list(const Config& config, bool json, bool manifest = false);
 // Removes every disk cache entry and the tuning table.
 int clear(const Config& config);
 // Times the tile candidates of each shape class on this GPU and merges the

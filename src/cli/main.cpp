@@ -20,6 +20,8 @@ Manifest: one spec per line; blank lines and text after '#' are ignored.
 A line may pin archs, which then replace the --arch list for that line:
     fwd.bf16.d128.br128.bc64.w8.causal            # every --arch
     fwd.f16.d64.br128.bc64.w4 @sm_80 @sm_90a      # only these
+`jitattn list --manifest` prints a cache's kernels in this form: the kernels a
+staging run compiled, to warm on the hosts it deploys to.
 
 Prints a table (spec, arch, hit/miss, compile seconds, cubin KiB) and a total
 line; exits 1 if any kernel failed to compile (after compiling the others).)";
@@ -111,9 +113,12 @@ int main(int argc, char** argv) {
   add_repeatable(presets_cmd, "--arch", preset_archs, "Expand for this arch (repeatable; default as for warm)")->type_name("ARCH");
   presets_cmd->add_flag("--json", presets_json, "Print JSON");
 
-  bool list_json = false;
+  bool list_json = false, list_manifest = false;
   CLI::App* list_cmd = app.add_subcommand("list", "List the cache's entries: spec, arch, cubin size, age, key");
   list_cmd->add_flag("--json", list_json, "Print a JSON array");
+  list_cmd->add_flag("--manifest", list_manifest,
+                     "Print the valid entries' SPEC @ARCH lines (each once), for jitattn warm --manifest")
+      ->excludes("--json");
 
   CLI::App* clear_cmd = app.add_subcommand("clear", "Remove every cache entry and the tuning table");
 
@@ -262,7 +267,7 @@ int main(int argc, char** argv) {
     if (*cache_dir_option) config.cache_dir = cache_dir;
     if (*warm_cmd) return cli::warm(config, warm);
     if (*presets_cmd) return cli::list_presets(preset_archs, presets_json);
-    if (*list_cmd) return cli::list(config, list_json);
+    if (*list_cmd) return cli::list(config, list_json, list_manifest);
     if (*clear_cmd) return cli::clear(config);
     if (*tune_cmd) return cli::tune(config, tune);
     if (*info_cmd) return cli::info(config, info_json);
