@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -1649,5 +1651,162 @@ TEST_CASE("planning without a GPU assumes each arch's opt-in shared memory per b
   CHECK(max_smem_of(Arch::parse("sm_120")) == 101376);
 }
 
+
+// Random calls of each model preset's decoder shapes, as an inference engine
+// makes them: prefill with and without a workspace, varlen steps over packed
+// keys and over pages, and KV-cache calls of 1–16 tokens over caches of any
+// length, paged or not, split by the heuristic, unsplit or dynamically. Each
+// call's kernels must have been warmed by the preset. The calls are drawn
+// from a fixed seed, over ranges the presets' own sweeps do not enumerate.
+TEST_CASE("model presets warm the kernels of random calls of their shapes") {
+  using jitattn::DType;
+  using jitattn::TensorView;
+  using jitattn::cli::AttentionShape;
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  std::mt19937 rng(20261125);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  auto log_uniform = [&](int64_t lo, int64_t hi) {
+    return static_cast<int64_t>(std::exp(std::uniform_real_distribution<double>(std::log(lo), std::log(hi + 1.0))(rng)));
+  };
+  const int calls_per_kind = 40;
+  size_t planned = 0;
+  std::map<std::string, std::string> cold;  // spec → the first call that planned it
+  for (const jitattn::cli::Preset& preset : jitattn::cli::presets()) {
+    if (preset.name == "default") continue;
+    for (const char* arch_text : {"sm_90a", "sm_80"}) {
+      const Arch arch = Arch::parse(arch_text);
+      const int max_smem = jitattn::cli::max_smem_of(arch);
+      const std::vector<KernelSpec> warmed = jitattn::cli::preset_specs(preset.name, arch);
+      std::set<std::string> warmed_text;
+      for (const KernelSpec& spec : warmed) warmed_text.insert(spec.text());
+      for (const AttentionShape& shape : preset.shapes) {
+        if (!shape.decoder) continue;
+        const int64_t d = shape.head_dim, hq = shape.heads_q, hk = shape.heads_kv;
+        const int rotary_dim = shape.rotary_dim != 0 ? shape.rotary_dim : shape.head_dim;
+        for (const std::string form : {"none", "theta", "tables"}) {
+          if (form != "none" && shape.rope == jitattn::RopeStyle::none) continue;
+          TensorView cos, sin, sinks = TensorView::contiguous(address(0x90000), DType::f32, {hq});
+          std::vector<float> pair_factors(rotary_dim / 2, 1.25f);
+          auto options_for = [&](int64_t positions) {
+            jitattn::ForwardOptions options;
+            options.causal = shape.causal;
+            if (shape.local) options.window_left = shape.window > 0 ? shape.window : 4096;
+            if (shape.softcap) options.softcap = 30.f;
+            if (shape.sink) options.learnable_sink = &sinks;
+            if (form == "none") return options;
+            options.rope.style = shape.rope;
+            options.rope.rotary_dim = rotary_dim;
+            options.rope.theta = 500000.f;
+            if (form == "tables") {
+              cos = TensorView::contiguous(address(0x60000), shape.dtype, {positions, rotary_dim / 2});
+              sin = TensorView::contiguous(address(0x70000), shape.dtype, {positions, rotary_dim / 2});
+              options.rope.cos = &cos;
+              options.rope.sin = &sin;
+            } else if (shape.yarn_factor != 0.f) {
+              options.rope.yarn_factor = shape.yarn_factor;
+            } else if (shape.longrope_factor != 0.f) {
+              options.rope.longrope_pair_factors = pair_factors.data();
+              options.rope.longrope_factor = shape.longrope_factor;
+            }
+            return options;
+          };
+          auto expect_warmed = [&](const KernelSpec& spec, const std::string& call) {
+            ++planned;
+            if (warmed_text.count(spec.text()) == 0) {
+              cold.emplace(spec.text(), fmt::format("{} {} {}: {}", preset.name, arch_text, form, call));
+            }
+          };
+          auto expect_split_warmed = [&](const jitattn::detail::SplitForwardPlan& plan, const std::string& call) {
+            expect_warmed(plan.attention.spec, call);
+            if (plan.combine.grid > 0) expect_warmed(plan.combine.spec, call + " (combine)");
+          };
+          void* const workspace = address(0x100000);
+          const size_t workspace_bytes = size_t{1} << 36;
+          for (int i = 0; i < calls_per_kind; ++i) {
+            // Prefill: forward() with and without a workspace, and a varlen step over packed keys.
+            const int64_t seqlen = log_uniform(16, 32768), batch = std::max<int64_t>(1, log_uniform(1, 65536) / seqlen);
+            const std::string call = fmt::format("prefill batch={} seqlen={}", batch, seqlen);
+            const jitattn::ForwardOptions options = options_for(seqlen);
+            const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, hq, d});
+            const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, hk, d});
+            expect_warmed(jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec, call);
+            expect_split_warmed(jitattn::detail::plan_forward_split(q, kv, kv, q, nullptr, options, workspace,
+                                                                    workspace_bytes, false, arch, max_smem, 132),
+                                call + " (workspace)");
+          }
+          for (int i = 0; i < calls_per_kind; ++i) {
+            // An engine's varlen step: decoding sequences, speculative tokens, or a prefill chunk beside them.
+            const int64_t batch = log_uniform(1, 256);
+            const int kind = static_cast<int>(uniform(0, 2));
+            const int64_t tokens = kind == 0 ? 1 : kind == 1 ? uniform(2, 16) : 0;
+            const int64_t chunk = kind == 2 ? log_uniform(32, 2048) : 0;
+            const int64_t total_q = kind == 2 ? batch - 1 + chunk : batch * tokens;
+            const int64_t max_seqlen_q = kind == 2 ? chunk : tokens;
+            const int64_t max_seqlen_k = std::max<int64_t>(max_seqlen_q, log_uniform(64, 32768));
+            // Keys in a paged cache were rotated as they were written: RoPE steps read packed keys.
+            const int64_t page = form == "none" && uniform(0, 1) == 1 ? int64_t{16} << uniform(0, 4) : 0;
+            const int mode = static_cast<int>(uniform(0, 2));  // no workspace, a workspace, dynamic splits
+            const std::string call = fmt::format("varlen step batch={} total_q={} max_q={} max_k={} page={} mode={}",
+                                                 batch, total_q, max_seqlen_q, max_seqlen_k, page, mode);
+            const int64_t pages_per_seq = page == 0 ? 0 : (max_seqlen_k + page - 1) / page;
+            const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {total_q, hq, d});
+            const TensorView kv =
+                page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * max_seqlen_k, hk, d})
+                          : TensorView::contiguous(address(0x20000), shape.dtype, {batch * pages_per_seq, page, hk, d});
+            const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, std::max<int64_t>(1, pages_per_seq)});
+            jitattn::VarlenArgs varlen;
+            varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
+            varlen.max_seqlen_q = static_cast<int>(max_seqlen_q);
+            varlen.max_seqlen_k = static_cast<int>(max_seqlen_k);
+            varlen.block_table = page == 0 ? nullptr : &table;
+            varlen.dynamic_splits = mode == 2;
+            const jitattn::ForwardOptions options = options_for(max_seqlen_k);
+            if (mode == 0) {
+              expect_warmed(jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch, max_smem,
+                                                                 132)
+                                .spec,
+                            call);
+            } else {
+              expect_split_warmed(jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options,
+                                                                             workspace, workspace_bytes, false, arch,
+                                                                             max_smem, 132),
+                                  call);
+            }
+          }
+          for (int i = 0; i < calls_per_kind; ++i) {
+            // forward_kvcache: decoding or speculative tokens, new keys appended or not.
+            const int64_t batch = log_uniform(1, 256), tokens = uniform(0, 2) == 0 ? uniform(2, 16) : 1;
+            const int64_t page = uniform(0, 2) == 0 ? 0 : int64_t{16} << uniform(0, 4);
+            const int64_t capacity = std::max<int64_t>(page, log_uniform(128, 131072) / 16 * 16);
+            const int mode = static_cast<int>(uniform(0, 2));  // the heuristic's splits, none, dynamic
+            const bool append = uniform(0, 1) == 1;
+            const std::string call = fmt::format("kvcache batch={} tokens={} capacity={} page={} mode={} append={}",
+                                                 batch, tokens, capacity, page, mode, append);
+            const int64_t pages_per_seq = page == 0 ? 0 : (capacity + page - 1) / page;
+            const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, tokens, hq, d});
+            const TensorView k_new = TensorView::contiguous(address(0x20000), shape.dtype, {batch, tokens, hk, d});
+            const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, std::max<int64_t>(1, pages_per_seq)});
+            jitattn::KVCacheArgs args;
+            args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), shape.dtype, {batch, capacity, hk, d})
+                                     : TensorView::contiguous(address(0x40000), shape.dtype, {batch * pages_per_seq, page, hk, d});
+            args.v_cache = args.k_cache;
+            args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+            args.block_table = page == 0 ? nullptr : &table;
+            if (append) args.k_new = args.v_new = &k_new;
+            args.num_splits = mode == 1 ? 1 : 0;
+            args.dynamic_splits = mode == 2;
+            const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options_for((page == 0 ? capacity : pages_per_seq * page) + tokens), workspace,
+                                                            workspace_bytes, false, arch, max_smem, 132);
+            expect_warmed(plan.attention.spec, call);
+            if (plan.append.grid > 0) expect_warmed(plan.append.spec, call + " (append)");
+            if (plan.combine.grid > 0) expect_warmed(plan.combine.spec, call + " (combine)");
+          }
+        }
+      }
+    }
+  }
+  MESSAGE(fmt::format("{} kernels planned, {} specs cold", planned, cold.size()));
+  for (const auto& [spec, call] : cold) CHECK_MESSAGE(false, fmt::format("{} not warmed ({})", spec, call));
+}
 
 }  // TEST_SUITE("cli")

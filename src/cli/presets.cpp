@@ -1,5 +1,7 @@
-#include <algorithm>
 #include "cli/presets.hpp"
+
+#include <algorithm>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -357,6 +359,129 @@ void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail:
   }
 }
 
+// The long tail of an inference engine's calls of `shape` with RoPE in
+// `form`, on grids dense enough to cross the planner's bands (tiles a wave,
+// rows a tile, keys a chunk or split, pages), where the sweeps above take
+// one call a band:
+//   - prefill and forward() with a workspace, 16 to 32768 tokens (short
+//     prompts pack GQA or take the decode kernel over dense keys);
+//   - varlen steps of 1–256 sequences: decoding, 2–16 speculative tokens, or
+//     a chunk of 24–2048 tokens beside decoding ones, over 64 to 131072 keys,
+//     packed or in pages of 16 to 256 rows, without a workspace, split by the
+//     heuristic, and with dynamic splits;
+//   - forward_kvcache of 1–256 sequences of 1–16 tokens over caches of 64 to
+//     131072 rows, contiguous or paged, split the three ways.
+// Planning is host arithmetic (a few µs a call), so the grids cost about a
+// second a shape; the specs they add are those the calls plan, each once.
+void add_engine_sweep_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
+                            std::vector<detail::KernelSpec>& specs) {
+  const int max_smem = max_smem_of(arch);
+  const int64_t heads_q = shape.heads_q, heads_kv = shape.heads_kv, dim = shape.head_dim;
+  const int window = shape.window > 0 ? shape.window : 4096;
+  std::set<std::string> seen;
+  auto add = [&](const detail::KernelSpec& spec) {
+    if (seen.insert(spec.text()).second) specs.push_back(spec);
+  };
+  auto add_split = [&](const detail::SplitForwardPlan& plan) {
+    add(plan.attention.spec);
+    if (plan.combine.grid > 0) add(plan.combine.spec);
+  };
+  void* const workspace = address(0x1000000);
+  const size_t workspace_bytes = size_t{1} << 40;
+  // Thinner grids lose kernels: batches by powers of two, keys 4× apart, or no pages of 256 rows each drop some
+  // (measured over every preset on sm_80 and sm_90a); these give the same specs as grids half again as dense.
+  const int64_t batches[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+  const int64_t key_lengths[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072};
+  const int pages[] = {0, 16, 32, 64, 256};
+  // Prefill: forward() with and without a workspace.
+  for (int64_t batch : {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 512, 1024}) {
+    for (int64_t seqlen : {16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 256, 384, 512, 768, 1024, 1536,
+                           2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768}) {
+      if (batch * seqlen > (int64_t{1} << 20)) continue;
+      OptionTensors tables;
+      const ForwardOptions options = shape_options(shape, form, window, seqlen, tables);
+      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, heads_q, dim});
+      const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, heads_kv, dim});
+      add(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
+      add_split(detail::plan_forward_split(q, kv, kv, q, nullptr, options, workspace, workspace_bytes, false, arch,
+                                           max_smem, 132));
+    }
+  }
+  // Varlen steps.
+  std::vector<int64_t> query_lengths;
+  for (int64_t tokens = 1; tokens <= 16; ++tokens) query_lengths.push_back(tokens);
+  for (int64_t chunk : {24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048}) query_lengths.push_back(chunk);
+  for (int64_t batch : batches) {
+    for (int64_t max_seqlen_q : query_lengths) {
+      // Up to 16 tokens every sequence's (speculative decoding); longer, one chunk beside decoding sequences.
+      const int64_t total_q = max_seqlen_q <= 16 ? batch * max_seqlen_q : batch - 1 + max_seqlen_q;
+      for (int64_t max_seqlen_k : key_lengths) {
+        if (max_seqlen_k < max_seqlen_q) continue;
+        OptionTensors tables;
+        const ForwardOptions options = shape_options(shape, form, window, max_seqlen_k, tables);
+        for (int page : pages) {
+          // Keys in a paged cache were rotated as they were written.
+          if (page != 0 && form != RopeForm::none) continue;
+          const int64_t pages_per_sequence = page == 0 ? 1 : (max_seqlen_k + page - 1) / page;
+          const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {total_q, heads_q, dim});
+          const TensorView kv =
+              page == 0 ? TensorView::contiguous(address(0x20000), shape.dtype, {batch * max_seqlen_k, heads_kv, dim})
+                        : TensorView::contiguous(address(0x20000), shape.dtype,
+                                                 {batch * pages_per_sequence, page, heads_kv, dim});
+          const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, pages_per_sequence});
+          VarlenArgs varlen;
+          varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {batch + 1});
+          varlen.max_seqlen_q = static_cast<int>(max_seqlen_q);
+          varlen.max_seqlen_k = static_cast<int>(max_seqlen_k);
+          varlen.block_table = page == 0 ? nullptr : &table;
+          add(detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch, max_smem, 132).spec);
+          add_split(detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, workspace,
+                                                      workspace_bytes, false, arch, max_smem, 132));
+          varlen.dynamic_splits = true;
+          add_split(detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, workspace,
+                                                      workspace_bytes, false, arch, max_smem, 132));
+        }
+      }
+    }
+  }
+  // forward_kvcache.
+  for (int64_t batch : batches) {
+    for (int64_t tokens = 1; tokens <= 16; ++tokens) {
+      for (int64_t capacity : key_lengths) {
+        for (int page : pages) {
+          const int64_t pages_per_sequence = page == 0 ? 1 : (capacity + page - 1) / page;
+          const int64_t rows = page == 0 ? capacity : pages_per_sequence * page;
+          OptionTensors tables;
+          const ForwardOptions options = shape_options(shape, form, window, rows + tokens, tables);
+          const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, tokens, heads_q, dim});
+          const TensorView k_new = TensorView::contiguous(address(0x20000), shape.dtype, {batch, tokens, heads_kv, dim});
+          const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, pages_per_sequence});
+          KVCacheArgs args;
+          args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), shape.dtype, {batch, capacity, heads_kv, dim})
+                                   : TensorView::contiguous(address(0x40000), shape.dtype,
+                                                            {batch * pages_per_sequence, page, heads_kv, dim});
+          args.v_cache = args.k_cache;
+          args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+          args.block_table = page == 0 ? nullptr : &table;
+          {
+            // New keys change the append kernel only, never the attention's spec: appended calls plan both.
+            args.k_new = args.v_new = &k_new;
+            for (const auto& [splits, dynamic] : {std::pair<int, bool>{0, false}, {1, false}, {0, true}}) {
+              args.num_splits = splits;
+              args.dynamic_splits = dynamic;
+              const detail::KVCachePlan plan = detail::plan_kvcache(q, args, q, nullptr, options, workspace,
+                                                                    workspace_bytes, false, arch, max_smem, 132);
+              add(plan.attention.spec);
+              if (plan.append.grid > 0) add(plan.append.spec);
+              if (plan.combine.grid > 0) add(plan.combine.spec);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 std::string known_names() {
   std::string names;
   for (const Preset& preset : presets()) names += (names.empty() ? "" : ", ") + preset.name;
@@ -473,6 +598,7 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
           add_kvcache_specs(shape, form, arch, specs);
           add_dense_split_specs(shape, form, arch, specs);
           add_varlen_specs(shape, form, arch, specs);
+          add_engine_sweep_specs(shape, form, arch, specs);
         }
       }
     }

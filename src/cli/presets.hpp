@@ -80,7 +80,10 @@ const std::vector<Preset>& presets();
 // (default_tile_set), plus the tiles `tuning` (if given) chose for the shape
 // on that arch, since the planner prefers those; decoder shapes add their
 // forward_kvcache, few-row forward and varlen kernels, and with a rotary
-// embedding those and prefill's with RoPE fused in.
+// embedding those and prefill's with RoPE fused in; and the kernels of an
+// engine's calls swept on grids that cross the planner's bands (batches,
+// query tokens, key lengths, pages, split modes), so that calls between the
+// sweeps' points find theirs warmed too.
 // Throws Error(invalid_argument) for an unknown name; the message lists the known ones.
 std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch,
                                              const detail::TuningTable* tuning = nullptr);
