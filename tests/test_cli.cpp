@@ -520,6 +520,25 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
       }
     }
   }
+  // And, for the causal (decoder) classes, the tiles forward() with a workspace
+  // takes for a short prompt, unsplit (the engine sweep's prefill).
+  auto short_prompt_tiles = [&](jitattn::DType dtype, int head_dim) {
+    auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+    const auto q = jitattn::TensorView::contiguous(address(0x10000), dtype, {1, 60, 32, head_dim});
+    const auto kv = jitattn::TensorView::contiguous(address(0x20000), dtype, {1, 60, 8, head_dim});
+    jitattn::ForwardOptions options;
+    options.causal = true;
+    return jitattn::detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0, true, hopper,
+                                               jitattn::cli::max_smem_of(hopper), 132)
+        .attention.spec;
+  };
+  for (jitattn::DType dtype : {jitattn::DType::bf16, jitattn::DType::f16}) {
+    for (int head_dim : {64, 128}) {
+      const KernelSpec spec = short_prompt_tiles(dtype, head_dim);
+      CHECK_FALSE(spec.split);
+      planned.insert(spec.text());
+    }
+  }
   CHECK(texts == planned);
   CHECK(specs.size() >= 8);
 
@@ -537,7 +556,15 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
       CHECK(spec.causal);
     }
   }
-  CHECK(llama_prefill == jitattn::detail::default_tile_set(jitattn::DType::bf16, 128, true, hopper).size());
+  // The planner's tiles of the class over the buckets, and the short prompt's.
+  std::set<std::string> llama_tiles{short_prompt_tiles(jitattn::DType::bf16, 128).text()};
+  for (const jitattn::TileConfig& tiles : jitattn::detail::default_tile_set(jitattn::DType::bf16, 128, true, hopper)) {
+    KernelSpec spec{jitattn::detail::Family::fwd, jitattn::DType::bf16, 128};
+    spec.causal = true;
+    jitattn::detail::apply_tiles(spec, tiles);
+    llama_tiles.insert(spec.text());
+  }
+  CHECK(llama_prefill == llama_tiles.size());
   // Decoding calls of Llama 3 8B's shape (32 q / 8 kv heads) find every kernel
   // they plan warmed: one sequence, 16 and 64, contiguous and paged (16 and
   // 256 rows), with and without new keys, the heuristic's split or none, and
