@@ -147,7 +147,7 @@ std::string render(const KernelSpec& spec, const TemplateSet& templates) {
       fmt::arg("wgmma", spec.wgmma ? "true" : "false"), fmt::arg("persistent", spec.persistent ? "true" : "false"),
       fmt::arg("unaligned_dim", spec.unaligned_dim), fmt::arg("smem_bytes", spec.smem_bytes()),
       fmt::arg("sink", spec.sink ? "true" : "false"), fmt::arg("head_dim_v", spec.value_dim()),
-      fmt::arg("rope_scaled", spec.rope_scaled ? "true" : "false"),
+      fmt::arg("rope_scaled", spec.rope_scaled ? "true" : "false"), fmt::arg("page_rows", spec.page_rows),
       fmt::arg("entry_name", entry_name(spec)));
   std::set<std::string> seen;
   std::string source;

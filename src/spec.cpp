@@ -226,7 +226,7 @@ std::string KernelSpec::text() const {
   if (kvcache && !decode) out += ".kvcache";
   if (decode && !kvcache) out += ".dense";
   if (leftpad) out += ".leftpad";
-  if (paged) out += ".paged";
+  if (paged) out += page_rows != 0 ? fmt::format(".paged{}", page_rows) : std::string(".paged");
   if (split) out += ".split";
   if (dynamic_splits) out += ".dynsplit";
   if (padded) out += ".padded";
@@ -293,6 +293,12 @@ KernelSpec KernelSpec::parse(std::string_view text) {
       spec.kvcache = false;
       continue;
     }
+    if (parse_field(fields[i], "paged", spec.page_rows)) {
+      // Pages of exactly N rows, shorter than a decode chunk.
+      if (!decode || spec.paged) bad_spec(text, "flag 'pagedN' applies to a decode spec, once, in place of 'paged'");
+      spec.paged = true;
+      continue;
+    }
     if (fields[i] == "rope_tables16" && !spec.rope_tables) {
       spec.rope_tables = spec.rope_tables16 = true;
       continue;
@@ -322,8 +328,8 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     }
     if (flag == nullptr || *flag) {
       bad_spec(text, fmt::format("unknown or repeated flag '{}' (known: wgmma, persistent, causal, local, chunk, softcap, alibi, sink, rope_half_rN, "
-                                 "rope_interleaved_rN, rope_scaled, rope_tables, rope_tables16, packgqa, kvcache, dense, leftpad, paged, split, dynsplit, padded, "
-                                 "varlen, unaligned_dN, dvN)",
+                                 "rope_interleaved_rN, rope_scaled, rope_tables, rope_tables16, packgqa, kvcache, dense, leftpad, paged, pagedN, split, "
+                                 "dynsplit, padded, varlen, unaligned_dN, dvN)",
                                  fields[i]));
     }
     *flag = true;
@@ -361,6 +367,7 @@ void KernelSpec::validate() const {
     return validate_decode(fail);
   }
   if (dynamic_splits) fail(ErrorCode::unsupported, "dynsplit applies to decode specs only");
+  if (page_rows != 0) fail(ErrorCode::unsupported, "pagedN applies to decode specs only");
   if (head_dim_v != 0) {
     // FwdConfig::kSplitDims: V's tiles and O narrower than Q's and K's.
     if ((head_dim_v != 32 && head_dim_v != 64 && head_dim_v != 96 && head_dim_v != 128 && head_dim_v != 192) ||
@@ -538,6 +545,20 @@ void KernelSpec::validate_decode(const Fail& fail) const {
     fail(ErrorCode::unsupported, fmt::format("w={} is not one of 1, 2, 4, 8", warps));
   }
   if (stages < 2 || stages > 8) fail(ErrorCode::unsupported, fmt::format("s={} is not between 2 and 8", stages));
+  if (page_rows != 0) {
+    // DecodeConfig::kPageRows: a chunk spans whole pages, and each 32-lane
+    // copy pass (16 bytes a lane) stays in one page.
+    if (!paged) fail(ErrorCode::invalid_argument, "pagedN needs a paged cache");
+    if (page_rows < 8 || (page_rows & (page_rows - 1)) != 0 || page_rows >= block_kv) {
+      fail(ErrorCode::unsupported, fmt::format("paged{}: pages of N rows split a chunk of bc={} keys when N is a power "
+                                               "of two, at least 8 and below bc (pages of bc rows or more: paged)",
+                                               page_rows, block_kv));
+    }
+    if (page_rows * (head_dim / 8) % 32 != 0) {
+      fail(ErrorCode::unsupported, fmt::format("paged{} at head_dim {}: a page's rows must be whole 512-byte copy "
+                                               "passes", page_rows, head_dim));
+    }
+  }
   // The warps' states are merged in the pipeline's shared memory
   // (DecodeConfig): stages × keys per chunk must cover the rows.
   if (stages * block_kv < block_q) {
@@ -648,7 +669,9 @@ uint64_t KernelSpec::packed() const {
   key = key << 6 | static_cast<uint64_t>(head_dim / 8);    // multiples of 8 up to 256
   key = key << 5 | static_cast<uint64_t>(block_q / 16);     // multiples of 16 up to 256
   key = key << 4 | static_cast<uint64_t>(block_kv / 16);    // 16 up to 176
-  key = key << 8 | static_cast<uint64_t>(unaligned_dim);   // below 256
+  // unaligned_dim (fwd, below 256) or page_rows (decode, below 64): the
+  // family bits tell them apart.
+  key = key << 8 | static_cast<uint64_t>(family == Family::decode ? page_rows : unaligned_dim);
   key = key << 4 | static_cast<uint64_t>(warps);
   key = key << 4 | static_cast<uint64_t>(stages);
   key = key << 1 | static_cast<uint64_t>(wgmma);

@@ -110,6 +110,13 @@ struct KernelSpec {
   // attention factor other than 1; text .rope_scaled after the rope field;
   // FwdConfig::kRopeScaled). Last for the aggregate initializers' sake.
   bool rope_scaled = false;
+  // decode with paged: pages of exactly this many rows, fewer than a chunk
+  // (block_kv), so each warp's chunk spans block_kv / page_rows pages and
+  // every copy pass of the warp lies in one of them (text .pagedN in place
+  // of .paged; DecodeConfig::kPageRows). 0: pages of at least a chunk, of
+  // any power-of-two size (FwdParams::page_shift). Last for the aggregate
+  // initializers' sake.
+  int page_rows = 0;
 
   // V's and the output's head dim in the kernel.
   int value_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
@@ -125,7 +132,7 @@ struct KernelSpec {
 
   // e.g. "fwd.bf16.d128.br128.bc64.w4.causal" (flags appear only when set, in
   // the order wgmma, persistent, causal|local, chunk, softcap, alibi, sink, rope_half_rN|rope_interleaved_rN,
-  // rope_scaled|rope_tables|rope_tables16, packgqa, kvcache|dense, leftpad, paged, split, dynsplit, padded, varlen, unaligned_dN,
+  // rope_scaled|rope_tables|rope_tables16, packgqa, kvcache|dense, leftpad, paged|pagedN, split, dynsplit, padded, varlen, unaligned_dN,
   // dvN),
   // "combine.f32.bf16"
   // (".elementwise", then ".dynsplit", then ".sink", where set).

@@ -10,7 +10,7 @@ using Config = jitattn::DecodeConfig<jitattn::{element}, /*HEAD_DIM=*/{head_dim}
                                      /*ROPE_TABLES=*/{rope_tables}, /*KVCACHE=*/{kvcache}, /*PAGED=*/{paged},
                                      /*SPLIT=*/{split}, /*DYNAMIC_SPLITS=*/{dynamic_splits},
                                      /*VARLEN=*/{varlen}, /*LEFTPAD=*/{leftpad}, /*SINK=*/{sink},
-                                     /*ROPE_SCALED=*/{rope_scaled}>;
+                                     /*ROPE_SCALED=*/{rope_scaled}, /*PAGE_ROWS=*/{page_rows}>;
 
 extern "C" __global__ void __launch_bounds__(Config::kCtaThreads)
 {entry_name}(const __grid_constant__ jitattn::FwdParams params) {{

@@ -10,9 +10,14 @@
 // warp keeps its own online-softmax state; at the end the warps' states are
 // merged through shared memory (the same merge as the combine kernel's).
 //
-// A chunk never straddles a page of a paged cache (pages are powers of two of
-// at least KEYS rows and chunks start at multiples of KEYS), so a paged cache
-// costs one block-table read per chunk, read one chunk ahead.
+// A paged cache's pages are powers of two. Pages of at least KEYS rows hold
+// whole chunks (chunks start at multiples of KEYS): one block-table read per
+// chunk, read one chunk ahead. Shorter pages of PAGE_ROWS rows (vLLM's 16,
+// say, beside 64-key chunks of 128-byte rows) each hold whole copy passes
+// of a chunk: lane j reads the table entry of the chunk's page j one chunk
+// ahead, and each pass takes its page from that lane. A chunk then keeps the
+// size that streams best whatever the page size (pages as short as the
+// chunk cost up to a third of the rate at head dim 64; docs/PERFORMANCE.md).
 //
 // Without KVCACHE the keys are a dense call's K/V ([batch, seqlen_k], every
 // sequence seqlen_k long): forward() with few query rows. Those keys are not
@@ -31,7 +36,8 @@ namespace jitattn {
 // are; the CTA-wide constants are added here.
 template <class Element_, int HEAD_DIM, int ROWS, int KEYS, int WARPS, int STAGES, int MASK, bool SOFTCAP, bool ALIBI,
           bool PADDED, int ROPE, int ROTARY_DIM, int ROPE_TABLES, bool KVCACHE, bool PAGED, bool SPLIT,
-          bool DYNAMIC_SPLITS, bool VARLEN, bool LEFTPAD = false, bool SINK = false, bool ROPE_SCALED = false>
+          bool DYNAMIC_SPLITS, bool VARLEN, bool LEFTPAD = false, bool SINK = false, bool ROPE_SCALED = false,
+          int PAGE_ROWS = 0>
 struct DecodeConfig
     : FwdConfig<Element_, HEAD_DIM, ROWS, KEYS, /*WARPS=*/1, MASK, SOFTCAP, ALIBI, PADDED, VARLEN,
                 /*PACK_GQA=*/true, ROPE, ROTARY_DIM, ROPE_TABLES, KVCACHE, PAGED, SPLIT, /*STAGES=*/0,
@@ -53,6 +59,12 @@ struct DecodeConfig
   // Split counts per tile chosen on the device, CTA k taking piece k
   // (find_piece).
   static constexpr bool kDynamicSplits = DYNAMIC_SPLITS;
+  // Paged: pages of exactly kPageRows rows, kChunkPages to a chunk (0 and
+  // 1: pages of at least a chunk, of any power-of-two size, p.page_shift).
+  static constexpr int kPageRows = PAGE_ROWS;
+  static constexpr int kChunkPages = PAGE_ROWS == 0 ? 1 : KEYS / PAGE_ROWS;
+  // 16-byte copies of one K or V page: whole passes of the warp's 32 lanes.
+  static constexpr int kPagePasses = PAGE_ROWS * Warp::kChunksPerRow / 32;
 
   static_assert(STAGES >= 2, "a pipeline needs a stage being read and one being filled");
   static_assert(SPLIT || !DYNAMIC_SPLITS, "dynamic splits choose split counts");
@@ -60,6 +72,9 @@ struct DecodeConfig
   static_assert(!VARLEN || ROPE == 0, "varlen: no RoPE (positions come from a KV cache's lengths)");
   static_assert(!(VARLEN && KVCACHE) || PAGED, "varlen over a KV cache: a paged one (block table)");
   static_assert(KEYS * Warp::kChunksPerRow % 32 == 0, "chunk copies are whole warp passes");
+  static_assert(PAGE_ROWS == 0 || (PAGED && PAGE_ROWS < KEYS && KEYS % PAGE_ROWS == 0 && kChunkPages <= 32 &&
+                                   PAGE_ROWS * Warp::kChunksPerRow % 32 == 0),
+                "short pages tile a chunk, each page whole copy passes, one lane per page");
   // The merge reuses the pipeline: WARPS fp32 [ROWS][HEAD_DIM] accumulators.
   static_assert(WARPS * ROWS * HEAD_DIM * 4 <= kPipelineBytes, "merge buffer fits in the pipeline");
   // Per-warp statistics ([WARPS][ROWS] maxima and sums) reuse the Q tile.
@@ -83,6 +98,37 @@ __device__ __forceinline__ void load_chunk(unsigned tile, const unsigned short* 
     const bool valid = row < rows_valid && chunk < chunks_valid;
     cp_async_16_evict_first(tile + swizzled_bytes<Cfg>(row, chunk),
                             valid ? first_row + row * row_stride + chunk * 8 : first_row, valid);
+  }
+}
+
+// load_chunk over pages of Cfg::kPageRows rows, shorter than the chunk:
+// `rows` is the K or V head's first row in page 0, and lane j holds the
+// page number of the chunk's page j (my_page; page 0 past the sequence's
+// keys); each pass of the copies takes its page from that lane. Every
+// source address lies in a page's rows of this head, so none needs a
+// select for the rows that zero-fill: a select per copy (or the branches
+// the compiler made of it) doubled the kernel's instructions and cost
+// 5-22% of the rate.
+template <class Cfg>
+__device__ __forceinline__ void load_paged_chunk(unsigned tile, const unsigned short* rows, long long page_stride,
+                                                 long long row_stride, int my_page, int rows_valid, int chunks_valid,
+                                                 int lane) {
+  using Warp = typename Cfg::Warp;
+#pragma unroll
+  for (int page = 0; page < Cfg::kChunkPages; ++page) {
+    const unsigned short* page_rows =
+        rows + static_cast<long long>(__shfl_sync(0xffffffffu, my_page, page)) * page_stride;
+#pragma unroll
+    for (int pass = 0; pass < Cfg::kPagePasses; ++pass) {
+      const int index = (page * Cfg::kPagePasses + pass) * 32 + lane;
+      const int row = index / Warp::kChunksPerRow;  // of the chunk
+      const int chunk = index % Warp::kChunksPerRow;
+      // Padded head dims: the pad's chunks zero-fill from the row's first.
+      const int source_chunk = Cfg::kPadded && chunk >= chunks_valid ? 0 : chunk;
+      cp_async_16_evict_first(tile + swizzled_bytes<Warp>(row, chunk),
+                              page_rows + (row % Cfg::kPageRows) * row_stride + source_chunk * 8,
+                              row < rows_valid && chunk < chunks_valid);
+    }
   }
 }
 
@@ -591,22 +637,38 @@ __device__ void fwd_decode(const FwdParams& p) {
 
   const unsigned stages = pipeline + warp * Cfg::kStages * Cfg::kStageBytes;
   const int in_page = Cfg::kPaged ? (1 << p.page_shift) - 1 : 0;
-  auto page_of = [&](int i) { return pages[((first_chunk + i * Cfg::kStreams) * Cfg::kBlockKV) >> p.page_shift]; };
+  // Chunk i's page; over short pages, lane j's: the chunk's page j (0 past
+  // the sequence's keys, whose rows are not read).
+  auto page_of = [&](int i) {
+    const int key0 = (first_chunk + i * Cfg::kStreams) * Cfg::kBlockKV;
+    if constexpr (Cfg::kPageRows != 0) {
+      const int key = key0 + min(lane, Cfg::kChunkPages - 1) * Cfg::kPageRows;
+      return key < seqlen_k ? pages[key / Cfg::kPageRows] : 0;
+    } else {
+      return pages[key0 >> p.page_shift];
+    }
+  };
   // Starts the copy of this warp's chunk i into its stage (page: chunk i's
   // page, when paged).
   auto issue = [&](int i, int page) {
     const int key0 = (first_chunk + i * Cfg::kStreams) * Cfg::kBlockKV;
     const unsigned stage = stages + (i % Cfg::kStages) * Cfg::kStageBytes;
-    long long k_row0, v_row0;
-    if constexpr (Cfg::kPaged) {
-      k_row0 = page * p.k_batch_stride + (key0 & in_page) * p.k_row_stride;
-      v_row0 = page * p.v_batch_stride + (key0 & in_page) * p.v_row_stride;
+    if constexpr (Cfg::kPageRows != 0) {
+      load_paged_chunk<Cfg>(stage, k, p.k_batch_stride, p.k_row_stride, page, seqlen_k - key0, chunks_valid, lane);
+      load_paged_chunk<Cfg>(stage + Cfg::kChunkBytes, v, p.v_batch_stride, p.v_row_stride, page, seqlen_k - key0,
+                            chunks_valid, lane);
     } else {
-      k_row0 = key0 * p.k_row_stride;
-      v_row0 = key0 * p.v_row_stride;
+      long long k_row0, v_row0;
+      if constexpr (Cfg::kPaged) {
+        k_row0 = page * p.k_batch_stride + (key0 & in_page) * p.k_row_stride;
+        v_row0 = page * p.v_batch_stride + (key0 & in_page) * p.v_row_stride;
+      } else {
+        k_row0 = key0 * p.k_row_stride;
+        v_row0 = key0 * p.v_row_stride;
+      }
+      load_chunk<Warp>(stage, k + k_row0, p.k_row_stride, seqlen_k - key0, chunks_valid, lane);
+      load_chunk<Warp>(stage + Cfg::kChunkBytes, v + v_row0, p.v_row_stride, seqlen_k - key0, chunks_valid, lane);
     }
-    load_chunk<Warp>(stage, k + k_row0, p.k_row_stride, seqlen_k - key0, chunks_valid, lane);
-    load_chunk<Warp>(stage + Cfg::kChunkBytes, v + v_row0, p.v_row_stride, seqlen_k - key0, chunks_valid, lane);
   };
 #pragma unroll
   for (int i = 0; i < Cfg::kStages - 1; ++i) {

@@ -804,7 +804,18 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
                            // Learnable sinks where the decode kernel writes final rows.
                            "decode.bf16.d64.br32.bc64.w4.s3.local.sink.split.dynsplit",
                            "decode.bf16.d128.br16.bc32.w4.s2.causal.softcap.sink.paged.varlen",
-                           "decode.f16.d256.br16.bc16.w4.s2.alibi.sink.rope_half_r256.paged.split.dynsplit"}) {
+                           "decode.f16.d256.br16.bc16.w4.s2.alibi.sink.rope_half_r256.paged.split.dynsplit",
+                           // Pages shorter than a chunk (.pagedN), at every head dim: 8 rows are
+                           // whole copy passes everywhere.
+                           "decode.bf16.d32.br16.bc64.w4.s2.paged8.split",
+                           "decode.f16.d64.br32.bc64.w4.s3.causal.rope_half_r64.paged16.split.dynsplit",
+                           "decode.bf16.d64.br16.bc32.w4.s2.local.sink.paged16",
+                           "decode.bf16.d96.br16.bc32.w4.s2.padded.paged8.split",
+                           "decode.bf16.d128.br16.bc32.w4.s2.softcap.alibi.rope_interleaved_r64.rope_tables16.paged16",
+                           "decode.bf16.d128.br32.bc32.w2.s3.local.chunk.paged8.split.dynsplit.varlen",
+                           "decode.f16.d192.br16.bc16.w4.s2.causal.paged8.split",
+                           "decode.bf16.d256.br16.bc16.w4.s2.rope_half_r128.rope_scaled.paged8",
+                           "decode.bf16.d256.br16.bc16.w4.s2.causal.paged8.split.varlen"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   // Varlen on the 4-warp tiles: split, and over a paged cache.

@@ -368,17 +368,20 @@ void inspect_call(const Case& c, uint64_t seed, Inspect&& inspect) {
   inspect(in, v);
 }
 
+// The plan of a case's call (with a workspace) on this GPU.
+detail::KVCachePlan plan_on_this_gpu(const Inputs& in, const CallViews& v) {
+  const TensorView q = in.dq->view();
+  return detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true, detail::Arch::parse(current_arch()),
+                              current_max_smem_per_block(), current_sm_count());
+}
+
 // What the kernels of scaled-angle cases (YaRN, LongRoPE) were: the
 // attention's and the append's .rope_scaled exactly where the attention
 // factor is not 1.
 void check_scaled_kernels(const std::vector<Case>& cases, uint64_t seed) {
-  const int sms = current_sm_count();
   for (const Case& c : cases) {
     inspect_call(c, seed, [&](const Inputs& in, CallViews& v) {
-      const TensorView q = in.dq->view();
-      const detail::KVCachePlan plan =
-          detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true, detail::Arch::parse(current_arch()),
-                               current_max_smem_per_block(), sms);
+      const detail::KVCachePlan plan = plan_on_this_gpu(in, v);
       const bool scaled = rotation_of(c).attention_factor() != 1.0;
       CHECK_MESSAGE(plan.attention.spec.rope_scaled == scaled, describe(c, plan.attention.spec.text(), seed));
       CHECK_MESSAGE(plan.append.spec.rope_scaled == scaled, describe(c, plan.append.spec.text(), seed));
@@ -572,8 +575,9 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
   std::mt19937_64 rng(seed);
   const std::pair<int, int> seqlens[] = {{1, 128},    {1, 339},  {3, 1024}, {64, 800},    {64, 256},     {3, 799},
                                          {64, 2048},  {16, 20000}, {1, 131072}, {16, 131072}, {128, 128}};
-  // Pages shorter than a decode chunk (8 and 4 rows) are covered by the
-  // producer-layout case below.
+  // Pages shorter than a decode chunk: the case "decode chunks over pages
+  // shorter than themselves" below; pages of 4 rows (the prefill tiles):
+  // the producer-layout case.
   const int page_sizes[] = {0, 16, 64, 256};
   const RopeStyle styles[] = {RopeStyle::none, RopeStyle::rotate_half, RopeStyle::interleaved};
   std::vector<Case> cases;
@@ -620,7 +624,7 @@ TEST_CASE("kvcache: FlashAttention's grid of lengths, splits, heads, appends, Ro
     } else {
       c.tiles = decode_tiles[(i / 3) % 5];
       if (c.head_dim > 128 && c.tiles.block_q == 32) c.tiles.block_q = 16;
-      if (c.page_size != 0) c.tiles.block_kv = std::min(c.tiles.block_kv, c.page_size);
+      // (Chunks longer than the pages span them: .pagedN.)
     }
     cases.push_back(c);
   }
@@ -931,12 +935,10 @@ TEST_CASE("kvcache: resident decode tiles (64, 48 and 32 KB pipelines, every til
     CAPTURE(describe(c, "", seed));
     inspect_call(c, seed, [&](const Inputs& in, CallViews& v) {
       const TensorView q = in.dq->view();
-      const detail::KernelSpec spec =
-          detail::plan_kvcache(q, v.args, q, nullptr, v.options, nullptr, 0, true,
-                               detail::Arch::parse(current_arch()), current_max_smem_per_block(), sms)
-              .attention.spec;
-      const int chunk_keys = c.head_dim == 64 && c.page_size != 16 ? 32 : 16;
+      const detail::KernelSpec spec = plan_on_this_gpu(in, v).attention.spec;
+      const int chunk_keys = c.head_dim == 64 ? 32 : 16;
       CHECK(spec.block_kv == chunk_keys);
+      CHECK(spec.page_rows == (c.page_size != 0 && c.page_size < chunk_keys ? c.page_size : 0));
       const int row_bytes = c.head_dim <= 64 ? 128 : 256;
       const int pipeline_bytes = spec.warps * spec.stages * chunk_keys * 2 * row_bytes;
       CHECK((pipeline_bytes == 64 * 1024 || pipeline_bytes == 48 * 1024 || pipeline_bytes == 32 * 1024));
@@ -947,6 +949,71 @@ TEST_CASE("kvcache: resident decode tiles (64, 48 and 32 KB pipelines, every til
     });
   }
   if (!hopper) MESSAGE("resident decode tiles are planned on sm_90 only: the cases run this GPU's other tiles");
+  check_cases(cases, rng, seed);
+}
+
+TEST_CASE("kvcache: decode chunks over pages shorter than themselves (pages of 8, 16 and 32 rows, .pagedN)") {
+  // The decode kernel keeps its chunk (8 KB of K: 64 keys of 128-byte rows,
+  // 32 of 256-byte ones, 16 of 512-byte ones) over shorter pages, each copy
+  // pass taking its page from the lane that read that page's table entry.
+  // Every head dim, the page sizes each spans, lengths that end inside a
+  // page and a chunk, shuffled pages, table entries past a sequence's pages
+  // that would fault, appends with both RoPE styles, splits forced, chosen
+  // and on the device, windows, learnable sinks, GQA and MQA, and forced
+  // tiles of other chunk sizes over the same pages.
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  struct Shape {
+    int head_dim, page_size, seqlen_q, seqlen_k, batch;
+  };
+  const Shape shapes[] = {{32, 8, 1, 1000, 3},   {32, 16, 2, 777, 2},   {64, 16, 1, 2049, 3},  {64, 32, 4, 3001, 2},
+                          {64, 8, 1, 515, 4},    {80, 16, 1, 1300, 3},  {128, 16, 1, 4099, 3}, {128, 8, 3, 1029, 2},
+                          {128, 16, 8, 20000, 1}, {256, 8, 1, 700, 3},  {192, 8, 2, 1500, 2},  {64, 16, 1, 131072, 1}};
+  std::vector<Case> cases;
+  int index = 0;
+  for (const Shape& shape : shapes) {
+    Case c;
+    c.dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
+    c.head_dim = shape.head_dim;
+    c.page_size = shape.page_size;
+    c.seqlen_q = shape.seqlen_q;
+    c.seqlen_k = shape.seqlen_k;
+    c.batch = shape.batch;
+    c.heads_q = index % 3 == 2 ? 4 : 6;
+    c.heads_kv = index % 3 == 0 ? 2 : index % 3 == 1 ? 1 : 4;
+    c.causal = index % 4 != 3;
+    if (index % 5 == 1) c.window_left = 300;
+    c.append = index % 3 != 1 && c.seqlen_q <= c.seqlen_k / 2;
+    c.rope = c.append ? (index % 2 == 0 ? RopeStyle::rotate_half : RopeStyle::interleaved) : RopeStyle::none;
+    c.rotary_fraction = index % 4 == 0 ? 0.5 : 1.0;
+    const int splits[] = {0, 1, 3, 0};
+    c.num_splits = splits[index % 4];
+    c.dynamic = index % 4 == 3;
+    cases.push_back(c);
+    ++index;
+  }
+  // Learnable sinks on the same kernels.
+  Case capped = cases[2];
+  capped.append = false;
+  capped.rope = RopeStyle::none;
+  for (int h = 0; h < capped.heads_q; ++h) capped.learnable_sink.push_back(0.75f * static_cast<float>(h % 4) - 1.0f);
+  cases.push_back(capped);
+  // Forced decode tiles whose chunks span 2-8 pages of 8 or 16 rows.
+  const TileConfig forced[] = {{16, 64, 2, 3}, {32, 32, 4, 2}, {16, 64, 2, 2}};
+  for (int i = 0; i < 3; ++i) {
+    Case c = cases[static_cast<size_t>(i) * 3 + 1];
+    if (c.head_dim > 128) continue;
+    c.tiles = forced[i];
+    cases.push_back(c);
+  }
+  // Each case's planned kernel spans its pages: .pagedN of the page size.
+  for (const Case& c : cases) {
+    inspect_call(c, seed, [&](const Inputs& in, CallViews& v) {
+      const detail::KernelSpec spec = plan_on_this_gpu(in, v).attention.spec;
+      CHECK_MESSAGE(spec.family == detail::Family::decode, describe(c, spec.text(), seed));
+      CHECK_MESSAGE(spec.page_rows == (c.page_size < spec.block_kv ? c.page_size : 0), describe(c, spec.text(), seed));
+    });
+  }
   check_cases(cases, rng, seed);
 }
 

@@ -1003,17 +1003,20 @@ TEST_CASE("varlen with a workspace and over paged caches: splits 1/3/heuristic, 
   edges.shape = VarlenShape::packed(make_common(6, 2, 128, true), {0, 0, 5, 1, 1, 300}, {0, 17, 0, 1, 300, 1}, 3, 2);
   cases.push_back(edges);
   warm_cases(cases, spec_of);  // every kernel up front, in parallel
-  size_t split = 0, decode = 0, prefill = 0, without_cu_k = 0;
+  size_t split = 0, decode = 0, prefill = 0, without_cu_k = 0, spanning = 0;
   for (const Case& c : cases) {
     without_cu_k += c.omit_cu_seqlens_k;
     const std::string spec = spec_of(c);
     split += spec.find(".split") != std::string::npos;
     decode += spec.rfind("decode.", 0) == 0;
     prefill += spec.rfind("fwd.", 0) == 0;
+    // Decode chunks over pages of 8 or 16 rows (.paged8, .paged16).
+    spanning += spec.find(".paged8") != std::string::npos || spec.find(".paged16") != std::string::npos;
   }
-  MESSAGE(fmt::format("{} cases: {} split, {} on the decode kernel, {} on prefill tiles, {} without cu_seqlens_k",
-                      cases.size(), split, decode, prefill, without_cu_k));
+  MESSAGE(fmt::format("{} cases: {} split, {} on the decode kernel ({} spanning pages), {} on prefill tiles, {} "
+                      "without cu_seqlens_k", cases.size(), split, decode, spanning, prefill, without_cu_k));
   CHECK(without_cu_k >= 8);
+  CHECK(spanning >= 6);
   CHECK(split >= cases.size() / 3);
   CHECK(decode > 10);
   CHECK(prefill > 10);

@@ -920,8 +920,9 @@ TEST_CASE("decode grids of more tiles than SMs over short caches stay resident, 
   CHECK(plan_of(49, 1024, 64).spec.text() == "decode.bf16.d64.br16.bc64.w2.s3");  // two CTAs an SM, as before
   // Above 128 the rows take 512 bytes: not resident (split, as before).
   CHECK(plan_of(20, 4096, 256).spec.text() == "decode.bf16.d256.br16.bc16.w4.s2.split");
-  // Pages shorter than a chunk take chunks of a page in the same 64 KB.
-  CHECK(plan_of(20, 4096, 64, 0, {}, 16).spec.text() == "decode.bf16.d64.br16.bc16.w4.s4.paged");
+  // Pages shorter than a chunk keep the chunk, which spans them (.pagedN),
+  // in the same 64 KB.
+  CHECK(plan_of(20, 4096, 64, 0, {}, 16).spec.text() == "decode.bf16.d64.br16.bc32.w4.s2.paged16");
   CHECK(plan_of(20, 4096, 128, 0, {}, 64).spec.text() == "decode.bf16.d128.br16.bc16.w4.s2.paged");
   // A forced split count stays forced; forced tiles keep the split rules of
   // their occupancy (the heuristic over three CTAs an SM); split counts
@@ -1247,7 +1248,9 @@ TEST_CASE("kvcache: decode chunks hold 8 KB of K, and splits at least 128 keys")
     CHECK(plan_decode(head_dim, 64, 1024).spec.text() == dim + ".w2.s3");
     CHECK(plan_decode(head_dim, 64, 2048).spec.text() == dim + ".w2.s3");
     CHECK(plan_decode(head_dim, 64, 4096).spec.text() == dim + ".w4.s2");
-    CHECK(plan_decode(head_dim, 64, 4096, 32).spec.block_kv == 32);
+    // Pages shorter than the chunk: the chunk spans two of them.
+    CHECK(plan_decode(head_dim, 64, 4096, 32).spec.text() == dim + ".w4.s2.paged32");
+    CHECK(plan_decode(head_dim, 64, 4096, 64).spec.text() == dim + ".w4.s2.paged");
   }
   // Splits take whole steps (warps × chunk) of at least 128 keys: head dim
   // 256 steps 64 keys (16-key chunks), so 1024 keys split 8 ways, not 16.
@@ -1255,12 +1258,22 @@ TEST_CASE("kvcache: decode chunks hold 8 KB of K, and splits at least 128 keys")
   CHECK(wide.spec.block_kv * wide.spec.warps == 64);
   CHECK(wide.num_splits == 8);
   CHECK(wide.params.blocks_per_split == 2);
-  // Pages of 16 at head dim 128 split like the contiguous cache's 128-key steps.
-  CHECK(plan_decode(128, 1, 1024).num_splits == 8);
+  // Pages of 16 at head dim 128: the contiguous cache's chunks over two
+  // pages, and its splits.
+  const ForwardPlan contiguous = plan_decode(128, 1, 1024);
+  CHECK(contiguous.num_splits == 8);
   const ForwardPlan paged16 = plan_decode(128, 1, 1024, 16);
-  CHECK(paged16.spec.block_kv == 16);
+  CHECK(paged16.spec.text() == contiguous.spec.text().substr(0, contiguous.spec.text().find(".split")) +
+                                   ".paged16.split");
+  CHECK(paged16.spec.block_kv == 32);
+  CHECK(paged16.spec.page_rows == 16);
   CHECK(paged16.num_splits == 8);
-  CHECK(paged16.params.blocks_per_split == 2);
+  CHECK(paged16.params.blocks_per_split == contiguous.params.blocks_per_split);
+  // Pages of 8 too (every head dim's copy passes fit in 8 rows); at head
+  // dim 256 (16-key chunks) pages of 8 are two a chunk, and 16 hold one.
+  CHECK(plan_decode(128, 16, 4096, 8).spec.text() == "decode.bf16.d128.br16.bc32.w4.s2.paged8");
+  CHECK(plan_decode(256, 16, 4096, 8).spec.page_rows == 8);
+  CHECK(plan_decode(256, 16, 4096, 16).spec.page_rows == 0);
   // Longer caches: the wave rule alone (the fewest splits whose 8 × splits
   // CTAs fill 85% of the best wave: 14). The kernel cuts each tile's own
   // keys into 14 pieces of whole 64-key steps, two at least (128 keys).
@@ -1583,10 +1596,11 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
   options.rope.longrope_factor = 0.f;
   CHECK(plan.attention.params.seqlen_k_added == 1);
   CHECK(plan.attention.params.rope_q_offsets == args.cache_seqlens.data);
-  // Paged: page sizes must be powers of two. Pages of at least a 16-key
-  // chunk take the decode kernel; smaller ones the prefill kernel: on sm_90a
-  // its wgmma tiles (a tensor copy per page of 8 rows), before it the
-  // mma.sync tiles' per-row copy (64-key blocks).
+  // Paged: page sizes must be powers of two. Pages of at least 8 rows take
+  // the decode kernel (its chunks span pages shorter than themselves);
+  // smaller ones the prefill kernel: on sm_90a its wgmma tiles where pages
+  // hold 8 rows (a tensor copy per page), else the mma.sync tiles' per-row
+  // copy (64-key blocks).
   TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 128});
   args.block_table = &table;
   args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {256, 64, 8, 128});
@@ -1604,9 +1618,16 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     small.k_cache = small.v_cache = k8;
     small.block_table = &table8;
     plan = plan_kvcache(q, small, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
-    CHECK(plan.attention.spec.family == Family::fwd);
-    CHECK(plan.attention.spec.wgmma);
-    CHECK(plan.attention.spec.block_kv == 128);
+    CHECK(plan.attention.spec.family == Family::decode);
+    CHECK(plan.attention.spec.block_kv == 32);
+    CHECK(plan.attention.spec.page_rows == 8);
+    plan = plan_kvcache(q, small, out, nullptr, options, nullptr, 0, false, Arch::parse("sm_80"), 163 * 1024, 108);
+    CHECK(plan.attention.spec.family == Family::decode);
+    CHECK(plan.attention.spec.page_rows == 8);
+    TensorView k4 = TensorView::contiguous(address(0x30000), DType::bf16, {4096, 4, 8, 128});
+    TensorView table4 = TensorView::contiguous(address(0x70000), DType::i32, {2, 2048});
+    small.k_cache = small.v_cache = k4;
+    small.block_table = &table4;
     plan = plan_kvcache(q, small, out, nullptr, options, nullptr, 0, false, Arch::parse("sm_80"), 163 * 1024, 108);
     CHECK(plan.attention.spec.family == Family::fwd);
     CHECK_FALSE(plan.attention.spec.wgmma);
@@ -1614,7 +1635,7 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     ForwardOptions forced = options;
     forced.tiles.stages = 2;
     CHECK_THROWS_WITH_AS(plan_kvcache(q, small, out, nullptr, forced, nullptr, 0, false, arch, 227 * 1024, 132),
-                         doctest::Contains("decode chunks of bc=16 keys need pages of at least that many rows"), Error);
+                         doctest::Contains("reads pages of at least 8 rows; page_size is 4"), Error);
   }
   // Forced tiles: without stages the prefill kernel; with them the decode
   // kernel as given.

@@ -62,6 +62,13 @@ TEST_CASE("rendered source is self-contained and carries the spec's constants") 
     CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*HEAD_DIM_V=*/") + value_dim + ",") !=
           std::string::npos);
   }
+  // Pages shorter than a decode chunk: their rows a constant of the kernel.
+  for (const auto& [text, page_rows] : {std::pair{"decode.bf16.d64.br16.bc64.w4.s2.paged16", "16"},
+                                        std::pair{"decode.bf16.d64.br16.bc64.w4.s2.paged", "0"}}) {
+    CAPTURE(text);
+    CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*PAGE_ROWS=*/") + page_rows + ">") !=
+          std::string::npos);
+  }
   // Angles scaled by YaRN's attention factor: a constant of the families
   // that rotate (prefill, decode, append), false without the flag.
   for (const auto& [text, scaled] : {std::pair{"fwd.bf16.d64.br128.bc64.w4.causal.rope_half_r64", "false"},
@@ -71,8 +78,9 @@ TEST_CASE("rendered source is self-contained and carries the spec's constants") 
                                      std::pair{"append.bf16.rope_interleaved_r64.rope_scaled.paged", "true"},
                                      std::pair{"append.bf16.rope_interleaved_r64.paged", "false"}}) {
     CAPTURE(text);
-    CHECK(render(KernelSpec::parse(text), TemplateSet()).find(std::string("/*ROPE_SCALED=*/") + scaled + ">") !=
-          std::string::npos);
+    const std::string source = render(KernelSpec::parse(text), TemplateSet());
+    CHECK((source.find(std::string("/*ROPE_SCALED=*/") + scaled + ">") != std::string::npos ||
+           source.find(std::string("/*ROPE_SCALED=*/") + scaled + ", /*PAGE_ROWS=*/") != std::string::npos));
   }
 }
 

@@ -113,6 +113,11 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
                          "decode.f16.d64.br32.bc64.w4.s2.causal.softcap.alibi.dense.split",
                          "decode.bf16.d128.br16.bc32.w4.s2.dense.split.varlen",
                          "decode.bf16.d128.br16.bc32.w4.s2.paged.varlen",
+                         "decode.bf16.d128.br16.bc32.w4.s2.paged16",
+                         "decode.bf16.d128.br16.bc32.w4.s2.paged8",
+                         "decode.bf16.d64.br16.bc64.w4.s2.paged32.split.dynsplit",
+                         "decode.bf16.d64.br16.bc64.w4.s2.paged16.varlen",
+                         "decode.bf16.d64.br16.bc64.w4.s2.paged",
                          "fwd.bf16.d64.br64.bc64.w4.split.varlen",
                          "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.kvcache.paged.split.varlen",
                          "append.bf16",
@@ -134,6 +139,25 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
   std::sort(keys.begin(), keys.end());
   CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.paged"), doctest::Contains("paged needs kvcache"), Error);
+  // Pages shorter than a decode chunk (.pagedN): at least 8 rows, a power of
+  // two below the chunk's keys; decode specs only, in place of .paged.
+  const KernelSpec short_pages = KernelSpec::parse("decode.bf16.d128.br16.bc32.w4.s2.paged16");
+  CHECK(short_pages.paged);
+  CHECK(short_pages.page_rows == 16);
+  CHECK(short_pages.smem_bytes() == KernelSpec::parse("decode.bf16.d128.br16.bc32.w4.s2.paged").smem_bytes());
+  for (const auto& [text, why] :
+       {std::pair{"decode.bf16.d128.br16.bc32.w4.s2.paged32", "paged32: pages of N rows split a chunk of bc=32"},
+        std::pair{"decode.bf16.d128.br16.bc32.w4.s2.paged4", "at least 8"},
+        std::pair{"decode.bf16.d128.br16.bc32.w4.s2.paged12", "a power of two"},
+        std::pair{"decode.bf16.d128.br16.bc32.w4.s2.paged.paged16", "applies to a decode spec, once"},
+        std::pair{"decode.bf16.d128.br16.bc32.w4.s2.paged16.paged", "unknown or repeated flag 'paged'"},
+        std::pair{"fwd.bf16.d128.br128.bc128.w8.s2.wgmma.kvcache.paged16", "applies to a decode spec"}}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(KernelSpec::parse(text), doctest::Contains(why), Error);
+  }
+  KernelSpec fwd_short_pages = KernelSpec::parse("fwd.bf16.d128.br128.bc128.w8.s2.wgmma.kvcache.paged");
+  fwd_short_pages.page_rows = 16;
+  CHECK_THROWS_WITH_AS(fwd_short_pages.validate(), doctest::Contains("pagedN applies to decode specs only"), Error);
   // Varlen over a KV cache: packed queries over a paged one's pages, whose
   // keys are stored as they are (no RoPE).
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.kvcache.varlen"),

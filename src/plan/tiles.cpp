@@ -26,8 +26,12 @@ constexpr int64_t kWideBlockMinKeys = 8192;
 // (32 keys of 256-byte rows, head dims 96-128; 64 keys of 128-byte rows,
 // head dims up to 64; fewer above 128 and for pages shorter than a chunk),
 // four warps, and each warp's pipeline as deep as kDecodePipelineBytes allows
-// (2-8 stages). Chunks never straddle pages, so paged caches need pages of
-// at least a chunk. Measured on the H200 (docs/PERFORMANCE.md): per-chunk
+// (2-8 stages). Pages shorter than a chunk (down to kDecodeMinPageRows)
+// keep the chunk, which then spans several pages (KernelSpec::page_rows):
+// chunks cut to pages of 16 rows took up to 1.39x the time of a contiguous
+// cache at head dim 64, and pages of 8 (then on the prefill tiles) up to
+// 1.72x; spanning chunks take 1.00-1.10x at head dims 64-256. Measured on
+// the H200 (docs/PERFORMANCE.md): per-chunk
 // instructions, not bytes in flight, bound a warp, so larger chunks beat
 // deeper pipelines (32-key chunks of 128-byte rows took up to 1.37x the
 // time at head dim 32, batch 64, and 1.02x at 64). When the tiles alone fill
@@ -40,6 +44,9 @@ constexpr int64_t kWideBlockMinKeys = 8192;
 constexpr int kDecodeChunkKeys = 32;
 constexpr int kDecodeChunkBytes = kDecodeChunkKeys * 256;
 constexpr int kDecodeMinChunkKeys = 16;
+// The shortest pages the decode kernel reads: every head dim's copy passes
+// (32 lanes of 16 bytes) fit whole in 8 rows (KernelSpec::validate_decode).
+constexpr int kDecodeMinPageRows = 8;
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodePipelineBytes = 128 * 1024;
 constexpr int kDecodeShareSmPipelineBytes = 96 * 1024;
@@ -122,10 +129,9 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
   spec.family = Family::decode;
   spec.pack_gqa = true;
   spec.block_q = forced.block_q != 0 ? forced.block_q : rows <= 16 ? 16 : 32;
-  const int smallest_chunk = forced.block_kv != 0 ? forced.block_kv : kDecodeMinChunkKeys;
-  if (page_shift >= 0 && (1 << page_shift) < smallest_chunk) {
-    reject(fmt::format("options.tiles: decode chunks of bc={} keys need pages of at least that many rows; "
-                       "page_size is {}", smallest_chunk, 1 << page_shift));
+  if (page_shift >= 0 && (1 << page_shift) < kDecodeMinPageRows) {
+    reject(fmt::format("options.tiles: the decode kernel (stages > 0 over a KV cache) reads pages of at least {} "
+                       "rows; page_size is {}", kDecodeMinPageRows, 1 << page_shift));
   }
   const int row_bytes = decode_row_bytes(spec);
   const bool short_rows = row_bytes < kDecodeChunkBytes / kDecodeChunkKeys;
@@ -135,9 +141,7 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
                          : short_rows ? kDecodeChunkBytes / row_bytes
                          : share_sm   ? kDecodeChunkKeys / 2
                                       : kDecodeChunkKeys;
-  spec.block_kv = forced.block_kv != 0 ? forced.block_kv
-                 : page_shift >= 0    ? std::min(chunk_keys, 1 << page_shift)
-                                      : chunk_keys;
+  spec.block_kv = forced.block_kv != 0 ? forced.block_kv : chunk_keys;
   spec.warps = forced.warps != 0 ? forced.warps
                : resident         ? resident_ctas.warps
                : share_sm && short_rows ? kDecodeWarps / 2
@@ -154,6 +158,8 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
                                          : kDecodePipelineBytes,
                               room);
   spec.stages = forced.stages != 0 ? forced.stages : std::clamp(budget / stage_bytes(), 2, 8);
+  // Pages shorter than the chunk: the chunk spans them.
+  spec.page_rows = page_shift >= 0 && (1 << page_shift) < spec.block_kv ? 1 << page_shift : 0;
 }
 // Forced tiles that the selected kernel does not take are the caller's to
 // fix: the spec validator's reason, named as options.tiles.
@@ -489,7 +495,7 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
                         seqlen_q * group <= (kernel_dim > 128 ? 16 : 32);
   const bool cache_decode =
       problem.kvcache && ((options.tiles.stages != 0 && !options.tiles.wgmma) ||
-                          (few_rows && (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinChunkKeys)));
+                          (few_rows && (!problem.paged || (int64_t{1} << problem.page_shift) >= kDecodeMinPageRows)));
   // (Not with V's own head dim: the decode kernel's V and its merge are
   // head_dim wide.)
   const bool dense_decode =
