@@ -6,7 +6,7 @@ top-left);
 batch 1, 16, 64 x KV length 1k, 4k, 16k, 32k. Reported: bytes of K and V read
 per second (batch x KV length x 8 heads x head_dim x 2 bytes x 2 tensors / time).
 jitattn runs on a contiguous cache and on a paged one (page 64 or --page, pages
-shuffled); PyTorch on the same contiguous K/V in [B, H, S, D] form. The outputs
+shuffled, or --page-order sequential); PyTorch on the same contiguous K/V in [B, H, S, D] form. The outputs
 are checked against the FA2 backend before timing. CUDA events, warm-up,
 median; calls rotate over copies of the KV cache that add up to 256 MB or more (4x L2), so every call reads
 its cache from HBM.
@@ -45,6 +45,8 @@ def main():
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--seqlen-q", type=int, default=1, help="query tokens per sequence")
     parser.add_argument("--page", type=int, default=64, help="rows per page of the paged cache")
+    parser.add_argument("--page-order", choices=("shuffled", "sequential"), default="shuffled",
+                        help="pages in a random order (default), or each sequence's side by side")
     parser.add_argument("--heads-kv", type=int, default=8,
                         help="KV heads (query heads = 4 x this); changes the grid's CTA count at a given batch")
     args = parser.parse_args()
@@ -75,8 +77,9 @@ def main():
             force_tiles(options, args.tiles)
             tq, tout, tseq = tensor_of(q, BF16), tensor_of(out, BF16), tensor_of(seqlens, I32)
 
-            # Paged copies: the same rows in shuffled pages.
-            paged = [shuffled_pages(k_cache, v_cache, page, gen) for k_cache, v_cache in caches]
+            # Paged copies: the same rows in pages, shuffled unless --page-order sequential.
+            paged = [shuffled_pages(k_cache, v_cache, page, gen, args.page_order == "shuffled")
+                     for k_cache, v_cache in caches]
 
             def make_call(k_cache, v_cache, table=None):
                 return kvcache_call(lib, tq, tout, tseq, k_cache, v_cache, options, stream, args.splits, kv, table,

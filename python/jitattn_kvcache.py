@@ -8,12 +8,16 @@ import torch
 from jitattn_ctypes import BF16, I32, KVCacheArgs, check, tensor_of
 
 
-def shuffled_pages(k_cache, v_cache, page, generator):
+def shuffled_pages(k_cache, v_cache, page, generator, shuffle=True):
     """The rows of contiguous [batch, kv, heads, dim] caches in pages of `page` rows, placed
-    in a random order: (k_pages, v_pages, block_table [batch, kv / page] int32)."""
+    in a random order (or, with shuffle False, in order: each sequence's pages side by side):
+    (k_pages, v_pages, block_table [batch, kv / page] int32)."""
     batch, kv, heads, dim = k_cache.shape
     pages_per_seq = kv // page
-    order = torch.randperm(batch * pages_per_seq, device=k_cache.device, generator=generator).to(torch.int32)
+    if shuffle:
+        order = torch.randperm(batch * pages_per_seq, device=k_cache.device, generator=generator).to(torch.int32)
+    else:
+        order = torch.arange(batch * pages_per_seq, device=k_cache.device, dtype=torch.int32)
     table = order.view(batch, pages_per_seq).contiguous()
     k_pages = torch.empty(batch * pages_per_seq, page, heads, dim, device=k_cache.device, dtype=k_cache.dtype)
     v_pages = torch.empty_like(k_pages)
