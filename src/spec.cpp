@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <charconv>
+#include <numeric>
 #include <vector>
 
 #include "combine_params.h"
@@ -546,17 +547,21 @@ void KernelSpec::validate_decode(const Fail& fail) const {
   }
   if (stages < 2 || stages > 8) fail(ErrorCode::unsupported, fmt::format("s={} is not between 2 and 8", stages));
   if (page_rows != 0) {
-    // DecodeConfig::kPageRows: a chunk spans whole pages, and each 32-lane
-    // copy pass (16 bytes a lane) stays in one page.
+    // DecodeConfig::kPageRows: a chunk spans whole pages; each 32-lane copy
+    // pass (16 bytes a lane) stays in one page, or takes whole rows (row
+    // bytes dividing 512: head dims 32, 64, 128, 256) from pages shorter
+    // than a pass.
     if (!paged) fail(ErrorCode::invalid_argument, "pagedN needs a paged cache");
-    if (page_rows < 8 || (page_rows & (page_rows - 1)) != 0 || page_rows >= block_kv) {
+    if ((page_rows & (page_rows - 1)) != 0 || page_rows >= block_kv) {
       fail(ErrorCode::unsupported, fmt::format("paged{}: pages of N rows split a chunk of bc={} keys when N is a power "
-                                               "of two, at least 8 and below bc (pages of bc rows or more: paged)",
+                                               "of two below bc (pages of bc rows or more: paged)",
                                                page_rows, block_kv));
     }
-    if (page_rows * (head_dim / 8) % 32 != 0) {
+    const int row_copies = head_dim / 8;
+    if (page_rows * row_copies % 32 != 0 && 32 % row_copies != 0) {
       fail(ErrorCode::unsupported, fmt::format("paged{} at head_dim {}: a page's rows must be whole 512-byte copy "
-                                               "passes", page_rows, head_dim));
+                                               "passes (pages of at least {} rows)",
+                                               page_rows, head_dim, 32 / std::gcd(32, row_copies)));
     }
   }
   // The warps' states are merged in the pipeline's shared memory

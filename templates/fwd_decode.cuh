@@ -13,11 +13,14 @@
 // A paged cache's pages are powers of two. Pages of at least KEYS rows hold
 // whole chunks (chunks start at multiples of KEYS): one block-table read per
 // chunk, read one chunk ahead. Shorter pages of PAGE_ROWS rows (vLLM's 16,
-// say, beside 64-key chunks of 128-byte rows) each hold whole copy passes
-// of a chunk: lane j reads the table entry of the chunk's page j one chunk
-// ahead, and each pass takes its page from that lane. A chunk then keeps the
-// size that streams best whatever the page size (pages as short as the
-// chunk cost up to a third of the rate at head dim 64; docs/PERFORMANCE.md).
+// say, beside 64-key chunks of 128-byte rows, or SGLang's single rows):
+// lane j reads the table entry of the chunk's page j (and j + 32) one chunk
+// ahead; a copy pass of the warp that lies in one page takes its page from
+// that lane, and in pages shorter than a pass each copy takes its row's
+// page. A chunk then keeps the
+// size that streams best whatever the page size (chunks cut to pages of 16
+// rows took up to 1.39x the time of a contiguous cache at head dim 64;
+// docs/PERFORMANCE.md).
 //
 // Without KVCACHE the keys are a dense call's K/V ([batch, seqlen_k], every
 // sequence seqlen_k long): forward() with few query rows. Those keys are not
@@ -63,8 +66,12 @@ struct DecodeConfig
   // 1: pages of at least a chunk, of any power-of-two size, p.page_shift).
   static constexpr int kPageRows = PAGE_ROWS;
   static constexpr int kChunkPages = PAGE_ROWS == 0 ? 1 : KEYS / PAGE_ROWS;
-  // 16-byte copies of one K or V page: whole passes of the warp's 32 lanes.
+  // Table entries a lane holds for a chunk: pages j and j + 32.
+  static constexpr int kPageSlots = (kChunkPages + 31) / 32;
+  // Passes of the warp's 32 16-byte copies in one K or V page (0: a pass
+  // spans several pages, of kRowsPerPass rows in all).
   static constexpr int kPagePasses = PAGE_ROWS * Warp::kChunksPerRow / 32;
+  static constexpr int kRowsPerPass = 32 / Warp::kChunksPerRow;
 
   static_assert(STAGES >= 2, "a pipeline needs a stage being read and one being filled");
   static_assert(SPLIT || !DYNAMIC_SPLITS, "dynamic splits choose split counts");
@@ -72,9 +79,9 @@ struct DecodeConfig
   static_assert(!VARLEN || ROPE == 0, "varlen: no RoPE (positions come from a KV cache's lengths)");
   static_assert(!(VARLEN && KVCACHE) || PAGED, "varlen over a KV cache: a paged one (block table)");
   static_assert(KEYS * Warp::kChunksPerRow % 32 == 0, "chunk copies are whole warp passes");
-  static_assert(PAGE_ROWS == 0 || (PAGED && PAGE_ROWS < KEYS && KEYS % PAGE_ROWS == 0 && kChunkPages <= 32 &&
-                                   PAGE_ROWS * Warp::kChunksPerRow % 32 == 0),
-                "short pages tile a chunk, each page whole copy passes, one lane per page");
+  static_assert(PAGE_ROWS == 0 || (PAGED && PAGE_ROWS < KEYS && KEYS % PAGE_ROWS == 0 && kChunkPages <= 64 &&
+                                   (PAGE_ROWS * Warp::kChunksPerRow % 32 == 0 || 32 % Warp::kChunksPerRow == 0)),
+                "short pages tile a chunk, each page whole copy passes or each pass whole rows");
   // The merge reuses the pipeline: WARPS fp32 [ROWS][HEAD_DIM] accumulators.
   static_assert(WARPS * ROWS * HEAD_DIM * 4 <= kPipelineBytes, "merge buffer fits in the pipeline");
   // Per-warp statistics ([WARPS][ROWS] maxima and sums) reuse the Q tile.
@@ -101,33 +108,52 @@ __device__ __forceinline__ void load_chunk(unsigned tile, const unsigned short* 
   }
 }
 
+// A chunk's pages over pages shorter than the chunk: lane j holds the page
+// numbers of the chunk's pages j and j + 32 (page 0 past the sequence's
+// keys, whose rows are not read).
+template <class Cfg>
+struct ChunkPages {
+  int page[Cfg::kPageSlots];
+};
+
 // load_chunk over pages of Cfg::kPageRows rows, shorter than the chunk:
-// `rows` is the K or V head's first row in page 0, and lane j holds the
-// page number of the chunk's page j (my_page; page 0 past the sequence's
-// keys); each pass of the copies takes its page from that lane. Every
-// source address lies in a page's rows of this head, so none needs a
-// select for the rows that zero-fill: a select per copy (or the branches
-// the compiler made of it) doubled the kernel's instructions and cost
-// 5-22% of the rate.
+// `rows` is the K or V head's first row in page 0. Every source address
+// lies in a page's rows of this head, so none needs a select for the rows
+// that zero-fill: a select per copy (or the branches the compiler made of
+// it) doubled the kernel's instructions and cost 5-22% of the rate.
 template <class Cfg>
 __device__ __forceinline__ void load_paged_chunk(unsigned tile, const unsigned short* rows, long long page_stride,
-                                                 long long row_stride, int my_page, int rows_valid, int chunks_valid,
-                                                 int lane) {
+                                                 long long row_stride, const ChunkPages<Cfg>& pages, int rows_valid,
+                                                 int chunks_valid, int lane) {
   using Warp = typename Cfg::Warp;
+  // Padded head dims: the pad's chunks zero-fill from the row's first.
+  auto copy = [&](int index, const unsigned short* page_rows) {
+    const int row = index / Warp::kChunksPerRow;  // of the chunk
+    const int chunk = index % Warp::kChunksPerRow;
+    const int source_chunk = Cfg::kPadded && chunk >= chunks_valid ? 0 : chunk;
+    cp_async_16_evict_first(tile + swizzled_bytes<Warp>(row, chunk),
+                            page_rows + (row % Cfg::kPageRows) * row_stride + source_chunk * 8,
+                            row < rows_valid && chunk < chunks_valid);
+  };
+  if constexpr (Cfg::kPagePasses > 0) {
+    // Each page whole passes: one page (one shuffle) per pass.
 #pragma unroll
-  for (int page = 0; page < Cfg::kChunkPages; ++page) {
-    const unsigned short* page_rows =
-        rows + static_cast<long long>(__shfl_sync(0xffffffffu, my_page, page)) * page_stride;
+    for (int page = 0; page < Cfg::kChunkPages; ++page) {
+      const unsigned short* page_rows =
+          rows + static_cast<long long>(__shfl_sync(0xffffffffu, pages.page[page / 32], page % 32)) * page_stride;
 #pragma unroll
-    for (int pass = 0; pass < Cfg::kPagePasses; ++pass) {
-      const int index = (page * Cfg::kPagePasses + pass) * 32 + lane;
-      const int row = index / Warp::kChunksPerRow;  // of the chunk
-      const int chunk = index % Warp::kChunksPerRow;
-      // Padded head dims: the pad's chunks zero-fill from the row's first.
-      const int source_chunk = Cfg::kPadded && chunk >= chunks_valid ? 0 : chunk;
-      cp_async_16_evict_first(tile + swizzled_bytes<Warp>(row, chunk),
-                              page_rows + (row % Cfg::kPageRows) * row_stride + source_chunk * 8,
-                              row < rows_valid && chunk < chunks_valid);
+      for (int pass = 0; pass < Cfg::kPagePasses; ++pass) copy((page * Cfg::kPagePasses + pass) * 32 + lane, page_rows);
+    }
+  } else {
+    // Pages shorter than a pass: each copy its row's page. A pass's rows
+    // are whole (32 lanes, kRowsPerPass rows) and never straddle entries
+    // j and j + 32.
+#pragma unroll
+    for (int pass = 0; pass < Cfg::kBlockKV / Cfg::kRowsPerPass; ++pass) {
+      const int index = pass * 32 + lane;
+      const int page = index / Warp::kChunksPerRow / Cfg::kPageRows;
+      const int slot = pass * Cfg::kRowsPerPass / Cfg::kPageRows / 32;  // the same for the whole pass
+      copy(index, rows + static_cast<long long>(__shfl_sync(0xffffffffu, pages.page[slot], page % 32)) * page_stride);
     }
   }
 }
@@ -637,26 +663,33 @@ __device__ void fwd_decode(const FwdParams& p) {
 
   const unsigned stages = pipeline + warp * Cfg::kStages * Cfg::kStageBytes;
   const int in_page = Cfg::kPaged ? (1 << p.page_shift) - 1 : 0;
-  // Chunk i's page; over short pages, lane j's: the chunk's page j (0 past
-  // the sequence's keys, whose rows are not read).
+  // Chunk i's page; over short pages, lane j's pages j and j + 32 of the
+  // chunk (ChunkPages).
   auto page_of = [&](int i) {
     const int key0 = (first_chunk + i * Cfg::kStreams) * Cfg::kBlockKV;
+    ChunkPages<Cfg> chunk_pages;
     if constexpr (Cfg::kPageRows != 0) {
-      const int key = key0 + min(lane, Cfg::kChunkPages - 1) * Cfg::kPageRows;
-      return key < seqlen_k ? pages[key / Cfg::kPageRows] : 0;
+#pragma unroll
+      for (int slot = 0; slot < Cfg::kPageSlots; ++slot) {
+        const int key = key0 + min(slot * 32 + lane, Cfg::kChunkPages - 1) * Cfg::kPageRows;
+        chunk_pages.page[slot] = key < seqlen_k ? pages[key / Cfg::kPageRows] : 0;
+      }
     } else {
-      return pages[key0 >> p.page_shift];
+      chunk_pages.page[0] = Cfg::kPaged ? pages[key0 >> p.page_shift] : 0;
     }
+    return chunk_pages;
   };
-  // Starts the copy of this warp's chunk i into its stage (page: chunk i's
-  // page, when paged).
-  auto issue = [&](int i, int page) {
+  // Starts the copy of this warp's chunk i into its stage (chunk_pages:
+  // chunk i's, when paged).
+  auto issue = [&](int i, const ChunkPages<Cfg>& chunk_pages) {
+    const int page = chunk_pages.page[0];
     const int key0 = (first_chunk + i * Cfg::kStreams) * Cfg::kBlockKV;
     const unsigned stage = stages + (i % Cfg::kStages) * Cfg::kStageBytes;
     if constexpr (Cfg::kPageRows != 0) {
-      load_paged_chunk<Cfg>(stage, k, p.k_batch_stride, p.k_row_stride, page, seqlen_k - key0, chunks_valid, lane);
-      load_paged_chunk<Cfg>(stage + Cfg::kChunkBytes, v, p.v_batch_stride, p.v_row_stride, page, seqlen_k - key0,
-                            chunks_valid, lane);
+      load_paged_chunk<Cfg>(stage, k, p.k_batch_stride, p.k_row_stride, chunk_pages, seqlen_k - key0, chunks_valid,
+                            lane);
+      load_paged_chunk<Cfg>(stage + Cfg::kChunkBytes, v, p.v_batch_stride, p.v_row_stride, chunk_pages,
+                            seqlen_k - key0, chunks_valid, lane);
     } else {
       long long k_row0, v_row0;
       if constexpr (Cfg::kPaged) {
@@ -672,11 +705,12 @@ __device__ void fwd_decode(const FwdParams& p) {
   };
 #pragma unroll
   for (int i = 0; i < Cfg::kStages - 1; ++i) {
-    if (i < count) issue(i, Cfg::kPaged ? page_of(i) : 0);
+    if (i < count) issue(i, page_of(i));
     cp_async_commit();
   }
-  // The page of the next chunk to issue, read one iteration early.
-  int page_ahead = Cfg::kPaged && Cfg::kStages - 1 < count ? page_of(Cfg::kStages - 1) : 0;
+  // The page(s) of the next chunk to issue, read one iteration early.
+  ChunkPages<Cfg> page_ahead{};
+  if (Cfg::kPaged && Cfg::kStages - 1 < count) page_ahead = page_of(Cfg::kStages - 1);
 
   // Q has landed (its group is the oldest) for every thread.
   cp_async_wait<Cfg::kStages - 1>();

@@ -815,7 +815,14 @@ TEST_CASE("RoPE, packed GQA, KV-cache/paged/split decoding and append kernels co
                            "decode.bf16.d128.br32.bc32.w2.s3.local.chunk.paged8.split.dynsplit.varlen",
                            "decode.f16.d192.br16.bc16.w4.s2.causal.paged8.split",
                            "decode.bf16.d256.br16.bc16.w4.s2.rope_half_r128.rope_scaled.paged8",
-                           "decode.bf16.d256.br16.bc16.w4.s2.causal.paged8.split.varlen"}) {
+                           "decode.bf16.d256.br16.bc16.w4.s2.causal.paged8.split.varlen",
+                           // Pages shorter than a copy pass: each copy its row's page.
+                           "decode.bf16.d32.br16.bc64.w4.s2.paged1.split.dynsplit",
+                           "decode.f16.d64.br32.bc64.w4.s3.causal.rope_half_r64.paged1",
+                           "decode.bf16.d64.br16.bc32.w2.s3.paged2.varlen",
+                           "decode.bf16.d128.br16.bc32.w4.s2.local.sink.paged1",
+                           "decode.bf16.d128.br16.bc16.w4.s3.rope_interleaved_r128.paged4.split.dynsplit",
+                           "decode.bf16.d256.br16.bc16.w4.s2.alibi.paged1.split"}) {
     specs.push_back(KernelSpec::parse(text));
   }
   // Varlen on the 4-warp tiles: split, and over a paged cache.

@@ -952,10 +952,11 @@ TEST_CASE("kvcache: resident decode tiles (64, 48 and 32 KB pipelines, every til
   check_cases(cases, rng, seed);
 }
 
-TEST_CASE("kvcache: decode chunks over pages shorter than themselves (pages of 8, 16 and 32 rows, .pagedN)") {
+TEST_CASE("kvcache: decode chunks over pages shorter than themselves (pages of 1-32 rows, .pagedN)") {
   // The decode kernel keeps its chunk (8 KB of K: 64 keys of 128-byte rows,
   // 32 of 256-byte ones, 16 of 512-byte ones) over shorter pages, each copy
-  // pass taking its page from the lane that read that page's table entry.
+  // pass (or, in pages shorter than a pass, each copy) taking its page from
+  // the lane that read that page's table entry.
   // Every head dim, the page sizes each spans, lengths that end inside a
   // page and a chunk, shuffled pages, table entries past a sequence's pages
   // that would fault, appends with both RoPE styles, splits forced, chosen
@@ -968,7 +969,10 @@ TEST_CASE("kvcache: decode chunks over pages shorter than themselves (pages of 8
   };
   const Shape shapes[] = {{32, 8, 1, 1000, 3},   {32, 16, 2, 777, 2},   {64, 16, 1, 2049, 3},  {64, 32, 4, 3001, 2},
                           {64, 8, 1, 515, 4},    {80, 16, 1, 1300, 3},  {128, 16, 1, 4099, 3}, {128, 8, 3, 1029, 2},
-                          {128, 16, 8, 20000, 1}, {256, 8, 1, 700, 3},  {192, 8, 2, 1500, 2},  {64, 16, 1, 131072, 1}};
+                          {128, 16, 8, 20000, 1}, {256, 8, 1, 700, 3},  {192, 8, 2, 1500, 2},  {64, 16, 1, 131072, 1},
+                          // Pages shorter than a copy pass: each copy takes its row's page.
+                          {64, 1, 1, 1500, 3},   {128, 1, 2, 1031, 2},  {128, 4, 1, 3000, 2},  {32, 2, 1, 900, 3},
+                          {256, 1, 1, 600, 2},   {64, 2, 4, 2500, 2},   {128, 2, 1, 40000, 1}};
   std::vector<Case> cases;
   int index = 0;
   for (const Shape& shape : shapes) {

@@ -1624,18 +1624,41 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     plan = plan_kvcache(q, small, out, nullptr, options, nullptr, 0, false, Arch::parse("sm_80"), 163 * 1024, 108);
     CHECK(plan.attention.spec.family == Family::decode);
     CHECK(plan.attention.spec.page_rows == 8);
-    TensorView k4 = TensorView::contiguous(address(0x30000), DType::bf16, {4096, 4, 8, 128});
+    // Single-row pages too at head dims whose rows divide a copy pass (32,
+    // 64, 128, 256): each copy takes its row's page.
+    TensorView k1 = TensorView::contiguous(address(0x30000), DType::bf16, {16384, 1, 8, 128});
+    TensorView table1 = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192});
+    small.k_cache = small.v_cache = k1;
+    small.block_table = &table1;
+    plan = plan_kvcache(q, small, out, nullptr, options, nullptr, 0, false, arch, 227 * 1024, 132);
+    CHECK(plan.attention.spec.family == Family::decode);
+    CHECK(plan.attention.spec.text().find(".paged1") != std::string::npos);
+    // Head dim 96 (rows of 12 copies) reads pages of at least 8 rows; pages
+    // of 4 take the prefill kernel (before sm_90a its mma.sync tiles' per-row
+    // copy), and forced decode tiles are refused.
+    TensorView q96 = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 32, 96});
+    TensorView k4 = TensorView::contiguous(address(0x30000), DType::bf16, {4096, 4, 8, 96});
     TensorView table4 = TensorView::contiguous(address(0x70000), DType::i32, {2, 2048});
-    small.k_cache = small.v_cache = k4;
-    small.block_table = &table4;
-    plan = plan_kvcache(q, small, out, nullptr, options, nullptr, 0, false, Arch::parse("sm_80"), 163 * 1024, 108);
+    KVCacheArgs small96 = small;
+    small96.k_cache = small96.v_cache = k4;
+    small96.block_table = &table4;
+    small96.k_new = small96.v_new = nullptr;
+    ForwardOptions plain96;
+    plan = plan_kvcache(q96, small96, q96, nullptr, plain96, nullptr, 0, false, Arch::parse("sm_80"), 163 * 1024, 108);
     CHECK(plan.attention.spec.family == Family::fwd);
     CHECK_FALSE(plan.attention.spec.wgmma);
     CHECK(plan.attention.spec.block_kv == 64);
-    ForwardOptions forced = options;
+    small96.k_cache.shape[1] = small96.v_cache.shape[1] = 8;  // pages of 8: the decode kernel
+    small96.k_cache.shape[0] = small96.v_cache.shape[0] = 2048;
+    small96.k_cache.strides[0] = small96.v_cache.strides[0] = 8 * 8 * 96;
+    plan = plan_kvcache(q96, small96, q96, nullptr, plain96, nullptr, 0, false, arch, 227 * 1024, 132);
+    CHECK(plan.attention.spec.family == Family::decode);
+    CHECK(plan.attention.spec.page_rows == 8);
+    small96.k_cache = small96.v_cache = k4;
+    ForwardOptions forced = plain96;
     forced.tiles.stages = 2;
-    CHECK_THROWS_WITH_AS(plan_kvcache(q, small, out, nullptr, forced, nullptr, 0, false, arch, 227 * 1024, 132),
-                         doctest::Contains("reads pages of at least 8 rows; page_size is 4"), Error);
+    CHECK_THROWS_WITH_AS(plan_kvcache(q96, small96, q96, nullptr, forced, nullptr, 0, false, arch, 227 * 1024, 132),
+                         doctest::Contains("reads pages of at least 8 rows at head_dim 96; page_size is 4"), Error);
   }
   // Forced tiles: without stages the prefill kernel; with them the decode
   // kernel as given.

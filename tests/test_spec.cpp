@@ -115,6 +115,8 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
                          "decode.bf16.d128.br16.bc32.w4.s2.paged.varlen",
                          "decode.bf16.d128.br16.bc32.w4.s2.paged16",
                          "decode.bf16.d128.br16.bc32.w4.s2.paged8",
+                         "decode.bf16.d128.br16.bc32.w4.s2.paged1",
+                         "decode.bf16.d64.br16.bc64.w4.s2.paged2.split",
                          "decode.bf16.d64.br16.bc64.w4.s2.paged32.split.dynsplit",
                          "decode.bf16.d64.br16.bc64.w4.s2.paged16.varlen",
                          "decode.bf16.d64.br16.bc64.w4.s2.paged",
@@ -139,15 +141,16 @@ TEST_CASE("KV-cache, paged and split fields, and the append family, round-trip a
   std::sort(keys.begin(), keys.end());
   CHECK(std::adjacent_find(keys.begin(), keys.end()) == keys.end());
   CHECK_THROWS_WITH_AS(KernelSpec::parse("fwd.bf16.d128.br64.bc64.w4.paged"), doctest::Contains("paged needs kvcache"), Error);
-  // Pages shorter than a decode chunk (.pagedN): at least 8 rows, a power of
-  // two below the chunk's keys; decode specs only, in place of .paged.
+  // Pages shorter than a decode chunk (.pagedN): a power of two below the
+  // chunk's keys, of whole copy passes (at least 8 rows) unless the head
+  // dim's rows divide a pass; decode specs only, in place of .paged.
   const KernelSpec short_pages = KernelSpec::parse("decode.bf16.d128.br16.bc32.w4.s2.paged16");
   CHECK(short_pages.paged);
   CHECK(short_pages.page_rows == 16);
   CHECK(short_pages.smem_bytes() == KernelSpec::parse("decode.bf16.d128.br16.bc32.w4.s2.paged").smem_bytes());
   for (const auto& [text, why] :
        {std::pair{"decode.bf16.d128.br16.bc32.w4.s2.paged32", "paged32: pages of N rows split a chunk of bc=32"},
-        std::pair{"decode.bf16.d128.br16.bc32.w4.s2.paged4", "at least 8"},
+        std::pair{"decode.bf16.d96.br16.bc32.w4.s2.paged4", "pages of at least 8 rows"},
         std::pair{"decode.bf16.d128.br16.bc32.w4.s2.paged12", "a power of two"},
         std::pair{"decode.bf16.d128.br16.bc32.w4.s2.paged.paged16", "applies to a decode spec, once"},
         std::pair{"decode.bf16.d128.br16.bc32.w4.s2.paged16.paged", "unknown or repeated flag 'paged'"},
