@@ -557,11 +557,10 @@ void KernelSpec::validate_decode(const Fail& fail) const {
                                                "of two below bc (pages of bc rows or more: paged)",
                                                page_rows, block_kv));
     }
-    const int row_copies = head_dim / 8;
-    if (page_rows * row_copies % 32 != 0 && 32 % row_copies != 0) {
+    if (!decode_reads_pages(head_dim, page_rows)) {
       fail(ErrorCode::unsupported, fmt::format("paged{} at head_dim {}: a page's rows must be whole 512-byte copy "
                                                "passes (pages of at least {} rows)",
-                                               page_rows, head_dim, 32 / std::gcd(32, row_copies)));
+                                               page_rows, head_dim, 32 / std::gcd(32, head_dim / 8)));
     }
   }
   // The warps' states are merged in the pipeline's shared memory
@@ -574,6 +573,11 @@ void KernelSpec::validate_decode(const Fail& fail) const {
     fail(ErrorCode::unsupported, fmt::format("br={} bc={} at head_dim {} needs {} fp32 accumulators per thread; at "
                                              "most 192 fit", block_q, block_kv, head_dim, accumulator_registers()));
   }
+}
+
+bool KernelSpec::decode_reads_pages(int head_dim, int64_t page_rows) {
+  const int row_copies = head_dim / 8;  // 16-byte copies a row
+  return page_rows * row_copies % 32 == 0 || 32 % row_copies == 0;
 }
 
 int KernelSpec::accumulator_registers() const {

@@ -121,6 +121,14 @@ struct KernelSpec {
   // V's and the output's head dim in the kernel.
   int value_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
 
+  // Whether the decode kernel reads pages of page_rows rows at this
+  // (generated) head dim: pages of whole 512-byte copy passes (32 lanes of
+  // 16 bytes; 8 rows hold them at every head dim), or passes of whole rows
+  // (head dims 32, 64, 128, 256, down to single-row pages). The rule of
+  // page_rows, and the planner's for sending paged calls to the decode
+  // kernel.
+  static bool decode_reads_pages(int head_dim, int64_t page_rows);
+
   // A combine spec: states of `state_dtype` merged into an `out_dtype` output.
   static KernelSpec combine(DType state_dtype, DType out_dtype, bool elementwise = false, bool dynamic_splits = false,
                             bool sink = false);

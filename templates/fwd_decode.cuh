@@ -682,7 +682,6 @@ __device__ void fwd_decode(const FwdParams& p) {
   // Starts the copy of this warp's chunk i into its stage (chunk_pages:
   // chunk i's, when paged).
   auto issue = [&](int i, const ChunkPages<Cfg>& chunk_pages) {
-    const int page = chunk_pages.page[0];
     const int key0 = (first_chunk + i * Cfg::kStreams) * Cfg::kBlockKV;
     const unsigned stage = stages + (i % Cfg::kStages) * Cfg::kStageBytes;
     if constexpr (Cfg::kPageRows != 0) {
@@ -691,6 +690,7 @@ __device__ void fwd_decode(const FwdParams& p) {
       load_paged_chunk<Cfg>(stage + Cfg::kChunkBytes, v, p.v_batch_stride, p.v_row_stride, chunk_pages,
                             seqlen_k - key0, chunks_valid, lane);
     } else {
+      const int page = chunk_pages.page[0];
       long long k_row0, v_row0;
       if constexpr (Cfg::kPaged) {
         k_row0 = page * p.k_batch_stride + (key0 & in_page) * p.k_row_stride;

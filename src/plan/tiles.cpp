@@ -26,9 +26,9 @@ constexpr int64_t kWideBlockMinKeys = 8192;
 // (32 keys of 256-byte rows, head dims 96-128; 64 keys of 128-byte rows,
 // head dims up to 64; fewer above 128 and for pages shorter than a chunk),
 // four warps, and each warp's pipeline as deep as kDecodePipelineBytes allows
-// (2-8 stages). Pages shorter than a chunk (decode_reads_pages: from 8 rows,
-// or single rows at head dims 32, 64, 128 and 256) keep the chunk, which
-// then spans several pages (KernelSpec::page_rows):
+// (2-8 stages). Pages shorter than a chunk (KernelSpec::decode_reads_pages:
+// from 8 rows, or single rows at head dims 32, 64, 128 and 256) keep the
+// chunk, which then spans several pages (KernelSpec::page_rows):
 // chunks cut to pages of 16 rows took up to 1.39x the time of a contiguous
 // cache at head dim 64, and pages of 1-8 (then on the prefill tiles) up to
 // 3.67x; spanning chunks take 1.00-1.12x at head dims 64-256. Measured on
@@ -45,14 +45,6 @@ constexpr int64_t kWideBlockMinKeys = 8192;
 constexpr int kDecodeChunkKeys = 32;
 constexpr int kDecodeChunkBytes = kDecodeChunkKeys * 256;
 constexpr int kDecodeMinChunkKeys = 16;
-// Whether the decode kernel reads pages of page_rows rows at this (kernel)
-// head dim: pages of whole copy passes (32 lanes of 16 bytes; 8 rows hold
-// them at every head dim), or passes of whole rows (head dims 32, 64, 128
-// and 256, down to single-row pages) (KernelSpec::validate_decode).
-bool decode_reads_pages(int head_dim, int64_t page_rows) {
-  const int row_copies = head_dim / 8;
-  return page_rows * row_copies % 32 == 0 || 32 % row_copies == 0;
-}
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodePipelineBytes = 128 * 1024;
 constexpr int kDecodeShareSmPipelineBytes = 96 * 1024;
@@ -135,7 +127,7 @@ void choose_decode_tiles(KernelSpec& spec, const TileConfig& forced, int64_t row
   spec.family = Family::decode;
   spec.pack_gqa = true;
   spec.block_q = forced.block_q != 0 ? forced.block_q : rows <= 16 ? 16 : 32;
-  if (page_shift >= 0 && !decode_reads_pages(spec.head_dim, int64_t{1} << page_shift)) {
+  if (page_shift >= 0 && !KernelSpec::decode_reads_pages(spec.head_dim, int64_t{1} << page_shift)) {
     reject(fmt::format("options.tiles: the decode kernel (stages > 0 over a KV cache) reads pages of at least 8 "
                        "rows at head_dim {}; page_size is {}", spec.head_dim, 1 << page_shift));
   }
@@ -501,7 +493,8 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
                         seqlen_q * group <= (kernel_dim > 128 ? 16 : 32);
   const bool cache_decode =
       problem.kvcache && ((options.tiles.stages != 0 && !options.tiles.wgmma) ||
-                          (few_rows && (!problem.paged || decode_reads_pages(kernel_dim, int64_t{1} << problem.page_shift))));
+                          (few_rows && (!problem.paged || KernelSpec::decode_reads_pages(
+                                                              kernel_dim, int64_t{1} << problem.page_shift))));
   // (Not with V's own head dim: the decode kernel's V and its merge are
   // head_dim wide.)
   const bool dense_decode =
