@@ -2,6 +2,7 @@
 // cuLaunchKernelEx on the caller's stream; nothing is allocated and nothing
 // synchronizes, so calls can be captured into CUDA graphs once warm.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <atomic>
 #include <climits>
@@ -33,7 +34,7 @@ static_assert(sizeof(TensorMap) == sizeof(CUtensorMap) && alignof(TensorMap) % 6
 // layout), zero-filled outside the tensor.
 void encode_tile_map(const TileMapLayout& layout, TensorMap& map, const KernelSpec& spec, const char* name) {
   if (layout.rank == 0) return;  // no keys: the kernel copies nothing
-  const uint32_t element_strides[4] = {1, 1, 1, 1};
+  const uint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult status = driver().cuTensorMapEncodeTiled(
       reinterpret_cast<CUtensorMap*>(&map),
       layout.dtype == DType::bf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -44,9 +45,11 @@ void encode_tile_map(const TileMapLayout& layout, TensorMap& map, const KernelSp
       layout.swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS) {
-    check_cuda(status, fmt::format("cuTensorMapEncodeTiled({} of {}: dims {}x{}x{}x{}, strides {}/{}/{} bytes)", name,
-                                   spec.text(), layout.dims[0], layout.dims[1], layout.dims[2], layout.dims[3],
-                                   layout.strides_bytes[0], layout.strides_bytes[1], layout.strides_bytes[2])
+    const int rank = layout.rank;
+    check_cuda(status, fmt::format("cuTensorMapEncodeTiled({} of {}: dims {}, strides {} bytes, box {})", name,
+                                   spec.text(), fmt::join(layout.dims, layout.dims + rank, "x"),
+                                   fmt::join(layout.strides_bytes, layout.strides_bytes + rank - 1, "/"),
+                                   fmt::join(layout.box, layout.box + rank, "x"))
                            .c_str());
   }
 }

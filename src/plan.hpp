@@ -23,10 +23,16 @@ namespace jitattn::detail {
 struct TileMapLayout {
   const void* base = nullptr;
   DType dtype = DType::bf16;
-  int rank = 0;                    // 3 (varlen: no batch dimension) or 4; 0 = no map (no keys to copy)
-  uint64_t dims[4] = {};           // elements, innermost first: head_dim, rows, heads[, batch]
-  uint64_t strides_bytes[3] = {};  // of dims 1 .. rank - 1
-  uint32_t box[4] = {};            // 64 channels (one 128-byte swizzled panel) × block_kv rows × 1 × 1
+  // 3 (varlen: no batch dimension), 4, or 5 (paged_panel_map); 0 = no map
+  // (no keys to copy, or pages too short for a box).
+  int rank = 0;
+  uint64_t dims[5] = {};           // elements, innermost first: head_dim, rows, heads[, batch]
+  uint64_t strides_bytes[4] = {};  // of dims 1 .. rank - 1
+  uint32_t box[5] = {};            // 64 channels (one 128-byte swizzled panel) × block_kv rows × 1 × 1
+  // paged_panel_map: KV head h's box starts at coordinate h · head_panels
+  // of dimension 2 and h · head_groups of dimension 3
+  // (FwdParams::k_map_head_panels).
+  int head_panels = 0, head_groups = 0;
   // K/V boxes land as wgmma's 128-byte-swizzled panels; RoPE tables' rows
   // land unswizzled.
   bool swizzle_128b = true;
@@ -40,6 +46,20 @@ struct TileMapLayout {
 // shorter than one).
 std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t batch, int64_t rows, int64_t heads,
                                          int64_t head_dim, const int64_t (&strides)[3], int box_rows);
+
+// The 5-D map of a paged K or V cache [pages, page_rows, heads, head_dim]
+// (strides in elements: page, row, head) for kernels whose stages
+// interleave panels (KernelSpec::interleaved_panels): dimensions 64
+// channels, 8 rows, panels, 8-row groups of a page, pages, with the heads
+// merged into the panels (heads adjacent: head stride = head_dim) or into
+// the groups (head stride = page_rows × row stride, as in [pages, heads,
+// page_rows, head_dim] caches). Boxes of 64 × 8 × every panel × box_rows /
+// 8 groups land as the stage's interleaved layout. None when neither merge
+// fits, or a stride is out of a tensor copy's range; a map of rank 0 for
+// pages of fewer than 8 rows (copied row by row, never by the map).
+std::optional<TileMapLayout> paged_panel_map(const void* data, DType dtype, int64_t pages, int64_t page_rows,
+                                             int64_t heads, int64_t head_dim, const int64_t (&strides)[3],
+                                             int box_rows);
 
 // The tile map of a RoPE cos or sin table (f32 or 16-bit entries)
 // [positions, >= rotary_dim / 2] whose base and row stride are 16-byte

@@ -156,12 +156,26 @@ struct KernelSpec {
   // cache) at head dims up to 128: K and V blocks arrive by tensor copies
   // whose maps the launch encodes (FwdConfig::kTensorCopies,
   // ForwardPlan::k_map; varlen: 3-D maps over the packed rows; paged: over
-  // the pages, a box per page shorter than a block), except in the one
+  // the pages, a box per page shorter than a block, every panel in it where
+  // interleaved_panels()), except in the one
   // variant where they would spill, and for unaligned rows (staged by the
   // producer instead).
   bool tensor_copies() const {
     return family == Family::fwd && wgmma && (rope == RopeKind::none || kvcache || head_dim > 128) &&
            unaligned_dim == 0 && !(warps == 12 && persistent && local);
+  }
+
+  // tensor_copies() over a paged cache at a head dim of two or more whole
+  // 64-channel panels (128, 192, 256), not padded: K and V stages hold
+  // 8-row groups of every panel in turn instead of one panel after another
+  // (FwdConfig::kInterleavedPanels), so one tensor copy reads all panels of
+  // a page's rows (a block's, where pages are longer) through a 5-D map
+  // (paged_panel_map). Pages of 16 rows at head dim 128 then cost 8 copies
+  // a K block instead of 16. (Head dim 64 has one panel: nothing to merge.)
+  bool interleaved_panels() const { return tensor_copies() && paged_panels_interleave(paged, head_dim, padded); }
+  // The same rule for planners that have not chosen the kernel yet.
+  static bool paged_panels_interleave(bool paged, int head_dim, bool padded) {
+    return paged && head_dim % 64 == 0 && head_dim > 64 && !padded;
   }
 
   // Persistent fwd whose producer issues K/V by tensor copies and does not

@@ -270,6 +270,17 @@ struct FwdConfig {
   // copies do not (KernelSpec::tensor_copies says the same).
   static constexpr bool kTensorCopies = WGMMA && (ROPE == 0 || KVCACHE || HEAD_DIM > 128) && UNALIGNED_DIM == 0 &&
                                         !(WARPS == 12 && PERSISTENT && kLocal);
+  // Tensor copies over a paged cache at head dims of two or more whole
+  // panels (KernelSpec::interleaved_panels): K and V stages hold each 8-row
+  // group of every panel in turn (kv_tile_bytes), not one panel after
+  // another, so one copy (a 5-D box) reads every panel of a page's rows.
+  // Pages of 16 rows at head dim 128 then take 8 copies a K block instead of
+  // 16: the copies' count, not their bytes, is what short pages cost. That
+  // took chunked prefill over pages of 16 from 1.20-1.35x a contiguous
+  // cache's time to 1.03-1.15x, and pages of 8 from 1.74-1.88x to 1.19-1.33x
+  // (H200, docs/PERFORMANCE.md).
+  static constexpr bool kInterleavedPanels = PAGED && kTensorCopies && HEAD_DIM % 64 == 0 && HEAD_DIM > 64 && !PADDED;
+  static constexpr int kKVPanels = (HEAD_DIM + 63) / 64;
   // Persistent: the MMA warps only stage a tile's output (in its Q buffer)
   // and go on to the next tile; producer warps 1-3 copy it to memory before
   // a later tile's Q is loaded into that buffer (produce_tiles), from a

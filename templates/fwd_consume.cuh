@@ -114,6 +114,10 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   float row_max[Cfg::kMTiles][2];
   float row_sum[Cfg::kMTiles][2];
   clear_accumulators<Cfg>(o, row_max, row_sum);
+  // K and V stages: from one panel to the next, and from one 8-row group
+  // to the next (kv_tile_bytes).
+  constexpr unsigned kKVPanelBytes = Cfg::kInterleavedPanels ? 1024 : Cfg::kBlockKV * 128;
+  constexpr unsigned kKVGroupBytes = Cfg::kInterleavedPanels ? Cfg::kKVPanels * 1024 : 1024;
   // S = Q Kᵀ for the block in `stage` (async). Q's and K's k-step ks: panel
   // ks / 4, 32-byte column ks % 4.
   const int q_buffer = at.q_buffer();
@@ -127,13 +131,11 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     // the async proxy through this thread's fence.
     fence_async_shared();
     wgmma_fence();
-    const unsigned long long k_descriptor = wgmma_descriptor(ring.k_stage(stage), 16);
+    const unsigned long long k_descriptor = wgmma_descriptor(ring.k_stage(stage), 16, kKVGroupBytes);
     auto q_at = [&](int ks) {
       return wgmma_descriptor_at(q_descriptor, (ks >> 2) * (Cfg::kBlockQ * 128) + (ks & 3) * 32);
     };
-    auto k_at = [&](int ks) {
-      return wgmma_descriptor_at(k_descriptor, (ks >> 2) * (Cfg::kBlockKV * 128) + (ks & 3) * 32);
-    };
+    auto k_at = [&](int ks) { return wgmma_descriptor_at(k_descriptor, (ks >> 2) * kKVPanelBytes + (ks & 3) * 32); };
     if constexpr (QRegisters<Cfg>::kUsed) {
       wgmma_rs_k_major<Element, Cfg::kBlockKV, false>(s_acc[0], q_registers.a[0], k_at(0));
 #pragma unroll
@@ -155,13 +157,14 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
     mbarrier_wait(ring.v_landed(stage), parity);
     fence_async_shared();
     wgmma_fence();
-    const unsigned long long v_descriptor = wgmma_descriptor(ring.v_stage(stage), Cfg::kBlockKV * 128);
+    const unsigned long long v_descriptor = wgmma_descriptor(ring.v_stage(stage), kKVPanelBytes, kKVGroupBytes);
 #pragma unroll
     for (int ks = 0; ks < Cfg::kBlockKV / 16; ++ks) {
       // Keys 16ks..16ks+15: two 8-row groups of every panel; panels (64
-      // columns of V each) are kBlockKV rows apart.
+      // columns of V each) are kKVPanelBytes apart.
       wgmma_rs_panels<Element, Cfg::kHeadDimV>(o[0], probabilities[0][ks],
-                                               wgmma_descriptor_at(v_descriptor, ks * 16 * 128), Cfg::kBlockKV * 128);
+                                               wgmma_descriptor_at(v_descriptor, 2 * ks * kKVGroupBytes),
+                                               kKVPanelBytes);
     }
     wgmma_commit();
   };

@@ -30,7 +30,7 @@ __device__ __forceinline__ void load_paged_rows(unsigned tile, const unsigned sh
       const bool valid = key < seqlen_k && chunk < chunks_valid;
       const unsigned short* source = rows;
       if (valid) source = rows + pages[key >> page_shift] * page_stride + (key & in_page) * row_stride + chunk * 8;
-      cp_async_16(tile + swizzled_bytes<Cfg, Cfg::kBlockKV>(row, chunk), source, valid);
+      cp_async_16(tile + kv_tile_bytes<Cfg>(row, chunk), source, valid);
     }
   }
 }

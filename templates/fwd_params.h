@@ -131,7 +131,8 @@ struct FwdParams {
   // boxes of 64 channels × block_kv rows in wgmma's 128-byte-swizzled panels.
   // Varlen maps have no batch dimension (rows are the packed total). A paged
   // KV cache's map has a page's rows for rows and pages for batches, and
-  // boxes of a page's rows where pages are shorter than a block.
+  // boxes of a page's rows where pages are shorter than a block; at head
+  // dims of two or more panels it is 5-D (k_map_head_panels below).
   TensorMap k_map;
   TensorMap v_map;
   // RoPE tables for kernels that stage them (FwdConfig::kStagedTables):
@@ -163,6 +164,15 @@ struct FwdParams {
   // sin from the frequencies are multiplied by this, YaRN's or LongRoPE's
   // attention factor (Hugging Face's attention_factor). In the tail padding too.
   float rope_attention_factor;
+  // Paged maps of kernels that interleave panels (FwdConfig::
+  // kInterleavedPanels): 5-D, (64 channels, 8 rows, panels, 8-row groups of
+  // a page, pages), with KV heads merged into the panels or into the groups.
+  // KV head h's box starts at panel h · *_map_head_panels and group
+  // h · *_map_head_groups (one of the two is 0). In the tail padding too.
+  int k_map_head_panels;
+  int k_map_head_groups;
+  int v_map_head_panels;
+  int v_map_head_groups;
 };
 
 }  // namespace jitattn

@@ -265,13 +265,23 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       const int row = Cfg::kPaged ? key & ((1 << p.page_shift) - 1) : k_row0 + key;
       const int outer = Cfg::kPaged ? page : map_batch;
       const TensorMap* map = values ? &p.v_map : &p.k_map;
+      if constexpr (Cfg::kInterleavedPanels) {
+        // One box of every panel: the page's rows (or the block's, in a
+        // longer page) from its 8-row group row / 8, KV head kv_head's
+        // panels or groups (FwdParams::k_map_head_panels).
+        const int head_panels = values ? p.v_map_head_panels : p.k_map_head_panels;
+        const int head_groups = values ? p.v_map_head_groups : p.k_map_head_groups;
+        tensor_copy_5d(stage + lane * copy_rows * panels * 128, map, barrier, 0, 0, kv_head * head_panels,
+                       kv_head * head_groups + (row >> 3), page);
+      } else {
 #pragma unroll
-      for (int panel = 0; panel < panels; ++panel) {
-        const unsigned destination = stage + (panel * Cfg::kBlockKV + lane * copy_rows) * 128;
-        if constexpr (Cfg::kVarlenKeys) {
-          tensor_copy_3d(destination, map, barrier, panel * 64, row, kv_head);
-        } else {
-          tensor_copy_4d(destination, map, barrier, panel * 64, row, kv_head, outer);
+        for (int panel = 0; panel < panels; ++panel) {
+          const unsigned destination = stage + (panel * Cfg::kBlockKV + lane * copy_rows) * 128;
+          if constexpr (Cfg::kVarlenKeys) {
+            tensor_copy_3d(destination, map, barrier, panel * 64, row, kv_head);
+          } else {
+            tensor_copy_4d(destination, map, barrier, panel * 64, row, kv_head, outer);
+          }
         }
       }
     } else {

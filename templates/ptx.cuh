@@ -175,6 +175,17 @@ __device__ __forceinline__ void tensor_copy_4d(unsigned destination, const void*
 #endif
 }
 
+__device__ __forceinline__ void tensor_copy_5d(unsigned destination, const void* map, unsigned barrier, int c0, int c1,
+                                               int c2, int c3, int c4) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, "
+      "%6}], [%7];\n" ::"r"(destination),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(barrier)
+      : "memory");
+#endif
+}
+
 __device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity) {
 #if __CUDA_ARCH__ >= 900
   asm volatile(

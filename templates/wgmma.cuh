@@ -16,12 +16,14 @@ namespace jitattn {
 // A shared-memory matrix descriptor for the 128-byte swizzle: start address,
 // "leading" byte offset (K-major: unused; MN-major: from one 64-element
 // panel to the next), "stride" byte offset (from one 8-row group to the
-// next: 1 KB), all in 16-byte units.
-__device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned address, unsigned leading_bytes) {
+// next: 1 KB within a panel, more where groups of several panels take turns:
+// FwdConfig::kInterleavedPanels), all in 16-byte units.
+__device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned address, unsigned leading_bytes,
+                                                               unsigned group_bytes = 1024) {
   constexpr unsigned long long kSwizzle128 = 1ull << 62;
-  constexpr unsigned long long kGroupStride = 1024 >> 4;
   return static_cast<unsigned long long>((address & 0x3ffff) >> 4) |
-         static_cast<unsigned long long>((leading_bytes >> 4) & 0x3fff) << 16 | kGroupStride << 32 | kSwizzle128;
+         static_cast<unsigned long long>((leading_bytes >> 4) & 0x3fff) << 16 |
+         static_cast<unsigned long long>((group_bytes >> 4) & 0x3fff) << 32 | kSwizzle128;
 }
 
 // The descriptor of `address + bytes` from that of `address`. Shared-window

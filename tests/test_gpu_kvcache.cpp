@@ -49,6 +49,10 @@ struct Case {
   double longrope_factor = 0.0;
   double attention_factor = 0.0;
   int page_size = 0;  // 0: contiguous cache
+  // Paged: each page [heads_kv, page_size, head_dim] ([num_pages, heads,
+  // page_size, head_dim] storage viewed as FlashAttention's [num_pages,
+  // page_size, heads, head_dim]), as FlashInfer's HND caches.
+  bool heads_outer_pages = false;
   bool batch_index = false;
   // cache_leftpad (contiguous caches): each sequence's keys start at a random
   // row of its cache (one at its cache_seqlens: only new keys, or none).
@@ -71,13 +75,14 @@ struct Case {
 std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
   return fmt::format(
       "{} {} batch={} seqlen_q={} seqlen_k={} heads={}/{} head_dim={} causal={} window_left={} chunk={} sinks={} append={} rope={} "
-      "fraction={} yarn={} longrope={} attention_factor={} tables={}{} page_size={} cache_batch_idx={} leftpad={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} "
+      "fraction={} yarn={} longrope={} attention_factor={} tables={}{} page_size={}{} cache_batch_idx={} leftpad={} num_splits={} uneven={} dynamic={} tiles={}x{}x{}x{} "
       "seed={}",
       spec.empty() ? "(no spec)" : spec, c.dtype == DType::bf16 ? "bf16" : "f16", c.batch, c.seqlen_q, c.seqlen_k,
       c.heads_q, c.heads_kv, c.head_dim, c.causal, c.window_left, c.attention_chunk,
       c.learnable_sink.empty() ? "off" : fmt::format("[{}]", fmt::join(c.learnable_sink, ", ")), c.append,
       static_cast<int>(c.rope),
-      c.rotary_fraction, c.yarn_factor, c.longrope_factor, c.attention_factor, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size, c.batch_index, c.leftpad, c.num_splits,
+      c.rotary_fraction, c.yarn_factor, c.longrope_factor, c.attention_factor, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size,
+      c.heads_outer_pages ? " (heads outer)" : "", c.batch_index, c.leftpad, c.num_splits,
       c.uneven, c.dynamic, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
 }
@@ -220,7 +225,11 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   const int64_t cache_shape[4] = {c.page_size > 0 ? in.num_pages : in.cache_batches,
                                   c.page_size > 0 ? c.page_size : in.capacity, c.heads_kv, c.head_dim};
   int64_t cache_strides[4];
-  contiguous_strides(cache_shape, cache_strides);
+  if (c.page_size > 0 && c.heads_outer_pages) {
+    heads_major_strides(cache_shape, cache_strides);
+  } else {
+    contiguous_strides(cache_shape, cache_strides);
+  }
   in.dk_cache = std::make_unique<DeviceTensor>(in.k_store, c.dtype, cache_shape, cache_strides);
   in.dv_cache = std::make_unique<DeviceTensor>(in.v_store, c.dtype, cache_shape, cache_strides);
   in.seqlens = upload(in.cache_seqlens.data(), in.cache_seqlens.size() * 4);
@@ -1168,11 +1177,23 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
   });
   Case chunk = planner_chunk(128);
   cases.push_back(chunk);
-  // Small pages: the same tiles, one tensor copy per page.
+  // Small pages: the same tiles, one tensor copy per page (every panel of
+  // it: KernelSpec::interleaved_panels).
   chunk.page_size = 16;
   chunk.rope = RopeStyle::none;
   chunk.dtype = DType::f16;
   cases.push_back(chunk);
+  // Pages whose heads are outermost (the map merges heads with the pages'
+  // 8-row groups instead of the panels), at 16 and 256 rows, appended.
+  for (const int page_size : {16, 256}) {
+    Case outer = chunk;
+    outer.page_size = page_size;
+    outer.heads_outer_pages = true;
+    outer.append = page_size == 16;
+    outer.seqlen_q = page_size == 16 ? 300 : 1024;
+    outer.rope = page_size == 16 ? RopeStyle::interleaved : RopeStyle::none;
+    cases.push_back(outer);
+  }
   // Head dim 64 without RoPE: the planner's 192-row tiles (3 × 6 heads × 8
   // query tiles).
   chunk.head_dim = 64;
@@ -1224,6 +1245,10 @@ TEST_CASE("kvcache on the wgmma producer layout above head dim 128: contiguous a
   });
   Case chunk = planner_chunk(256);
   cases.push_back(chunk);
+  Case outer = chunk;  // pages of heads outermost (8 rows: one group a box)
+  outer.page_size = 8;
+  outer.heads_outer_pages = true;
+  cases.push_back(outer);
   chunk.head_dim = 192;
   chunk.page_size = 0;
   chunk.rope = RopeStyle::none;

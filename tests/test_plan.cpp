@@ -1447,9 +1447,11 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     CHECK(prefill.attention.k_map.rank == 4);
     CHECK(prefill.attention.k_map.dims[1] == 8192);
     CHECK(prefill.attention.k_map.box[1] == 128);
-    // Paged: the map spans the pages; pages shorter than a key block are one
-    // box each (pages of at least 8 rows), so every page size from 8 keeps
-    // the wgmma tiles. Smaller pages keep the mma.sync kernel.
+    // Paged: the map spans the pages, 5-D (64 channels, 8 rows, panels with
+    // the heads merged in, a page's 8-row groups, pages: paged_panel_map);
+    // a box reads every panel of a page shorter than a key block (pages of
+    // at least 8 rows), so every page size from 8 keeps the wgmma tiles.
+    // Smaller pages keep the mma.sync kernel.
     causal.tiles = {};
     TensorView pages_table = TensorView::contiguous(address(0x70000), DType::i32, {2, 128});
     KVCacheArgs paged = args;
@@ -1457,10 +1459,19 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     paged.k_cache = paged.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {256, 64, 8, 128});
     prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
     CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.kvcache.paged");
-    CHECK(prefill.attention.k_map.dims[1] == 64);
-    CHECK(prefill.attention.k_map.dims[3] == 256);
-    CHECK(prefill.attention.k_map.box[1] == 64);
-    CHECK(prefill.attention.v_map.box[1] == 64);
+    REQUIRE(prefill.attention.spec.interleaved_panels());
+    {
+      const TileMapLayout& k = prefill.attention.k_map;
+      CHECK(k.rank == 5);
+      CHECK((k.dims[0] == 64 && k.dims[1] == 8 && k.dims[2] == 2 * 8 && k.dims[3] == 64 / 8 && k.dims[4] == 256));
+      CHECK((k.strides_bytes[0] == 8 * 128 * 2 && k.strides_bytes[1] == 128 && k.strides_bytes[2] == 8 * 8 * 128 * 2 &&
+             k.strides_bytes[3] == 64 * 8 * 128 * 2));
+      CHECK((k.box[0] == 64 && k.box[1] == 8 && k.box[2] == 2 && k.box[3] == 64 / 8 && k.box[4] == 1));
+      CHECK((k.head_panels == 2 && k.head_groups == 0));
+      CHECK(prefill.attention.params.k_map_head_panels == 2);
+      CHECK(prefill.attention.params.v_map_head_panels == 2);
+      CHECK(prefill.attention.v_map.box[3] == 64 / 8);
+    }
     for (const int64_t page_size : {8, 16, 256}) {
       CAPTURE(page_size);
       TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192 / page_size});
@@ -1470,7 +1481,39 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
       prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
       CHECK(prefill.attention.spec.wgmma);
       CHECK(prefill.attention.spec.block_kv == 128);
-      CHECK(prefill.attention.k_map.box[1] == std::min<int64_t>(page_size, 128));
+      CHECK(prefill.attention.k_map.box[3] == std::min<int64_t>(page_size, 128) / 8);
+    }
+    // A cache of [pages, heads, page rows, head dim] (heads apart by a
+    // page's rows): the heads merge with the page's 8-row groups instead.
+    {
+      TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192 / 16});
+      KVCacheArgs by_head = paged;
+      by_head.block_table = &table;
+      TensorView heads_outer = TensorView::contiguous(address(0x30000), DType::bf16, {2 * 8192 / 16, 8, 16, 128});
+      by_head.k_cache = by_head.v_cache = heads_outer;
+      std::swap(by_head.k_cache.shape[1], by_head.k_cache.shape[2]);
+      std::swap(by_head.k_cache.strides[1], by_head.k_cache.strides[2]);
+      by_head.v_cache = by_head.k_cache;
+      prefill = plan_kvcache(chunk, by_head, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+      REQUIRE(prefill.attention.spec.interleaved_panels());
+      const TileMapLayout& k = prefill.attention.k_map;
+      CHECK((k.dims[2] == 2 && k.dims[3] == 2 * 8 && k.box[3] == 2));
+      CHECK((k.strides_bytes[0] == 128 * 2 && k.strides_bytes[2] == 8 * 128 * 2));
+      CHECK((k.head_panels == 0 && k.head_groups == 2));
+      // Heads neither beside each other nor a page's rows apart: no 5-D map
+      // describes them, so the mma.sync kernel reads them.
+      KVCacheArgs spread = paged;
+      spread.block_table = &table;
+      TensorView wide_rows = TensorView::contiguous(address(0x30000), DType::bf16, {2 * 8192 / 16, 16, 8, 256});
+      wide_rows.shape[3] = 128;
+      spread.k_cache = spread.v_cache = wide_rows;
+      prefill = plan_kvcache(chunk, spread, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+      CHECK_FALSE(prefill.attention.spec.wgmma);
+      ForwardOptions forced = causal;
+      forced.tiles = {128, 128, 8, 2, true};
+      CHECK_THROWS_WITH_AS(
+          plan_kvcache(chunk, spread, chunk, nullptr, forced, nullptr, 0, true, arch, 227 * 1024, 132),
+          doctest::Contains("a head stride of head_dim"), Error);
     }
     // Head dim 64 without RoPE: the dense tiles, 192 rows where they do not
     // pad the chunk much more than 128 would (test above); with RoPE, 128.
@@ -1491,6 +1534,17 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
       plain.rope.style = RopeStyle::rotate_half;
       CHECK(plan_kvcache(chunk64, small, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132)
                 .attention.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64.kvcache");
+      // Pages at head dim 64: one panel, so a box per page as before (4-D).
+      TensorView table64 = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192 / 16});
+      KVCacheArgs paged64 = small;
+      paged64.block_table = &table64;
+      paged64.k_cache = paged64.v_cache =
+          TensorView::contiguous(address(0x30000), DType::bf16, {2 * 8192 / 16, 16, 8, 64});
+      const KVCachePlan pages64 =
+          plan_kvcache(chunk64, paged64, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132);
+      CHECK(pages64.attention.spec.tensor_copies());
+      CHECK_FALSE(pages64.attention.spec.interleaved_panels());
+      CHECK((pages64.attention.k_map.rank == 4 && pages64.attention.k_map.box[1] == 16));
     }
     // Above head dim 128: the dense tiles over a contiguous cache (128 × 96
     // at 192, 128 × 80 at 256), 64-key blocks over a paged one, whose blocks
@@ -1521,7 +1575,15 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
         CHECK(wide_plan.attention.spec.text() ==
               fmt::format("fwd.bf16.d{}.br128.bc64.w8.s{}.wgmma.causal.rope_half_r{}.kvcache.paged{}", kernel_dim,
                           kernel_dim == 192 ? 3 : 2, head_dim, padded));
-        CHECK(wide_plan.attention.k_map.box[1] == 16);
+        // Whole panels interleave (a box of 16 rows × every panel); padded
+        // head dims keep a box per panel (the map's channels end at the
+        // caller's head dim, and zeros fill the rest).
+        CHECK(wide_plan.attention.spec.interleaved_panels() == padded.empty());
+        if (padded.empty()) {
+          CHECK((wide_plan.attention.k_map.box[2] == kernel_dim / 64 && wide_plan.attention.k_map.box[3] == 2));
+        } else {
+          CHECK(wide_plan.attention.k_map.box[1] == 16);
+        }
         ForwardOptions straddling = wide;
         straddling.tiles = {128, 80, 8, 2, true};
         CHECK_THROWS_WITH_AS(
@@ -1536,12 +1598,12 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     CHECK(prefill.attention.spec.family == Family::fwd);
     CHECK_FALSE(prefill.attention.spec.wgmma);
     // Forced wgmma tiles over such pages: the kernel copies them a row at a
-    // time itself (FwdConfig::kMinTensorCopyPageShift); the map is still
-    // encoded, a page per box.
+    // time itself (FwdConfig::kMinTensorCopyPageShift), so no map is
+    // encoded (a box holds whole 8-row groups).
     causal.tiles = {128, 128, 8, 2, true};
     prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
     CHECK(prefill.attention.spec.wgmma);
-    CHECK(prefill.attention.k_map.box[1] == 4);
+    CHECK(prefill.attention.k_map.rank == 0);
     causal.tiles = {};
   }
   const size_t partials = static_cast<size_t>(plan.attention.num_splits) * 2 * 1 * 32;
@@ -1923,8 +1985,8 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
     CHECK_THROWS_WITH_AS(no_cu_k.plan(), doctest::Contains("cu_seqlens_k: shape [4] must be [batch + 1] = [5]"), Error);
   }
   // Chunks of 512 queries over the pages: wgmma tiles whose tensor copies
-  // read whole pages (two per 128-key block) through a 4-D map (pages for
-  // batches).
+  // read whole pages, every panel at once (two per 128-key block), through
+  // a 5-D map (pages outermost).
   Batch chunks;
   chunks.paged = true;
   chunks.q = chunks.out = TensorView::contiguous(address(0x10000), DType::bf16, {4 * 512, 32, 128});
@@ -1934,8 +1996,8 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
   const ForwardPlan prefill = chunks.plan();
   CHECK(prefill.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.kvcache.paged.varlen");
   REQUIRE(prefill.spec.tensor_copies());
-  CHECK(prefill.k_map.rank == 4);
-  CHECK((prefill.k_map.dims[1] == 64 && prefill.k_map.dims[3] == 512 && prefill.k_map.box[1] == 64));
+  CHECK(prefill.k_map.rank == 5);
+  CHECK((prefill.k_map.dims[3] == 64 / 8 && prefill.k_map.dims[4] == 512 && prefill.k_map.box[3] == 64 / 8));
   // Query heads are packed by the average sequence: a chunk of 512 queries
   // beside 15 decoding steps packs (each step's K/V read once per KV head),
   // four chunks of 512 do not.

@@ -84,16 +84,24 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
 // The tensor maps of K and V for kernels that read them by tensor copies.
 void set_tensor_maps(ForwardPlan& plan, const Problem& problem) {
   if (!plan.spec.tensor_copies()) return;
-  const auto k_map = kv_map_of(problem, problem.k, problem.k_strides, plan.spec.block_kv, false);
-  const auto v_map = kv_map_of(problem, problem.v, problem.v_strides, plan.spec.block_kv, true);
+  const bool interleaved = plan.spec.interleaved_panels();
+  const auto k_map = kv_map_of(problem, problem.k, problem.k_strides, plan.spec.block_kv, false, interleaved);
+  const auto v_map = kv_map_of(problem, problem.v, problem.v_strides, plan.spec.block_kv, true, interleaved);
   if (!k_map || !v_map) {
     const int64_t(&strides)[3] = !k_map ? problem.k_strides : problem.v_strides;
     reject(fmt::format("{}: strides (batch, row, head) = ({}, {}, {}) elements: {} reads K and V by tensor copies, "
-                       "which need a positive stride below 2^40 bytes in every dimension of more than one element",
-                       !k_map ? "k" : "v", strides[0], strides[1], strides[2], plan.spec.text()));
+                       "which need a positive stride below 2^40 bytes in every dimension of more than one element{}",
+                       !k_map ? "k" : "v", strides[0], strides[1], strides[2], plan.spec.text(),
+                       interleaved ? ", and over pages a head stride of head_dim (heads side by side in a row) or "
+                                     "of page_size × the row stride (a head's rows side by side in a page)"
+                                   : ""));
   }
   plan.k_map = *k_map;
   plan.v_map = *v_map;
+  plan.params.k_map_head_panels = k_map->head_panels;
+  plan.params.k_map_head_groups = k_map->head_groups;
+  plan.params.v_map_head_panels = v_map->head_panels;
+  plan.params.v_map_head_groups = v_map->head_groups;
 }
 
 // The launch parameters: pointers, strides, sizes, mask bounds, score

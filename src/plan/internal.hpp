@@ -188,9 +188,10 @@ KernelChoice choose_kernel(KernelSpec& spec, const Problem& problem, const Forwa
                            const CallFacts& facts, const Arch& arch, int max_smem_bytes, const TuningTable* tuning,
                            bool varlen);
 // The tensor map of K or V (`values`) rows for blocks of `block_kv` keys (a
-// page where pages are shorter), if one can describe them.
+// page where pages are shorter), if one can describe them; the 5-D paged
+// form for kernels that interleave panels (KernelSpec::interleaved_panels).
 std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
-                                       int block_kv, bool values);
+                                       int block_kv, bool values, bool interleaved_panels);
 
 // splits.cpp
 void check_num_splits(const char* name, int num_splits);

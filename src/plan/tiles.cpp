@@ -233,6 +233,48 @@ std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t 
   return map;
 }
 
+std::optional<TileMapLayout> paged_panel_map(const void* data, DType dtype, int64_t pages, int64_t page_rows,
+                                             int64_t heads, int64_t head_dim, const int64_t (&strides)[3],
+                                             int box_rows) {
+  TileMapLayout map;
+  constexpr int64_t kGroupRows = 8;  // rows of a 1024-byte swizzle atom
+  if (pages == 0 || heads == 0 || page_rows < kGroupRows) return map;  // nothing copied by the map
+  const int64_t element_bytes = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t page_stride = strides[0], row_stride = strides[1], head_stride = strides[2];
+  const int64_t panels = head_dim / 64, groups = page_rows / kGroupRows;
+  // Heads merge with the panels where each head's channels continue the
+  // last head's, or with a page's 8-row groups where each head's rows
+  // continue the last head's ([pages, heads, page_rows, head_dim]).
+  const bool heads_with_panels = heads == 1 || head_stride == head_dim;
+  const bool heads_with_groups = !heads_with_panels && head_stride == page_rows * row_stride;
+  if (!heads_with_panels && !heads_with_groups) return std::nullopt;
+  map.base = data;
+  map.dtype = dtype;
+  map.rank = 5;
+  const int64_t extents[5] = {64, kGroupRows, heads_with_panels ? panels * heads : panels,
+                              heads_with_groups ? groups * heads : groups, pages};
+  const int64_t element_strides[4] = {row_stride, 64, kGroupRows * row_stride, page_stride};
+  for (int d = 0; d < 5; ++d) map.dims[d] = static_cast<uint64_t>(extents[d]);
+  for (int d = 1; d < 5; ++d) {
+    const int64_t bytes = element_strides[d - 1] * element_bytes;
+    if (extents[d] == 1) {
+      map.strides_bytes[d - 1] = 16;  // never stepped
+    } else if (bytes <= 0 || bytes >= (int64_t{1} << 40)) {
+      return std::nullopt;
+    } else {
+      map.strides_bytes[d - 1] = static_cast<uint64_t>(bytes);
+    }
+  }
+  map.box[0] = 64;
+  map.box[1] = static_cast<uint32_t>(kGroupRows);
+  map.box[2] = static_cast<uint32_t>(panels);
+  map.box[3] = static_cast<uint32_t>(box_rows / kGroupRows);
+  map.box[4] = 1;
+  map.head_panels = heads_with_panels ? static_cast<int>(panels) : 0;
+  map.head_groups = heads_with_groups ? static_cast<int>(groups) : 0;
+  return map;
+}
+
 TileMapLayout rope_table_map(const void* data, DType dtype, int64_t positions, int64_t row_stride, int rotary_dim,
                              int block_kv) {
   TileMapLayout map;
@@ -250,9 +292,13 @@ TileMapLayout rope_table_map(const void* data, DType dtype, int64_t positions, i
 }
 
 std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
-                                       int block_kv, bool values) {
+                                       int block_kv, bool values, bool interleaved_panels) {
   const int box_rows =
       problem.paged ? static_cast<int>(std::min<int64_t>(block_kv, int64_t{1} << problem.page_shift)) : block_kv;
+  if (interleaved_panels) {
+    return paged_panel_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv,
+                           values ? problem.head_dim_v : problem.head_dim, strides, box_rows);
+  }
   return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv,
                      values ? problem.head_dim_v : problem.head_dim, strides, box_rows);
 }
@@ -603,10 +649,14 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
   // up to 128; views a tensor map cannot describe keep the mma.sync
   // kernels. A paged cache's copies read a block, or a page where pages are
   // shorter (one copy per page: no per-row table lookups, so small pages
-  // cost little).
+  // cost little; at head dims 128-256 one copy takes every panel of the
+  // page, KernelSpec::interleaved_panels, whose 5-D maps need the heads
+  // side by side in a row or a page's rows apart).
   const int64_t page_rows = problem.paged ? int64_t{1} << problem.page_shift : 0;
-  const bool maps_possible = wgmma && kv_map_of(problem, problem.k, problem.k_strides, wgmma->block_kv, false) &&
-                             kv_map_of(problem, problem.v, problem.v_strides, wgmma->block_kv, true);
+  const bool interleaved = KernelSpec::paged_panels_interleave(problem.paged, kernel_dim, spec.padded);
+  const bool maps_possible =
+      wgmma && kv_map_of(problem, problem.k, problem.k_strides, wgmma->block_kv, false, interleaved) &&
+      kv_map_of(problem, problem.v, problem.v_strides, wgmma->block_kv, true, interleaved);
   if (wgmma && wgmma->block_q == 192) {
     // 192-row tiles pay where a sequence's (packed) rows fill them. Where
     // they would pad it to over 1.25× the rows 128-row tiles pad it to (at
