@@ -473,6 +473,76 @@ TEST_CASE("warm --preset with an unknown name fails listing the known presets") 
   }
 }
 
+// Engines whose block size the presets do not sweep (SGLang's single rows,
+// pages of 8) warm their kernels with --page-size: the decode kernel's
+// .pagedN specs and the prefill tiles those pages take. Random decoding,
+// speculative and chunked-prefill calls over such pages then find theirs.
+TEST_CASE("warm --page-size adds an engine's page sizes to the presets' paged sweeps") {
+  using jitattn::DType;
+  using jitattn::TensorView;
+  auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  auto texts_of = [](const std::vector<KernelSpec>& specs) {
+    std::set<std::string> texts;
+    for (const KernelSpec& spec : specs) texts.insert(spec.text());
+    return texts;
+  };
+  const Arch hopper = Arch::parse("sm_90a");
+  const std::set<std::string> plain = texts_of(jitattn::cli::preset_specs("llama3-8b", hopper));
+  const std::set<std::string> paged = texts_of(jitattn::cli::preset_specs("llama3-8b", hopper, nullptr, {1, 8}));
+  for (const std::string& text : plain) CHECK_MESSAGE(paged.count(text) == 1, text);  // only additions
+  auto count_with = [](const std::set<std::string>& texts, const std::string& field) {
+    return std::count_if(texts.begin(), texts.end(), [&](const std::string& t) {
+      return t.find(field + ".") != std::string::npos || t.size() >= field.size() && t.compare(t.size() - field.size(), field.size(), field) == 0;
+    });
+  };
+  CHECK(count_with(plain, ".paged1") == 0);
+  CHECK(count_with(paged, ".paged1") > 0);
+  CHECK(count_with(paged, ".paged8") > 0);
+  CHECK_THROWS_WITH_AS(jitattn::cli::preset_specs("llama3-8b", hopper, nullptr, {12}),
+                       doctest::Contains("page size 12: a paged cache's pages are a power of two rows"),
+                       jitattn::Error);
+
+  std::mt19937 rng(20261126);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const int64_t hq = 32, hk = 8, d = 128;
+  size_t planned = 0;
+  for (const char* arch_text : {"sm_90a", "sm_80"}) {
+    const Arch arch = Arch::parse(arch_text);
+    const int max_smem = jitattn::cli::max_smem_of(arch);
+    const std::set<std::string> warmed = texts_of(jitattn::cli::preset_specs("llama3-8b", arch, nullptr, {1, 2, 8}));
+    for (int i = 0; i < 60; ++i) {
+      const int64_t page = int64_t{1} << (3 * uniform(0, 1) + uniform(0, 1));  // 1, 2, 8 or 16
+      const int64_t batch = int64_t{1} << uniform(0, 7);
+      const int64_t tokens = i % 3 == 0 ? 1 : i % 3 == 1 ? uniform(2, 16) : 1024;
+      const int64_t chunk_batch = tokens == 1024 ? 1 : batch;
+      const int64_t capacity = std::max<int64_t>(tokens, int64_t{256} << uniform(0, 8));
+      const int64_t pages_per_seq = capacity / page;
+      const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {chunk_batch, tokens, hq, d});
+      const TensorView k_new = TensorView::contiguous(address(0x20000), DType::bf16, {chunk_batch, tokens, hk, d});
+      const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {chunk_batch, pages_per_seq});
+      jitattn::KVCacheArgs args;
+      args.k_cache = args.v_cache =
+          TensorView::contiguous(address(0x40000), DType::bf16, {chunk_batch * pages_per_seq, page, hk, d});
+      args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {chunk_batch});
+      args.block_table = &table;
+      if (i % 2 == 0) args.k_new = args.v_new = &k_new;
+      jitattn::ForwardOptions options;
+      options.causal = true;
+      const std::string call = fmt::format("{} page={} batch={} tokens={} capacity={}", arch_text, page, chunk_batch,
+                                           tokens, capacity);
+      const auto plan = jitattn::detail::plan_kvcache(q, args, q, nullptr, options, address(0x100000), size_t{1} << 36,
+                                                      false, arch, max_smem, 132);
+      for (const KernelSpec* spec : {&plan.attention.spec, plan.append.grid > 0 ? &plan.append.spec : nullptr,
+                                     plan.combine.grid > 0 ? &plan.combine.spec : nullptr}) {
+        if (spec == nullptr) continue;
+        ++planned;
+        CHECK_MESSAGE(warmed.count(spec->text()) == 1, fmt::format("{} not warmed ({})", spec->text(), call));
+      }
+    }
+  }
+  CHECK(planned >= 120);
+}
+
 TEST_CASE("presets expand to every tile configuration the planner picks for a class") {
   const Arch hopper = Arch::parse("sm_90a");
   const std::vector<KernelSpec> specs = jitattn::cli::preset_specs("default", hopper);

@@ -217,7 +217,9 @@ std::vector<WarmItem> warm_items(const WarmOptions& options, const detail::Tunin
   if (options.specs.empty() && options.manifest.empty() && preset_names.empty()) preset_names = {"default"};
   for (const std::string& name : preset_names) {
     for (const Arch& arch : archs) {
-      for (const KernelSpec& spec : preset_specs(name, arch, &tuning)) items.push_back({spec.text(), arch.text()});
+      for (const KernelSpec& spec : preset_specs(name, arch, &tuning, options.page_sizes)) {
+        items.push_back({spec.text(), arch.text()});
+      }
     }
   }
   std::set<WarmItem> seen;
@@ -825,13 +827,13 @@ int warm(const Config& config, const WarmOptions& options) {
   return failures == 0 ? 0 : 1;
 }
 
-int list_presets(const std::vector<std::string>& arch_texts, bool json_output) {
+int list_presets(const std::vector<std::string>& arch_texts, const std::vector<int>& page_sizes, bool json_output) {
   const std::vector<Arch> archs = parse_archs(arch_texts);
   json records = json::array();
   for (const Preset& preset : presets()) {
     json specs = json::array();
     for (const Arch& arch : archs) {
-      for (const KernelSpec& spec : preset_specs(preset.name, arch)) {
+      for (const KernelSpec& spec : preset_specs(preset.name, arch, nullptr, page_sizes)) {
         specs.push_back({{"spec", spec.text()}, {"arch", arch.text()}});
       }
     }

@@ -17,6 +17,7 @@ struct WarmOptions {
   std::string manifest;              // path of a manifest file; "" = none
   std::vector<std::string> presets;  // preset names
   std::vector<std::string> archs;    // empty: the local GPUs' archs, else sm_80 and sm_90a
+  std::vector<int> page_sizes;       // presets also sweep these page sizes (preset_specs' extra_pages)
   int jobs = 1;
   bool json = false;
 };
@@ -85,7 +86,7 @@ struct PlanOptions {
 // Compiles (or finds in the disk cache) every requested spec for every arch.
 int warm(const Config& config, const WarmOptions& options);
 // Lists the presets and the specs each expands to for `archs` (default as for warm).
-int list_presets(const std::vector<std::string>& archs, bool json);
+int list_presets(const std::vector<std::string>& archs, const std::vector<int>& page_sizes, bool json);
 // Lists the disk cache's entries.
 // The cache's entries as a table, a JSON array, or (manifest) the `SPEC @ARCH` lines of its valid entries, each
 // once and sorted, for `jitattn warm --manifest` on another host: a staging run's cache becomes the deploy's list.

@@ -3,6 +3,7 @@
 // This file only parses the command line and dispatches; each command is one
 // function in commands.cpp.
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <fmt/format.h>
 
 #include <jitattn/jitattn.hpp>
@@ -78,6 +79,23 @@ CLI::Option* add_repeatable(CLI::App* app, const std::string& name, std::vector<
   return app->add_option(name, values, help)->allow_extra_args(false)->type_name("NAME");
 }
 
+// --page-size N (repeatable): presets also sweep paged caches of N rows.
+CLI::Option* add_page_sizes(CLI::App* app, std::vector<int>& values) {
+  return app
+      ->add_option("--page-size", values,
+                   "Presets also sweep paged caches of N rows (a power of two; repeatable), beside 16, 32, 64 and 256: "
+                   "an engine's block size, e.g. 1 (SGLang) or 8")
+      ->allow_extra_args(false)
+      ->check(CLI::Range(1, 1 << 20))
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            const long value = std::strtol(text.c_str(), nullptr, 10);
+            return (value & (value - 1)) == 0 ? std::string() : std::string("not a power of two: ") + text;
+          },
+          "POWER OF TWO"))
+      ->type_name("N");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,6 +119,7 @@ int main(int argc, char** argv) {
   warm_cmd->add_option("--manifest", warm.manifest, "File listing specs (format below)")->type_name("FILE");
   add_repeatable(warm_cmd, "--preset", warm.presets, "Model preset (repeatable); `jitattn presets` lists them");
   add_repeatable(warm_cmd, "--arch", warm.archs, "Target arch, e.g. sm_80, sm_90a (repeatable)")->type_name("ARCH");
+  add_page_sizes(warm_cmd, warm.page_sizes);
   warm_cmd->add_option("-j,--jobs", warm.jobs, "Compile N kernels at once (default 1)")
       ->check(CLI::Range(1, 1024))
       ->option_text("N");
@@ -111,6 +130,8 @@ int main(int argc, char** argv) {
   bool presets_json = false;
   CLI::App* presets_cmd = app.add_subcommand("presets", "List the model presets and the specs each warms");
   add_repeatable(presets_cmd, "--arch", preset_archs, "Expand for this arch (repeatable; default as for warm)")->type_name("ARCH");
+  std::vector<int> preset_page_sizes;
+  add_page_sizes(presets_cmd, preset_page_sizes);
   presets_cmd->add_flag("--json", presets_json, "Print JSON");
 
   bool list_json = false, list_manifest = false;
@@ -266,7 +287,7 @@ int main(int argc, char** argv) {
     Config config = Config::from_env();
     if (*cache_dir_option) config.cache_dir = cache_dir;
     if (*warm_cmd) return cli::warm(config, warm);
-    if (*presets_cmd) return cli::list_presets(preset_archs, presets_json);
+    if (*presets_cmd) return cli::list_presets(preset_archs, preset_page_sizes, presets_json);
     if (*list_cmd) return cli::list(config, list_json, list_manifest);
     if (*clear_cmd) return cli::clear(config);
     if (*tune_cmd) return cli::tune(config, tune);

@@ -1,6 +1,7 @@
 #include "cli/presets.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 #include <set>
 
 #include <fmt/format.h>
@@ -114,6 +115,17 @@ int64_t batch_of_tiles(int64_t tiles, int64_t heads_kv) {
   return std::max<int64_t>(1, (tiles + heads_kv - 1) / heads_kv);
 }
 
+// The page sizes a sweep plans: its own (0: a contiguous cache, or packed
+// keys), then the caller's (preset_specs' extra_pages: an engine's block
+// size the sweeps do not take, such as SGLang's single rows), each once.
+std::vector<int> pages_of(std::initializer_list<int> own, const std::vector<int>& extra_pages) {
+  std::vector<int> pages(own);
+  for (const int page : extra_pages) {
+    if (std::find(pages.begin(), pages.end(), page) == pages.end()) pages.push_back(page);
+  }
+  return pages;
+}
+
 // The combine of a call with dynamic splits (which skips the rows of tiles
 // that wrote their own), where `attention` is one (sizing-only plans leave
 // the combine unplanned).
@@ -134,15 +146,16 @@ void add_dynamic_combine(const detail::KernelSpec& attention, const AttentionSha
 // (speculative decoding: at 4 query heads per KV head 32 packed rows, the
 // decode kernel's two-tile rows)
 // and 16 (64 packed rows, beyond the decode kernel) of one sequence and of
-// many; chunked prefill of 2048 tokens over 8192 cached ones; a contiguous
+// many; chunked prefill of 2048 tokens over 8192 cached ones, and of 512
+// over 4096 (few tiles: split by the heuristic); a contiguous
 // cache and pages of 16, 32, 64 and 256 rows each (FlashAttention-2 takes
-// only multiples of 256; at head dims up to 64, pages of 32 rows cut the
-// decode kernel's 64-key chunks); and the combine kernel. Also the kernels of calls captured in CUDA graphs with
+// only multiples of 256), and of the caller's extra_pages; and the combine
+// kernel. Also the kernels of calls captured in CUDA graphs with
 // dynamic_splits (KVCacheArgs): 1 and 8 tokens (one 16-row tile a KV head,
 // and two) of one sequence and of 64, whose tiles differ, and the combine
 // that skips the rows such calls write themselves.
 void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
-                       std::vector<detail::KernelSpec>& specs) {
+                       const std::vector<int>& extra_pages, std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   const int64_t heads_kv = shape.heads_kv, heads_q = shape.heads_q;
   struct Call {
@@ -178,12 +191,13 @@ void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail:
                         {1, beyond, 4096, 3, false},
                         {many, beyond, 4096, 1, false},
                         {1, 2048, 8192, 1, false},
+                        {1, 512, 4096, 0, false},
                         {1, 1, 4096, 0, true},
                         {many, 1, 4096, 0, true},
                         {1, two_tiles, 4096, 0, true},
                         {many, two_tiles, 4096, 0, true}};
   for (const auto& [batch, seqlen_q, capacity, splits, dynamic_splits] : calls) {
-    for (int page : {0, 16, 32, 64, 256}) {
+    for (int page : pages_of({0, 16, 32, 64, 256}, extra_pages)) {
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen_q, heads_q, shape.head_dim});
       const TensorView k_new = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen_q, heads_kv, shape.head_dim});
       const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {batch, capacity / std::max(page, 1)});
@@ -246,7 +260,7 @@ void add_dense_split_specs(const AttentionShape& shape, RopeForm form, const det
 // and without, and with dynamic splits (graphs replayed with other lengths:
 // VarlenArgs::dynamic_splits).
 void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
-                      std::vector<detail::KernelSpec>& specs) {
+                      const std::vector<int>& extra_pages, std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   const int64_t heads_q = shape.heads_q, heads_kv = shape.heads_kv, dim = shape.head_dim;
   struct Step {
@@ -263,7 +277,7 @@ void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::
   for (const auto& [batch, total_q, max_seqlen_q] :
        {Step{1, 1, 1}, decoding(128), decoding(160), decoding(224), decoding(320), decoding(512),
         Step{4, 4 * speculative, speculative}, Step{16, 527, 512}}) {
-    for (int page : {0, 16, 64}) {
+    for (int page : pages_of({0, 16, 64}, extra_pages)) {
       // Keys in a paged cache were rotated as they were written (forward_kvcache's k_new).
       if (page != 0 && form != RopeForm::none) continue;
       const int64_t max_seqlen_k = 8192;
@@ -304,7 +318,7 @@ void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::
 // prefix); and forward() calls with a workspace where they split (few heads
 // and short sequences leave the GPU underused).
 void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
-                       std::vector<detail::KernelSpec>& specs) {
+                       const std::vector<int>& extra_pages, std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   const int64_t heads_q = shape.heads_q, heads_kv = shape.heads_kv, dim = shape.head_dim;
   const int64_t dim_v = shape.head_dim_v != 0 ? shape.head_dim_v : dim;
@@ -329,7 +343,7 @@ void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail:
                 .attention.spec;
         if (split.split) specs.push_back(split);
       }
-      for (int page : {0, 64}) {
+      for (int page : pages_of({0, 64}, extra_pages)) {
         if (page != 0 && form != RopeForm::none) continue;  // keys rotated as they were written
         if (page != 0 && dim_v != dim) continue;            // V's own head dim: packed keys only
         const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch * seqlen, heads_q, dim});
@@ -374,7 +388,7 @@ void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail:
 // Planning is host arithmetic (a few µs a call), so the grids cost about a
 // second a shape; the specs they add are those the calls plan, each once.
 void add_engine_sweep_specs(const AttentionShape& shape, RopeForm form, const detail::Arch& arch,
-                            std::vector<detail::KernelSpec>& specs) {
+                            const std::vector<int>& extra_pages, std::vector<detail::KernelSpec>& specs) {
   const int max_smem = max_smem_of(arch);
   const int64_t heads_q = shape.heads_q, heads_kv = shape.heads_kv, dim = shape.head_dim;
   const int window = shape.window > 0 ? shape.window : 4096;
@@ -392,7 +406,7 @@ void add_engine_sweep_specs(const AttentionShape& shape, RopeForm form, const de
   // (measured over every preset on sm_80 and sm_90a); these give the same specs as grids half again as dense.
   const int64_t batches[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
   const int64_t key_lengths[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072};
-  const int pages[] = {0, 16, 32, 64, 256};
+  const std::vector<int> pages = pages_of({0, 16, 32, 64, 256}, extra_pages);
   // Prefill: forward() with and without a workspace.
   for (int64_t batch : {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 512, 1024}) {
     for (int64_t seqlen : {16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 256, 384, 512, 768, 1024, 1536,
@@ -557,7 +571,13 @@ const std::vector<Preset>& presets() {
 }
 
 std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch,
-                                             const detail::TuningTable* tuning) {
+                                             const detail::TuningTable* tuning, const std::vector<int>& extra_pages) {
+  for (const int page : extra_pages) {
+    if (page < 1 || page > (1 << 20) || (page & (page - 1)) != 0) {
+      throw Error(ErrorCode::invalid_argument,
+                  fmt::format("page size {}: a paged cache's pages are a power of two rows, 1 to 2^20", page));
+    }
+  }
   for (const Preset& preset : presets()) {
     if (preset.name != name) continue;
     std::vector<detail::KernelSpec> specs;
@@ -576,7 +596,7 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
         }
       }
       if (shape.head_dim_v != 0) {
-        add_prefill_specs(shape, RopeForm::none, arch, specs);
+        add_prefill_specs(shape, RopeForm::none, arch, extra_pages, specs);
         continue;
       }
       for (const TileConfig& tiles : tile_set) {
@@ -594,11 +614,11 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
       }
       if (shape.decoder) {
         for (RopeForm form : rope_forms(shape)) {
-          add_prefill_specs(shape, form, arch, specs);
-          add_kvcache_specs(shape, form, arch, specs);
+          add_prefill_specs(shape, form, arch, extra_pages, specs);
+          add_kvcache_specs(shape, form, arch, extra_pages, specs);
           add_dense_split_specs(shape, form, arch, specs);
-          add_varlen_specs(shape, form, arch, specs);
-          add_engine_sweep_specs(shape, form, arch, specs);
+          add_varlen_specs(shape, form, arch, extra_pages, specs);
+          add_engine_sweep_specs(shape, form, arch, extra_pages, specs);
         }
       }
     }

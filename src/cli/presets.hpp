@@ -84,8 +84,14 @@ const std::vector<Preset>& presets();
 // engine's calls swept on grids that cross the planner's bands (batches,
 // query tokens, key lengths, pages, split modes), so that calls between the
 // sweeps' points find theirs warmed too.
-// Throws Error(invalid_argument) for an unknown name; the message lists the known ones.
+// extra_pages: page sizes (powers of two) the paged sweeps take beside their
+// own 16, 32, 64 and 256 rows (`--page-size`): an engine's block size, e.g.
+// SGLang's 1 or 8, whose decode kernels (.pagedN) and chunked prefill
+// differ from those of the sizes swept.
+// Throws Error(invalid_argument) for an unknown name (the message lists the
+// known ones) or a page size that is not a power of two from 1 to 2^20.
 std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch,
-                                             const detail::TuningTable* tuning = nullptr);
+                                             const detail::TuningTable* tuning = nullptr,
+                                             const std::vector<int>& extra_pages = {});
 
 }  // namespace jitattn::cli
