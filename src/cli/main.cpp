@@ -9,6 +9,7 @@
 #include <jitattn/jitattn.hpp>
 
 #include "cli/commands.hpp"
+#include "cli/presets.hpp"
 
 namespace {
 
@@ -86,11 +87,11 @@ CLI::Option* add_page_sizes(CLI::App* app, std::vector<int>& values) {
                    "Presets also sweep paged caches of N rows (a power of two; repeatable), beside 16, 32, 64 and 256: "
                    "an engine's block size, e.g. 1 (SGLang) or 8")
       ->allow_extra_args(false)
-      ->check(CLI::Range(1, 1 << 20))
       ->check(CLI::Validator(
           [](const std::string& text) {
-            const long value = std::strtol(text.c_str(), nullptr, 10);
-            return (value & (value - 1)) == 0 ? std::string() : std::string("not a power of two: ") + text;
+            char* end = nullptr;
+            const long page = std::strtol(text.c_str(), &end, 10);
+            return *end != '\0' ? "not an integer: " + text : jitattn::cli::page_size_error(page);
           },
           "POWER OF TWO"))
       ->type_name("N");

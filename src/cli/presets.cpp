@@ -570,13 +570,15 @@ const std::vector<Preset>& presets() {
   return all;
 }
 
+std::string page_size_error(long page) {
+  if (page >= 1 && page <= (1 << 20) && (page & (page - 1)) == 0) return "";
+  return fmt::format("page size {}: a paged cache's pages are a power of two rows, 1 to 2^20", page);
+}
+
 std::vector<detail::KernelSpec> preset_specs(const std::string& name, const detail::Arch& arch,
                                              const detail::TuningTable* tuning, const std::vector<int>& extra_pages) {
   for (const int page : extra_pages) {
-    if (page < 1 || page > (1 << 20) || (page & (page - 1)) != 0) {
-      throw Error(ErrorCode::invalid_argument,
-                  fmt::format("page size {}: a paged cache's pages are a power of two rows, 1 to 2^20", page));
-    }
+    if (const std::string error = page_size_error(page); !error.empty()) throw Error(ErrorCode::invalid_argument, error);
   }
   for (const Preset& preset : presets()) {
     if (preset.name != name) continue;

@@ -84,6 +84,10 @@ const std::vector<Preset>& presets();
 // engine's calls swept on grids that cross the planner's bands (batches,
 // query tokens, key lengths, pages, split modes), so that calls between the
 // sweeps' points find theirs warmed too.
+// Why `page` is no page size (a power of two from 1 to 2^20), or "" when
+// it is one: preset_specs' rule, and --page-size's.
+std::string page_size_error(long page);
+
 // extra_pages: page sizes (powers of two) the paged sweeps take beside their
 // own 16, 32, 64 and 256 rows (`--page-size`): an engine's block size, e.g.
 // SGLang's 1 or 8, whose decode kernels (.pagedN) and chunked prefill

@@ -199,6 +199,27 @@ void fit_shared_memory(KernelSpec& spec, const CallFacts& facts, const Arch& arc
   }
 }
 
+// Fills map.dims and map.strides_bytes for map.rank dimensions (extents
+// innermost first; element_strides of dimensions 1 .. rank - 1). False where
+// a tensor copy cannot step a dimension of more than one element: a stride
+// that is not positive or reaches 2^40 bytes.
+bool set_map_dims(TileMapLayout& map, const int64_t* extents, const int64_t* element_strides) {
+  const int64_t element_bytes = static_cast<int64_t>(dtype_size(map.dtype));
+  for (int d = 0; d < map.rank; ++d) map.dims[d] = static_cast<uint64_t>(extents[d]);
+  for (int d = 1; d < map.rank; ++d) {
+    const int64_t bytes = element_strides[d - 1] * element_bytes;
+    if (extents[d] == 1) {
+      // Never stepped: any valid stride (a multiple of 16 bytes) describes it.
+      map.strides_bytes[d - 1] = 16;
+    } else if (bytes <= 0 || bytes >= (int64_t{1} << 40)) {
+      return false;
+    } else {
+      map.strides_bytes[d - 1] = static_cast<uint64_t>(bytes);  // a multiple of 16 (check_rows)
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t batch, int64_t rows, int64_t heads,
@@ -206,7 +227,6 @@ std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t 
   TileMapLayout map;
   map.base = data;
   map.dtype = dtype;
-  const int64_t element_bytes = static_cast<int64_t>(dtype_size(dtype));
   const bool packed = batch == 0;
   map.rank = packed ? 3 : 4;
   // Dimensions innermost first: channels, rows, heads, batches.
@@ -214,19 +234,8 @@ std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t 
   const int64_t element_strides[3] = {strides[1], strides[2], strides[0]};
   for (int d = 0; d < map.rank; ++d) {
     if (extents[d] == 0) return TileMapLayout{};  // no keys: nothing is ever copied
-    map.dims[d] = static_cast<uint64_t>(extents[d]);
   }
-  for (int d = 1; d < map.rank; ++d) {
-    const int64_t bytes = element_strides[d - 1] * element_bytes;
-    if (extents[d] == 1) {
-      // Never stepped: any valid stride (a multiple of 16 bytes) describes it.
-      map.strides_bytes[d - 1] = 16;
-    } else if (bytes <= 0 || bytes >= (int64_t{1} << 40)) {
-      return std::nullopt;
-    } else {
-      map.strides_bytes[d - 1] = static_cast<uint64_t>(bytes);  // a multiple of 16 (check_rows)
-    }
-  }
+  if (!set_map_dims(map, extents, element_strides)) return std::nullopt;
   map.box[0] = 64;
   map.box[1] = static_cast<uint32_t>(box_rows);
   map.box[2] = map.box[3] = 1;
@@ -239,7 +248,6 @@ std::optional<TileMapLayout> paged_panel_map(const void* data, DType dtype, int6
   TileMapLayout map;
   constexpr int64_t kGroupRows = 8;  // rows of a 1024-byte swizzle atom
   if (pages == 0 || heads == 0 || page_rows < kGroupRows) return map;  // nothing copied by the map
-  const int64_t element_bytes = static_cast<int64_t>(dtype_size(dtype));
   const int64_t page_stride = strides[0], row_stride = strides[1], head_stride = strides[2];
   const int64_t panels = head_dim / 64, groups = page_rows / kGroupRows;
   // Heads merge with the panels where each head's channels continue the
@@ -254,17 +262,7 @@ std::optional<TileMapLayout> paged_panel_map(const void* data, DType dtype, int6
   const int64_t extents[5] = {64, kGroupRows, heads_with_panels ? panels * heads : panels,
                               heads_with_groups ? groups * heads : groups, pages};
   const int64_t element_strides[4] = {row_stride, 64, kGroupRows * row_stride, page_stride};
-  for (int d = 0; d < 5; ++d) map.dims[d] = static_cast<uint64_t>(extents[d]);
-  for (int d = 1; d < 5; ++d) {
-    const int64_t bytes = element_strides[d - 1] * element_bytes;
-    if (extents[d] == 1) {
-      map.strides_bytes[d - 1] = 16;  // never stepped
-    } else if (bytes <= 0 || bytes >= (int64_t{1} << 40)) {
-      return std::nullopt;
-    } else {
-      map.strides_bytes[d - 1] = static_cast<uint64_t>(bytes);
-    }
-  }
+  if (!set_map_dims(map, extents, element_strides)) return std::nullopt;
   map.box[0] = 64;
   map.box[1] = static_cast<uint32_t>(kGroupRows);
   map.box[2] = static_cast<uint32_t>(panels);
