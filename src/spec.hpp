@@ -171,12 +171,20 @@ struct KernelSpec {
   // (FwdConfig::kInterleavedPanels), so one tensor copy reads all panels of
   // a page's rows (a block's, where pages are longer) through a 5-D map
   // (paged_panel_map). Pages of 16 rows at head dim 128 then cost 8 copies
-  // a K block instead of 16. (Head dim 64 has one panel: nothing to merge.)
+  // a K block instead of 16. (Head dim 64 has one panel: interleaved_kv.)
   bool interleaved_panels() const { return tensor_copies() && paged_panels_interleave(paged, head_dim, padded); }
   // The same rule for planners that have not chosen the kernel yet.
   static bool paged_panels_interleave(bool paged, int head_dim, bool padded) {
     return paged && head_dim % 64 == 0 && head_dim > 64 && !padded;
   }
+
+  // tensor_copies() over a paged cache at head dim 64 (one panel), not
+  // padded: K's and V's 8-row groups alternate in a stage, so one copy reads
+  // a page's K and V rows (FwdConfig::kInterleavedKV; paged_pair_map, whose
+  // map spans both tensors: K and V need the same strides). Pages of 16
+  // rows then cost 8 copies a block instead of 16.
+  bool interleaved_kv() const { return tensor_copies() && paged_kv_interleave(paged, head_dim, padded); }
+  static bool paged_kv_interleave(bool paged, int head_dim, bool padded) { return paged && head_dim == 64 && !padded; }
 
   // Persistent fwd whose producer issues K/V by tensor copies and does not
   // rotate K: its warps 1-3 copy out each tile's output, which the MMA warps

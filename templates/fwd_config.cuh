@@ -281,6 +281,15 @@ struct FwdConfig {
   // (H200, docs/PERFORMANCE.md).
   static constexpr bool kInterleavedPanels = PAGED && kTensorCopies && HEAD_DIM % 64 == 0 && HEAD_DIM > 64 && !PADDED;
   static constexpr int kKVPanels = (HEAD_DIM + 63) / 64;
+  // The same at head dim 64 (one panel), with K and V for the panels: a
+  // stage holds K's 8-row group, then V's, in turn, so one copy (a 5-D box
+  // of a map that spans both tensors: paged_pair_map on the host) reads a
+  // page's K and V rows, and V lands with K (on "K ready"). Pages of 16 then
+  // take 8 copies a block instead of 16. K's atoms come second where V lies
+  // lower in memory (FwdParams::kv_value_first).
+  static constexpr bool kInterleavedKV = PAGED && kTensorCopies && HEAD_DIM == 64 && !PADDED;
+  // 1 KB swizzle atoms from one 8-row group of a K or V stage to the next.
+  static constexpr int kKVGroupAtoms = kInterleavedPanels ? kKVPanels : kInterleavedKV ? 2 : 1;
   // Persistent: the MMA warps only stage a tile's output (in its Q buffer)
   // and go on to the next tile; producer warps 1-3 copy it to memory before
   // a later tile's Q is loaded into that buffer (produce_tiles), from a

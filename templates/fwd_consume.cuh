@@ -116,8 +116,8 @@ __device__ __forceinline__ void consume_tiles_wgmma(const FwdParams& p, const Ti
   clear_accumulators<Cfg>(o, row_max, row_sum);
   // K and V stages: from one panel to the next, and from one 8-row group
   // to the next (kv_tile_bytes).
-  constexpr unsigned kKVPanelBytes = Cfg::kInterleavedPanels ? 1024 : Cfg::kBlockKV * 128;
-  constexpr unsigned kKVGroupBytes = Cfg::kInterleavedPanels ? Cfg::kKVPanels * 1024 : 1024;
+  constexpr unsigned kKVPanelBytes = Cfg::kKVGroupAtoms > 1 ? 1024 : Cfg::kBlockKV * 128;
+  constexpr unsigned kKVGroupBytes = Cfg::kKVGroupAtoms * 1024;
   // S = Q Kᵀ for the block in `stage` (async). Q's and K's k-step ks: panel
   // ks / 4, 32-byte column ks % 4.
   const int q_buffer = at.q_buffer();

@@ -173,6 +173,14 @@ struct FwdParams {
   int k_map_head_groups;
   int v_map_head_panels;
   int v_map_head_groups;
+  // Paged maps of kernels that interleave K and V (FwdConfig::
+  // kInterleavedKV): k_map alone, 5-D (channels, 8 rows, K and V, 8-row
+  // groups of a page, pages), its base the lower of K and V (V when
+  // kv_value_first); KV heads merged into the channels, the K/V dimension
+  // or the groups: head h's box starts at channel h · k_map_head_channels,
+  // K/V index h · k_map_head_panels and group h · k_map_head_groups.
+  int k_map_head_channels;
+  int kv_value_first;
 };
 
 }  // namespace jitattn

@@ -49,16 +49,31 @@ struct Ring {
   static constexpr int kStageVBytes = Cfg::kSmemV * 2;
   static constexpr int kQBytes = Cfg::kQBuffers * Cfg::kSmemQ * 2;
   unsigned base;  // shared-window address of the first Q tile (start of shared memory)
+  // Cfg::kInterleavedKV: the byte of a group's two atoms where K's is (1024
+  // where V lies lower in memory, FwdParams::kv_value_first: the copies'
+  // map starts at V).
+  unsigned k_atom = 0;
   __device__ __forceinline__ unsigned q_tile(int b) const { return base + b * Cfg::kSmemQ * 2; }
-  __device__ __forceinline__ unsigned k_stage(int s) const { return base + kQBytes + s * kStageKBytes; }
+  // Cfg::kInterleavedKV: stage s's K and V, interleaved group by group.
+  __device__ __forceinline__ unsigned kv_pair_stage(int s) const {
+    return base + kQBytes + s * (kStageKBytes + kStageVBytes);
+  }
+  __device__ __forceinline__ unsigned k_stage(int s) const {
+    if constexpr (Cfg::kInterleavedKV) return kv_pair_stage(s) + k_atom;
+    return base + kQBytes + s * kStageKBytes;
+  }
   __device__ __forceinline__ unsigned v_stage(int s) const {
+    if constexpr (Cfg::kInterleavedKV) return kv_pair_stage(s) + (k_atom ^ 1024u);
     return base + kQBytes + Cfg::kStages * kStageKBytes + s * kStageVBytes;
   }
   __device__ __forceinline__ unsigned barrier(int index) const { return base + Cfg::kBarrierOffset + index * 8; }
   __device__ __forceinline__ unsigned k_ready(int s) const { return barrier(s); }
   __device__ __forceinline__ unsigned k_landed(int s) const { return barrier(Cfg::kStages + s); }
   __device__ __forceinline__ unsigned k_free(int s) const { return barrier(2 * Cfg::kStages + s); }
-  __device__ __forceinline__ unsigned v_landed(int s) const { return barrier(3 * Cfg::kStages + s); }
+  // V lands with K where one copy brings both (Cfg::kInterleavedKV).
+  __device__ __forceinline__ unsigned v_landed(int s) const {
+    return Cfg::kInterleavedKV ? k_ready(s) : barrier(3 * Cfg::kStages + s);
+  }
   __device__ __forceinline__ unsigned v_free(int s) const { return barrier(4 * Cfg::kStages + s); }
   __device__ __forceinline__ unsigned q_landed(int b) const { return barrier(5 * Cfg::kStages + b); }
   __device__ __forceinline__ unsigned q_free(int b) const { return barrier(5 * Cfg::kStages + 2 + b); }
@@ -98,7 +113,7 @@ struct Ring {
       mbarrier_init(k_ready(s), Cfg::kTensorCopies && !Cfg::kRotateKeys ? 1 : Cfg::kProducerThreads);
       mbarrier_init(k_landed(s), Cfg::kTensorCopies && Cfg::kRotateKeys ? 1 : Cfg::kProducerThreads);
       mbarrier_init(k_free(s), Cfg::kWarps * 32);
-      mbarrier_init(v_landed(s), Cfg::kTensorCopies ? 1 : Cfg::kProducerThreads);
+      if (!Cfg::kInterleavedKV) mbarrier_init(v_landed(s), Cfg::kTensorCopies ? 1 : Cfg::kProducerThreads);
       mbarrier_init(v_free(s), Cfg::kWarps * 32);
     }
     for (int b = 0; b < Cfg::kQBuffers; ++b) {
@@ -202,7 +217,11 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
   // its own); copies by thread are of V blocks, or of a paged cache's,
   // which has none.
   using ValueTile = typename Cfg::ValueTile;
+  static_assert(!Cfg::kInterleavedKV || (!kVLate && !Cfg::kVarlenKeys && !Cfg::kSplitDims),
+                "interleaved K/V stages are copied together, from a paged cache, V as wide as K");
   auto issue = [&](int i, bool values, bool first) {
+    // Interleaved K/V stages: K's issue copies both.
+    if (Cfg::kInterleavedKV && values) return;
     const int r = at.block + i, s = r % kStages;
     const bool past_end = (Cfg::kVarlen || Cfg::kKVCache) && first && key0_of(0) + Cfg::kBlockKV > job.seqlen_k;
     const bool by_threads = !Cfg::kTensorCopies || (past_end && (values || Cfg::kPaged)) ||
@@ -223,7 +242,10 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
     if (Cfg::kTensorCopies && Cfg::kPersistent && by_threads) {
       named_barrier_sync<Cfg::kProducerBarrier, Cfg::kProducerThreads>();
     }
-    if (r >= kStages) mbarrier_wait(values ? ring.v_free(s) : ring.k_free(s), (r / kStages - 1) & 1);
+    if (r >= kStages) {
+      mbarrier_wait(values ? ring.v_free(s) : ring.k_free(s), (r / kStages - 1) & 1);
+      if (Cfg::kInterleavedKV) mbarrier_wait(ring.v_free(s), (r / kStages - 1) & 1);
+    }
     const unsigned stage = values ? ring.v_stage(s) : ring.k_stage(s);
     if constexpr (Cfg::kTensorCopies) {
       const int panels = values ? ValueTile::kRowElems / 64 : Cfg::kRowElems / 64;
@@ -245,6 +267,10 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
           load_paged_rows<Cfg>(stage, values ? job.v : job.k, values ? p.v_row_stride : p.k_row_stride,
                                values ? p.v_batch_stride : p.k_batch_stride, pages, p.page_shift, key0_of(i),
                                job.seqlen_k, job.chunks_valid);
+          if constexpr (Cfg::kInterleavedKV) {
+            load_paged_rows<Cfg>(ring.v_stage(s), job.v, p.v_row_stride, p.v_batch_stride, pages, p.page_shift,
+                                 key0_of(i), job.seqlen_k, job.chunks_valid);
+          }
         } else {
           load_tile_rolled<ValueTile, Cfg::kBlockKV>(stage, job.v, p.v_row_stride, key0_of(i), job.seqlen_k,
                                                      job.chunks_valid);
@@ -259,13 +285,23 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       // The byte count may be announced after some copies have completed
       // (the barrier's transaction count goes negative meanwhile): the phase
       // cannot complete before this one counted arrival.
-      if (lane == 0) mbarrier_arrive_expect_bytes(barrier, panels * Cfg::kBlockKV * 128);
+      constexpr int kTensors = Cfg::kInterleavedKV ? 2 : 1;  // K and V in one copy
+      if (lane == 0) mbarrier_arrive_expect_bytes(barrier, kTensors * panels * Cfg::kBlockKV * 128);
       if (lane * copy_rows >= Cfg::kBlockKV) return;
       const int key = key0_of(i) + lane * copy_rows;
       const int row = Cfg::kPaged ? key & ((1 << p.page_shift) - 1) : k_row0 + key;
       const int outer = Cfg::kPaged ? page : map_batch;
       const TensorMap* map = values ? &p.v_map : &p.k_map;
-      if constexpr (Cfg::kInterleavedPanels) {
+      if constexpr (Cfg::kInterleavedKV) {
+        // One box of K's and V's rows of the page (or of the block, in a
+        // longer page): the map's dimension 2 is K and V (V first where it
+        // lies lower, Ring::k_atom), and KV head kv_head's box starts at
+        // channel kv_head · k_map_head_channels, K/V index kv_head ·
+        // k_map_head_panels or group kv_head · k_map_head_groups.
+        tensor_copy_5d(ring.kv_pair_stage(s) + lane * copy_rows * 2 * 128, &p.k_map, barrier,
+                       kv_head * p.k_map_head_channels, 0, kv_head * p.k_map_head_panels,
+                       kv_head * p.k_map_head_groups + (row >> 3), page);
+      } else if constexpr (Cfg::kInterleavedPanels) {
         // One box of every panel: the page's rows (or the block's, in a
         // longer page) from its 8-row group row / 8, KV head kv_head's
         // panels or groups (FwdParams::k_map_head_panels).

@@ -29,14 +29,16 @@ __device__ __forceinline__ int swizzled_bytes(int row, int chunk) {
 // Byte offset of 16-byte chunk `chunk` of row `row` in a K or V stage:
 // swizzled_bytes' panels, or with interleaved panels (paged tensor copies,
 // FwdConfig::kInterleavedPanels) 8-row groups of every panel in turn, so
-// that a page's rows of all panels are one contiguous box. Each group of a
+// that a page's rows of all panels are one contiguous box (with
+// FwdConfig::kInterleavedKV, K's and V's groups in turn: a K or V stage's
+// next group is 2 KB on). Each group of a
 // panel is still one 1 KB swizzle atom; only the atoms' order differs
 // (wgmma's descriptors step by 1 KB between panels and kKVPanels KB between
 // groups there: fwd_consume.cuh).
 template <class Cfg>
 __device__ __forceinline__ int kv_tile_bytes(int row, int chunk) {
-  if constexpr (Cfg::kInterleavedPanels) {
-    return ((row >> 3) * Cfg::kKVPanels + (chunk >> 3)) * 1024 + (row & 7) * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+  if constexpr (Cfg::kKVGroupAtoms > 1) {
+    return ((row >> 3) * Cfg::kKVGroupAtoms + (chunk >> 3)) * 1024 + (row & 7) * 128 + (((chunk & 7) ^ (row & 7)) << 4);
   } else {
     return swizzled_bytes<Cfg, Cfg::kBlockKV>(row, chunk);
   }

@@ -53,6 +53,14 @@ struct Case {
   // page_size, head_dim] storage viewed as FlashAttention's [num_pages,
   // page_size, heads, head_dim]), as FlashInfer's HND caches.
   bool heads_outer_pages = false;
+  // Paged: where K's and V's pages lie (kernels at head dim 64 read both by
+  // one tensor copy through a map that spans them: paged_pair_map).
+  //   separate: two allocations;
+  //   pool_k_first / pool_v_first: one allocation, the other tensor's pages
+  //     after the first's (vLLM's [2, num_pages, ...]);
+  //   heads_paired: one allocation of [num_pages, page_size, heads_kv, 2,
+  //     head_dim], a head's K and V side by side.
+  enum class Storage { separate, pool_k_first, pool_v_first, heads_paired } kv_storage = Storage::separate;
   bool batch_index = false;
   // cache_leftpad (contiguous caches): each sequence's keys start at a random
   // row of its cache (one at its cache_seqlens: only new keys, or none).
@@ -82,7 +90,12 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
       c.learnable_sink.empty() ? "off" : fmt::format("[{}]", fmt::join(c.learnable_sink, ", ")), c.append,
       static_cast<int>(c.rope),
       c.rotary_fraction, c.yarn_factor, c.longrope_factor, c.attention_factor, c.tables, c.tables16 ? "(16-bit)" : "", c.page_size,
-      c.heads_outer_pages ? " (heads outer)" : "", c.batch_index, c.leftpad, c.num_splits,
+      std::string(c.heads_outer_pages ? " (heads outer)" : "") +
+          (c.kv_storage == Case::Storage::separate      ? ""
+           : c.kv_storage == Case::Storage::pool_k_first ? " (K, V in one pool)"
+           : c.kv_storage == Case::Storage::pool_v_first ? " (V, K in one pool)"
+                                                         : " (K, V side by side per head)"),
+      c.batch_index, c.leftpad, c.num_splits,
       c.uneven, c.dynamic, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
 }
@@ -133,6 +146,10 @@ struct Inputs {
   std::vector<float> q, k_new, v_new;
   std::vector<float> k_store, v_store;  // the cache tensors' logical contents
   std::unique_ptr<DeviceTensor> dq, dk_new, dv_new, dk_cache, dv_cache;
+  // Case::kv_storage other than separate: one allocation holding both, and
+  // K's and V's views of it.
+  std::unique_ptr<DeviceTensor> dkv_pool;
+  TensorView k_cache_view, v_cache_view;
   std::unique_ptr<DeviceBuffer> seqlens, indices, pads, table, cos, sin, sinks;
   RopeTables tables;
 
@@ -230,8 +247,44 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   } else {
     contiguous_strides(cache_shape, cache_strides);
   }
-  in.dk_cache = std::make_unique<DeviceTensor>(in.k_store, c.dtype, cache_shape, cache_strides);
-  in.dv_cache = std::make_unique<DeviceTensor>(in.v_store, c.dtype, cache_shape, cache_strides);
+  if (c.page_size == 0 || c.kv_storage == Case::Storage::separate) {
+    in.dk_cache = std::make_unique<DeviceTensor>(in.k_store, c.dtype, cache_shape, cache_strides);
+    in.dv_cache = std::make_unique<DeviceTensor>(in.v_store, c.dtype, cache_shape, cache_strides);
+    in.k_cache_view = in.dk_cache->view();
+    in.v_cache_view = in.dv_cache->view();
+  } else if (c.kv_storage == Case::Storage::heads_paired) {
+    // [pages, page_size, heads, 2 × head_dim]: K's channels, then V's.
+    const int64_t pool_shape[4] = {cache_shape[0], cache_shape[1], cache_shape[2], 2 * c.head_dim};
+    int64_t pool_strides[4];
+    contiguous_strides(pool_shape, pool_strides);
+    std::vector<float> pool(2 * in.k_store.size());
+    for (size_t r = 0; r < in.k_store.size() / c.head_dim; ++r) {
+      std::copy_n(in.k_store.begin() + r * c.head_dim, c.head_dim, pool.begin() + 2 * r * c.head_dim);
+      std::copy_n(in.v_store.begin() + r * c.head_dim, c.head_dim, pool.begin() + (2 * r + 1) * c.head_dim);
+    }
+    in.dkv_pool = std::make_unique<DeviceTensor>(pool, c.dtype, pool_shape, pool_strides);
+    in.k_cache_view = in.v_cache_view = in.dkv_pool->view();
+    in.k_cache_view.shape[3] = in.v_cache_view.shape[3] = c.head_dim;
+    in.v_cache_view.data = static_cast<char*>(in.v_cache_view.data) + c.head_dim * 2;
+  } else {
+    // [2 × pages, page_size, heads, head_dim]: the first tensor's pages, then the other's.
+    const bool k_first = c.kv_storage == Case::Storage::pool_k_first;
+    const int64_t pool_shape[4] = {2 * cache_shape[0], cache_shape[1], cache_shape[2], cache_shape[3]};
+    int64_t pool_strides[4];
+    if (c.heads_outer_pages) {
+      heads_major_strides(pool_shape, pool_strides);
+    } else {
+      contiguous_strides(pool_shape, pool_strides);
+    }
+    std::vector<float> pool = k_first ? in.k_store : in.v_store;
+    const std::vector<float>& second = k_first ? in.v_store : in.k_store;
+    pool.insert(pool.end(), second.begin(), second.end());
+    in.dkv_pool = std::make_unique<DeviceTensor>(pool, c.dtype, pool_shape, pool_strides);
+    in.k_cache_view = in.v_cache_view = in.dkv_pool->view();
+    in.k_cache_view.shape[0] = in.v_cache_view.shape[0] = cache_shape[0];
+    char* const second_pages = static_cast<char*>(in.k_cache_view.data) + cache_shape[0] * pool_strides[0] * 2;
+    (k_first ? in.v_cache_view : in.k_cache_view).data = second_pages;
+  }
   in.seqlens = upload(in.cache_seqlens.data(), in.cache_seqlens.size() * 4);
   if (!in.batch_index.empty()) in.indices = upload(in.batch_index.data(), in.batch_index.size() * 4);
   if (!in.leftpad.empty()) in.pads = upload(in.leftpad.data(), in.leftpad.size() * 4);
@@ -320,8 +373,8 @@ struct CallViews {
 };
 
 void fill_call(const Case& c, const Inputs& in, CallViews& v) {
-  v.args.k_cache = in.dk_cache->view();
-  v.args.v_cache = in.dv_cache->view();
+  v.args.k_cache = in.k_cache_view;
+  v.args.v_cache = in.v_cache_view;
   v.args.cache_seqlens = TensorView::contiguous(in.seqlens->get(), DType::i32, {c.batch});
   if (in.table) {
     v.block_table = TensorView::contiguous(in.table->get(), DType::i32, {c.batch, in.capacity / c.page_size});
@@ -402,8 +455,25 @@ void check_scaled_kernels(const std::vector<Case>& cases, uint64_t seed) {
 // (values bit-exact, keys within one 16-bit rounding), everything else as
 // uploaded. Returns a description of the first mismatch, or "".
 std::string check_cache(const Case& c, const Inputs& in) {
-  const std::vector<float> k_after = in.dk_cache->read();
-  const std::vector<float> v_after = in.dv_cache->read();
+  std::vector<float> k_after, v_after;
+  if (in.dkv_pool) {
+    // Back from the pool's logical order (Case::kv_storage).
+    const std::vector<float> pool = in.dkv_pool->read();
+    if (c.kv_storage == Case::Storage::heads_paired) {
+      for (size_t r = 0; r < pool.size() / (2 * c.head_dim); ++r) {
+        k_after.insert(k_after.end(), pool.begin() + 2 * r * c.head_dim, pool.begin() + (2 * r + 1) * c.head_dim);
+        v_after.insert(v_after.end(), pool.begin() + (2 * r + 1) * c.head_dim, pool.begin() + (2 * r + 2) * c.head_dim);
+      }
+    } else {
+      const auto middle = pool.begin() + static_cast<std::ptrdiff_t>(pool.size() / 2);
+      std::vector<float> first(pool.begin(), middle), second(middle, pool.end());
+      k_after = c.kv_storage == Case::Storage::pool_k_first ? first : second;
+      v_after = c.kv_storage == Case::Storage::pool_k_first ? second : first;
+    }
+  } else {
+    k_after = in.dk_cache->read();
+    v_after = in.dv_cache->read();
+  }
   std::vector<float> k_want = in.k_store, v_want = in.v_store;
   const std::vector<float> keys_new = appended_keys(c, in, false);
   const size_t row = static_cast<size_t>(c.heads_kv) * c.head_dim;
@@ -1174,6 +1244,9 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
     // Head dim 64: mostly three MMA warpgroups (192-row tiles).
     c.tiles = c.head_dim <= 64 && index % 3 != 2 ? TileConfig{192, 128, 12, 4, true}
                                                  : TileConfig{128, 128, 8, c.head_dim > 64 ? 2 : 4, true};
+    // Head dim 64 reads a page's K and V by one copy through a map of both,
+    // wherever they lie (Case::kv_storage).
+    if (c.head_dim == 64) c.kv_storage = static_cast<Case::Storage>(index / 2 % 4);
   });
   Case chunk = planner_chunk(128);
   cases.push_back(chunk);
@@ -1193,6 +1266,32 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
     outer.seqlen_q = page_size == 16 ? 300 : 1024;
     outer.rope = page_size == 16 ? RopeStyle::interleaved : RopeStyle::none;
     cases.push_back(outer);
+  }
+  // Head dim 64 over pages, the planner's tiles: V's pages before K's in
+  // one pool (pages of 16, appended, RoPE: 128-row tiles), a head's K and V
+  // side by side (pages of 8, 192-row tiles), and heads outermost in a pool
+  // of K's pages, then V's (pages of 256: a box per key block, appended).
+  {
+    Case pair = chunk;
+    pair.head_dim = 64;
+    pair.kv_storage = Case::Storage::pool_v_first;
+    pair.append = true;
+    pair.seqlen_q = 300;
+    pair.rope = RopeStyle::rotate_half;
+    cases.push_back(pair);
+    pair.kv_storage = Case::Storage::heads_paired;
+    pair.page_size = 8;
+    pair.append = false;
+    pair.rope = RopeStyle::none;
+    pair.seqlen_q = 1536;
+    pair.dtype = DType::bf16;
+    cases.push_back(pair);
+    pair.kv_storage = Case::Storage::pool_k_first;
+    pair.page_size = 256;
+    pair.heads_outer_pages = true;
+    pair.append = true;
+    pair.seqlen_q = 1024;
+    cases.push_back(pair);
   }
   // Head dim 64 without RoPE: the planner's 192-row tiles (3 × 6 heads × 8
   // query tiles).
@@ -1219,6 +1318,7 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
   drafts.rope = RopeStyle::none;
   drafts.head_dim = 64;
   drafts.window_left = 700;
+  drafts.kv_storage = Case::Storage::pool_v_first;
   cases.push_back(drafts);
   check_cases(cases, rng, seed);
 }

@@ -1534,17 +1534,87 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
       plain.rope.style = RopeStyle::rotate_half;
       CHECK(plan_kvcache(chunk64, small, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132)
                 .attention.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64.kvcache");
-      // Pages at head dim 64: one panel, so a box per page as before (4-D).
+      // Pages at head dim 64 (one panel): K and V interleave instead, and
+      // one map spans both (paged_pair_map). vLLM's [2, pages, 16, 8, 64]:
+      // V's pages follow K's.
+      constexpr int64_t kPages = 2 * 8192 / 16, kPageElems = 16 * 8 * 64;
       TensorView table64 = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192 / 16});
       KVCacheArgs paged64 = small;
       paged64.block_table = &table64;
-      paged64.k_cache = paged64.v_cache =
-          TensorView::contiguous(address(0x30000), DType::bf16, {2 * 8192 / 16, 16, 8, 64});
+      paged64.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {kPages, 16, 8, 64});
+      paged64.v_cache = paged64.k_cache;
+      paged64.v_cache.data = address(0x100000 + kPages * kPageElems * 2);
       const KVCachePlan pages64 =
           plan_kvcache(chunk64, paged64, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132);
-      CHECK(pages64.attention.spec.tensor_copies());
+      CHECK(pages64.attention.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64.kvcache.paged");
       CHECK_FALSE(pages64.attention.spec.interleaved_panels());
-      CHECK((pages64.attention.k_map.rank == 4 && pages64.attention.k_map.box[1] == 16));
+      REQUIRE(pages64.attention.spec.interleaved_kv());
+      {
+        const TileMapLayout& k = pages64.attention.k_map;
+        CHECK(k.base == paged64.k_cache.data);
+        CHECK(k.rank == 5);
+        // Channels with the 8 heads merged in, 8 rows, K and V, 2 groups, pages.
+        CHECK((k.dims[0] == 8 * 64 && k.dims[1] == 8 && k.dims[2] == 2 && k.dims[3] == 2 && k.dims[4] == kPages));
+        CHECK((k.strides_bytes[0] == 8 * 64 * 2 && k.strides_bytes[1] == kPages * kPageElems * 2 &&
+               k.strides_bytes[2] == 8 * 8 * 64 * 2 && k.strides_bytes[3] == kPageElems * 2));
+        CHECK((k.box[0] == 64 && k.box[1] == 8 && k.box[2] == 2 && k.box[3] == 2 && k.box[4] == 1));
+        CHECK((k.head_channels == 64 && k.head_panels == 0 && k.head_groups == 0 && !k.value_first));
+        CHECK(pages64.attention.v_map.rank == 0);  // V comes with K
+        CHECK((pages64.attention.params.k_map_head_channels == 64 && pages64.attention.params.kv_value_first == 0));
+      }
+      // V below K (two allocations in either order): the map starts at V,
+      // and the kernel finds K second in each group.
+      KVCacheArgs swapped = paged64;
+      std::swap(swapped.k_cache.data, swapped.v_cache.data);
+      const KVCachePlan value_first =
+          plan_kvcache(chunk64, swapped, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132);
+      CHECK(value_first.attention.k_map.base == swapped.v_cache.data);
+      CHECK(value_first.attention.k_map.strides_bytes[1] == kPages * kPageElems * 2);
+      CHECK(value_first.attention.params.kv_value_first == 1);
+      // A head's K and V side by side ([pages, 16, 8, 2, 64]): heads merge
+      // with K/V (index 2h is head h's K).
+      KVCacheArgs pairs = paged64;
+      pairs.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {kPages, 16, 8, 128});
+      pairs.k_cache.shape[3] = 64;
+      pairs.v_cache = pairs.k_cache;
+      pairs.v_cache.data = address(0x100000 + 64 * 2);
+      const KVCachePlan pair_plan =
+          plan_kvcache(chunk64, pairs, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132);
+      {
+        const TileMapLayout& k = pair_plan.attention.k_map;
+        CHECK((k.dims[0] == 64 && k.dims[2] == 2 * 8 && k.strides_bytes[0] == 8 * 128 * 2 && k.strides_bytes[1] == 128));
+        CHECK((k.head_channels == 0 && k.head_panels == 2 && k.head_groups == 0));
+      }
+      // Heads outermost in a page ([pages, 8, 16, 64]): heads merge with the
+      // page's 8-row groups.
+      KVCacheArgs heads_outer = paged64;
+      for (TensorView* cache : {&heads_outer.k_cache, &heads_outer.v_cache}) {
+        cache->strides[1] = 64;       // rows
+        cache->strides[2] = 16 * 64;  // heads
+      }
+      const KVCachePlan outer_plan =
+          plan_kvcache(chunk64, heads_outer, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132);
+      {
+        const TileMapLayout& k = outer_plan.attention.k_map;
+        CHECK((k.dims[0] == 64 && k.dims[2] == 2 && k.dims[3] == 2 * 8 && k.strides_bytes[0] == 128));
+        CHECK((k.head_channels == 0 && k.head_panels == 0 && k.head_groups == 2));
+      }
+      // No map spans K and V when they are one tensor or differ in strides:
+      // the mma.sync kernel reads them, and forced wgmma tiles are refused
+      // with the rule.
+      KVCacheArgs same = paged64;
+      same.v_cache = same.k_cache;
+      KVCacheArgs unlike = paged64;
+      unlike.v_cache = heads_outer.v_cache;
+      for (const KVCacheArgs* cache : {&same, &unlike}) {
+        CHECK_FALSE(plan_kvcache(chunk64, *cache, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132)
+                        .attention.spec.wgmma);
+        ForwardOptions forced = plain;
+        forced.tiles = {128, 128, 8, 4, true};
+        CHECK_THROWS_WITH_AS(
+            plan_kvcache(chunk64, *cache, chunk64, nullptr, forced, nullptr, 0, true, arch, 227 * 1024, 132),
+            doctest::Contains("K and V of the same strides, a positive multiple of 16 bytes below 2^40 apart"), Error);
+      }
     }
     // Above head dim 128: the dense tiles over a contiguous cache (128 × 96
     // at 192, 128 × 80 at 256), 64-key blocks over a paged one, whose blocks

@@ -105,14 +105,19 @@ struct CallArguments {
 
 // A paged k/v pool in which each of `batch` sequences owns whole pages for
 // `rows` rows, into k and v (named `tensor` in errors), and its block table
-// into call.block_table. Returns the rows a sequence's pages hold.
+// into call.block_table. Returns the rows a sequence's pages hold. V's pages
+// follow K's in one allocation, as engines keep a layer's cache ([2, pages,
+// page_size, heads_kv, head_dim]): kernels whose one map spans both
+// (KernelSpec::interleaved_kv) need them less than 2^40 bytes apart.
 int64_t paged_pool(const char* tensor, DType dtype, int64_t batch, int64_t rows, int page_size, int64_t heads_kv,
                    int head_dim, CallArguments& call, TensorView& k, TensorView& v) {
   const int64_t pages = (rows + page_size - 1) / page_size;
   check_elements(tensor, {batch, pages, page_size, heads_kv, head_dim});
   const std::vector<int64_t> shape = {batch * pages, page_size, heads_kv, head_dim};
   k = TensorView::contiguous(fake_address(Buffer::k), dtype, shape);
-  v = TensorView::contiguous(fake_address(Buffer::v), dtype, shape);
+  v = TensorView::contiguous(static_cast<char*>(k.data) + batch * pages * page_size * heads_kv * head_dim *
+                                                          static_cast<int64_t>(detail::dtype_size(dtype)),
+                             dtype, shape);
   call.block_table = TensorView::contiguous(fake_address(Buffer::block_table), DType::i32, {batch, pages});
   return pages * page_size;
 }

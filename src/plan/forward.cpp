@@ -84,24 +84,40 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
 // The tensor maps of K and V for kernels that read them by tensor copies.
 void set_tensor_maps(ForwardPlan& plan, const Problem& problem) {
   if (!plan.spec.tensor_copies()) return;
-  const bool interleaved = plan.spec.interleaved_panels();
-  const auto k_map = kv_map_of(problem, problem.k, problem.k_strides, plan.spec.block_kv, false, interleaved);
-  const auto v_map = kv_map_of(problem, problem.v, problem.v_strides, plan.spec.block_kv, true, interleaved);
-  if (!k_map || !v_map) {
-    const int64_t(&strides)[3] = !k_map ? problem.k_strides : problem.v_strides;
+  const bool interleaved_panels = plan.spec.interleaved_panels(), interleaved_kv = plan.spec.interleaved_kv();
+  const auto maps = kv_maps_of(problem, plan.spec.block_kv, interleaved_panels, interleaved_kv);
+  if (!maps) {
+    if (interleaved_kv) {
+      reject(fmt::format(
+          "k, v: strides (page, row, head) = ({}, {}, {}) and ({}, {}, {}) elements, {} bytes apart: {} reads a "
+          "page's K and V rows by one tensor copy, which needs K and V of the same strides, a positive multiple of "
+          "16 bytes below 2^40 apart, and a head stride of head_dim (heads side by side in a row), of twice their "
+          "distance (a head's K and V side by side) or of page_size × the row stride (a head's rows side by side "
+          "in a page)",
+          problem.k_strides[0], problem.k_strides[1], problem.k_strides[2], problem.v_strides[0],
+          problem.v_strides[1], problem.v_strides[2],
+          static_cast<long long>(reinterpret_cast<intptr_t>(problem.v) - reinterpret_cast<intptr_t>(problem.k)),
+          plan.spec.text()));
+    }
+    const bool k_fails =
+        !kv_map_of(problem, problem.k, problem.k_strides, plan.spec.block_kv, false, interleaved_panels);
+    const int64_t(&strides)[3] = k_fails ? problem.k_strides : problem.v_strides;
     reject(fmt::format("{}: strides (batch, row, head) = ({}, {}, {}) elements: {} reads K and V by tensor copies, "
                        "which need a positive stride below 2^40 bytes in every dimension of more than one element{}",
-                       !k_map ? "k" : "v", strides[0], strides[1], strides[2], plan.spec.text(),
-                       interleaved ? ", and over pages a head stride of head_dim (heads side by side in a row) or "
-                                     "of page_size × the row stride (a head's rows side by side in a page)"
-                                   : ""));
+                       k_fails ? "k" : "v", strides[0], strides[1], strides[2], plan.spec.text(),
+                       interleaved_panels ? ", and over pages a head stride of head_dim (heads side by side in a "
+                                            "row) or of page_size × the row stride (a head's rows side by side in a "
+                                            "page)"
+                                          : ""));
   }
-  plan.k_map = *k_map;
-  plan.v_map = *v_map;
-  plan.params.k_map_head_panels = k_map->head_panels;
-  plan.params.k_map_head_groups = k_map->head_groups;
-  plan.params.v_map_head_panels = v_map->head_panels;
-  plan.params.v_map_head_groups = v_map->head_groups;
+  plan.k_map = maps->k;
+  plan.v_map = maps->v;
+  plan.params.k_map_head_panels = maps->k.head_panels;
+  plan.params.k_map_head_groups = maps->k.head_groups;
+  plan.params.k_map_head_channels = maps->k.head_channels;
+  plan.params.kv_value_first = maps->k.value_first ? 1 : 0;
+  plan.params.v_map_head_panels = maps->v.head_panels;
+  plan.params.v_map_head_groups = maps->v.head_groups;
 }
 
 // The launch parameters: pointers, strides, sizes, mask bounds, score

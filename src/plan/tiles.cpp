@@ -220,6 +220,11 @@ bool set_map_dims(TileMapLayout& map, const int64_t* extents, const int64_t* ele
   return true;
 }
 
+// The rows one copy reads: a key block, or a page where pages are shorter.
+int map_box_rows(const Problem& problem, int block_kv) {
+  return problem.paged ? static_cast<int>(std::min<int64_t>(block_kv, int64_t{1} << problem.page_shift)) : block_kv;
+}
+
 }  // namespace
 
 std::optional<TileMapLayout> kv_tile_map(const void* data, DType dtype, int64_t batch, int64_t rows, int64_t heads,
@@ -273,6 +278,53 @@ std::optional<TileMapLayout> paged_panel_map(const void* data, DType dtype, int6
   return map;
 }
 
+std::optional<TileMapLayout> paged_pair_map(const void* k, const void* v, DType dtype, int64_t pages,
+                                            int64_t page_rows, int64_t heads, const int64_t (&k_strides)[3],
+                                            const int64_t (&v_strides)[3], int box_rows) {
+  TileMapLayout map;
+  constexpr int64_t kGroupRows = 8;  // rows of a 1024-byte swizzle atom
+  constexpr int64_t kChannels = 64;  // the one panel
+  if (pages == 0 || heads == 0 || page_rows < kGroupRows) return map;  // nothing copied by the map
+  if (!std::equal(k_strides, k_strides + 3, v_strides)) return std::nullopt;
+  const int64_t element_bytes = static_cast<int64_t>(dtype_size(dtype));
+  const auto k_address = reinterpret_cast<uintptr_t>(k), v_address = reinterpret_cast<uintptr_t>(v);
+  const bool value_first = v_address < k_address;
+  const uintptr_t distance = value_first ? k_address - v_address : v_address - k_address;
+  // The K/V dimension is one more stride of the map: a positive multiple of
+  // 16 bytes below 2^40 (set_map_dims checks the range).
+  if (distance == 0 || distance % 16 != 0 || distance >= (uintptr_t{1} << 40)) return std::nullopt;
+  const int64_t pair_stride = static_cast<int64_t>(distance) / element_bytes;
+  const int64_t page_stride = k_strides[0], row_stride = k_strides[1], head_stride = k_strides[2];
+  const int64_t groups = page_rows / kGroupRows;
+  // Heads merge with the channels where each head's channels continue the
+  // last head's ([pages, page_rows, heads, 64]: FlashAttention's and
+  // vLLM's), with K/V where a head's K and V sit side by side and the next
+  // head's follow ([pages, page_rows, heads, 2, 64]), or with a page's 8-row
+  // groups where each head's rows continue the last head's ([pages, heads,
+  // page_rows, 64]: FlashInfer's HND).
+  const bool heads_with_channels = heads == 1 || head_stride == kChannels;
+  const bool heads_with_pair = !heads_with_channels && head_stride == 2 * pair_stride;
+  const bool heads_with_groups = !heads_with_channels && !heads_with_pair && head_stride == page_rows * row_stride;
+  if (!heads_with_channels && !heads_with_pair && !heads_with_groups) return std::nullopt;
+  map.base = value_first ? v : k;
+  map.dtype = dtype;
+  map.rank = 5;
+  const int64_t extents[5] = {heads_with_channels ? kChannels * heads : kChannels, kGroupRows,
+                              heads_with_pair ? 2 * heads : 2, heads_with_groups ? groups * heads : groups, pages};
+  const int64_t element_strides[4] = {row_stride, pair_stride, kGroupRows * row_stride, page_stride};
+  if (!set_map_dims(map, extents, element_strides)) return std::nullopt;
+  map.box[0] = static_cast<uint32_t>(kChannels);
+  map.box[1] = static_cast<uint32_t>(kGroupRows);
+  map.box[2] = 2;
+  map.box[3] = static_cast<uint32_t>(box_rows / kGroupRows);
+  map.box[4] = 1;
+  map.head_channels = heads_with_channels && heads > 1 ? static_cast<int>(kChannels) : 0;
+  map.head_panels = heads_with_pair ? 2 : 0;
+  map.head_groups = heads_with_groups ? static_cast<int>(groups) : 0;
+  map.value_first = value_first;
+  return map;
+}
+
 TileMapLayout rope_table_map(const void* data, DType dtype, int64_t positions, int64_t row_stride, int rotary_dim,
                              int block_kv) {
   TileMapLayout map;
@@ -291,14 +343,31 @@ TileMapLayout rope_table_map(const void* data, DType dtype, int64_t positions, i
 
 std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
                                        int block_kv, bool values, bool interleaved_panels) {
-  const int box_rows =
-      problem.paged ? static_cast<int>(std::min<int64_t>(block_kv, int64_t{1} << problem.page_shift)) : block_kv;
+  const int box_rows = map_box_rows(problem, block_kv);
   if (interleaved_panels) {
     return paged_panel_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv,
                            values ? problem.head_dim_v : problem.head_dim, strides, box_rows);
   }
   return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv,
                      values ? problem.head_dim_v : problem.head_dim, strides, box_rows);
+}
+
+std::optional<KVMaps> kv_maps_of(const Problem& problem, int block_kv, bool interleaved_panels, bool interleaved_kv) {
+  KVMaps maps;
+  if (interleaved_kv) {
+    const auto pair = paged_pair_map(problem.k, problem.v, problem.dtype, problem.kv_batches, problem.kv_rows,
+                                     problem.heads_kv, problem.k_strides, problem.v_strides,
+                                     map_box_rows(problem, block_kv));
+    if (!pair) return std::nullopt;
+    maps.k = *pair;  // maps.v stays rank 0: the kernel copies V with K
+    return maps;
+  }
+  const auto k = kv_map_of(problem, problem.k, problem.k_strides, block_kv, false, interleaved_panels);
+  const auto v = kv_map_of(problem, problem.v, problem.v_strides, block_kv, true, interleaved_panels);
+  if (!k || !v) return std::nullopt;
+  maps.k = *k;
+  maps.v = *v;
+  return maps;
 }
 
 TileConfig default_tiles(DType, int head_dim, bool causal, const Arch& arch, int seqlen_bucket) {
@@ -651,10 +720,11 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
   // page, KernelSpec::interleaved_panels, whose 5-D maps need the heads
   // side by side in a row or a page's rows apart).
   const int64_t page_rows = problem.paged ? int64_t{1} << problem.page_shift : 0;
-  const bool interleaved = KernelSpec::paged_panels_interleave(problem.paged, kernel_dim, spec.padded);
   const bool maps_possible =
-      wgmma && kv_map_of(problem, problem.k, problem.k_strides, wgmma->block_kv, false, interleaved) &&
-      kv_map_of(problem, problem.v, problem.v_strides, wgmma->block_kv, true, interleaved);
+      wgmma && kv_maps_of(problem, wgmma->block_kv,
+                          KernelSpec::paged_panels_interleave(problem.paged, kernel_dim, spec.padded),
+                          KernelSpec::paged_kv_interleave(problem.paged, kernel_dim, spec.padded))
+                   .has_value();
   if (wgmma && wgmma->block_q == 192) {
     // 192-row tiles pay where a sequence's (packed) rows fill them. Where
     // they would pad it to over 1.25× the rows 128-row tiles pad it to (at
