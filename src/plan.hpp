@@ -23,19 +23,20 @@ namespace jitattn::detail {
 struct TileMapLayout {
   const void* base = nullptr;
   DType dtype = DType::bf16;
-  // 3 (varlen: no batch dimension), 4, or 5 (paged_panel_map); 0 = no map
+  // 3 (varlen: no batch dimension), 4, or 5 (paged_panel_map, paged_pair_map); 0 = no map
   // (no keys to copy, or pages too short for a box).
   int rank = 0;
   uint64_t dims[5] = {};           // elements, innermost first: head_dim, rows, heads[, batch]
   uint64_t strides_bytes[4] = {};  // of dims 1 .. rank - 1
   uint32_t box[5] = {};            // 64 channels (one 128-byte swizzled panel) × block_kv rows × 1 × 1
   // paged_panel_map: KV head h's box starts at coordinate h · head_panels
-  // of dimension 2 and h · head_groups of dimension 3
-  // (FwdParams::k_map_head_panels).
-  int head_panels = 0, head_groups = 0;
-  // paged_pair_map: and h · head_channels of dimension 0; its base is V's
-  // (dimension 2's index 0 is V) where V lies below K.
-  int head_channels = 0;
+  // of dimension 2 (panels) and h · head_groups of dimension 3 (groups).
+  // paged_pair_map: at h · head_panels of dimension 2 (panels), h ·
+  // head_pair of dimension 3 (K/V), and h · head_groups + page ·
+  // page_groups of dimension 4 (8-row groups); its base is V's (dimension
+  // 3's index 0 is V) where V lies below K (FwdParams::k_map_head_panels
+  // ... kv_value_first).
+  int head_panels = 0, head_pair = 0, head_groups = 0, page_groups = 0;
   bool value_first = false;
   // K/V boxes land as wgmma's 128-byte-swizzled panels; RoPE tables' rows
   // land unswizzled.
@@ -67,20 +68,22 @@ std::optional<TileMapLayout> paged_panel_map(const void* data, DType dtype, int6
 
 // The 5-D map of a paged cache's K and V together (strides in elements:
 // page, row, head; the same for both) for kernels whose stages interleave
-// K's and V's 8-row groups (KernelSpec::interleaved_kv, head dim 64):
-// dimensions 64 channels, 8 rows, K and V (the distance from the lower of
-// the two to the other), 8-row groups of a page, pages, with the heads
-// merged into the channels (heads adjacent: head stride 64), into K/V (a
-// head's K and V adjacent, then the next head's: head stride twice the
-// distance) or into the groups (head stride page_rows × row stride). Boxes
-// of 64 × 8 × 2 × box_rows / 8 groups land as the stage's interleaved
-// layout. None when K's and V's strides differ, no merge fits, or a
-// stride or the distance is out of a tensor copy's range (not a positive
-// multiple of 16 bytes below 2^40); a map of rank 0 for pages of fewer
-// than 8 rows.
+// K's and V's 8-row groups (KernelSpec::interleaved_kv, head dims of whole
+// panels): dimensions 64 channels, 8 rows, panels, K and V (the distance
+// from the lower of the two to the other), 8-row groups of every page. The
+// heads merge into the panels (heads adjacent: head stride head_dim), into
+// K/V (a head's K and V adjacent, then the next head's: head stride twice
+// the distance) or into the groups (head stride page_rows × row stride);
+// the pages into the groups (page stride the page's rows of every head).
+// Boxes of 64 × 8 × every panel × 2 × box_rows / 8 groups land as the
+// stage's interleaved layout. None when K's and V's strides differ, no
+// merge fits, or a stride or the distance is out of a tensor copy's range
+// (not a positive multiple of 16 bytes below 2^40); a map of rank 0 for
+// pages of fewer than 8 rows.
 std::optional<TileMapLayout> paged_pair_map(const void* k, const void* v, DType dtype, int64_t pages,
-                                            int64_t page_rows, int64_t heads, const int64_t (&k_strides)[3],
-                                            const int64_t (&v_strides)[3], int box_rows);
+                                            int64_t page_rows, int64_t heads, int64_t head_dim,
+                                            const int64_t (&k_strides)[3], const int64_t (&v_strides)[3],
+                                            int box_rows);
 
 // The tile map of a RoPE cos or sin table (f32 or 16-bit entries)
 // [positions, >= rotary_dim / 2] whose base and row stride are 16-byte

@@ -156,8 +156,9 @@ struct KernelSpec {
   // cache) at head dims up to 128: K and V blocks arrive by tensor copies
   // whose maps the launch encodes (FwdConfig::kTensorCopies,
   // ForwardPlan::k_map; varlen: 3-D maps over the packed rows; paged: over
-  // the pages, a box per page shorter than a block, every panel in it where
-  // interleaved_panels()), except in the one
+  // the pages, a box per page shorter than a block, K's and V's rows in it
+  // where interleaved_kv(), every panel where interleaved_panels()), except
+  // in the one
   // variant where they would spill, and for unaligned rows (staged by the
   // producer instead).
   bool tensor_copies() const {
@@ -165,26 +166,28 @@ struct KernelSpec {
            unaligned_dim == 0 && !(warps == 12 && persistent && local);
   }
 
-  // tensor_copies() over a paged cache at a head dim of two or more whole
-  // 64-channel panels (128, 192, 256), not padded: K and V stages hold
-  // 8-row groups of every panel in turn instead of one panel after another
-  // (FwdConfig::kInterleavedPanels), so one tensor copy reads all panels of
-  // a page's rows (a block's, where pages are longer) through a 5-D map
-  // (paged_panel_map). Pages of 16 rows at head dim 128 then cost 8 copies
-  // a K block instead of 16. (Head dim 64 has one panel: interleaved_kv.)
-  bool interleaved_panels() const { return tensor_copies() && paged_panels_interleave(paged, head_dim, padded); }
-  // The same rule for planners that have not chosen the kernel yet.
-  static bool paged_panels_interleave(bool paged, int head_dim, bool padded) {
-    return paged && head_dim % 64 == 0 && head_dim > 64 && !padded;
+  // tensor_copies() over a paged cache at a head dim of whole 64-channel
+  // panels (64, 128, 192, 256), not padded, with three stages or more: K
+  // and V stages hold each 8-row group of K's panels, then of V's, in turn,
+  // so one tensor copy reads a page's rows of both (FwdConfig::
+  // kInterleavedKV), through one map that spans both tensors
+  // (paged_pair_map: K and V need the same strides). Pages of 16 rows then
+  // cost 8 copies a 128-key block instead of 16 (head dim 64) or 32 (128).
+  bool interleaved_kv() const { return tensor_copies() && paged_kv_interleave(paged, head_dim, padded, stages); }
+  // The same over two stages (a stage's K and V refilled apart) at head
+  // dims of two or more panels: each copy reads every panel of K's or V's
+  // rows of a page, whose stages hold each 8-row group of every panel in
+  // turn (FwdConfig::kInterleavedPanels; paged_panel_map).
+  bool interleaved_panels() const {
+    return tensor_copies() && paged_panels_interleave(paged, head_dim, padded, stages);
   }
-
-  // tensor_copies() over a paged cache at head dim 64 (one panel), not
-  // padded: K's and V's 8-row groups alternate in a stage, so one copy reads
-  // a page's K and V rows (FwdConfig::kInterleavedKV; paged_pair_map, whose
-  // map spans both tensors: K and V need the same strides). Pages of 16
-  // rows then cost 8 copies a block instead of 16.
-  bool interleaved_kv() const { return tensor_copies() && paged_kv_interleave(paged, head_dim, padded); }
-  static bool paged_kv_interleave(bool paged, int head_dim, bool padded) { return paged && head_dim == 64 && !padded; }
+  // The same rules for planners that have not chosen the kernel yet.
+  static bool paged_kv_interleave(bool paged, int head_dim, bool padded, int stages) {
+    return paged && head_dim % 64 == 0 && !padded && stages >= 3;
+  }
+  static bool paged_panels_interleave(bool paged, int head_dim, bool padded, int stages) {
+    return paged && head_dim % 64 == 0 && head_dim > 64 && !padded && stages < 3;
+  }
 
   // Persistent fwd whose producer issues K/V by tensor copies and does not
   // rotate K: its warps 1-3 copy out each tile's output, which the MMA warps

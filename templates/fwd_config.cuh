@@ -270,26 +270,29 @@ struct FwdConfig {
   // copies do not (KernelSpec::tensor_copies says the same).
   static constexpr bool kTensorCopies = WGMMA && (ROPE == 0 || KVCACHE || HEAD_DIM > 128) && UNALIGNED_DIM == 0 &&
                                         !(WARPS == 12 && PERSISTENT && kLocal);
-  // Tensor copies over a paged cache at head dims of two or more whole
-  // panels (KernelSpec::interleaved_panels): K and V stages hold each 8-row
-  // group of every panel in turn (kv_tile_bytes), not one panel after
-  // another, so one copy (a 5-D box) reads every panel of a page's rows.
-  // Pages of 16 rows at head dim 128 then take 8 copies a K block instead of
-  // 16: the copies' count, not their bytes, is what short pages cost. That
-  // took chunked prefill over pages of 16 from 1.20-1.35x a contiguous
-  // cache's time to 1.03-1.15x, and pages of 8 from 1.74-1.88x to 1.19-1.33x
-  // (H200, docs/PERFORMANCE.md).
-  static constexpr bool kInterleavedPanels = PAGED && kTensorCopies && HEAD_DIM % 64 == 0 && HEAD_DIM > 64 && !PADDED;
+  // Tensor copies over a paged cache at head dims of whole 64-channel
+  // panels (64-256, not padded) with three stages or more
+  // (KernelSpec::interleaved_kv): a K/V stage holds each 8-row group of K's
+  // panels, then of V's, in turn (kv_tile_bytes), so that one copy (a 5-D
+  // box of a map that spans both tensors: paged_pair_map on the host) reads
+  // a page's rows of K and V, and V lands with K (on "K ready"). Short pages
+  // cost the copies' count, not their bytes: pages of 16 rows take 8 copies
+  // a 128-key block instead of 16 (head dim 64: K's and V's boxes) or 32
+  // (128, a box per panel). K's atoms come after V's where V lies lower in
+  // memory (FwdParams::kv_value_first). A stage is refilled once both K and
+  // V are handed back, a block later than K alone: with two stages that
+  // left the next K late (head dim 128 over pages of 16: 1.37-1.60x the
+  // time of separate copies), so two-stage kernels copy K and V apart, with
+  // every panel of a page in one box (kInterleavedPanels: K's or V's 8-row
+  // groups of each panel in turn), which took pages of 16 at head dim 128
+  // from 1.20-1.35x a contiguous cache's time to 1.03-1.15x (H200,
+  // docs/PERFORMANCE.md).
+  static constexpr bool kWholePanelPages = PAGED && kTensorCopies && HEAD_DIM % 64 == 0 && !PADDED;
+  static constexpr bool kInterleavedKV = kWholePanelPages && STAGES >= 3;
+  static constexpr bool kInterleavedPanels = kWholePanelPages && STAGES < 3 && HEAD_DIM > 64;
   static constexpr int kKVPanels = (HEAD_DIM + 63) / 64;
-  // The same at head dim 64 (one panel), with K and V for the panels: a
-  // stage holds K's 8-row group, then V's, in turn, so one copy (a 5-D box
-  // of a map that spans both tensors: paged_pair_map on the host) reads a
-  // page's K and V rows, and V lands with K (on "K ready"). Pages of 16 then
-  // take 8 copies a block instead of 16. K's atoms come second where V lies
-  // lower in memory (FwdParams::kv_value_first).
-  static constexpr bool kInterleavedKV = PAGED && kTensorCopies && HEAD_DIM == 64 && !PADDED;
   // 1 KB swizzle atoms from one 8-row group of a K or V stage to the next.
-  static constexpr int kKVGroupAtoms = kInterleavedPanels ? kKVPanels : kInterleavedKV ? 2 : 1;
+  static constexpr int kKVGroupAtoms = kInterleavedKV ? 2 * kKVPanels : kInterleavedPanels ? kKVPanels : 1;
   // Persistent: the MMA warps only stage a tile's output (in its Q buffer)
   // and go on to the next tile; producer warps 1-3 copy it to memory before
   // a later tile's Q is loaded into that buffer (produce_tiles), from a

@@ -132,7 +132,7 @@ struct FwdParams {
   // Varlen maps have no batch dimension (rows are the packed total). A paged
   // KV cache's map has a page's rows for rows and pages for batches, and
   // boxes of a page's rows where pages are shorter than a block; at head
-  // dims of two or more panels it is 5-D (k_map_head_panels below).
+  // dims of whole panels it spans K and V (k_map_head_panels below).
   TensorMap k_map;
   TensorMap v_map;
   // RoPE tables for kernels that stage them (FwdConfig::kStagedTables):
@@ -164,22 +164,23 @@ struct FwdParams {
   // sin from the frequencies are multiplied by this, YaRN's or LongRoPE's
   // attention factor (Hugging Face's attention_factor). In the tail padding too.
   float rope_attention_factor;
-  // Paged maps of kernels that interleave panels (FwdConfig::
-  // kInterleavedPanels): 5-D, (64 channels, 8 rows, panels, 8-row groups of
-  // a page, pages), with KV heads merged into the panels or into the groups.
-  // KV head h's box starts at panel h · *_map_head_panels and group
-  // h · *_map_head_groups (one of the two is 0). In the tail padding too.
+  // Paged maps at head dims of whole panels. Kernels that interleave
+  // panels (FwdConfig::kInterleavedPanels): k_map and v_map 5-D, (64
+  // channels, 8 rows, panels, 8-row groups of a page, pages), KV heads
+  // merged into the panels or into the groups: KV head h's box starts at
+  // panel h · *_map_head_panels and group h · *_map_head_groups. Kernels
+  // that interleave K and V (kInterleavedKV): k_map alone, 5-D (64 channels,
+  // 8 rows, panels, K and V, 8-row groups of every page), its base the lower
+  // of K and V (V where kv_value_first), kv_map_page_groups groups a page;
+  // KV heads merged into the panels, K/V or the groups: head h's box starts
+  // at panel h · k_map_head_panels, K/V index h · kv_map_head_pair and group
+  // h · k_map_head_groups (+ its page's first). In the tail padding too.
   int k_map_head_panels;
   int k_map_head_groups;
   int v_map_head_panels;
   int v_map_head_groups;
-  // Paged maps of kernels that interleave K and V (FwdConfig::
-  // kInterleavedKV): k_map alone, 5-D (channels, 8 rows, K and V, 8-row
-  // groups of a page, pages), its base the lower of K and V (V when
-  // kv_value_first); KV heads merged into the channels, the K/V dimension
-  // or the groups: head h's box starts at channel h · k_map_head_channels,
-  // K/V index h · k_map_head_panels and group h · k_map_head_groups.
-  int k_map_head_channels;
+  int kv_map_head_pair;
+  int kv_map_page_groups;
   int kv_value_first;
 };
 

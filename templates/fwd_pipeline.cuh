@@ -49,9 +49,9 @@ struct Ring {
   static constexpr int kStageVBytes = Cfg::kSmemV * 2;
   static constexpr int kQBytes = Cfg::kQBuffers * Cfg::kSmemQ * 2;
   unsigned base;  // shared-window address of the first Q tile (start of shared memory)
-  // Cfg::kInterleavedKV: the byte of a group's two atoms where K's is (1024
-  // where V lies lower in memory, FwdParams::kv_value_first: the copies'
-  // map starts at V).
+  // Cfg::kInterleavedKV: where K's atoms start in a group of K's and V's
+  // (kKVPanels KB on where V lies lower in memory,
+  // FwdParams::kv_value_first: the copies' map starts at V).
   unsigned k_atom = 0;
   __device__ __forceinline__ unsigned q_tile(int b) const { return base + b * Cfg::kSmemQ * 2; }
   // Cfg::kInterleavedKV: stage s's K and V, interleaved group by group.
@@ -63,7 +63,7 @@ struct Ring {
     return base + kQBytes + s * kStageKBytes;
   }
   __device__ __forceinline__ unsigned v_stage(int s) const {
-    if constexpr (Cfg::kInterleavedKV) return kv_pair_stage(s) + (k_atom ^ 1024u);
+    if constexpr (Cfg::kInterleavedKV) return kv_pair_stage(s) + (k_atom ^ (Cfg::kKVPanels * 1024u));
     return base + kQBytes + Cfg::kStages * kStageKBytes + s * kStageVBytes;
   }
   __device__ __forceinline__ unsigned barrier(int index) const { return base + Cfg::kBarrierOffset + index * 8; }
@@ -293,14 +293,16 @@ __device__ __forceinline__ void produce_tiles(const FwdParams& p, const TileJob&
       const int outer = Cfg::kPaged ? page : map_batch;
       const TensorMap* map = values ? &p.v_map : &p.k_map;
       if constexpr (Cfg::kInterleavedKV) {
-        // One box of K's and V's rows of the page (or of the block, in a
-        // longer page): the map's dimension 2 is K and V (V first where it
-        // lies lower, Ring::k_atom), and KV head kv_head's box starts at
-        // channel kv_head · k_map_head_channels, K/V index kv_head ·
-        // k_map_head_panels or group kv_head · k_map_head_groups.
-        tensor_copy_5d(ring.kv_pair_stage(s) + lane * copy_rows * 2 * 128, &p.k_map, barrier,
-                       kv_head * p.k_map_head_channels, 0, kv_head * p.k_map_head_panels,
-                       kv_head * p.k_map_head_groups + (row >> 3), page);
+        // One box of every panel of K's and V's rows of the page (or of the
+        // block, in a longer page): dimensions 64 channels, 8 rows, panels,
+        // K/V (V first where it lies lower: Ring::k_atom), and 8-row groups
+        // of every page (FwdParams::kv_map_page_groups a page), into which
+        // KV head kv_head's box starts at panel kv_head · k_map_head_panels,
+        // K/V index kv_head · kv_map_head_pair or group kv_head ·
+        // k_map_head_groups (paged_pair_map).
+        tensor_copy_5d(ring.kv_pair_stage(s) + lane * copy_rows * 2 * panels * 128, &p.k_map, barrier, 0, 0,
+                       kv_head * p.k_map_head_panels, kv_head * p.kv_map_head_pair,
+                       page * p.kv_map_page_groups + kv_head * p.k_map_head_groups + (row >> 3));
       } else if constexpr (Cfg::kInterleavedPanels) {
         // One box of every panel: the page's rows (or the block's, in a
         // longer page) from its 8-row group row / 8, KV head kv_head's

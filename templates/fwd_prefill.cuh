@@ -109,7 +109,8 @@ __device__ __forceinline__ bool locate_tile(const FwdParams& p, int index, TileJ
 template <class Cfg>
 __device__ __forceinline__ void fwd_prefill_specialized(const FwdParams& p, const TileJob& job,
                                                         unsigned char* shared_bytes) {
-  const Ring<Cfg> ring{smem_u32(shared_bytes), Cfg::kInterleavedKV && p.kv_value_first != 0 ? 1024u : 0u};
+  const Ring<Cfg> ring{smem_u32(shared_bytes),
+                       Cfg::kInterleavedKV && p.kv_value_first != 0 ? Cfg::kKVPanels * 1024u : 0u};
   if (threadIdx.x == 0) ring.init();
   __syncthreads();
   if (threadIdx.x < Cfg::kProducerThreads) {
@@ -292,7 +293,8 @@ __device__ __forceinline__ RingPosition walk_persistent_tiles(const FwdParams& p
 // loop spilled 350-480 bytes, ptxas 13.0 through nvcc).
 template <class Cfg>
 __device__ void fwd_prefill_persistent(const FwdParams& p, unsigned char* shared_bytes) {
-  const Ring<Cfg> ring{smem_u32(shared_bytes), Cfg::kInterleavedKV && p.kv_value_first != 0 ? 1024u : 0u};
+  const Ring<Cfg> ring{smem_u32(shared_bytes),
+                       Cfg::kInterleavedKV && p.kv_value_first != 0 ? Cfg::kKVPanels * 1024u : 0u};
   if (threadIdx.x == 0) ring.init();
   if (walks_sequence_order<Cfg>(p)) order_sequences<Cfg>(p);
   __syncthreads();

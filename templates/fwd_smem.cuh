@@ -27,14 +27,13 @@ __device__ __forceinline__ int swizzled_bytes(int row, int chunk) {
 }
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a K or V stage:
-// swizzled_bytes' panels, or with interleaved panels (paged tensor copies,
-// FwdConfig::kInterleavedPanels) 8-row groups of every panel in turn, so
-// that a page's rows of all panels are one contiguous box (with
-// FwdConfig::kInterleavedKV, K's and V's groups in turn: a K or V stage's
-// next group is 2 KB on). Each group of a
-// panel is still one 1 KB swizzle atom; only the atoms' order differs
-// (wgmma's descriptors step by 1 KB between panels and kKVPanels KB between
-// groups there: fwd_consume.cuh).
+// swizzled_bytes' panels, or over pages (tensor copies) 8-row groups of
+// every panel in turn (FwdConfig::kInterleavedPanels), or of every panel of
+// K, then of V (kInterleavedKV), so that a page's rows are one contiguous
+// box: from a K (or V) stage's start, a group's next panel is 1 KB on, its
+// next group kKVGroupAtoms KB (wgmma's descriptors step so:
+// fwd_consume.cuh). Each group of a panel is still one 1 KB swizzle atom;
+// only the atoms' order differs.
 template <class Cfg>
 __device__ __forceinline__ int kv_tile_bytes(int row, int chunk) {
   if constexpr (Cfg::kKVGroupAtoms > 1) {

@@ -17,7 +17,7 @@ namespace jitattn {
 // "leading" byte offset (K-major: unused; MN-major: from one 64-element
 // panel to the next), "stride" byte offset (from one 8-row group to the
 // next: 1 KB within a panel, more where groups of several panels take turns:
-// FwdConfig::kInterleavedPanels), all in 16-byte units.
+// FwdConfig::kKVGroupAtoms), all in 16-byte units.
 __device__ __forceinline__ unsigned long long wgmma_descriptor(unsigned address, unsigned leading_bytes,
                                                                unsigned group_bytes = 1024) {
   constexpr unsigned long long kSwizzle128 = 1ull << 62;

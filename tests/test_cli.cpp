@@ -123,6 +123,15 @@ const char* const kSmallSpec = "fwd.f16.d64.br64.bc64.w4";
 // Fake, 256-byte aligned device addresses: planning never dereferences them.
 void* plan_address(uintptr_t slot) { return reinterpret_cast<void*>(slot << 32); }
 
+// V's rows right after K's (a paged pool's pages, in one allocation): as
+// `plan --call` lays out a paged cache, which kernels that read K and V by
+// one tensor copy need (KernelSpec::interleaved_kv).
+jitattn::TensorView values_after(const jitattn::TensorView& keys) {
+  jitattn::TensorView values = keys;
+  values.data = static_cast<char*>(keys.data) + keys.shape[0] * keys.strides[0] * 2;
+  return values;
+}
+
 struct ExpectedLaunch {
   std::string role;
   KernelSpec spec;
@@ -184,7 +193,8 @@ std::vector<ExpectedLaunch> planned_kvcache(int64_t batch, int64_t seqlen_q, int
   const TensorView table = TensorView::contiguous(plan_address(3), DType::i32, {batch, cache_len / std::max(page, 1)});
   const TensorView k_new = TensorView::contiguous(plan_address(4), DType::bf16, {batch, new_tokens, heads_kv, 128});
   jitattn::KVCacheArgs args;
-  args.k_cache = args.v_cache = cache;
+  args.k_cache = cache;
+  args.v_cache = values_after(cache);
   args.cache_seqlens = TensorView::contiguous(plan_address(5), DType::i32, {batch});
   if (page > 0) args.block_table = &table;
   if (new_tokens > 0) args.k_new = args.v_new = &k_new;
@@ -211,6 +221,7 @@ std::vector<ExpectedLaunch> planned_varlen(int64_t batch, int64_t total_q, int m
   const int64_t pages = (max_k + std::max(page, 1) - 1) / std::max(page, 1);
   const TensorView kv = page == 0 ? TensorView::contiguous(plan_address(2), DType::bf16, {batch * max_k, 8, 128})
                                   : TensorView::contiguous(plan_address(2), DType::bf16, {batch * pages, page, 8, 128});
+  const TensorView values = page == 0 ? kv : values_after(kv);
   const TensorView table = TensorView::contiguous(plan_address(3), DType::i32, {batch, pages});
   const TensorView used = TensorView::contiguous(plan_address(4), DType::i32, {batch});
   jitattn::VarlenArgs varlen;
@@ -227,10 +238,10 @@ std::vector<ExpectedLaunch> planned_varlen(int64_t batch, int64_t total_q, int m
   const Arch hopper = Arch::parse("sm_90a");
   if (!workspace) {
     return {attention_expected(
-        jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, hopper, 232448, 132))};
+        jitattn::detail::plan_forward_varlen(q, kv, values, q, nullptr, varlen, options, hopper, 232448, 132))};
   }
   return expected_with_workspace([&](void* workspace, size_t bytes, bool sizing_only) {
-    return jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, workspace, bytes,
+    return jitattn::detail::plan_forward_varlen_split(q, kv, values, q, nullptr, varlen, options, workspace, bytes,
                                                       sizing_only, hopper, 232448, 132);
   });
 }

@@ -1242,11 +1242,15 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
     // One split, the heuristic's (most of these grids are few tiles), or 3.
     c.num_splits = kSplitChoices[(index / 2) % 3];
     // Head dim 64: mostly three MMA warpgroups (192-row tiles).
+    // A page's K and V come by one copy through a map of both, wherever
+    // they lie (Case::kv_storage), with three stages or more; with two (head
+    // dim 128, every other case), K's or V's panels by one copy, through
+    // maps whose heads merge with the panels or the groups (not K and V
+    // side by side per head).
+    c.kv_storage = static_cast<Case::Storage>(index / 2 % 4);
+    const int stages_128 = index % 2 == 0 || c.kv_storage == Case::Storage::heads_paired ? 3 : 2;
     c.tiles = c.head_dim <= 64 && index % 3 != 2 ? TileConfig{192, 128, 12, 4, true}
-                                                 : TileConfig{128, 128, 8, c.head_dim > 64 ? 2 : 4, true};
-    // Head dim 64 reads a page's K and V by one copy through a map of both,
-    // wherever they lie (Case::kv_storage).
-    if (c.head_dim == 64) c.kv_storage = static_cast<Case::Storage>(index / 2 % 4);
+                                                 : TileConfig{128, 128, 8, c.head_dim > 64 ? stages_128 : 4, true};
   });
   Case chunk = planner_chunk(128);
   cases.push_back(chunk);
@@ -1342,12 +1346,16 @@ TEST_CASE("kvcache on the wgmma producer layout above head dim 128: contiguous a
     c.tiles = c.page_size != 0 ? TileConfig{128, 64, 8, kernel_dim == 192 ? 3 : 2, true}
                                : TileConfig{128, kernel_dim == 192 ? 96 : 80, 8, 2, true};
     c.num_splits = kSplitChoices[index % 3];
+    // K and V side by side per head: not at 256 (two stages, K and V apart).
+    c.kv_storage = static_cast<Case::Storage>(index / 3 % 4);
+    if (kernel_dim == 256 && c.kv_storage == Case::Storage::heads_paired) c.kv_storage = Case::Storage::pool_v_first;
   });
   Case chunk = planner_chunk(256);
   cases.push_back(chunk);
   Case outer = chunk;  // pages of heads outermost (8 rows: one group a box)
   outer.page_size = 8;
   outer.heads_outer_pages = true;
+  outer.kv_storage = Case::Storage::pool_v_first;
   cases.push_back(outer);
   chunk.head_dim = 192;
   chunk.page_size = 0;

@@ -16,6 +16,14 @@ namespace {
 // Fake, suitably aligned device addresses: plan never dereferences them.
 void* address(uintptr_t base) { return reinterpret_cast<void*>(base); }
 
+// A paged cache's V pages right after K's, in one allocation (as engines
+// keep a layer's cache): kernels that read both by one tensor copy need
+// them apart (KernelSpec::interleaved_kv).
+void values_after_keys(KVCacheArgs& cache) {
+  cache.v_cache = cache.k_cache;
+  cache.v_cache.data = static_cast<char*>(cache.k_cache.data) + cache.k_cache.shape[0] * cache.k_cache.strides[0] * 2;
+}
+
 struct Call {
   TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 100, 8, 128});
   TensorView k = TensorView::contiguous(address(0x20000), DType::bf16, {2, 300, 2, 128});
@@ -1430,11 +1438,12 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     TensorView pages = TensorView::contiguous(address(0x30000), DType::bf16, {64 * 128, 64, 8, 128});
     TensorView draft_table = TensorView::contiguous(address(0x70000), DType::i32, {64, 128});
     KVCacheArgs paged_many = many;
-    paged_many.k_cache = paged_many.v_cache = pages;
+    paged_many.k_cache = pages;
+    values_after_keys(paged_many);
     paged_many.block_table = &draft_table;
     const KVCachePlan paged_drafts =
         plan_kvcache(speculative, paged_many, speculative, nullptr, planned, nullptr, 0, true, arch, 227 * 1024, 132);
-    CHECK(paged_drafts.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.kvcache.paged");
+    CHECK(paged_drafts.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s3.wgmma.causal.packgqa.kvcache.paged");
     // Forced wgmma tiles with forced splits: the producer layout, split.
     const KVCachePlan forced_split =
         plan_kvcache(q, split, out, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
@@ -1447,72 +1456,122 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
     CHECK(prefill.attention.k_map.rank == 4);
     CHECK(prefill.attention.k_map.dims[1] == 8192);
     CHECK(prefill.attention.k_map.box[1] == 128);
-    // Paged: the map spans the pages, 5-D (64 channels, 8 rows, panels with
-    // the heads merged in, a page's 8-row groups, pages: paged_panel_map);
-    // a box reads every panel of a page shorter than a key block (pages of
-    // at least 8 rows), so every page size from 8 keeps the wgmma tiles.
-    // Smaller pages keep the mma.sync kernel.
+    // Paged: one map spans K's and V's pages (paged_pair_map), 5-D: 64
+    // channels, 8 rows, panels (the heads merged in), K/V, and the 8-row
+    // groups of every page; a box reads every panel of K and V of a page
+    // shorter than a key block (pages of at least 8 rows), so every page size
+    // from 8 keeps the wgmma tiles. Smaller pages keep the mma.sync kernel.
     causal.tiles = {};
     TensorView pages_table = TensorView::contiguous(address(0x70000), DType::i32, {2, 128});
     KVCacheArgs paged = args;
     paged.block_table = &pages_table;
-    paged.k_cache = paged.v_cache = TensorView::contiguous(address(0x30000), DType::bf16, {256, 64, 8, 128});
+    paged.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {256, 64, 8, 128});
+    values_after_keys(paged);
     prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
-    CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.kvcache.paged");
-    REQUIRE(prefill.attention.spec.interleaved_panels());
+    CHECK(prefill.attention.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s3.wgmma.causal.rope_half_r128.kvcache.paged");
+    REQUIRE(prefill.attention.spec.interleaved_kv());
     {
       const TileMapLayout& k = prefill.attention.k_map;
+      CHECK(k.base == paged.k_cache.data);
       CHECK(k.rank == 5);
-      CHECK((k.dims[0] == 64 && k.dims[1] == 8 && k.dims[2] == 2 * 8 && k.dims[3] == 64 / 8 && k.dims[4] == 256));
-      CHECK((k.strides_bytes[0] == 8 * 128 * 2 && k.strides_bytes[1] == 128 && k.strides_bytes[2] == 8 * 8 * 128 * 2 &&
-             k.strides_bytes[3] == 64 * 8 * 128 * 2));
-      CHECK((k.box[0] == 64 && k.box[1] == 8 && k.box[2] == 2 && k.box[3] == 64 / 8 && k.box[4] == 1));
-      CHECK((k.head_panels == 2 && k.head_groups == 0));
-      CHECK(prefill.attention.params.k_map_head_panels == 2);
-      CHECK(prefill.attention.params.v_map_head_panels == 2);
-      CHECK(prefill.attention.v_map.box[3] == 64 / 8);
+      CHECK((k.dims[0] == 64 && k.dims[1] == 8 && k.dims[2] == 2 * 8 && k.dims[3] == 2 && k.dims[4] == 256 * 64 / 8));
+      CHECK((k.strides_bytes[0] == 8 * 128 * 2 && k.strides_bytes[1] == 128 &&
+             k.strides_bytes[2] == 256 * 64 * 8 * 128 * 2 && k.strides_bytes[3] == 8 * 8 * 128 * 2));
+      CHECK((k.box[0] == 64 && k.box[1] == 8 && k.box[2] == 2 && k.box[3] == 2 && k.box[4] == 64 / 8));
+      CHECK((k.head_panels == 2 && k.head_pair == 0 && k.head_groups == 0 && k.page_groups == 64 / 8));
+      CHECK((prefill.attention.params.k_map_head_panels == 2 && prefill.attention.params.kv_map_page_groups == 8));
+      CHECK(prefill.attention.params.kv_value_first == 0);
+      CHECK(prefill.attention.v_map.rank == 0);  // V comes with K
     }
     for (const int64_t page_size : {8, 16, 256}) {
       CAPTURE(page_size);
       TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192 / page_size});
       paged.block_table = &table;
-      paged.k_cache = paged.v_cache =
-          TensorView::contiguous(address(0x30000), DType::bf16, {2 * 8192 / page_size, page_size, 8, 128});
+      paged.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {2 * 8192 / page_size, page_size, 8, 128});
+      values_after_keys(paged);
       prefill = plan_kvcache(chunk, paged, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
       CHECK(prefill.attention.spec.wgmma);
       CHECK(prefill.attention.spec.block_kv == 128);
-      CHECK(prefill.attention.k_map.box[3] == std::min<int64_t>(page_size, 128) / 8);
+      CHECK(prefill.attention.k_map.box[4] == std::min<int64_t>(page_size, 128) / 8);
+      CHECK(prefill.attention.k_map.page_groups == page_size / 8);
     }
     // A cache of [pages, heads, page rows, head dim] (heads apart by a
-    // page's rows): the heads merge with the page's 8-row groups instead.
+    // page's rows): the heads merge with the 8-row groups instead.
     {
       TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192 / 16});
       KVCacheArgs by_head = paged;
       by_head.block_table = &table;
-      TensorView heads_outer = TensorView::contiguous(address(0x30000), DType::bf16, {2 * 8192 / 16, 8, 16, 128});
-      by_head.k_cache = by_head.v_cache = heads_outer;
+      by_head.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {2 * 8192 / 16, 8, 16, 128});
       std::swap(by_head.k_cache.shape[1], by_head.k_cache.shape[2]);
       std::swap(by_head.k_cache.strides[1], by_head.k_cache.strides[2]);
-      by_head.v_cache = by_head.k_cache;
+      values_after_keys(by_head);
       prefill = plan_kvcache(chunk, by_head, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
-      REQUIRE(prefill.attention.spec.interleaved_panels());
+      REQUIRE(prefill.attention.spec.interleaved_kv());
       const TileMapLayout& k = prefill.attention.k_map;
-      CHECK((k.dims[2] == 2 && k.dims[3] == 2 * 8 && k.box[3] == 2));
-      CHECK((k.strides_bytes[0] == 128 * 2 && k.strides_bytes[2] == 8 * 128 * 2));
-      CHECK((k.head_panels == 0 && k.head_groups == 2));
-      // Heads neither beside each other nor a page's rows apart: no 5-D map
-      // describes them, so the mma.sync kernel reads them.
+      CHECK((k.dims[2] == 2 && k.dims[4] == 2 * 8192 / 16 * 8 * 2 && k.box[4] == 2));
+      CHECK((k.strides_bytes[0] == 128 * 2 && k.strides_bytes[3] == 8 * 128 * 2));
+      CHECK((k.head_panels == 0 && k.head_groups == 2 && k.page_groups == 8 * 2));
+      // V's pages before K's: the map starts at V.
+      KVCacheArgs swapped = by_head;
+      std::swap(swapped.k_cache.data, swapped.v_cache.data);
+      prefill = plan_kvcache(chunk, swapped, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+      CHECK((prefill.attention.k_map.base == swapped.v_cache.data && prefill.attention.params.kv_value_first == 1));
+      // Heads neither beside each other, nor a page's rows apart, nor K and
+      // V side by side per head; pages whose rows do not follow the last
+      // page's; K and V in one tensor or of other strides: no map spans them,
+      // so the mma.sync kernel reads them, and forced wgmma tiles are refused
+      // with the rule.
       KVCacheArgs spread = paged;
       spread.block_table = &table;
-      TensorView wide_rows = TensorView::contiguous(address(0x30000), DType::bf16, {2 * 8192 / 16, 16, 8, 256});
-      wide_rows.shape[3] = 128;
-      spread.k_cache = spread.v_cache = wide_rows;
-      prefill = plan_kvcache(chunk, spread, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
-      CHECK_FALSE(prefill.attention.spec.wgmma);
-      ForwardOptions forced = causal;
-      forced.tiles = {128, 128, 8, 2, true};
+      spread.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {2 * 8192 / 16, 16, 8, 256});
+      spread.k_cache.shape[3] = 128;
+      values_after_keys(spread);
+      KVCacheArgs gapped = paged;
+      gapped.block_table = &table;
+      gapped.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {2 * 8192 / 16, 17, 8, 128});
+      gapped.k_cache.shape[1] = 16;
+      values_after_keys(gapped);
+      KVCacheArgs same = by_head;
+      same.v_cache = same.k_cache;
+      KVCacheArgs unlike = by_head;
+      unlike.v_cache.strides[1] = 8 * 128, unlike.v_cache.strides[2] = 128;
+      for (const KVCacheArgs* cache : {&spread, &gapped, &same, &unlike}) {
+        prefill = plan_kvcache(chunk, *cache, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+        CHECK_FALSE(prefill.attention.spec.wgmma);
+        ForwardOptions forced = causal;
+        forced.tiles = {128, 128, 8, 3, true};
+        CHECK_THROWS_WITH_AS(
+            plan_kvcache(chunk, *cache, chunk, nullptr, forced, nullptr, 0, true, arch, 227 * 1024, 132),
+            doctest::Contains("K and V of the same strides, a positive multiple of 16 bytes below 2^40 apart"), Error);
+      }
+      // A head's K and V side by side ([pages, 16, 8, 2, 128]): the heads
+      // merge with K/V (index 2h is head h's K).
+      KVCacheArgs pairs = paged;
+      pairs.block_table = &table;
+      pairs.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {2 * 8192 / 16, 16, 8, 256});
+      pairs.k_cache.shape[3] = 128;
+      pairs.v_cache = pairs.k_cache;
+      pairs.v_cache.data = address(0x100000 + 128 * 2);
+      prefill = plan_kvcache(chunk, pairs, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+      REQUIRE(prefill.attention.spec.interleaved_kv());
+      CHECK((prefill.attention.k_map.dims[3] == 2 * 8 && prefill.attention.k_map.strides_bytes[2] == 128 * 2));
+      CHECK((prefill.attention.k_map.head_panels == 0 && prefill.attention.k_map.head_pair == 2));
+      // Two stages, forced: K and V copied apart, each copy every panel of
+      // a page (KernelSpec::interleaved_panels, paged_panel_map), so K and V
+      // may be one tensor; the heads merge into the panels or the groups
+      // only.
+      ForwardOptions two_stages = causal;
+      two_stages.tiles = {128, 128, 8, 2, true};
+      prefill = plan_kvcache(chunk, same, chunk, nullptr, two_stages, nullptr, 0, true, arch, 227 * 1024, 132);
+      REQUIRE(prefill.attention.spec.interleaved_panels());
+      {
+        const TileMapLayout& k = prefill.attention.k_map;
+        CHECK((k.dims[2] == 2 && k.dims[3] == 2 * 8 && k.dims[4] == 2 * 8192 / 16 && k.box[2] == 2 && k.box[3] == 2));
+        CHECK((k.head_panels == 0 && k.head_groups == 2 && prefill.attention.params.v_map_head_groups == 2));
+        CHECK(prefill.attention.v_map.rank == 5);
+      }
       CHECK_THROWS_WITH_AS(
-          plan_kvcache(chunk, spread, chunk, nullptr, forced, nullptr, 0, true, arch, 227 * 1024, 132),
+          plan_kvcache(chunk, spread, chunk, nullptr, two_stages, nullptr, 0, true, arch, 227 * 1024, 132),
           doctest::Contains("a head stride of head_dim"), Error);
     }
     // Head dim 64 without RoPE: the dense tiles, 192 rows where they do not
@@ -1534,87 +1593,24 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
       plain.rope.style = RopeStyle::rotate_half;
       CHECK(plan_kvcache(chunk64, small, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132)
                 .attention.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64.kvcache");
-      // Pages at head dim 64 (one panel): K and V interleave instead, and
-      // one map spans both (paged_pair_map). vLLM's [2, pages, 16, 8, 64]:
-      // V's pages follow K's.
+      // Pages at head dim 64 (one panel): K and V interleave as at 128.
+      // vLLM's [2, pages, 16, 8, 64]: V's pages follow K's.
       constexpr int64_t kPages = 2 * 8192 / 16, kPageElems = 16 * 8 * 64;
       TensorView table64 = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192 / 16});
       KVCacheArgs paged64 = small;
       paged64.block_table = &table64;
       paged64.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {kPages, 16, 8, 64});
-      paged64.v_cache = paged64.k_cache;
-      paged64.v_cache.data = address(0x100000 + kPages * kPageElems * 2);
+      values_after_keys(paged64);
       const KVCachePlan pages64 =
           plan_kvcache(chunk64, paged64, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132);
       CHECK(pages64.attention.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s4.wgmma.causal.rope_half_r64.kvcache.paged");
-      CHECK_FALSE(pages64.attention.spec.interleaved_panels());
       REQUIRE(pages64.attention.spec.interleaved_kv());
-      {
-        const TileMapLayout& k = pages64.attention.k_map;
-        CHECK(k.base == paged64.k_cache.data);
-        CHECK(k.rank == 5);
-        // Channels with the 8 heads merged in, 8 rows, K and V, 2 groups, pages.
-        CHECK((k.dims[0] == 8 * 64 && k.dims[1] == 8 && k.dims[2] == 2 && k.dims[3] == 2 && k.dims[4] == kPages));
-        CHECK((k.strides_bytes[0] == 8 * 64 * 2 && k.strides_bytes[1] == kPages * kPageElems * 2 &&
-               k.strides_bytes[2] == 8 * 8 * 64 * 2 && k.strides_bytes[3] == kPageElems * 2));
-        CHECK((k.box[0] == 64 && k.box[1] == 8 && k.box[2] == 2 && k.box[3] == 2 && k.box[4] == 1));
-        CHECK((k.head_channels == 64 && k.head_panels == 0 && k.head_groups == 0 && !k.value_first));
-        CHECK(pages64.attention.v_map.rank == 0);  // V comes with K
-        CHECK((pages64.attention.params.k_map_head_channels == 64 && pages64.attention.params.kv_value_first == 0));
-      }
-      // V below K (two allocations in either order): the map starts at V,
-      // and the kernel finds K second in each group.
-      KVCacheArgs swapped = paged64;
-      std::swap(swapped.k_cache.data, swapped.v_cache.data);
-      const KVCachePlan value_first =
-          plan_kvcache(chunk64, swapped, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132);
-      CHECK(value_first.attention.k_map.base == swapped.v_cache.data);
-      CHECK(value_first.attention.k_map.strides_bytes[1] == kPages * kPageElems * 2);
-      CHECK(value_first.attention.params.kv_value_first == 1);
-      // A head's K and V side by side ([pages, 16, 8, 2, 64]): heads merge
-      // with K/V (index 2h is head h's K).
-      KVCacheArgs pairs = paged64;
-      pairs.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {kPages, 16, 8, 128});
-      pairs.k_cache.shape[3] = 64;
-      pairs.v_cache = pairs.k_cache;
-      pairs.v_cache.data = address(0x100000 + 64 * 2);
-      const KVCachePlan pair_plan =
-          plan_kvcache(chunk64, pairs, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132);
-      {
-        const TileMapLayout& k = pair_plan.attention.k_map;
-        CHECK((k.dims[0] == 64 && k.dims[2] == 2 * 8 && k.strides_bytes[0] == 8 * 128 * 2 && k.strides_bytes[1] == 128));
-        CHECK((k.head_channels == 0 && k.head_panels == 2 && k.head_groups == 0));
-      }
-      // Heads outermost in a page ([pages, 8, 16, 64]): heads merge with the
-      // page's 8-row groups.
-      KVCacheArgs heads_outer = paged64;
-      for (TensorView* cache : {&heads_outer.k_cache, &heads_outer.v_cache}) {
-        cache->strides[1] = 64;       // rows
-        cache->strides[2] = 16 * 64;  // heads
-      }
-      const KVCachePlan outer_plan =
-          plan_kvcache(chunk64, heads_outer, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132);
-      {
-        const TileMapLayout& k = outer_plan.attention.k_map;
-        CHECK((k.dims[0] == 64 && k.dims[2] == 2 && k.dims[3] == 2 * 8 && k.strides_bytes[0] == 128));
-        CHECK((k.head_channels == 0 && k.head_panels == 0 && k.head_groups == 2));
-      }
-      // No map spans K and V when they are one tensor or differ in strides:
-      // the mma.sync kernel reads them, and forced wgmma tiles are refused
-      // with the rule.
-      KVCacheArgs same = paged64;
-      same.v_cache = same.k_cache;
-      KVCacheArgs unlike = paged64;
-      unlike.v_cache = heads_outer.v_cache;
-      for (const KVCacheArgs* cache : {&same, &unlike}) {
-        CHECK_FALSE(plan_kvcache(chunk64, *cache, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132)
-                        .attention.spec.wgmma);
-        ForwardOptions forced = plain;
-        forced.tiles = {128, 128, 8, 4, true};
-        CHECK_THROWS_WITH_AS(
-            plan_kvcache(chunk64, *cache, chunk64, nullptr, forced, nullptr, 0, true, arch, 227 * 1024, 132),
-            doctest::Contains("K and V of the same strides, a positive multiple of 16 bytes below 2^40 apart"), Error);
-      }
+      const TileMapLayout& k = pages64.attention.k_map;
+      CHECK((k.dims[0] == 64 && k.dims[1] == 8 && k.dims[2] == 8 && k.dims[3] == 2 && k.dims[4] == kPages * 2));
+      CHECK((k.strides_bytes[0] == 8 * 64 * 2 && k.strides_bytes[1] == 128 &&
+             k.strides_bytes[2] == kPages * kPageElems * 2 && k.strides_bytes[3] == 8 * 8 * 64 * 2));
+      CHECK((k.box[0] == 64 && k.box[1] == 8 && k.box[2] == 1 && k.box[3] == 2 && k.box[4] == 2));
+      CHECK((k.head_panels == 1 && k.head_pair == 0 && k.head_groups == 0 && k.page_groups == 2));
     }
     // Above head dim 128: the dense tiles over a contiguous cache (128 × 96
     // at 192, 128 × 80 at 256), 64-key blocks over a paged one, whose blocks
@@ -1637,20 +1633,25 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
         TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 8192 / 16});
         KVCacheArgs wide_paged = args;
         wide_paged.block_table = &table;
-        wide_paged.k_cache = wide_paged.v_cache =
-            TensorView::contiguous(address(0x30000), DType::bf16, {2 * 8192 / 16, 16, 8, head_dim});
+        wide_paged.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {2 * 8192 / 16, 16, 8, head_dim});
+        values_after_keys(wide_paged);
         wide.rope.style = RopeStyle::rotate_half;
         const KVCachePlan wide_plan =
             plan_kvcache(wide_chunk, wide_paged, wide_chunk, nullptr, wide, nullptr, 0, true, arch, 227 * 1024, 132);
         CHECK(wide_plan.attention.spec.text() ==
               fmt::format("fwd.bf16.d{}.br128.bc64.w8.s{}.wgmma.causal.rope_half_r{}.kvcache.paged{}", kernel_dim,
                           kernel_dim == 192 ? 3 : 2, head_dim, padded));
-        // Whole panels interleave (a box of 16 rows × every panel); padded
-        // head dims keep a box per panel (the map's channels end at the
-        // caller's head dim, and zeros fill the rest).
-        CHECK(wide_plan.attention.spec.interleaved_panels() == padded.empty());
+        // Whole panels interleave with V's (a box of 16 rows × every panel ×
+        // K and V); padded head dims keep a box per panel (the map's channels
+        // end at the caller's head dim, and zeros fill the rest).
+        // (Three stages at 192: K's and V's panels in one box; two at 256:
+        // K's or V's.)
+        CHECK(wide_plan.attention.spec.interleaved_kv() == (padded.empty() && kernel_dim == 192));
+        CHECK(wide_plan.attention.spec.interleaved_panels() == (padded.empty() && kernel_dim == 256));
         if (padded.empty()) {
-          CHECK((wide_plan.attention.k_map.box[2] == kernel_dim / 64 && wide_plan.attention.k_map.box[3] == 2));
+          const uint32_t(&box)[5] = wide_plan.attention.k_map.box;
+          CHECK(box[2] == kernel_dim / 64);
+          CHECK((kernel_dim == 192 ? box[3] == 2 && box[4] == 2 : box[3] == 2 && box[4] == 1));
         } else {
           CHECK(wide_plan.attention.k_map.box[1] == 16);
         }
@@ -1928,6 +1929,9 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
     TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {4, 32, 128});
     TensorView k = TensorView::contiguous(address(0x100000), DType::bf16, {4 * 8192, 8, 128});
     TensorView pages = TensorView::contiguous(address(0x100000), DType::bf16, {512, 64, 8, 128});
+    // V's pages after K's, in one allocation (values_after_keys).
+    TensorView value_pages = TensorView::contiguous(address(0x100000 + 512 * 64 * 8 * 128 * 2), DType::bf16,
+                                                    {512, 64, 8, 128});
     TensorView out = TensorView::contiguous(address(0x40000), DType::bf16, {4, 32, 128});
     TensorView lse = TensorView::contiguous(address(0x50000), DType::f32, {32, 4});
     TensorView seqused = TensorView::contiguous(address(0x62000), DType::i32, {4});
@@ -1945,14 +1949,15 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
       varlen.max_seqlen_k = 8192;
     }
     const TensorView& keys() const { return paged ? pages : k; }
+    const TensorView& values() const { return paged ? value_pages : k; }
     ForwardPlan plan() {
       varlen.block_table = paged ? &table : nullptr;
-      return plan_forward_varlen(q, keys(), keys(), out, &lse, varlen, options, Arch::parse("sm_90a"), 227 * 1024,
+      return plan_forward_varlen(q, keys(), values(), out, &lse, varlen, options, Arch::parse("sm_90a"), 227 * 1024,
                                  132);
     }
     SplitForwardPlan split(void* workspace = nullptr, size_t bytes = 0, bool sizing_only = true) {
       varlen.block_table = paged ? &table : nullptr;
-      return plan_forward_varlen_split(q, keys(), keys(), out, &lse, varlen, options, workspace, bytes, sizing_only,
+      return plan_forward_varlen_split(q, keys(), values(), out, &lse, varlen, options, workspace, bytes, sizing_only,
                                        Arch::parse("sm_90a"), 227 * 1024, 132);
     }
   };
@@ -2055,8 +2060,8 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
     CHECK_THROWS_WITH_AS(no_cu_k.plan(), doctest::Contains("cu_seqlens_k: shape [4] must be [batch + 1] = [5]"), Error);
   }
   // Chunks of 512 queries over the pages: wgmma tiles whose tensor copies
-  // read whole pages, every panel at once (two per 128-key block), through
-  // a 5-D map (pages outermost).
+  // read whole pages, every panel of K and V at once (two per 128-key
+  // block), through a 5-D map of both (the pages' 8-row groups outermost).
   Batch chunks;
   chunks.paged = true;
   chunks.q = chunks.out = TensorView::contiguous(address(0x10000), DType::bf16, {4 * 512, 32, 128});
@@ -2064,10 +2069,11 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
   chunks.varlen.max_seqlen_q = 512;
   chunks.options.causal = true;
   const ForwardPlan prefill = chunks.plan();
-  CHECK(prefill.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.kvcache.paged.varlen");
+  CHECK(prefill.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s3.wgmma.causal.kvcache.paged.varlen");
   REQUIRE(prefill.spec.tensor_copies());
   CHECK(prefill.k_map.rank == 5);
-  CHECK((prefill.k_map.dims[3] == 64 / 8 && prefill.k_map.dims[4] == 512 && prefill.k_map.box[3] == 64 / 8));
+  CHECK((prefill.k_map.dims[3] == 2 && prefill.k_map.dims[4] == 512 * 64 / 8 && prefill.k_map.box[4] == 64 / 8));
+  CHECK(prefill.v_map.rank == 0);  // one map of K's and V's pages
   // Query heads are packed by the average sequence: a chunk of 512 queries
   // beside 15 decoding steps packs (each step's K/V read once per KV head),
   // four chunks of 512 do not.
@@ -2079,7 +2085,7 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
   mixed.seqused = TensorView::contiguous(address(0x62000), DType::i32, {16});
   mixed.table = TensorView::contiguous(address(0x63000), DType::i32, {16, 128});
   const ForwardPlan mixed_plan = mixed.plan();
-  CHECK(mixed_plan.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.kvcache.paged.varlen");
+  CHECK(mixed_plan.spec.text() == "fwd.bf16.d128.br128.bc128.w8.s3.wgmma.causal.packgqa.kvcache.paged.varlen");
   CHECK(mixed_plan.grid == (512 * 4 + 127) / 128 * 8 * 16);
   mixed.paged = false;
   CHECK(mixed.plan().spec.text() == "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.packgqa.varlen");

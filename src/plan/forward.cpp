@@ -91,9 +91,10 @@ void set_tensor_maps(ForwardPlan& plan, const Problem& problem) {
       reject(fmt::format(
           "k, v: strides (page, row, head) = ({}, {}, {}) and ({}, {}, {}) elements, {} bytes apart: {} reads a "
           "page's K and V rows by one tensor copy, which needs K and V of the same strides, a positive multiple of "
-          "16 bytes below 2^40 apart, and a head stride of head_dim (heads side by side in a row), of twice their "
-          "distance (a head's K and V side by side) or of page_size × the row stride (a head's rows side by side "
-          "in a page)",
+          "16 bytes below 2^40 apart, pages whose rows follow the last page's (page stride page_size × the row "
+          "stride, × heads_kv with heads outermost), and a head stride of head_dim (heads side by side in a row), "
+          "of twice their distance (a head's K and V side by side) or of page_size × the row stride (a head's "
+          "rows side by side in a page)",
           problem.k_strides[0], problem.k_strides[1], problem.k_strides[2], problem.v_strides[0],
           problem.v_strides[1], problem.v_strides[2],
           static_cast<long long>(reinterpret_cast<intptr_t>(problem.v) - reinterpret_cast<intptr_t>(problem.k)),
@@ -114,10 +115,11 @@ void set_tensor_maps(ForwardPlan& plan, const Problem& problem) {
   plan.v_map = maps->v;
   plan.params.k_map_head_panels = maps->k.head_panels;
   plan.params.k_map_head_groups = maps->k.head_groups;
-  plan.params.k_map_head_channels = maps->k.head_channels;
-  plan.params.kv_value_first = maps->k.value_first ? 1 : 0;
   plan.params.v_map_head_panels = maps->v.head_panels;
   plan.params.v_map_head_groups = maps->v.head_groups;
+  plan.params.kv_map_head_pair = maps->k.head_pair;
+  plan.params.kv_map_page_groups = maps->k.page_groups;
+  plan.params.kv_value_first = maps->k.value_first ? 1 : 0;
 }
 
 // The launch parameters: pointers, strides, sizes, mask bounds, score

@@ -188,7 +188,7 @@ KernelChoice choose_kernel(KernelSpec& spec, const Problem& problem, const Forwa
                            const CallFacts& facts, const Arch& arch, int max_smem_bytes, const TuningTable* tuning,
                            bool varlen);
 // The tensor maps of K and V rows for blocks of `block_kv` keys (a page
-// where pages are shorter), if maps can describe them: the 5-D paged form
+// where pages are shorter), if maps can describe them: the 5-D paged forms
 // for kernels that interleave panels (KernelSpec::interleaved_panels), or
 // one map of both for kernels that interleave K and V
 // (KernelSpec::interleaved_kv: k's, with v's of rank 0).

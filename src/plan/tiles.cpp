@@ -279,48 +279,54 @@ std::optional<TileMapLayout> paged_panel_map(const void* data, DType dtype, int6
 }
 
 std::optional<TileMapLayout> paged_pair_map(const void* k, const void* v, DType dtype, int64_t pages,
-                                            int64_t page_rows, int64_t heads, const int64_t (&k_strides)[3],
-                                            const int64_t (&v_strides)[3], int box_rows) {
+                                            int64_t page_rows, int64_t heads, int64_t head_dim,
+                                            const int64_t (&k_strides)[3], const int64_t (&v_strides)[3],
+                                            int box_rows) {
   TileMapLayout map;
   constexpr int64_t kGroupRows = 8;  // rows of a 1024-byte swizzle atom
-  constexpr int64_t kChannels = 64;  // the one panel
+  constexpr int64_t kPanel = 64;     // channels of a 128-byte swizzled panel
   if (pages == 0 || heads == 0 || page_rows < kGroupRows) return map;  // nothing copied by the map
   if (!std::equal(k_strides, k_strides + 3, v_strides)) return std::nullopt;
-  const int64_t element_bytes = static_cast<int64_t>(dtype_size(dtype));
   const auto k_address = reinterpret_cast<uintptr_t>(k), v_address = reinterpret_cast<uintptr_t>(v);
   const bool value_first = v_address < k_address;
   const uintptr_t distance = value_first ? k_address - v_address : v_address - k_address;
   // The K/V dimension is one more stride of the map: a positive multiple of
   // 16 bytes below 2^40 (set_map_dims checks the range).
-  if (distance == 0 || distance % 16 != 0 || distance >= (uintptr_t{1} << 40)) return std::nullopt;
-  const int64_t pair_stride = static_cast<int64_t>(distance) / element_bytes;
+  if (distance == 0 || distance % 16 != 0) return std::nullopt;
+  const int64_t pair_stride = static_cast<int64_t>(distance / dtype_size(dtype));
   const int64_t page_stride = k_strides[0], row_stride = k_strides[1], head_stride = k_strides[2];
-  const int64_t groups = page_rows / kGroupRows;
-  // Heads merge with the channels where each head's channels continue the
-  // last head's ([pages, page_rows, heads, 64]: FlashAttention's and
+  const int64_t panels = head_dim / kPanel, groups = page_rows / kGroupRows;
+  // Heads merge with the panels where each head's channels continue the
+  // last head's ([pages, page_rows, heads, head_dim]: FlashAttention's and
   // vLLM's), with K/V where a head's K and V sit side by side and the next
-  // head's follow ([pages, page_rows, heads, 2, 64]), or with a page's 8-row
-  // groups where each head's rows continue the last head's ([pages, heads,
-  // page_rows, 64]: FlashInfer's HND).
-  const bool heads_with_channels = heads == 1 || head_stride == kChannels;
-  const bool heads_with_pair = !heads_with_channels && head_stride == 2 * pair_stride;
-  const bool heads_with_groups = !heads_with_channels && !heads_with_pair && head_stride == page_rows * row_stride;
-  if (!heads_with_channels && !heads_with_pair && !heads_with_groups) return std::nullopt;
+  // head's follow ([pages, page_rows, heads, 2, head_dim]), or with a page's
+  // 8-row groups where each head's rows continue the last head's ([pages,
+  // heads, page_rows, head_dim]: FlashInfer's HND).
+  const bool heads_with_panels = heads == 1 || head_stride == head_dim;
+  const bool heads_with_pair = !heads_with_panels && head_stride == 2 * pair_stride;
+  const bool heads_with_groups = !heads_with_panels && !heads_with_pair && head_stride == page_rows * row_stride;
+  if (!heads_with_panels && !heads_with_pair && !heads_with_groups) return std::nullopt;
+  // Pages merge with the groups too, where each page's rows (of every head,
+  // heads outermost) continue the last page's: a map has five dimensions.
+  const int64_t page_groups = groups * (heads_with_groups ? heads : 1);
+  if (pages > 1 && page_stride != page_groups * kGroupRows * row_stride) return std::nullopt;
+  if (pages * page_groups > INT_MAX) return std::nullopt;  // coordinates are 32-bit
   map.base = value_first ? v : k;
   map.dtype = dtype;
   map.rank = 5;
-  const int64_t extents[5] = {heads_with_channels ? kChannels * heads : kChannels, kGroupRows,
-                              heads_with_pair ? 2 * heads : 2, heads_with_groups ? groups * heads : groups, pages};
-  const int64_t element_strides[4] = {row_stride, pair_stride, kGroupRows * row_stride, page_stride};
+  const int64_t extents[5] = {kPanel, kGroupRows, heads_with_panels ? panels * heads : panels,
+                              heads_with_pair ? 2 * heads : 2, pages * page_groups};
+  const int64_t element_strides[4] = {row_stride, kPanel, pair_stride, kGroupRows * row_stride};
   if (!set_map_dims(map, extents, element_strides)) return std::nullopt;
-  map.box[0] = static_cast<uint32_t>(kChannels);
+  map.box[0] = static_cast<uint32_t>(kPanel);
   map.box[1] = static_cast<uint32_t>(kGroupRows);
-  map.box[2] = 2;
-  map.box[3] = static_cast<uint32_t>(box_rows / kGroupRows);
-  map.box[4] = 1;
-  map.head_channels = heads_with_channels && heads > 1 ? static_cast<int>(kChannels) : 0;
-  map.head_panels = heads_with_pair ? 2 : 0;
+  map.box[2] = static_cast<uint32_t>(panels);
+  map.box[3] = 2;
+  map.box[4] = static_cast<uint32_t>(box_rows / kGroupRows);
+  map.head_panels = heads_with_panels ? static_cast<int>(panels) : 0;
+  map.head_pair = heads_with_pair ? 2 : 0;
   map.head_groups = heads_with_groups ? static_cast<int>(groups) : 0;
+  map.page_groups = static_cast<int>(page_groups);
   map.value_first = value_first;
   return map;
 }
@@ -344,20 +350,21 @@ TileMapLayout rope_table_map(const void* data, DType dtype, int64_t positions, i
 std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
                                        int block_kv, bool values, bool interleaved_panels) {
   const int box_rows = map_box_rows(problem, block_kv);
+  const int64_t head_dim = values ? problem.head_dim_v : problem.head_dim;
   if (interleaved_panels) {
-    return paged_panel_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv,
-                           values ? problem.head_dim_v : problem.head_dim, strides, box_rows);
+    return paged_panel_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv, head_dim,
+                           strides, box_rows);
   }
-  return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv,
-                     values ? problem.head_dim_v : problem.head_dim, strides, box_rows);
+  return kv_tile_map(data, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv, head_dim, strides,
+                     box_rows);
 }
 
 std::optional<KVMaps> kv_maps_of(const Problem& problem, int block_kv, bool interleaved_panels, bool interleaved_kv) {
   KVMaps maps;
   if (interleaved_kv) {
-    const auto pair = paged_pair_map(problem.k, problem.v, problem.dtype, problem.kv_batches, problem.kv_rows,
-                                     problem.heads_kv, problem.k_strides, problem.v_strides,
-                                     map_box_rows(problem, block_kv));
+    const auto pair =
+        paged_pair_map(problem.k, problem.v, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv,
+                       problem.head_dim, problem.k_strides, problem.v_strides, map_box_rows(problem, block_kv));
     if (!pair) return std::nullopt;
     maps.k = *pair;  // maps.v stays rank 0: the kernel copies V with K
     return maps;
@@ -417,8 +424,11 @@ std::optional<TileConfig> wgmma_tiles(int head_dim, bool rope, const Arch& arch,
   // issue slots) and lost 5-25% below 4k, so RoPE keeps 128 rows.
   if (head_dim <= 64 && !rope) return TileConfig{192, 128, 12, 4, true};
   // Four stages at head_dim ≤ 64; two at 96-128 (two 64 KB stages of 128
-  // keys). Measured on the H200 (docs/PERFORMANCE.md).
-  const int stages = head_dim > 64 ? 2 : 4;
+  // keys). Measured on the H200 (docs/PERFORMANCE.md). Three at 128 over a
+  // paged cache, whose stages then take a page's K and V in one copy
+  // (KernelSpec::interleaved_kv): pages of 8-16 rows 7-22% faster than two
+  // stages of K and V copied apart, pages of 64 level (H200, same file).
+  const int stages = head_dim > 64 ? (paged && head_dim == 128 ? 3 : 2) : 4;
   return TileConfig{128, 128, 8, stages, true};
 }
 
@@ -716,14 +726,18 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
   // up to 128; views a tensor map cannot describe keep the mma.sync
   // kernels. A paged cache's copies read a block, or a page where pages are
   // shorter (one copy per page: no per-row table lookups, so small pages
-  // cost little; at head dims 128-256 one copy takes every panel of the
-  // page, KernelSpec::interleaved_panels, whose 5-D maps need the heads
-  // side by side in a row or a page's rows apart).
+  // cost little; at head dims of whole panels one copy takes K's and V's
+  // rows of the page, KernelSpec::interleaved_kv, whose one map of both
+  // needs them alike in strides, dense pages, and the heads side by side in
+  // a row, K and V side by side per head, or a page's rows apart; with two
+  // stages one copy takes every panel of K's or V's rows,
+  // KernelSpec::interleaved_panels, whose maps need the heads side by side
+  // or a page's rows apart).
   const int64_t page_rows = problem.paged ? int64_t{1} << problem.page_shift : 0;
   const bool maps_possible =
       wgmma && kv_maps_of(problem, wgmma->block_kv,
-                          KernelSpec::paged_panels_interleave(problem.paged, kernel_dim, spec.padded),
-                          KernelSpec::paged_kv_interleave(problem.paged, kernel_dim, spec.padded))
+                          KernelSpec::paged_panels_interleave(problem.paged, kernel_dim, spec.padded, wgmma->stages),
+                          KernelSpec::paged_kv_interleave(problem.paged, kernel_dim, spec.padded, wgmma->stages))
                    .has_value();
   if (wgmma && wgmma->block_q == 192) {
     // 192-row tiles pay where a sequence's (packed) rows fill them. Where
