@@ -281,7 +281,7 @@ struct FwdConfig {
   // (128, a box per panel). K's atoms come after V's where V lies lower in
   // memory (FwdParams::kv_value_first). A stage is refilled once both K and
   // V are handed back, a block later than K alone: with two stages that
-  // left the next K late (head dim 128 over pages of 16: 1.37-1.60x the
+  // left the next K late (head dim 128 over pages of 16: 1.35-1.45x the
   // time of separate copies), so two-stage kernels copy K and V apart, with
   // every panel of a page in one box (kInterleavedPanels: K's or V's 8-row
   // groups of each panel in turn), which took pages of 16 at head dim 128
