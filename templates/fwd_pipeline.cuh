@@ -26,7 +26,9 @@ struct TileJob {
 // wait for a stage, compute, and hand it back. K and V of a stage are handed
 // over and back separately: the MMA warps are done with K once S = Q Kᵀ is
 // computed, which (with wgmma) is a whole block before they are done with V,
-// so the producer refills K stages that much earlier. Hand-offs are
+// so the producer refills K stages that much earlier (except where one copy
+// brings a page's K and V, Cfg::kInterleavedKV: a stage is refilled once
+// both are handed back, and V lands on "K ready"). Hand-offs are
 // mbarriers in shared memory after the ring, per stage:
 //   - "K ready": K may be read. Without RoPE, the copies complete it (tensor
 //     copies: one arrival announcing the block's bytes; cp.async: one

@@ -1275,26 +1275,23 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
   // one pool (pages of 16, appended, RoPE: 128-row tiles), a head's K and V
   // side by side (pages of 8, 192-row tiles), and heads outermost in a pool
   // of K's pages, then V's (pages of 256: a box per key block, appended).
-  {
+  struct PairedPages {
+    Case::Storage storage;
+    int page_size, seqlen_q;
+    bool append, heads_outer;
+    RopeStyle rope;
+  };
+  for (const PairedPages& paired : {PairedPages{Case::Storage::pool_v_first, 16, 300, true, false, RopeStyle::rotate_half},
+                                    PairedPages{Case::Storage::heads_paired, 8, 1536, false, false, RopeStyle::none},
+                                    PairedPages{Case::Storage::pool_k_first, 256, 1024, true, true, RopeStyle::none}}) {
     Case pair = chunk;
     pair.head_dim = 64;
-    pair.kv_storage = Case::Storage::pool_v_first;
-    pair.append = true;
-    pair.seqlen_q = 300;
-    pair.rope = RopeStyle::rotate_half;
-    cases.push_back(pair);
-    pair.kv_storage = Case::Storage::heads_paired;
-    pair.page_size = 8;
-    pair.append = false;
-    pair.rope = RopeStyle::none;
-    pair.seqlen_q = 1536;
-    pair.dtype = DType::bf16;
-    cases.push_back(pair);
-    pair.kv_storage = Case::Storage::pool_k_first;
-    pair.page_size = 256;
-    pair.heads_outer_pages = true;
-    pair.append = true;
-    pair.seqlen_q = 1024;
+    pair.kv_storage = paired.storage;
+    pair.page_size = paired.page_size;
+    pair.seqlen_q = paired.seqlen_q;
+    pair.append = paired.append;
+    pair.heads_outer_pages = paired.heads_outer;
+    pair.rope = paired.rope;
     cases.push_back(pair);
   }
   // Head dim 64 without RoPE: the planner's 192-row tiles (3 × 6 heads × 8
