@@ -59,8 +59,10 @@ struct Case {
   //   pool_k_first / pool_v_first: one allocation, the other tensor's pages
   //     after the first's (vLLM's [2, num_pages, ...]);
   //   heads_paired: one allocation of [num_pages, page_size, heads_kv, 2,
-  //     head_dim], a head's K and V side by side.
-  enum class Storage { separate, pool_k_first, pool_v_first, heads_paired } kv_storage = Storage::separate;
+  //     head_dim], a head's K and V side by side;
+  //   one_tensor: V is K (the same values; no appends), which no map of
+  //     both describes: the planner's two-stage tiles copy them apart.
+  enum class Storage { separate, pool_k_first, pool_v_first, heads_paired, one_tensor } kv_storage = Storage::separate;
   bool batch_index = false;
   // cache_leftpad (contiguous caches): each sequence's keys start at a random
   // row of its cache (one at its cache_seqlens: only new keys, or none).
@@ -94,7 +96,8 @@ std::string describe(const Case& c, const std::string& spec, uint64_t seed) {
           (c.kv_storage == Case::Storage::separate      ? ""
            : c.kv_storage == Case::Storage::pool_k_first ? " (K, V in one pool)"
            : c.kv_storage == Case::Storage::pool_v_first ? " (V, K in one pool)"
-                                                         : " (K, V side by side per head)"),
+           : c.kv_storage == Case::Storage::heads_paired ? " (K, V side by side per head)"
+                                                         : " (V is K)"),
       c.batch_index, c.leftpad, c.num_splits,
       c.uneven, c.dynamic, c.tiles.block_q, c.tiles.block_kv,
       c.tiles.warps, c.tiles.stages, seed);
@@ -199,6 +202,7 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
     in.k_store = random_values(static_cast<size_t>(in.cache_batches) * in.capacity * row, c.dtype, rng);
   }
   in.v_store = random_values(in.k_store.size(), c.dtype, rng);
+  if (c.kv_storage == Case::Storage::one_tensor) in.v_store = in.k_store;
   // Rows no sequence uses (before its cache_leftpad, past its cache_seqlens
   // + seqlen_new, unused pages and cache batches) hold NaN, as freshly
   // allocated memory may: a
@@ -247,7 +251,11 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   } else {
     contiguous_strides(cache_shape, cache_strides);
   }
-  if (c.page_size == 0 || c.kv_storage == Case::Storage::separate) {
+  if (c.kv_storage == Case::Storage::one_tensor) {
+    REQUIRE_FALSE(c.append);  // K's and V's appended rows would be one row
+    in.dk_cache = std::make_unique<DeviceTensor>(in.k_store, c.dtype, cache_shape, cache_strides);
+    in.k_cache_view = in.v_cache_view = in.dk_cache->view();
+  } else if (c.page_size == 0 || c.kv_storage == Case::Storage::separate) {
     in.dk_cache = std::make_unique<DeviceTensor>(in.k_store, c.dtype, cache_shape, cache_strides);
     in.dv_cache = std::make_unique<DeviceTensor>(in.v_store, c.dtype, cache_shape, cache_strides);
     in.k_cache_view = in.dk_cache->view();
@@ -472,7 +480,7 @@ std::string check_cache(const Case& c, const Inputs& in) {
     }
   } else {
     k_after = in.dk_cache->read();
-    v_after = in.dv_cache->read();
+    v_after = in.dv_cache ? in.dv_cache->read() : k_after;
   }
   std::vector<float> k_want = in.k_store, v_want = in.v_store;
   const std::vector<float> keys_new = appended_keys(c, in, false);
@@ -1293,6 +1301,16 @@ TEST_CASE("kvcache on the wgmma producer layout (sm_90a): chunked prefill, conti
     pair.heads_outer_pages = paired.heads_outer;
     pair.rope = paired.rope;
     cases.push_back(pair);
+  }
+  // V is K (one tensor): no map spans both, so the planner's two-stage
+  // tiles copy them apart, at head dims 64 and 128 (pages of 16).
+  for (const int head_dim : {64, 128}) {
+    Case one = chunk;
+    one.head_dim = head_dim;
+    one.kv_storage = Case::Storage::one_tensor;
+    one.append = false;
+    one.seqlen_q = 700;
+    cases.push_back(one);
   }
   // Head dim 64 without RoPE: the planner's 192-row tiles (3 × 6 heads × 8
   // query tiles).

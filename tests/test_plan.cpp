@@ -1518,9 +1518,11 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
       CHECK((prefill.attention.k_map.base == swapped.v_cache.data && prefill.attention.params.kv_value_first == 1));
       // Heads neither beside each other, nor a page's rows apart, nor K and
       // V side by side per head; pages whose rows do not follow the last
-      // page's; K and V in one tensor or of other strides: no map spans them,
-      // so the mma.sync kernel reads them, and forced wgmma tiles are refused
-      // with the rule.
+      // page's; K and V in one tensor or of other strides: no map spans
+      // both, so forced three-stage tiles are refused with the rule, and the
+      // planner takes two stages, which copy K and V apart (every panel of a
+      // page in one box), where their own maps describe them (not spread
+      // heads: the mma.sync kernel reads those).
       KVCacheArgs spread = paged;
       spread.block_table = &table;
       spread.k_cache = TensorView::contiguous(address(0x100000), DType::bf16, {2 * 8192 / 16, 16, 8, 256});
@@ -1537,7 +1539,14 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
       unlike.v_cache.strides[1] = 8 * 128, unlike.v_cache.strides[2] = 128;
       for (const KVCacheArgs* cache : {&spread, &gapped, &same, &unlike}) {
         prefill = plan_kvcache(chunk, *cache, chunk, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
-        CHECK_FALSE(prefill.attention.spec.wgmma);
+        if (cache == &spread) {
+          CHECK_FALSE(prefill.attention.spec.wgmma);
+        } else {
+          CHECK(prefill.attention.spec.text() ==
+                "fwd.bf16.d128.br128.bc128.w8.s2.wgmma.causal.rope_half_r128.kvcache.paged");
+          CHECK(prefill.attention.spec.interleaved_panels());
+          CHECK(prefill.attention.v_map.rank == 5);
+        }
         ForwardOptions forced = causal;
         forced.tiles = {128, 128, 8, 3, true};
         CHECK_THROWS_WITH_AS(
@@ -1611,6 +1620,15 @@ TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans ap
              k.strides_bytes[2] == kPages * kPageElems * 2 && k.strides_bytes[3] == 8 * 8 * 64 * 2));
       CHECK((k.box[0] == 64 && k.box[1] == 8 && k.box[2] == 1 && k.box[3] == 2 && k.box[4] == 2));
       CHECK((k.head_panels == 1 && k.head_pair == 0 && k.head_groups == 0 && k.page_groups == 2));
+      // K and V in one tensor: no map spans both, so two stages, whose
+      // copies read K and V apart (a box per page each, 4-D maps).
+      KVCacheArgs same64 = paged64;
+      same64.v_cache = same64.k_cache;
+      const KVCachePlan apart =
+          plan_kvcache(chunk64, same64, chunk64, nullptr, plain, nullptr, 0, true, arch, 227 * 1024, 132);
+      CHECK(apart.attention.spec.text() == "fwd.bf16.d64.br128.bc128.w8.s2.wgmma.causal.rope_half_r64.kvcache.paged");
+      CHECK_FALSE(apart.attention.spec.interleaved_kv());
+      CHECK((apart.attention.k_map.rank == 4 && apart.attention.v_map.rank == 4 && apart.attention.k_map.box[1] == 16));
     }
     // Above head dim 128: the dense tiles over a contiguous cache (128 × 96
     // at 192, 128 × 80 at 256), 64-key blocks over a paged one, whose blocks

@@ -734,11 +734,6 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
   // KernelSpec::interleaved_panels, whose maps need the heads side by side
   // or a page's rows apart).
   const int64_t page_rows = problem.paged ? int64_t{1} << problem.page_shift : 0;
-  const bool maps_possible =
-      wgmma && kv_maps_of(problem, wgmma->block_kv,
-                          KernelSpec::paged_panels_interleave(problem.paged, kernel_dim, spec.padded, wgmma->stages),
-                          KernelSpec::paged_kv_interleave(problem.paged, kernel_dim, spec.padded, wgmma->stages))
-                   .has_value();
   if (wgmma && wgmma->block_q == 192) {
     // 192-row tiles pay where a sequence's (packed) rows fill them. Where
     // they would pad it to over 1.25× the rows 128-row tiles pad it to (at
@@ -748,6 +743,26 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
     // measured 1-10% faster (H200, docs/PERFORMANCE.md).
     auto padded = [&](int64_t tile) { return (packed_rows() + tile - 1) / tile * tile; };
     if (padded(192) * 4 > padded(128) * 5) *wgmma = TileConfig{128, 128, 8, 4, true};
+  }
+  auto maps_fit = [&](const TileConfig& t) {
+    return kv_maps_of(problem, t.block_kv,
+                      KernelSpec::paged_panels_interleave(problem.paged, kernel_dim, spec.padded, t.stages),
+                      KernelSpec::paged_kv_interleave(problem.paged, kernel_dim, spec.padded, t.stages))
+        .has_value();
+  };
+  bool maps_possible = wgmma && maps_fit(*wgmma);
+  // A paged K and V that no one map spans (one tensor for both, other
+  // strides, gaps between pages, K/V distance out of range): two stages,
+  // whose copies read K and V apart (per panel at head dim 64, every panel
+  // of a page in one box above), before the mma.sync kernel.
+  if (wgmma && !maps_possible &&
+      KernelSpec::paged_kv_interleave(problem.paged, kernel_dim, spec.padded, wgmma->stages)) {
+    TileConfig apart = *wgmma;
+    apart.stages = 2;
+    if (maps_fit(apart)) {
+      *wgmma = apart;
+      maps_possible = true;
+    }
   }
   // Pages shorter than this (not whole 1024-byte swizzle atoms; the
   // kernel's FwdConfig::kMinTensorCopyPageShift) would be copied a row at a
