@@ -166,27 +166,31 @@ struct KernelSpec {
            unaligned_dim == 0 && !(warps == 12 && persistent && local);
   }
 
-  // tensor_copies() over a paged cache at a head dim of whole 64-channel
-  // panels (64, 128, 192, 256), not padded, with three stages or more: K
-  // and V stages hold each 8-row group of K's panels, then of V's, in turn,
-  // so one tensor copy reads a page's rows of both (FwdConfig::
-  // kInterleavedKV), through one map that spans both tensors
-  // (paged_pair_map: K and V need the same strides). Pages of 16 rows then
-  // cost 8 copies a 128-key block instead of 16 (head dim 64) or 32 (128).
-  bool interleaved_kv() const { return tensor_copies() && paged_kv_interleave(paged, head_dim, padded, stages); }
-  // The same over two stages (a stage's K and V refilled apart) at head
-  // dims of two or more panels: each copy reads every panel of K's or V's
-  // rows of a page, whose stages hold each 8-row group of every panel in
-  // turn (FwdConfig::kInterleavedPanels; paged_panel_map).
-  bool interleaved_panels() const {
-    return tensor_copies() && paged_panels_interleave(paged, head_dim, padded, stages);
+  // How tensor_copies() over a paged cache lay out K/V stages, from the
+  // head dim (whole 64-channel panels: 64, 128, 192, 256; not padded) and
+  // the stage count:
+  //   - interleaved_kv (three stages or more): each 8-row group of K's
+  //     panels, then of V's, in turn, so one tensor copy reads a page's rows
+  //     of both (FwdConfig::kInterleavedKV), through one map that spans both
+  //     tensors (paged_pair_map: K and V need the same strides). Pages of 16
+  //     rows then cost 8 copies a 128-key block instead of 16 (head dim 64)
+  //     or 32 (128);
+  //   - interleaved_panels (two stages, head dims of two or more panels: a
+  //     stage's K and V refilled apart): each 8-row group of every panel in
+  //     turn, so each copy reads every panel of K's or V's rows of a page
+  //     (FwdConfig::kInterleavedPanels; paged_panel_map);
+  //   - apart: one panel after another, a copy per panel (4-D maps).
+  enum class KVStages { apart, interleaved_panels, interleaved_kv };
+  KVStages kv_stages() const {
+    return tensor_copies() ? kv_stages_of(paged, head_dim, padded, stages) : KVStages::apart;
   }
-  // The same rules for planners that have not chosen the kernel yet.
-  static bool paged_kv_interleave(bool paged, int head_dim, bool padded, int stages) {
-    return paged && head_dim % 64 == 0 && !padded && stages >= 3;
-  }
-  static bool paged_panels_interleave(bool paged, int head_dim, bool padded, int stages) {
-    return paged && head_dim % 64 == 0 && head_dim > 64 && !padded && stages < 3;
+  bool interleaved_kv() const { return kv_stages() == KVStages::interleaved_kv; }
+  bool interleaved_panels() const { return kv_stages() == KVStages::interleaved_panels; }
+  // The same rule for planners that have not chosen the kernel yet.
+  static KVStages kv_stages_of(bool paged, int head_dim, bool padded, int stages) {
+    if (!paged || head_dim % 64 != 0 || padded) return KVStages::apart;
+    if (stages >= 3) return KVStages::interleaved_kv;
+    return head_dim > 64 ? KVStages::interleaved_panels : KVStages::apart;
   }
 
   // Persistent fwd whose producer issues K/V by tensor copies and does not

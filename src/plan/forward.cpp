@@ -84,8 +84,10 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
 // The tensor maps of K and V for kernels that read them by tensor copies.
 void set_tensor_maps(ForwardPlan& plan, const Problem& problem) {
   if (!plan.spec.tensor_copies()) return;
-  const bool interleaved_panels = plan.spec.interleaved_panels(), interleaved_kv = plan.spec.interleaved_kv();
-  const auto maps = kv_maps_of(problem, plan.spec.block_kv, interleaved_panels, interleaved_kv);
+  const KernelSpec::KVStages layout = plan.spec.kv_stages();
+  const bool interleaved_panels = layout == KernelSpec::KVStages::interleaved_panels;
+  const bool interleaved_kv = layout == KernelSpec::KVStages::interleaved_kv;
+  const auto maps = kv_maps_of(problem, plan.spec.block_kv, layout);
   if (!maps) {
     if (interleaved_kv) {
       reject(fmt::format(

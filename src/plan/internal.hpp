@@ -188,14 +188,13 @@ KernelChoice choose_kernel(KernelSpec& spec, const Problem& problem, const Forwa
                            const CallFacts& facts, const Arch& arch, int max_smem_bytes, const TuningTable* tuning,
                            bool varlen);
 // The tensor maps of K and V rows for blocks of `block_kv` keys (a page
-// where pages are shorter), if maps can describe them: the 5-D paged forms
-// for kernels that interleave panels (KernelSpec::interleaved_panels), or
-// one map of both for kernels that interleave K and V
-// (KernelSpec::interleaved_kv: k's, with v's of rank 0).
+// where pages are shorter) in stages laid out as `layout` says, if maps can
+// describe them: the 5-D paged forms where panels interleave, or one map of
+// both where K and V do (k's, with v's of rank 0).
 struct KVMaps {
   TileMapLayout k, v;
 };
-std::optional<KVMaps> kv_maps_of(const Problem& problem, int block_kv, bool interleaved_panels, bool interleaved_kv);
+std::optional<KVMaps> kv_maps_of(const Problem& problem, int block_kv, KernelSpec::KVStages layout);
 // One of them (`values`: V's) where they are separate maps.
 std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data, const int64_t (&strides)[3],
                                        int block_kv, bool values, bool interleaved_panels);

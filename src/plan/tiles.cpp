@@ -359,9 +359,9 @@ std::optional<TileMapLayout> kv_map_of(const Problem& problem, const void* data,
                      box_rows);
 }
 
-std::optional<KVMaps> kv_maps_of(const Problem& problem, int block_kv, bool interleaved_panels, bool interleaved_kv) {
+std::optional<KVMaps> kv_maps_of(const Problem& problem, int block_kv, KernelSpec::KVStages layout) {
   KVMaps maps;
-  if (interleaved_kv) {
+  if (layout == KernelSpec::KVStages::interleaved_kv) {
     const auto pair =
         paged_pair_map(problem.k, problem.v, problem.dtype, problem.kv_batches, problem.kv_rows, problem.heads_kv,
                        problem.head_dim, problem.k_strides, problem.v_strides, map_box_rows(problem, block_kv));
@@ -369,6 +369,7 @@ std::optional<KVMaps> kv_maps_of(const Problem& problem, int block_kv, bool inte
     maps.k = *pair;  // maps.v stays rank 0: the kernel copies V with K
     return maps;
   }
+  const bool interleaved_panels = layout == KernelSpec::KVStages::interleaved_panels;
   const auto k = kv_map_of(problem, problem.k, problem.k_strides, block_kv, false, interleaved_panels);
   const auto v = kv_map_of(problem, problem.v, problem.v_strides, block_kv, true, interleaved_panels);
   if (!k || !v) return std::nullopt;
@@ -744,19 +745,16 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
     auto padded = [&](int64_t tile) { return (packed_rows() + tile - 1) / tile * tile; };
     if (padded(192) * 4 > padded(128) * 5) *wgmma = TileConfig{128, 128, 8, 4, true};
   }
-  auto maps_fit = [&](const TileConfig& t) {
-    return kv_maps_of(problem, t.block_kv,
-                      KernelSpec::paged_panels_interleave(problem.paged, kernel_dim, spec.padded, t.stages),
-                      KernelSpec::paged_kv_interleave(problem.paged, kernel_dim, spec.padded, t.stages))
-        .has_value();
+  auto kv_stages = [&](const TileConfig& t) {
+    return KernelSpec::kv_stages_of(problem.paged, kernel_dim, spec.padded, t.stages);
   };
+  auto maps_fit = [&](const TileConfig& t) { return kv_maps_of(problem, t.block_kv, kv_stages(t)).has_value(); };
   bool maps_possible = wgmma && maps_fit(*wgmma);
   // A paged K and V that no one map spans (one tensor for both, other
   // strides, gaps between pages, K/V distance out of range): two stages,
   // whose copies read K and V apart (per panel at head dim 64, every panel
   // of a page in one box above), before the mma.sync kernel.
-  if (wgmma && !maps_possible &&
-      KernelSpec::paged_kv_interleave(problem.paged, kernel_dim, spec.padded, wgmma->stages)) {
+  if (wgmma && !maps_possible && kv_stages(*wgmma) == KernelSpec::KVStages::interleaved_kv) {
     TileConfig apart = *wgmma;
     apart.stages = 2;
     if (maps_fit(apart)) {
