@@ -16,7 +16,9 @@ using jitattn::capi::read_grown;
 
 // The growing structs as this library knows them. first_size is the sizeof of jitattn 0.2.0's header, the
 // first with struct_size: it never changes. known_end is where the last field ends: move it to each new
-// last field (a field past it is rejected as unknown, so a forgotten update fails the field's own tests).
+// last field (a field past it is rejected as unknown, so a forgotten update fails the field's own tests). A new
+// field goes past the previous sizeof, not into the tail padding between known_end and it: a caller of an
+// older header may leave that padding unset, so it is never checked, and an older library would not see it.
 #define JITATTN_FIELD_END(type, field) (offsetof(type, field) + sizeof(type::field))
 constexpr GrownLayout kFwdOptionsLayout{"jitattn_fwd_options", "jitattn_fwd_options_init", 200,
                                         JITATTN_FIELD_END(jitattn_fwd_options, rope_longrope_attention_factor),
@@ -111,8 +113,10 @@ jitattn::TensorView view_of(const jitattn_tensor* tensor, const char* name) {
 // into this object, so it lives for the whole call).
 struct CallViews {
   CallViews(const jitattn_tensor* q_, const jitattn_tensor* k_, const jitattn_tensor* v_, const jitattn_tensor* out_,
-            const jitattn_tensor* lse_, const jitattn_fwd_options* c_options)
-      : q(view_of(q_, "q")), k(view_of(k_, "k")), v(view_of(v_, "v")), out(view_of(out_, "out")), has_lse(lse_ != nullptr) {
+            const jitattn_tensor* lse_, const jitattn_fwd_options* c_options, const char* k_name = "k",
+            const char* v_name = "v")
+      : q(view_of(q_, "q")), k(view_of(k_, k_name)), v(view_of(v_, v_name)), out(view_of(out_, "out")),
+        has_lse(lse_ != nullptr) {
     if (has_lse) lse = view_of(lse_, "lse");
     if (c_options == nullptr) return;
     const jitattn_fwd_options given = read_grown(*c_options, fwd_options_defaults(), kFwdOptionsLayout, "options");
@@ -180,7 +184,7 @@ struct CallViews {
 struct KVCacheViews {
   KVCacheViews(const jitattn_tensor* q, const jitattn_kvcache_args* c_args, const jitattn_tensor* out,
                const jitattn_tensor* lse, const jitattn_fwd_options* options)
-      : given(read(c_args)), call(q, given.k_cache, given.v_cache, out, lse, options) {
+      : given(read(c_args)), call(q, given.k_cache, given.v_cache, out, lse, options, "k_cache", "v_cache") {
     args.k_cache = call.k;
     args.v_cache = call.v;
     args.cache_seqlens = view_of(given.cache_seqlens, "cache_seqlens");

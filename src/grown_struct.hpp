@@ -3,8 +3,11 @@
 // The caller's struct starts with uint32_t struct_size, the sizeof it was compiled with. The library copies
 // the bytes both sides know over its defaults, so an older caller's missing fields take their defaults, and
 // accepts the bytes only a newer caller knows while they are 0 (off). Nothing past struct_size is read.
+// A new field starts at or past the previous header's sizeof, never in its tail padding: the bytes between
+// this library's last field and its sizeof are padding a caller of the same header may leave unset.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +28,10 @@ struct GrownLayout {
   std::size_t alignment;     // alignof the struct: every sizeof is a multiple of it
 };
 
+// No header's struct is near this size: a struct_size above it is garbage (a struct never initialized), and
+// reading that many of the caller's bytes could fault.
+constexpr std::size_t kMaxGrownStructBytes = 4096;
+
 // `given` copied over `defaults` as described above; `name` names the argument in errors.
 template <typename Struct>
 Struct read_grown(const Struct& given, const Struct& defaults, const GrownLayout& layout, const char* name) {
@@ -35,6 +42,12 @@ Struct read_grown(const Struct& given, const Struct& defaults, const GrownLayout
                 fmt::format("{}.struct_size is 0: initialize the {} with {}(), which sets struct_size to its sizeof",
                             name, layout.type, layout.init));
   }
+  if (size > kMaxGrownStructBytes) {
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("{}.struct_size={} is larger than any {} (at most {} bytes): the struct was not "
+                            "initialized; initialize it with {}()",
+                            name, size, layout.type, kMaxGrownStructBytes, layout.init));
+  }
   if (size < layout.first_size || size % layout.alignment != 0) {
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("{}.struct_size={} is not the size of any {}: it must be a multiple of {} and at least "
@@ -43,7 +56,9 @@ Struct read_grown(const Struct& given, const Struct& defaults, const GrownLayout
                             layout.init));
   }
   const auto* bytes = reinterpret_cast<const unsigned char*>(&given);
-  for (std::size_t offset = layout.known_end; offset < size; ++offset) {
+  // From this library's sizeof: the bytes before it and past its last field are its own tail padding, which
+  // a caller of this header need not have zeroed (a designated initializer on a dirty stack leaves it set).
+  for (std::size_t offset = std::max(layout.known_end, sizeof(Struct)); offset < size; ++offset) {
     if (bytes[offset] != 0) {
       throw Error(ErrorCode::unsupported,
                   fmt::format("{}: byte {} of the caller's {} ({} bytes, from a newer jitattn.h) is set, in a field "

@@ -263,6 +263,26 @@ TEST_CASE("growing structs through the C API: struct_size checked in options and
   CHECK(std::string(jitattn_last_error())
             .find(fmt::format("options: byte {} of the caller's jitattn_fwd_options", sizeof newer.options + 5)) !=
         std::string::npos);
+  // This header's own tail padding (past the last field, before its sizeof) is not a field: a caller of the
+  // same header may leave it set (a designated initializer on a dirty stack), and is not refused for it.
+  const size_t padding = offsetof(jitattn_fwd_options, rope_longrope_attention_factor) +
+                         sizeof options.rope_longrope_attention_factor;
+  REQUIRE(padding < sizeof options);
+  std::memset(reinterpret_cast<unsigned char*>(&options) + padding, 0xAB, sizeof options - padding);
+  CHECK(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &bytes) == JITATTN_OK);
+  CHECK(bytes == reference_bytes);
+  // A struct_size no header has (garbage in a struct never initialized) is refused before any of the bytes it
+  // claims are read.
+  options.struct_size = 0x7ffffff8u;
+  CHECK(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("options.struct_size=2147483640 is larger than any "
+                                               "jitattn_fwd_options") != std::string::npos);
+  // A missing cache tensor is named as the argument it is.
+  jitattn_fwd_options_init(&options);
+  args.k_cache = nullptr;
+  CHECK(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()) == "k_cache: is NULL");
+  args.k_cache = &cache;
   // Structs never initialized.
   options.struct_size = 0;
   CHECK(jitattn_kvcache_workspace_bytes(&q, &args, &o, nullptr, &options, &bytes) == JITATTN_ERROR_INVALID_ARGUMENT);

@@ -41,13 +41,14 @@ typedef struct jitattn_tensor {
 
 /* Structs that grow. jitattn_fwd_options, jitattn_varlen_args and jitattn_kvcache_args begin with
  * struct_size, the sizeof the caller was compiled with; their init functions below set it (and zero or
- * default every field). New fields are only ever added at a struct's end, with 0 meaning off or the default.
+ * default every field). New fields are only ever added at a struct's end, past the previous sizeof (never
+ * in its tail padding), with 0 meaning off or the default.
  * So a binary built against another jitattn.h keeps working with this library:
  *   - an older caller's struct is shorter: the fields it lacks take their defaults;
  *   - a newer caller's struct is longer: accepted while every field this library does not know is 0, else
  *     JITATTN_ERROR_UNSUPPORTED naming the first byte it does not know.
- * The library never reads past struct_size bytes. A struct_size of 0 (a struct never initialized) is
- * rejected with JITATTN_ERROR_INVALID_ARGUMENT. */
+ * The library never reads past struct_size bytes, nor checks a struct's own tail padding. A struct_size of 0
+ * or above 4096 (a struct never initialized) is rejected with JITATTN_ERROR_INVALID_ARGUMENT. */
 
 typedef struct jitattn_fwd_options {
   uint32_t struct_size; /* sizeof(jitattn_fwd_options), set by jitattn_fwd_options_init() */
