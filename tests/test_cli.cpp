@@ -123,14 +123,8 @@ const char* const kSmallSpec = "fwd.f16.d64.br64.bc64.w4";
 // Fake, 256-byte aligned device addresses: planning never dereferences them.
 void* plan_address(uintptr_t slot) { return reinterpret_cast<void*>(slot << 32); }
 
-// V's rows right after K's (a paged pool's pages, in one allocation): as
-// `plan --call` lays out a paged cache, which kernels that read K and V by
-// one tensor copy need (KernelSpec::interleaved_kv).
-jitattn::TensorView values_after(const jitattn::TensorView& keys) {
-  jitattn::TensorView values = keys;
-  values.data = static_cast<char*>(keys.data) + keys.shape[0] * keys.strides[0] * 2;
-  return values;
-}
+// V's rows right after K's: jitattn::cli::values_after (presets.hpp).
+using jitattn::cli::values_after;
 
 struct ExpectedLaunch {
   std::string role;
@@ -307,9 +301,9 @@ void expect_calls_warmed(const PresetCalls& calls, const Arch& arch, OptionsFor&
     const jitattn::ForwardOptions options = options_for(seqlen);
     const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {batch, seqlen, heads, d});
     const TensorView kv = TensorView::contiguous(address(0x20000), DType::bf16, {batch, seqlen, heads_kv, d});
-    expect_warmed(jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec, call);
+    expect_warmed(jitattn::detail::plan_forward(q, kv, values_after(kv), q, nullptr, options, arch, max_smem, 132).spec, call);
     // With a workspace: split where the tiles are few.
-    const auto split = jitattn::detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0,
+    const auto split = jitattn::detail::plan_forward_split(q, kv, values_after(kv), q, nullptr, options, nullptr, 0,
                                                            /*sizing_only=*/true, arch, max_smem, 132);
     expect_warmed(split.attention.spec, call + " (workspace)");
     if (split.attention.spec.split) {
@@ -341,7 +335,7 @@ void expect_calls_warmed(const PresetCalls& calls, const Arch& arch, OptionsFor&
         args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16, {batch, capacity, heads_kv, d})
                                  : TensorView::contiguous(address(0x40000), DType::bf16,
                                                           {batch * capacity / page, page, heads_kv, d});
-        args.v_cache = args.k_cache;
+        args.v_cache = values_after(args.k_cache);
         args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
         args.block_table = page == 0 ? nullptr : &table;
         args.k_new = args.v_new = &k_new;
@@ -532,8 +526,8 @@ TEST_CASE("warm --page-size adds an engine's page sizes to the presets' paged sw
       const TensorView k_new = TensorView::contiguous(address(0x20000), DType::bf16, {chunk_batch, tokens, hk, d});
       const TensorView table = TensorView::contiguous(address(0x30000), DType::i32, {chunk_batch, pages_per_seq});
       jitattn::KVCacheArgs args;
-      args.k_cache = args.v_cache =
-          TensorView::contiguous(address(0x40000), DType::bf16, {chunk_batch * pages_per_seq, page, hk, d});
+      args.k_cache = TensorView::contiguous(address(0x40000), DType::bf16, {chunk_batch * pages_per_seq, page, hk, d});
+      args.v_cache = values_after(args.k_cache);
       args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {chunk_batch});
       args.block_table = &table;
       if (i % 2 == 0) args.k_new = args.v_new = &k_new;
@@ -597,6 +591,16 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
             spec.block_kv = 176;
             planned.insert(spec.text());
           }
+          // At 64, without a mask, 128-row tiles where a sequence's rows
+          // would leave 192-row ones mostly empty (a few hundred tokens),
+          // ordinary and persistent.
+          if (head_dim == 64 && !causal) {
+            KernelSpec short_rows{jitattn::detail::Family::fwd, dtype, head_dim};
+            jitattn::detail::apply_tiles(short_rows, jitattn::TileConfig{128, 128, 8, 4, true});
+            planned.insert(short_rows.text());
+            short_rows.persistent = true;
+            planned.insert(short_rows.text());
+          }
         }
       }
     }
@@ -609,7 +613,7 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
     const auto kv = jitattn::TensorView::contiguous(address(0x20000), dtype, {1, 60, 8, head_dim});
     jitattn::ForwardOptions options;
     options.causal = true;
-    return jitattn::detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0, true, hopper,
+    return jitattn::detail::plan_forward_split(q, kv, values_after(kv), q, nullptr, options, nullptr, 0, true, hopper,
                                                jitattn::cli::max_smem_of(hopper), 132)
         .attention.spec;
   };
@@ -620,7 +624,8 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
       planned.insert(spec.text());
     }
   }
-  CHECK(texts == planned);
+  for (const std::string& text : planned) CHECK_MESSAGE(texts.count(text) == 1, "not warmed: " << text);
+  for (const std::string& text : texts) CHECK_MESSAGE(planned.count(text) == 1, "not planned: " << text);
   CHECK(specs.size() >= 8);
 
   // A model preset warms only its own class (in every tiling the planner may
@@ -672,7 +677,7 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
           args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), jitattn::DType::bf16, {batch, capacity, 8, 128})
                                    : TensorView::contiguous(address(0x40000), jitattn::DType::bf16,
                                                             {batch * capacity / page, page, 8, 128});
-          args.v_cache = args.k_cache;
+          args.v_cache = values_after(args.k_cache);
           args.cache_seqlens = TensorView::contiguous(address(0x50000), jitattn::DType::i32, {batch});
           args.block_table = page == 0 ? nullptr : &table;
           if (append) args.k_new = args.v_new = &k_new;
@@ -711,14 +716,14 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
       const TensorView kv = TensorView::contiguous(address(0x20000), jitattn::DType::bf16, {1, seqlen_k, 8, 128});
       jitattn::ForwardOptions options;
       options.causal = true;
-      const auto plan = jitattn::detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0, true, hopper,
+      const auto plan = jitattn::detail::plan_forward_split(q, kv, values_after(kv), q, nullptr, options, nullptr, 0, true, hopper,
                                                             227 * 1024, 132);
       CHECK(plan.attention.spec.split);
       CHECK_MESSAGE(std::find(llama.begin(), llama.end(), plan.attention.spec) != llama.end(),
                     fmt::format("dense seqlen_q={} seqlen_k={}: {}", seqlen_q, seqlen_k, plan.attention.spec.text()));
       // And without a workspace.
       const KernelSpec unsplit =
-          jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, hopper, 227 * 1024, 132).spec;
+          jitattn::detail::plan_forward(q, kv, values_after(kv), q, nullptr, options, hopper, 227 * 1024, 132).spec;
       CHECK_MESSAGE(std::find(llama.begin(), llama.end(), unsplit) != llama.end(),
                     fmt::format("dense seqlen_q={} seqlen_k={} unsplit: {}", seqlen_q, seqlen_k, unsplit.text()));
     }
@@ -748,10 +753,10 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
         jitattn::ForwardOptions options;
         options.causal = true;
         const KernelSpec spec =
-            workspace ? jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, nullptr, 0,
+            workspace ? jitattn::detail::plan_forward_varlen_split(q, kv, values_after(kv), q, nullptr, varlen, options, nullptr, 0,
                                                                    true, hopper, 227 * 1024, 132)
                             .attention.spec
-                      : jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, hopper, 227 * 1024,
+                      : jitattn::detail::plan_forward_varlen(q, kv, values_after(kv), q, nullptr, varlen, options, hopper, 227 * 1024,
                                                              132)
                             .spec;
         CHECK_MESSAGE(std::find(llama.begin(), llama.end(), spec) != llama.end(),
@@ -773,7 +778,24 @@ TEST_CASE("presets expand to every tile configuration the planner picks for a cl
     CHECK(spec.head_dim == 64);
     CHECK_FALSE(spec.causal);
   }
-  CHECK(bert.size() == jitattn::detail::default_tile_set(jitattn::DType::f16, 64, false, hopper).size());
+  // Its tile set by seqlen bucket, and what forward() plans besides for BERT's calls of a few hundred tokens
+  // (128-row wgmma tiles) and of a few dozen (the decode kernel over dense keys).
+  std::set<std::string> bert_texts;
+  for (const KernelSpec& spec : bert) bert_texts.insert(spec.text());
+  for (const jitattn::TileConfig& tiles : jitattn::detail::default_tile_set(jitattn::DType::f16, 64, false, hopper)) {
+    KernelSpec spec{jitattn::detail::Family::fwd, jitattn::DType::f16, 64};
+    jitattn::detail::apply_tiles(spec, tiles);
+    CHECK_MESSAGE(bert_texts.count(spec.text()) == 1, spec.text());
+  }
+  for (const auto& [batch, seqlen] : {std::pair<int64_t, int64_t>{8, 256}, {64, 384}, {32, 24}, {512, 16}}) {
+    auto address = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+    const auto q = jitattn::TensorView::contiguous(address(0x10000), jitattn::DType::f16, {batch, seqlen, 12, 64});
+    const auto kv = jitattn::TensorView::contiguous(address(0x20000), jitattn::DType::f16, {batch, seqlen, 12, 64});
+    const std::string spec = jitattn::detail::plan_forward(q, kv, values_after(kv), q, nullptr, jitattn::ForwardOptions{},
+                                                           hopper, jitattn::cli::max_smem_of(hopper), 132)
+                                 .spec.text();
+    CHECK_MESSAGE(bert_texts.count(spec) == 1, batch << " x " << seqlen << ": " << spec);
+  }
 
   CHECK_THROWS_WITH_AS(jitattn::cli::preset_specs("nope", hopper), doctest::Contains("llama3-70b"), jitattn::Error);
 
@@ -829,7 +851,7 @@ TEST_CASE("the gpt-oss preset warms every kernel of its calls: sinks, causal and
               args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), DType::bf16, {batch, capacity, 8, 64})
                                        : TensorView::contiguous(address(0x40000), DType::bf16,
                                                                 {batch * capacity / page, page, 8, 64});
-              args.v_cache = args.k_cache;
+              args.v_cache = values_after(args.k_cache);
               args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
               args.block_table = page == 0 ? nullptr : &table;
               if (append) args.k_new = args.v_new = &k_new;
@@ -851,7 +873,7 @@ TEST_CASE("the gpt-oss preset warms every kernel of its calls: sinks, causal and
       jitattn::VarlenArgs varlen;
       varlen.cu_seqlens_q = varlen.cu_seqlens_k = TensorView::contiguous(address(0x40000), DType::i32, {2});
       varlen.max_seqlen_q = varlen.max_seqlen_k = static_cast<int>(seqlen);
-      expect_warmed(jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, hopper, 227 * 1024, 132)
+      expect_warmed(jitattn::detail::plan_forward_varlen(q, kv, values_after(kv), q, nullptr, varlen, options, hopper, 227 * 1024, 132)
                         .spec,
                     fmt::format("prefill window={} seqlen={}", window, seqlen));
     }
@@ -1109,10 +1131,10 @@ TEST_CASE("model presets warm their RoPE kernels: prefill, varlen steps and deco
             varlen.max_seqlen_q = max_seqlen_q;
             varlen.max_seqlen_k = 6000;
             const jitattn::ForwardOptions options = options_for(6000);
-            expect_warmed(workspace ? jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options,
+            expect_warmed(workspace ? jitattn::detail::plan_forward_varlen_split(q, kv, values_after(kv), q, nullptr, varlen, options,
                                                                                  nullptr, 0, true, arch, max_smem, 132)
                                           .attention.spec
-                                    : jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch,
+                                    : jitattn::detail::plan_forward_varlen(q, kv, values_after(kv), q, nullptr, varlen, options, arch,
                                                                            max_smem, 132)
                                           .spec,
                           call);
@@ -1780,7 +1802,6 @@ TEST_CASE("model presets warm the kernels of random calls of their shapes") {
   size_t planned = 0;
   std::map<std::string, std::string> cold;  // spec → the first call that planned it
   for (const jitattn::cli::Preset& preset : jitattn::cli::presets()) {
-    if (preset.name == "default") continue;
     for (const char* arch_text : {"sm_90a", "sm_80"}) {
       const Arch arch = Arch::parse(arch_text);
       const int max_smem = jitattn::cli::max_smem_of(arch);
@@ -1788,7 +1809,9 @@ TEST_CASE("model presets warm the kernels of random calls of their shapes") {
       std::set<std::string> warmed_text;
       for (const KernelSpec& spec : warmed) warmed_text.insert(spec.text());
       for (const AttentionShape& shape : preset.shapes) {
-        if (!shape.decoder) continue;
+        // The default preset's and encoders' shapes are warmed for forward() prefill calls; decoders' for
+        // every call below.
+        const bool prefill_only = !shape.decoder || preset.name == "default";
         const int64_t d = shape.head_dim, hq = shape.heads_q, hk = shape.heads_kv;
         const int rotary_dim = shape.rotary_dim != 0 ? shape.rotary_dim : shape.head_dim;
         for (const std::string form : {"none", "theta", "tables"}) {
@@ -1837,11 +1860,21 @@ TEST_CASE("model presets warm the kernels of random calls of their shapes") {
             const jitattn::ForwardOptions options = options_for(seqlen);
             const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, hq, d});
             const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, hk, d});
-            expect_warmed(jitattn::detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec, call);
-            expect_split_warmed(jitattn::detail::plan_forward_split(q, kv, kv, q, nullptr, options, workspace,
+            if (shape.head_dim_v != 0) {
+              // V (and the output) of its own head dim.
+              const int64_t dv = shape.head_dim_v;
+              const TensorView v = TensorView::contiguous(address(0x30000), shape.dtype, {batch, seqlen, hk, dv});
+              const TensorView out = TensorView::contiguous(address(0x40000), shape.dtype, {batch, seqlen, hq, dv});
+              expect_warmed(jitattn::detail::plan_forward(q, kv, v, out, nullptr, options, arch, max_smem, 132).spec, call);
+              continue;
+            }
+            expect_warmed(jitattn::detail::plan_forward(q, kv, values_after(kv), q, nullptr, options, arch, max_smem, 132).spec, call);
+            if (prefill_only) continue;
+            expect_split_warmed(jitattn::detail::plan_forward_split(q, kv, values_after(kv), q, nullptr, options, workspace,
                                                                     workspace_bytes, false, arch, max_smem, 132),
                                 call + " (workspace)");
           }
+          if (prefill_only) continue;
           for (int i = 0; i < calls_per_kind; ++i) {
             // An engine's varlen step: decoding sequences, speculative tokens, or a prefill chunk beside them.
             const int64_t batch = log_uniform(1, 256);
@@ -1870,12 +1903,12 @@ TEST_CASE("model presets warm the kernels of random calls of their shapes") {
             varlen.dynamic_splits = mode == 2;
             const jitattn::ForwardOptions options = options_for(max_seqlen_k);
             if (mode == 0) {
-              expect_warmed(jitattn::detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch, max_smem,
+              expect_warmed(jitattn::detail::plan_forward_varlen(q, kv, values_after(kv), q, nullptr, varlen, options, arch, max_smem,
                                                                  132)
                                 .spec,
                             call);
             } else {
-              expect_split_warmed(jitattn::detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options,
+              expect_split_warmed(jitattn::detail::plan_forward_varlen_split(q, kv, values_after(kv), q, nullptr, varlen, options,
                                                                              workspace, workspace_bytes, false, arch,
                                                                              max_smem, 132),
                                   call);
@@ -1897,7 +1930,7 @@ TEST_CASE("model presets warm the kernels of random calls of their shapes") {
             jitattn::KVCacheArgs args;
             args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), shape.dtype, {batch, capacity, hk, d})
                                      : TensorView::contiguous(address(0x40000), shape.dtype, {batch * pages_per_seq, page, hk, d});
-            args.v_cache = args.k_cache;
+            args.v_cache = values_after(args.k_cache);
             args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
             args.block_table = page == 0 ? nullptr : &table;
             if (append) args.k_new = args.v_new = &k_new;

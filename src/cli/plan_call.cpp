@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "plan.hpp"
+#include "cli/presets.hpp"
 
 namespace jitattn::cli {
 namespace {
@@ -115,9 +116,7 @@ int64_t paged_pool(const char* tensor, DType dtype, int64_t batch, int64_t rows,
   check_elements(tensor, {batch, pages, page_size, heads_kv, head_dim});
   const std::vector<int64_t> shape = {batch * pages, page_size, heads_kv, head_dim};
   k = TensorView::contiguous(fake_address(Buffer::k), dtype, shape);
-  v = TensorView::contiguous(static_cast<char*>(k.data) + batch * pages * page_size * heads_kv * head_dim *
-                                                          static_cast<int64_t>(detail::dtype_size(dtype)),
-                             dtype, shape);
+  v = values_after(k);
   call.block_table = TensorView::contiguous(fake_address(Buffer::block_table), DType::i32, {batch, pages});
   return pages * page_size;
 }

@@ -205,7 +205,7 @@ void add_kvcache_specs(const AttentionShape& shape, RopeForm form, const detail:
       args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), shape.dtype, {batch, capacity, heads_kv, shape.head_dim})
                                : TensorView::contiguous(address(0x40000), shape.dtype,
                                                         {batch * capacity / page, page, heads_kv, shape.head_dim});
-      args.v_cache = args.k_cache;
+      args.v_cache = values_after(args.k_cache);
       args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
       args.block_table = page == 0 ? nullptr : &table;
       args.k_new = args.v_new = &k_new;
@@ -239,10 +239,10 @@ void add_dense_split_specs(const AttentionShape& shape, RopeForm form, const det
       const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {1, seqlen_k, heads_kv, dim});
       OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, 4096, seqlen_k, tables);
-      const detail::SplitForwardPlan plan = detail::plan_forward_split(q, kv, kv, q, nullptr, options, nullptr, 0,
+      const detail::SplitForwardPlan plan = detail::plan_forward_split(q, kv, values_after(kv), q, nullptr, options, nullptr, 0,
                                                                        /*sizing_only=*/true, arch, max_smem, 132);
       specs.push_back(plan.attention.spec);
-      specs.push_back(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
+      specs.push_back(detail::plan_forward(q, kv, values_after(kv), q, nullptr, options, arch, max_smem, 132).spec);
     }
   }
   specs.push_back(detail::KernelSpec::combine(DType::f32, shape.dtype, /*elementwise=*/false, /*dynamic_splits=*/false,
@@ -294,17 +294,51 @@ void add_varlen_specs(const AttentionShape& shape, RopeForm form, const detail::
       varlen.block_table = page == 0 ? nullptr : &table;
       OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, 4096, max_seqlen_k, tables);
-      specs.push_back(detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, nullptr, 0,
+      specs.push_back(detail::plan_forward_varlen_split(q, kv, values_after(kv), q, nullptr, varlen, options, nullptr, 0,
                                                         /*sizing_only=*/true, arch, max_smem, 132)
                           .attention.spec);
-      specs.push_back(detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch, max_smem, 132).spec);
+      specs.push_back(detail::plan_forward_varlen(q, kv, values_after(kv), q, nullptr, varlen, options, arch, max_smem, 132).spec);
       varlen.dynamic_splits = true;
-      const detail::KernelSpec dynamic = detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options,
+      const detail::KernelSpec dynamic = detail::plan_forward_varlen_split(q, kv, values_after(kv), q, nullptr, varlen, options,
                                                                            nullptr, 0, /*sizing_only=*/true, arch,
                                                                            max_smem, 132)
                                              .attention.spec;
       specs.push_back(dynamic);
       add_dynamic_combine(dynamic, shape, specs);
+    }
+  }
+}
+
+// Prefill calls dense enough to cross the planner's bands (tiles a wave,
+// rows a tile, the decode kernel's resident CTAs for short sequences): every
+// batch with every sequence length, up to 2^20 tokens a call.
+constexpr int64_t kPrefillBatches[] = {1,  2,  3,  4,  5,  6,   8,   10,  12,  16,  20,  24,
+                                       32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 512, 1024};
+constexpr int64_t kPrefillSeqlens[] = {16,  20,  24,  28,  32,  40,   48,   56,   64,   80,    96,    112,   128,  160, 192,
+                                       256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768};
+constexpr int64_t kMaxPrefillTokens = int64_t{1} << 20;
+
+// The kernels forward() plans for `shape` without RoPE (its query heads over
+// its KV heads) over the prefill grid. The tile set by seqlen bucket
+// (default_tile_set) is not all of them: where a sequence's rows would leave
+// a 192-row tile mostly empty the planner takes 128-row ones, on an ordinary
+// or a persistent grid by the tile count, and short sequences take the
+// decode kernel over dense keys.
+void add_forward_specs(const AttentionShape& shape, const detail::Arch& arch, std::vector<detail::KernelSpec>& specs) {
+  const int max_smem = max_smem_of(arch);
+  const int64_t dim = shape.head_dim, dim_v = shape.head_dim_v != 0 ? shape.head_dim_v : dim;
+  std::set<std::string> seen;
+  for (int64_t batch : kPrefillBatches) {
+    for (int64_t seqlen : kPrefillSeqlens) {
+      if (batch * seqlen > kMaxPrefillTokens) continue;
+      OptionTensors tables;
+      const ForwardOptions options = shape_options(shape, RopeForm::none, 4096, seqlen, tables);
+      const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, shape.heads_q, dim});
+      const TensorView k = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, shape.heads_kv, dim});
+      const TensorView v = TensorView::contiguous(address(0x30000), shape.dtype, {batch, seqlen, shape.heads_kv, dim_v});
+      const TensorView out = TensorView::contiguous(address(0x40000), shape.dtype, {batch, seqlen, shape.heads_q, dim_v});
+      const detail::KernelSpec spec = detail::plan_forward(q, k, v, out, nullptr, options, arch, max_smem, 132).spec;
+      if (seen.insert(spec.text()).second) specs.push_back(spec);
     }
   }
 }
@@ -331,8 +365,8 @@ void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail:
         const TensorView k = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, heads_kv, dim});
         const TensorView v = TensorView::contiguous(address(0x30000), shape.dtype, {batch, seqlen, heads_kv, dim_v});
         const TensorView out = TensorView::contiguous(address(0x40000), shape.dtype, {batch, seqlen, heads_q, dim_v});
-        // (Without RoPE default_tile_set covers the plain forward, but not V's own head dim.)
-        if (form != RopeForm::none || dim_v != dim) {
+        // (Without RoPE add_forward_specs plans these.)
+        if (form != RopeForm::none) {
           specs.push_back(detail::plan_forward(q, k, v, out, nullptr, options, arch, max_smem, 132).spec);
         }
         // Given a workspace, calls of few tiles (few heads, short sequences)
@@ -365,9 +399,9 @@ void add_prefill_specs(const AttentionShape& shape, RopeForm form, const detail:
           varlen.block_table = &table;
           varlen.seqused_k = &seqused_k;
         }
-        specs.push_back(detail::plan_forward_varlen(q, kv, page == 0 ? v : kv, out, nullptr, varlen, options, arch, max_smem,
-                                                    132)
-                            .spec);
+        const TensorView values = page == 0 ? v : values_after(kv);
+        specs.push_back(
+            detail::plan_forward_varlen(q, kv, values, out, nullptr, varlen, options, arch, max_smem, 132).spec);
       }
     }
   }
@@ -408,16 +442,15 @@ void add_engine_sweep_specs(const AttentionShape& shape, RopeForm form, const de
   const int64_t key_lengths[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072};
   const std::vector<int> pages = pages_of({0, 16, 32, 64, 256}, extra_pages);
   // Prefill: forward() with and without a workspace.
-  for (int64_t batch : {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 512, 1024}) {
-    for (int64_t seqlen : {16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 256, 384, 512, 768, 1024, 1536,
-                           2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768}) {
-      if (batch * seqlen > (int64_t{1} << 20)) continue;
+  for (int64_t batch : kPrefillBatches) {
+    for (int64_t seqlen : kPrefillSeqlens) {
+      if (batch * seqlen > kMaxPrefillTokens) continue;
       OptionTensors tables;
       const ForwardOptions options = shape_options(shape, form, window, seqlen, tables);
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, heads_q, dim});
       const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, heads_kv, dim});
-      add(detail::plan_forward(q, kv, kv, q, nullptr, options, arch, max_smem, 132).spec);
-      add_split(detail::plan_forward_split(q, kv, kv, q, nullptr, options, workspace, workspace_bytes, false, arch,
+      add(detail::plan_forward(q, kv, values_after(kv), q, nullptr, options, arch, max_smem, 132).spec);
+      add_split(detail::plan_forward_split(q, kv, values_after(kv), q, nullptr, options, workspace, workspace_bytes, false, arch,
                                            max_smem, 132));
     }
   }
@@ -448,11 +481,11 @@ void add_engine_sweep_specs(const AttentionShape& shape, RopeForm form, const de
           varlen.max_seqlen_q = static_cast<int>(max_seqlen_q);
           varlen.max_seqlen_k = static_cast<int>(max_seqlen_k);
           varlen.block_table = page == 0 ? nullptr : &table;
-          add(detail::plan_forward_varlen(q, kv, kv, q, nullptr, varlen, options, arch, max_smem, 132).spec);
-          add_split(detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, workspace,
+          add(detail::plan_forward_varlen(q, kv, values_after(kv), q, nullptr, varlen, options, arch, max_smem, 132).spec);
+          add_split(detail::plan_forward_varlen_split(q, kv, values_after(kv), q, nullptr, varlen, options, workspace,
                                                       workspace_bytes, false, arch, max_smem, 132));
           varlen.dynamic_splits = true;
-          add_split(detail::plan_forward_varlen_split(q, kv, kv, q, nullptr, varlen, options, workspace,
+          add_split(detail::plan_forward_varlen_split(q, kv, values_after(kv), q, nullptr, varlen, options, workspace,
                                                       workspace_bytes, false, arch, max_smem, 132));
         }
       }
@@ -474,7 +507,7 @@ void add_engine_sweep_specs(const AttentionShape& shape, RopeForm form, const de
           args.k_cache = page == 0 ? TensorView::contiguous(address(0x40000), shape.dtype, {batch, capacity, heads_kv, dim})
                                    : TensorView::contiguous(address(0x40000), shape.dtype,
                                                             {batch * pages_per_sequence, page, heads_kv, dim});
-          args.v_cache = args.k_cache;
+          args.v_cache = values_after(args.k_cache);
           args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
           args.block_table = page == 0 ? nullptr : &table;
           {
@@ -503,6 +536,13 @@ std::string known_names() {
 }
 
 }  // namespace
+
+TensorView values_after(const TensorView& keys) {
+  TensorView values = keys;
+  values.data = static_cast<char*>(keys.data) +
+                keys.shape[0] * keys.strides[0] * static_cast<int64_t>(detail::dtype_size(keys.dtype));
+  return values;
+}
 
 int max_smem_of(const detail::Arch& arch) {
   // The CUDA programming guide's per-compute-capability limits.
@@ -597,6 +637,7 @@ std::vector<detail::KernelSpec> preset_specs(const std::string& name, const deta
           if (same_class && !known) tile_set.push_back(choice.tiles);
         }
       }
+      add_forward_specs(shape, arch, specs);
       if (shape.head_dim_v != 0) {
         add_prefill_specs(shape, RopeForm::none, arch, extra_pages, specs);
         continue;

@@ -72,6 +72,15 @@ struct Preset {
 // and on sm_12x.
 int max_smem_of(const detail::Arch& arch);
 
+// A tensor of keys' shape and strides whose rows start right after the keys'
+// last ones: V's pages after K's in one allocation, as engines keep a layer's
+// paged cache ([2, pages, page_size, heads_kv, head_dim]). Kernels that bring a
+// page's K and V in one tensor copy (KernelSpec::KVStages::interleaved_kv)
+// need V apart from K by less than 2^40 bytes; planning a paged cache with V
+// the same tensor as K picks the kernels of caches no one map spans instead,
+// which are not what engines run.
+TensorView values_after(const TensorView& keys);
+
 // Every preset, in the order `jitattn presets` lists them ("default" first).
 const std::vector<Preset>& presets();
 
