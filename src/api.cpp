@@ -194,21 +194,23 @@ struct Runtime::Impl {
   void run_sequence(Plan&& plan, Stream stream) {
     auto call = plan_on_current_device(plan);
     auto& planned = call.planned;
-    if (planned.attention.grid == 0) return;
-    auto cu_stream = static_cast<CUstream>(stream);
     AppendPlan* append_plan = nullptr;
     if constexpr (std::is_same_v<std::decay_t<decltype(planned)>, KVCachePlan>) {
       if (planned.append.grid != 0) append_plan = &planned.append;
     }
+    // No query rows: nothing to attend, but new keys are still appended.
+    const bool attends = planned.attention.grid != 0;
+    if (!attends && append_plan == nullptr) return;
+    auto cu_stream = static_cast<CUstream>(stream);
     auto load = [&](const KernelSpec& spec) -> const LoadedKernel& {
       return registry.get(spec, call.context, call.device, cu_stream);
     };
     const LoadedKernel* append = append_plan ? &load(append_plan->spec) : nullptr;
-    const LoadedKernel& attention = load(planned.attention.spec);
-    const LoadedKernel* combine = planned.combine.grid ? &load(planned.combine.spec) : nullptr;
-    encode_tensor_maps(planned.attention);
+    const LoadedKernel* attention = attends ? &load(planned.attention.spec) : nullptr;
+    const LoadedKernel* combine = attends && planned.combine.grid ? &load(planned.combine.spec) : nullptr;
+    if (attends) encode_tensor_maps(planned.attention);
     if (append != nullptr) launch(*append, append_plan->grid, &append_plan->params, call.device, cu_stream);
-    launch(attention, planned.attention.grid, &planned.attention.params, call.device, cu_stream);
+    if (attention != nullptr) launch(*attention, planned.attention.grid, &planned.attention.params, call.device, cu_stream);
     if (combine != nullptr) launch(*combine, planned.combine.grid, &planned.combine.params, call.device, cu_stream);
   }
 

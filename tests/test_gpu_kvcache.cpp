@@ -1449,6 +1449,46 @@ TEST_CASE("kvcache: bad arguments are rejected before launch, naming the argumen
   expect_rejected([](CallViews& v) { v.args.max_seqlen_k = 100000; }, "max_seqlen_k=100000 must be between 0");
   expect_rejected([](CallViews& v) { v.args.cache_leftpad = &v.args.cache_seqlens; },
                   "cache_leftpad: not supported with a paged cache (block_table)");
+  // More new keys than the cache holds would be written past it.
+  const int64_t long_shape[4] = {c.batch, in.capacity + 1, c.heads_kv, c.head_dim};
+  contiguous_strides(long_shape, strides);
+  DeviceTensor too_long(c.dtype, long_shape, strides);
+  expect_rejected([&](CallViews& v) {
+    v.k_new = v.v_new = too_long.view();
+    v.args.k_new = &v.k_new;
+    v.args.v_new = &v.v_new;
+  }, fmt::format("k_new: seqlen_new={} must be at most the cache's capacity {}", in.capacity + 1, in.capacity));
+  CHECK(too_long.count_written_outside(0) == 0);
+}
+
+TEST_CASE("kvcache: new keys and values of a call without queries are still appended") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  INFO("seed=", seed);
+  for (int page_size : {0, 64}) {
+    Case c;
+    c.batch = 3;
+    c.seqlen_q = 8;  // the new rows (Case::append); the call's q has none
+    c.seqlen_k = 300;
+    c.append = true;
+    c.rope = RopeStyle::rotate_half;
+    c.page_size = page_size;
+    Inputs in = make_inputs(c, rng);
+    CallViews v;
+    fill_call(c, in, v);
+    TensorView q = in.dq->view();
+    q.shape[1] = 0;
+    const int64_t out_shape[4] = {c.batch, c.seqlen_q, c.heads_q, c.head_dim};
+    int64_t strides[4];
+    contiguous_strides(out_shape, strides);
+    DeviceTensor out(c.dtype, out_shape, strides);
+    TensorView out_view = out.view();
+    out_view.shape[1] = 0;
+    gpu_tests_runtime().forward_kvcache(q, v.args, out_view, nullptr, v.options, nullptr, 0, nullptr);
+    const std::string cache = check_cache(c, in);
+    CHECK_MESSAGE(cache.empty(), fmt::format("{}: {}", describe(c, "", seed), cache));
+    CHECK(out.count_written_outside(0) == 0);
+  }
 }
 
 }  // TEST_SUITE

@@ -1915,6 +1915,19 @@ TEST_CASE("forward with a workspace splits calls whose tiles leave the GPU under
   persistent.options.tiles = {128, 128, 8, 2, true, true};
   persistent.options.num_splits = 2;
   CHECK_THROWS_WITH_AS(plan_split(persistent, hopper), doctest::Contains("does not split (persistent grids"), Error);
+  // A count forced on a call whose planner-chosen kernel would be persistent
+  // takes the ordinary grid instead of being refused.
+  Call wave = prefill;
+  wave.q = wave.out = TensorView::contiguous(address(0x10000), DType::bf16, {4, 1024, 16, 128});
+  wave.k = wave.v = TensorView::contiguous(address(0x20000), DType::bf16, {4, 1024, 16, 128});
+  wave.lse = TensorView::contiguous(address(0x50000), DType::f32, {4, 16, 1024});
+  wave.options.causal = false;
+  REQUIRE(wave.plan().spec.persistent);
+  wave.options.num_splits = 2;
+  const auto forced = plan_split(wave, hopper);
+  CHECK(forced.attention.spec.split);
+  CHECK_FALSE(forced.attention.spec.persistent);
+  CHECK(forced.attention.num_splits == 2);
   // Forced counts need a workspace; a short or misaligned one is refused.
   decode.options.num_splits = 3;
   CHECK_THROWS_WITH_AS(decode.plan(), doctest::Contains("options.num_splits=3: splitting needs a workspace"), Error);
@@ -2919,6 +2932,87 @@ TEST_CASE("varlen: packed tensors plan to a varlen spec, a per-sequence grid and
   { VarlenCall c; c.lse.shape[1] = 501; rejects(c, "lse: shape"); }
   { VarlenCall c; c.lse = TensorView::contiguous(c.lse.data, DType::f32, {500, 8}); rejects(c, "lse: shape"); }
   { VarlenCall c; c.lse = TensorView::contiguous(c.lse.data, DType::f32, {1, 8, 500}); rejects(c, "lse: shape"); }
+}
+
+
+TEST_CASE("kvcache: new keys must fit the cache, and a max_seqlen_k hint must hold them") {
+  const Arch arch = Arch::parse("sm_90a");
+  TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 4, 8, 128});
+  TensorView out = TensorView::contiguous(address(0x20000), DType::bf16, {2, 4, 8, 128});
+  KVCacheArgs args;
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {2, 64, 2, 128});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {2, 64, 2, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {2});
+  auto new_keys = [](int64_t rows) { return TensorView::contiguous(address(0x60000), DType::bf16, {2, rows, 2, 128}); };
+  auto plan = [&](const KVCacheArgs& a) { return plan_kvcache(q, a, out, nullptr, ForwardOptions{}, nullptr, 0, true, arch, 227 * 1024, 132); };
+  // As many new keys as the cache holds: planned (the device's cache_seqlens are the caller's to keep in range).
+  TensorView k_new = new_keys(64);
+  args.k_new = args.v_new = &k_new;
+  CHECK(plan(args).append.grid > 0);
+  // More than the cache holds would be written past it: refused, naming the rule.
+  k_new = new_keys(100);
+  CHECK_THROWS_WITH_AS(plan(args), doctest::Contains("k_new: seqlen_new=100 must be at most the cache's capacity 64 "
+                                                     "(k_cache's seqlen)"), Error);
+  // Over pages: the capacity is the block table's (2 pages of 16 rows a sequence).
+  KVCacheArgs paged = args;
+  paged.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {8, 16, 2, 128});
+  paged.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {8, 16, 2, 128});
+  const TensorView table = TensorView::contiguous(address(0x70000), DType::i32, {2, 2});
+  paged.block_table = &table;
+  k_new = new_keys(33);
+  CHECK_THROWS_WITH_AS(plan(paged), doctest::Contains("k_new: seqlen_new=33 must be at most the cache's capacity 32 "
+                                                      "(page_size × max_pages)"), Error);
+  k_new = new_keys(32);
+  CHECK(plan(paged).append.grid > 0);
+  // A hint shorter than the new keys cannot be true.
+  k_new = new_keys(16);
+  args.max_seqlen_k = 4;
+  CHECK_THROWS_WITH_AS(plan(args), doctest::Contains("max_seqlen_k=4 must be at least seqlen_new=16"), Error);
+  args.max_seqlen_k = 16;
+  CHECK(plan(args).append.grid > 0);
+  // No queries: nothing to attend, the new keys still appended (Runtime launches the append alone).
+  q = out = TensorView::contiguous(address(0x10000), DType::bf16, {2, 0, 8, 128});
+  const KVCachePlan no_queries = plan(args);
+  CHECK(no_queries.attention.grid == 0);
+  CHECK(no_queries.append.grid > 0);
+  // A batch of none: its empty vectors need not point anywhere.
+  KVCacheArgs empty;
+  empty.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {0, 64, 2, 128});
+  empty.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {0, 64, 2, 128});
+  empty.cache_seqlens = TensorView::contiguous(nullptr, DType::i32, {0});
+  q = out = TensorView::contiguous(address(0x10000), DType::bf16, {0, 1, 8, 128});
+  CHECK(plan(empty).attention.grid == 0);
+}
+
+TEST_CASE("an unbounded window side reaches every key whatever the max_seqlen hints say") {
+  const Arch arch = Arch::parse("sm_90a");
+  // Varlen: 2 sequences packed into 300 keys, max_seqlen_k 0 (no hint), a window open on the left.
+  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {100, 8, 128});
+  const TensorView k = TensorView::contiguous(address(0x20000), DType::bf16, {300, 8, 128});
+  const TensorView v = TensorView::contiguous(address(0x30000), DType::bf16, {300, 8, 128});
+  VarlenArgs varlen;
+  varlen.cu_seqlens_q = TensorView::contiguous(address(0x40000), DType::i32, {3});
+  varlen.cu_seqlens_k = TensorView::contiguous(address(0x50000), DType::i32, {3});
+  varlen.max_seqlen_q = 50;
+  varlen.max_seqlen_k = 0;
+  ForwardOptions options;
+  options.window_left = -1;
+  options.window_right = 4;
+  const ForwardPlan plan = plan_forward_varlen(q, k, v, q, nullptr, varlen, options, arch, 227 * 1024, 132);
+  // A row sees keys from i + sk - sq - window_left: past key 0 for any sequence of these 100 queries and 300 keys.
+  CHECK(plan.params.window_left >= 100 + 300);
+  CHECK(plan.params.window_right == 4);
+  // KV cache: a short max_seqlen_k hint (it only sizes splits) leaves causal's open side open.
+  const TensorView cq = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 32, 128});
+  KVCacheArgs args;
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {2, 8192, 8, 128});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {2, 8192, 8, 128});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {2});
+  args.max_seqlen_k = 100;
+  ForwardOptions causal;
+  causal.causal = true;
+  const KVCachePlan cache_plan = plan_kvcache(cq, args, cq, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
+  CHECK(cache_plan.attention.params.window_left >= 8192 + 1);
 }
 
 }  // TEST_SUITE

@@ -119,7 +119,8 @@ void check_i32_vector(const char* name, const TensorView& t, int64_t length, con
     reject(fmt::format("{}: shape {} must be [{}] = [{}]", name, shape_text(t), meaning, length));
   }
   if (t.strides[0] != 1) reject(fmt::format("{}: must be contiguous (stride 1)", name));
-  if (t.data == nullptr || reinterpret_cast<uintptr_t>(t.data) % 4 != 0) {
+  // (An empty vector, of a batch of 0, need not point anywhere.)
+  if ((t.data == nullptr && length > 0) || reinterpret_cast<uintptr_t>(t.data) % 4 != 0) {
     reject(fmt::format("{}: data pointer must be non-null and 4-byte aligned", name));
   }
 }

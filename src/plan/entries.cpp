@@ -46,8 +46,8 @@ Problem dense_problem(const TensorView& q, const TensorView& k, const TensorView
   if (k.shape[0] != q.shape[0]) reject(fmt::format("k: batch={} must equal q's batch={}", k.shape[0], q.shape[0]));
   Problem problem = problem_of(q, k, v, out);
   problem.batch = q.shape[0];
-  problem.seqlen_q = q.shape[1];
-  problem.seqlen_k = k.shape[1];
+  problem.seqlen_q = problem.queries_bound = q.shape[1];
+  problem.seqlen_k = problem.keys_bound = k.shape[1];
   if (lse != nullptr) {
     check_lse(*lse, problem.batch, problem.heads_q, problem.seqlen_q);
     problem.lse = static_cast<float*>(lse->data);
@@ -144,6 +144,8 @@ Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorVie
   }
   problem.seqlen_q = varlen.max_seqlen_q;
   problem.seqlen_k = varlen.max_seqlen_k;
+  problem.queries_bound = total_q;
+  problem.keys_bound = capacity;
   problem.seqlen_k_hinted = varlen.max_seqlen_k > 0;
   use_total_seqlen_k(problem, "varlen: total_seqlen_k", varlen.total_seqlen_k);
   problem.dynamic_splits = varlen.dynamic_splits;
@@ -254,13 +256,25 @@ ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, c
       reject(fmt::format("k_new: shape {} must be [batch, seqlen_new, heads_kv, head_dim] = [{}, *, {}, {}]",
                          shape_text(k_new), batch, k_cache.shape[2], k_cache.shape[3]));
     }
+    // Written at rows cache_seqlens[b] onwards: more than the cache holds
+    // would land past it (or through block-table entries past its row).
+    if (k_new.shape[1] > capacity) {
+      reject(fmt::format("k_new: seqlen_new={} must be at most the cache's capacity {} ({})", k_new.shape[1], capacity,
+                         args.block_table != nullptr ? "page_size × max_pages" : "k_cache's seqlen"));
+    }
     problem.seqlen_k_added = static_cast<int>(k_new.shape[1]);
   }
   if (args.max_seqlen_k < 0 || args.max_seqlen_k > capacity) {
     reject(fmt::format("max_seqlen_k={} must be between 0 (= the cache capacity) and the capacity {}", args.max_seqlen_k,
                        capacity));
   }
+  if (args.max_seqlen_k > 0 && args.max_seqlen_k < problem.seqlen_k_added) {
+    reject(fmt::format("max_seqlen_k={} must be at least seqlen_new={}: every sequence holds its new keys",
+                       args.max_seqlen_k, problem.seqlen_k_added));
+  }
   problem.seqlen_k = args.max_seqlen_k > 0 ? args.max_seqlen_k : capacity;
+  problem.queries_bound = seqlen_q;
+  problem.keys_bound = capacity;
   problem.seqlen_k_hinted = args.max_seqlen_k > 0;
   use_total_seqlen_k(problem, "total_seqlen_k", args.total_seqlen_k);
   problem.dynamic_splits = args.dynamic_splits;

@@ -48,8 +48,9 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
     const bool offsets = rope.q_offsets != nullptr || rope.k_offsets != nullptr;
     if (!offsets && !varlen) {
       // Default positions are checkable here: keys 0 .. sk−1 and queries
-      // sk − sq .. sk − 1.
-      if (seqlen_q > seqlen_k) {
+      // sk − sq .. sk − 1 (a KV cache's queries sit at cache_seqlens + i,
+      // never below 0).
+      if (seqlen_q > seqlen_k && !problem.kvcache) {
         reject(fmt::format("options.rope: with tables, queries at negative positions (seqlen_q={} > seqlen_k={}) "
                            "need rope.q_offsets", seqlen_q, seqlen_k));
       }
@@ -165,8 +166,10 @@ int64_t fill_params(ForwardPlan& plan, const Problem& problem, const ForwardOpti
   // Unbounded sides become bounds past both ends of the sequence (the
   // diagonal runs from key sk - sq to sk - 1, so sq + sk reaches every key
   // from every row), so the kernel needs no special case and nothing
-  // overflows an int.
-  const int unbounded = static_cast<int>(std::min<int64_t>(seqlen_q + seqlen_k, INT_MAX / 4));
+  // overflows an int. From the bounds, not the max_seqlen hints: a hint
+  // that is 0 or short must not turn a window's open side into a bound.
+  const int unbounded =
+      static_cast<int>(std::min<int64_t>(problem.queries_bound + problem.keys_bound, INT_MAX / 4));
   p.window_left = left < 0 ? unbounded : std::min(left, INT_MAX / 4);
   p.window_right = right < 0 ? unbounded : std::min(right, INT_MAX / 4);
   // Chunks beyond every position act alike (chunk 0 holds every key), so

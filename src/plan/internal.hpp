@@ -111,6 +111,10 @@ struct Problem {
   const int* cu_seqlens_k = nullptr;  // null over pages with seqused_k
   const int* seqused_k = nullptr;
   int64_t total_q = 0;  // varlen: the packed query rows
+  // The most query rows and keys any sequence can have, whatever a hint says
+  // (seqlen_q and seqlen_k; the packed rows; a cache's capacity): unbounded
+  // window sides reach past both ends of every sequence by their sum.
+  int64_t queries_bound = 0, keys_bound = 0;
   // KV cache (forward_kvcache): seqused_k is cache_seqlens; seqlen_k above is
   // the longest sequence (hint or capacity).
   bool kvcache = false;

@@ -842,7 +842,11 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
     const bool pays = chunked_causal ? std::min<int64_t>(seqlen_k, facts.chunk) <= 4096
                       : causal       ? causal_pays
                                      : seqlen_k <= (small_head ? 4096 : 1024);
-    spec.persistent = !spills && !problem.kvcache && kernel_dim <= 128 && pays && tile_count > problem.sm_count;
+    // A split count the caller forced (num_splits > 1) takes the ordinary
+    // grid: persistent grids write no partial results.
+    const bool split_forced = problem.may_split && problem.num_splits > 1;
+    spec.persistent = !spills && !problem.kvcache && !split_forced && kernel_dim <= 128 && pays &&
+                      tile_count > problem.sm_count;
     // Long calls at head dim 128, without a mask or causal, take 176-key
     // blocks (as FlashAttention 3 does without a mask): a block's fixed
     // costs (barriers, turns, row maxima across the quad, O rescaled) then
