@@ -91,10 +91,16 @@ Config Config::from_env() {
   Config config;
   if (const char* dir = std::getenv("JITATTN_CACHE_DIR")) {
     config.cache_dir = dir;
-  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') {
+    // (The XDG spec has a relative XDG_CACHE_HOME ignored.)
     config.cache_dir = std::string(xdg) + "/jitattn";
   } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
     config.cache_dir = std::string(home) + "/.cache/jitattn";
+  } else {
+    // Services started without a home (systemd units, some containers):
+    // say so, or every process would compile its kernels without a word.
+    log(LogLevel::warn, "no cache directory: none of JITATTN_CACHE_DIR, XDG_CACHE_HOME or HOME is set; kernels are "
+                        "compiled in every process (set JITATTN_CACHE_DIR to keep them)");
   }
   if (const char* dir = std::getenv("JITATTN_TEMPLATE_DIR")) config.template_dir = dir;
   if (const char* level = std::getenv("JITATTN_LOG")) config.log_level = parse_log_level(level);
@@ -182,7 +188,9 @@ struct Runtime::Impl {
       launch_config.attrs = &attribute;
       launch_config.numAttrs = 1;
     }
-    check_cuda(driver().cuLaunchKernelEx(&launch_config, kernel.function, arguments, nullptr), "cuLaunchKernelEx");
+    check_cuda(driver().cuLaunchKernelEx(&launch_config, kernel.function, arguments, nullptr), "cuLaunchKernelEx",
+               kernel.spec,
+               fmt::format("(grid {} × {} threads, {} bytes of shared memory)", grid, kernel.threads, kernel.smem_bytes));
   }
 
   // Calls of several launches: forward_kvcache (append, attention, combine)
@@ -325,6 +333,14 @@ WarmResult Runtime::warm(const std::string& spec_text, const std::string& arch_t
   const KernelSpec spec = KernelSpec::parse(spec_text);
   const Arch arch = Arch::parse(arch_text);
   BuiltKernel built = impl_->builder.build(spec, arch);
+  // Warming is for the disk cache: a kernel compiled but not stored there
+  // would compile again in the next process.
+  if (!built.store_error.empty()) {
+    throw Error(ErrorCode::cache_error,
+                fmt::format("{} for {} compiled but not stored in the disk cache {}: {}", spec.text(), arch.text(),
+                            impl_->builder.cache().location(), built.store_error),
+                spec.text());
+  }
   WarmResult result;
   result.spec = spec.text();
   result.arch = arch.text();

@@ -186,12 +186,20 @@ std::vector<fs::path> files_in(const std::string& dir) {
 // flushes it to disk, then renames it over `path`: a reader opens either the
 // old file or the complete new one, never a partial one. (The directory itself
 // is not fsynced: a crash may lose the file, which only costs a rebuild.)
-std::string publish_file(std::string_view bytes, const std::string& path) {
+namespace {
+
+// One attempt of publish_file; *vanished is set when the directory or the
+// temporary file disappeared under it (ENOENT), which a retry can mend.
+std::string publish_once(std::string_view bytes, const std::string& path, bool* vanished) {
   const std::string tmp = temp_path_for(path);
   Fd file(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (file.fd < 0) return fmt::format("cannot create {}: {}", tmp, os_error(errno));
+  if (file.fd < 0) {
+    *vanished = errno == ENOENT;
+    return fmt::format("cannot create {}: {}", tmp, os_error(errno));
+  }
   auto fail = [&](const char* step, const std::string& target, int err) {
     ::unlink(tmp.c_str());
+    *vanished = err == ENOENT;
     return fmt::format("cannot {} {}: {}", step, target, os_error(err));
   };
   if (int err = write_all(file.fd, bytes.data(), bytes.size())) return fail("write", tmp, err);
@@ -200,6 +208,20 @@ std::string publish_file(std::string_view bytes, const std::string& path) {
   if (::close(fd) != 0) return fail("close", tmp, errno);
   if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename onto", path, errno);
   return "";
+}
+
+}  // namespace
+
+std::string publish_file(std::string_view bytes, const std::string& path) {
+  bool vanished = false;
+  std::string error = publish_once(bytes, path, &vanished);
+  if (error.empty() || !vanished) return error;
+  // The directory was removed (`jitattn clear`, rm -rf of the cache) or
+  // another process's clear() took the temporary file: recreate the
+  // directory and try once more.
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  return publish_once(bytes, path, &vanished);
 }
 
 std::string make_cache_key(const CacheKeyInputs& inputs) {
@@ -278,54 +300,61 @@ Entry decode_entry(const std::vector<char>& bytes) {
   return entry;
 }
 
-Entry Cache::get_or_build(const std::string& key, const std::function<Entry()>& build, bool* built) {
+Entry Cache::get_or_build(const std::string& key, const std::function<Entry()>& build, bool* built,
+                          std::string* store_error) {
   if (built) *built = false;
+  if (store_error) store_error->clear();
   if (std::optional<Entry> hit = get(key)) return std::move(*hit);
   Entry entry = run_build(key, build, built);
-  put(entry);
+  std::string error = put(entry);
+  if (store_error) *store_error = std::move(error);
   return entry;
 }
 
 FileCache::FileCache(std::string dir)
     : dir_(std::move(dir)), kernels_dir_((fs::path(dir_) / "v1" / "kernels").string()) {
   if (dir_.empty()) {
-    degrade("no directory given");
+    readable_ = writable_ = false;
+    unwritable_why_ = "no cache directory given";
+    report(unwritable_why_ + "; continuing without the disk cache");
     return;
   }
   std::error_code ec;
   fs::create_directories(kernels_dir_, ec);
   if (ec) {
-    degrade(fmt::format("cannot create {}: {}", kernels_dir_, ec.message()));
+    writable_ = false;
+    unwritable_why_ = fmt::format("cannot create {}: {}", kernels_dir_, ec.message());
+    report(unwritable_why_ + "; continuing without the disk cache");
     return;
   }
   // Catches a read-only directory now rather than at the first put (root passes
-  // this check everywhere; put's own failure handling covers that case).
+  // this check everywhere; a failed put then fails that entry alone). Its
+  // entries are still read: a cache warmed ahead of deployment may be
+  // mounted read-only, or owned by the user who warmed it.
   if (::access(kernels_dir_.c_str(), W_OK | X_OK) != 0) {
-    degrade(fmt::format("cannot write to {}: {}", kernels_dir_, os_error(errno)));
+    writable_ = false;
+    unwritable_why_ = fmt::format("cannot write to {}: {}", kernels_dir_, os_error(errno));
+    report(unwritable_why_ + "; serving the entries it holds, keeping new kernels in memory only");
   }
 }
 
-bool FileCache::writable() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return writable_;
-}
+bool FileCache::writable() const { return writable_; }
 
 std::string FileCache::entry_path(const std::string& key) const { return kernels_dir_ + "/" + key + ".entry"; }
 
-void FileCache::degrade(const std::string& why) {
+void FileCache::report(const std::string& why) const {
   bool first = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    writable_ = false;
     first = !warned_;
     warned_ = true;
   }
-  if (first) log(LogLevel::warn, "cache directory {}: {}; continuing without the disk cache", dir_, why);
+  log(first ? LogLevel::warn : LogLevel::info, "cache directory {}: {}", dir_, why);
 }
 
 std::optional<Entry> FileCache::get(const std::string& key) {
   check_key(key);
-  if (!writable()) return std::nullopt;
+  if (!readable_) return std::nullopt;
   const std::string path = entry_path(key);
   std::vector<char> bytes;
   struct stat read_stat {};
@@ -349,23 +378,26 @@ std::optional<Entry> FileCache::get(const std::string& key) {
   }
 }
 
-void FileCache::put(const Entry& entry) {
+std::string FileCache::put(const Entry& entry) {
   check_key(entry.meta.key);
-  if (!writable()) return;
+  if (!writable_) return unwritable_why_;
   const std::vector<char> bytes = encode_entry(entry);
   const std::string error = publish_file({bytes.data(), bytes.size()}, entry_path(entry.meta.key));
-  if (!error.empty()) degrade(error);
+  if (!error.empty()) report(fmt::format("{}; {} ({}) kept in memory only", error, entry.meta.spec, entry.meta.arch));
+  return error;
 }
 
-Entry FileCache::get_or_build(const std::string& key, const std::function<Entry()>& build, bool* built) {
+Entry FileCache::get_or_build(const std::string& key, const std::function<Entry()>& build, bool* built,
+                              std::string* store_error) {
   check_key(key);
   if (built) *built = false;
+  if (store_error) store_error->clear();
   if (std::optional<Entry> hit = get(key)) return std::move(*hit);
   // Lock only on a miss, so a hit never touches the lock file.
   std::optional<KeyLock> lock;
-  if (writable()) lock.emplace(kernels_dir_ + "/" + key + ".lock");
+  if (writable_) lock.emplace(kernels_dir_ + "/" + key + ".lock");
   // Looks again first: another process may have built the entry while this one waited.
-  return Cache::get_or_build(key, build, built);
+  return Cache::get_or_build(key, build, built, store_error);
 }
 
 std::vector<EntryInfo> FileCache::list() {

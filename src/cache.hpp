@@ -1,8 +1,11 @@
 // The on-disk kernel cache: one file per entry (cubin + metadata + checksum),
 // published atomically (write a temporary file in the same directory, fsync,
 // rename), so no process ever sees a partial entry. Corrupt entries are
-// detected, discarded and rebuilt; an unwritable directory degrades to
-// memory-only with one warning.
+// detected, discarded and rebuilt. A directory this process cannot write
+// (a cache warmed by another user and deployed read-only) still serves the
+// entries it holds: only new ones stay in memory, with one warning. A put
+// that fails (disk full, the directory removed meanwhile) fails that entry
+// alone.
 #pragma once
 
 #include <cstdint>
@@ -58,14 +61,17 @@ class Cache {
   // The entry for key, or nullopt. A corrupt entry is discarded (and reported
   // at warn level) and nullopt returned, so the caller rebuilds it.
   virtual std::optional<Entry> get(const std::string& key) = 0;
-  // Stores an entry. I/O failures never throw: they degrade to memory-only.
-  virtual void put(const Entry& entry) = 0;
+  // Stores an entry. Returns "" once it is stored, else why it was not (the
+  // cache is disabled or read-only, or the write failed). I/O failures never
+  // throw.
+  virtual std::string put(const Entry& entry) = 0;
   // get(), else build() and put(), holding a per-key inter-process lock where
   // the backend has one so that concurrent processes build a key once.
   // Correctness never depends on the lock. `built` (if given) is set to true
-  // when build() ran in this call.
+  // when build() ran in this call; `store_error` (if given) to put()'s answer
+  // then, and to "" otherwise.
   virtual Entry get_or_build(const std::string& key, const std::function<Entry()>& build,
-                             bool* built = nullptr);
+                             bool* built = nullptr, std::string* store_error = nullptr);
   virtual std::vector<EntryInfo> list() = 0;
   // Removes every entry (and stray temporary/lock files); returns how many entries.
   virtual size_t clear() = 0;
@@ -78,30 +84,36 @@ class FileCache final : public Cache {
  public:
   explicit FileCache(std::string dir);
   std::optional<Entry> get(const std::string& key) override;
-  void put(const Entry& entry) override;
+  std::string put(const Entry& entry) override;
   Entry get_or_build(const std::string& key, const std::function<Entry()>& build,
-                     bool* built = nullptr) override;
+                     bool* built = nullptr, std::string* store_error = nullptr) override;
   std::vector<EntryInfo> list() override;
   size_t clear() override;
   std::string location() const override { return dir_; }
+  // Whether puts are tried: false where the directory could not be created
+  // or written when the cache was opened (gets still read it).
   bool writable() const override;
 
   std::string entry_path(const std::string& key) const;
 
  private:
-  void degrade(const std::string& why);
+  // Logs `why` at warn level the first time this cache reports a problem, at
+  // info level after.
+  void report(const std::string& why) const;
   std::string dir_;
   std::string kernels_dir_;
-  mutable std::mutex mutex_;
+  bool readable_ = true;        // a directory was given
   bool writable_ = true;
-  bool warned_ = false;
+  std::string unwritable_why_;  // put()'s answer when !writable_
+  mutable std::mutex mutex_;
+  mutable bool warned_ = false;
 };
 
 // Stores nothing: the disk cache is disabled (cache_dir "").
 class NoCache final : public Cache {
  public:
   std::optional<Entry> get(const std::string&) override { return std::nullopt; }
-  void put(const Entry&) override {}
+  std::string put(const Entry&) override { return "the disk cache is disabled (no cache directory)"; }
   std::vector<EntryInfo> list() override { return {}; }
   size_t clear() override { return 0; }
   std::string location() const override { return "(disabled)"; }

@@ -64,8 +64,9 @@ std::unique_ptr<NvrtcApi> load_nvrtc() {
   }
   if (handle == nullptr) {
     api->info.error = fmt::format(
-        "libnvrtc not found (tried {}); set JITATTN_NVRTC_LIBRARY to its path, or serve "
-        "from a cache warmed elsewhere", tried);
+        "libnvrtc not found (tried {}); set JITATTN_NVRTC_LIBRARY to its path (a serving host needs libnvrtc, "
+        "not the CUDA toolkit: the cache's keys name the NVRTC version, so it is needed even where every kernel is "
+        "warmed)", tried);
     return api;
   }
   const bool ok = resolve(handle, "nvrtcVersion", api->version) &&

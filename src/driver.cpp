@@ -94,15 +94,29 @@ CUcontext current_or_primary_context() {
   return primary;
 }
 
-void check_cuda(CUresult status, const char* what) {
-  if (status == CUDA_SUCCESS) return;
+namespace {
+
+// "CUDA_ERROR_X (its description)"
+std::string cuda_error_text(CUresult status) {
   const Driver& d = driver();
   const char* name = nullptr;
   const char* text = nullptr;
   if (d.cuGetErrorName != nullptr) d.cuGetErrorName(status, &name);
   if (d.cuGetErrorString != nullptr) d.cuGetErrorString(status, &text);
-  throw Error(ErrorCode::cuda_error, fmt::format("{} failed: {} ({})", what, name != nullptr ? name : "?",
-                                                 text != nullptr ? text : "no description"));
+  return fmt::format("{} ({})", name != nullptr ? name : "?", text != nullptr ? text : "no description");
+}
+
+}  // namespace
+
+void check_cuda(CUresult status, const char* what) {
+  if (status == CUDA_SUCCESS) return;
+  throw Error(ErrorCode::cuda_error, fmt::format("{} failed: {}", what, cuda_error_text(status)));
+}
+
+void check_cuda(CUresult status, const char* what, const std::string& spec, const std::string& context) {
+  if (status == CUDA_SUCCESS) return;
+  throw Error(ErrorCode::cuda_error,
+              fmt::format("{} failed for {} {}: {}", what, spec, context, cuda_error_text(status)), spec);
 }
 
 }  // namespace jitattn::detail

@@ -53,5 +53,8 @@ CUcontext current_or_primary_context();
 
 // Throws Error(cuda_error) naming `what` and the driver's error if status != CUDA_SUCCESS.
 void check_cuda(CUresult status, const char* what);
+// The same for a step of one kernel's life (load, launch): the error carries
+// `spec` (Error::spec) and names it, with `context` (arch, cache key, grid).
+void check_cuda(CUresult status, const char* what, const std::string& spec, const std::string& context);
 
 }  // namespace jitattn::detail

@@ -21,6 +21,7 @@ BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool 
   const std::string key = make_cache_key(
       {source, compile_options(arch), arch.text(), nvrtc.version(), JITATTN_VERSION_STRING});
   bool built = false;
+  std::string store_error;
   Entry entry = cache_->get_or_build(
       key,
       [&] {
@@ -45,8 +46,8 @@ BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool 
         fresh.cubin = std::move(compiled.cubin);
         return fresh;
       },
-      &built);
-  return {std::move(entry), !built};
+      &built, &store_error);
+  return {std::move(entry), !built, std::move(store_error)};
 }
 
 KernelRegistry::~KernelRegistry() {
@@ -135,12 +136,16 @@ LoadedKernel KernelRegistry::load(const KernelSpec& spec, const DeviceInfo& devi
   LoadedKernel kernel;
   kernel.threads = static_cast<unsigned>(spec.threads());
   kernel.smem_bytes = static_cast<unsigned>(spec.smem_bytes());
-  check_cuda(d.cuModuleLoadData(&kernel.module, built.entry.cubin.data()), "cuModuleLoadData");
-  check_cuda(d.cuModuleGetFunction(&kernel.function, kernel.module, entry_name(spec)), "cuModuleGetFunction");
+  kernel.spec = spec.text();
+  // Errors name the kernel and its cache key (entries are <cache dir>/v1/kernels/<key>.entry).
+  const std::string loading = fmt::format("on {} (cache key {})", device.arch.text(), built.entry.meta.key);
+  check_cuda(d.cuModuleLoadData(&kernel.module, built.entry.cubin.data()), "cuModuleLoadData", kernel.spec, loading);
+  check_cuda(d.cuModuleGetFunction(&kernel.function, kernel.module, entry_name(spec)), "cuModuleGetFunction",
+             kernel.spec, loading);
   // Above 48 KB a kernel must opt in to its dynamic shared memory.
   check_cuda(d.cuFuncSetAttribute(kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                   static_cast<int>(kernel.smem_bytes)),
-             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", kernel.spec, loading);
   log(LogLevel::info, "loaded {} for {} ({}, {:.1f} ms)", spec.text(), device.arch.text(),
       built.cache_hit ? "disk cache hit" : fmt::format("compiled in {:.2f} s", built.entry.meta.compile_seconds),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());

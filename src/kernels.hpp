@@ -23,6 +23,7 @@ namespace jitattn::detail {
 struct BuiltKernel {
   Entry entry;
   bool cache_hit = false;
+  std::string store_error;  // compiled but not stored in the disk cache: why ("" otherwise)
 };
 
 class KernelBuilder {
@@ -51,6 +52,7 @@ struct LoadedKernel {
   CUfunction function = nullptr;
   unsigned threads = 0;
   unsigned smem_bytes = 0;
+  std::string spec;  // its KernelSpec text, for errors
 };
 
 // The context a call runs in: the current one, else device 0's primary context

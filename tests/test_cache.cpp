@@ -448,10 +448,11 @@ TEST_SUITE("cache") {
     CHECK_FALSE(fs::exists(dir));
   }
 
-  TEST_CASE("a failed publish leaves no temporary file and degrades with one warning") {
+  TEST_CASE("a failed publish fails that entry alone: no temporary file, one warning, reads and other puts go on") {
     TempDir tmp;
     FileCache cache(tmp.cache_dir());
     const Entry entry = make_entry(key_for("rename fails"), random_bytes(100, run_seed()));
+    const Entry other = make_entry(key_for("stored"), random_bytes(100, run_seed() + 1));
     // rename() cannot replace a non-empty directory, so the publish step fails
     // after the temporary file was written.
     fs::create_directories(fs::path(cache.entry_path(entry.meta.key)) / "blocker");
@@ -469,12 +470,77 @@ TEST_SUITE("cache") {
       });
     }
     for (std::thread& t : threads) t.join();
-    CHECK_NOTHROW(cache.put(entry));
+    std::string error;
+    CHECK_NOTHROW(error = cache.put(entry));
+    const std::string stored = cache.put(other);
     const std::string text = capture.finish();
     CHECK(threw == 0);
-    CHECK_FALSE(cache.writable());
+    CHECK(error.find("cannot rename onto " + cache.entry_path(entry.meta.key)) != std::string::npos);
+    // The next entry is stored and read back: one failure turns nothing off.
+    CHECK(cache.writable());
+    CHECK(stored.empty());
+    CHECK(cache.get(other.meta.key).has_value());
+    CHECK_FALSE(cache.get(entry.meta.key).has_value());
     CHECK(count_lines_containing(text, "warn") == 1);
     CHECK(text.find("rename") != std::string::npos);
+    CHECK(count_files(tmp.kernels_dir(), ".tmp") == 0);
+  }
+
+  TEST_CASE("a directory this process cannot write still serves its entries") {
+    // A cache warmed by one user (root, in an image build) and served by
+    // another, or mounted read-only. Tests run as root in CI, where
+    // permissions do not stop writes: the reader then drops to nobody.
+    INFO("seed " << run_seed());
+    TempDir tmp;
+    const Entry entry = make_entry(key_for("warmed"), random_bytes(300, run_seed()));
+    const Entry fresh = make_entry(key_for("compiled later"), random_bytes(300, run_seed() + 1));
+    REQUIRE(FileCache(tmp.cache_dir()).put(entry).empty());
+    fs::permissions(tmp.path, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                  fs::perms::others_read | fs::perms::others_exec);
+    for (const fs::path& dir : {fs::path(tmp.cache_dir()), fs::path(tmp.cache_dir()) / "v1", fs::path(tmp.kernels_dir())}) {
+      fs::permissions(dir, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                               fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+    }
+    StderrCapture capture(tmp.path / "stderr.txt");
+    // Bits of the child's answer: 1 the directory was taken as writable, 2 the
+    // warmed entry missed, 4 it was built, 8 a new entry's put claimed to
+    // store it, 16 the new entry was built other than once; 77: could not
+    // drop root.
+    const pid_t pid = fork_child([&] {
+      if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) return 77;
+      FileCache cache(tmp.cache_dir());
+      int failures = cache.writable() ? 1 : 0;
+      failures |= cache.get(entry.meta.key).has_value() ? 0 : 2;
+      bool built = false;
+      cache.get_or_build(entry.meta.key, [&] { return entry; }, &built);
+      failures |= built ? 4 : 0;
+      std::string store_error;
+      cache.get_or_build(fresh.meta.key, [&] { return fresh; }, &built, &store_error);
+      failures |= store_error.empty() ? 8 : 0;
+      failures |= built ? 0 : 16;
+      return failures;
+    });
+    REQUIRE(pid > 0);
+    const int code = wait_exit_code(pid);
+    const std::string text = capture.finish();
+    for (const fs::path& dir : {fs::path(tmp.cache_dir()), fs::path(tmp.cache_dir()) / "v1", fs::path(tmp.kernels_dir())}) {
+      fs::permissions(dir, fs::perms::owner_all);
+    }
+    REQUIRE_MESSAGE(code != 77, "could not drop root to check a read-only cache");
+    CHECK(code == 0);
+    CHECK(count_lines_containing(text, "warn") == 1);
+    CHECK(text.find("serving the entries it holds") != std::string::npos);
+    CHECK_FALSE(fs::exists(FileCache(tmp.cache_dir()).entry_path(fresh.meta.key)));
+  }
+
+  TEST_CASE("a cache directory removed while in use is made again by the next put") {
+    // `jitattn clear`, or rm -rf of the cache, beside a running process.
+    TempDir tmp;
+    FileCache cache(tmp.cache_dir());
+    const Entry entry = make_entry(key_for("after removal"), random_bytes(100, run_seed()));
+    fs::remove_all(tmp.cache_dir());
+    CHECK(cache.put(entry).empty());
+    CHECK(cache.get(entry.meta.key).has_value());
     CHECK(count_files(tmp.kernels_dir(), ".tmp") == 0);
   }
 
@@ -573,10 +639,12 @@ TEST_SUITE("cache") {
       pid_t pid = fork_child([&, w] {
         gate.wait_in_child();
         FileCache cache(tmp.cache_dir());
+        int failed = 0;
         for (int i = 0; i < kPuts; ++i) {
-          cache.put(make_entry(key, cubin_for(w, i), "writer." + std::to_string(w) + "." + std::to_string(i)));
+          failed += !cache.put(make_entry(key, cubin_for(w, i), "writer." + std::to_string(w) + "." + std::to_string(i)))
+                         .empty();
         }
-        return cache.writable() ? 0 : 1;
+        return failed == 0 ? 0 : 1;
       });
       REQUIRE(pid > 0);
       children.push_back(pid);

@@ -417,6 +417,23 @@ TEST_CASE("warm compiles on a miss, hits the cache the second time, and list sho
   CHECK(entries[0]["valid"] == true);
 }
 
+TEST_CASE("warm fails, naming the cache directory, where the kernels it compiles cannot be stored") {
+  // A deployment step that warms a cache must not pass with nothing in it.
+  CliSandbox sandbox;
+  sandbox.write_file("afile", "x");
+  const std::string blocked = sandbox.root() + "/afile/cache";  // beneath a regular file: no one can create it
+  const CliRun unwritable = sandbox.run(fmt::format("--cache-dir {} warm {} --arch sm_80", blocked, kSmallSpec));
+  INFO("stdout: " << unwritable.out << "\nstderr: " << unwritable.err);
+  CHECK(unwritable.status == 1);
+  CHECK(contains(unwritable.err, fmt::format("{} for sm_80 compiled but not stored in the disk cache {}", kSmallSpec,
+                                             blocked)));
+  CHECK(contains(unwritable.out, "1 failed"));
+  const CliRun disabled = sandbox.run(fmt::format("--cache-dir '' warm {} --arch sm_80", kSmallSpec));
+  INFO("stdout: " << disabled.out << "\nstderr: " << disabled.err);
+  CHECK(disabled.status == 1);
+  CHECK(contains(disabled.err, "the disk cache is disabled (no cache directory)"));
+}
+
 TEST_CASE("warm --manifest skips comments and blank lines, honours @ARCH, and runs -j 2") {
   CliSandbox sandbox;
   const std::string manifest = sandbox.write_file("kernels.txt",
