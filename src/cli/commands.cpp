@@ -506,7 +506,7 @@ void print_info(const json& info) {
     print_field("cache", "disabled (the cache directory is set to \"\")");
   } else {
     print_field("cache", fmt::format("{} ({}), {}, {} KiB", cache["directory"].get<std::string>(),
-                                     cache["writable"].get<bool>() ? "writable" : "NOT writable: memory-only",
+                                     cache["writable"].get<bool>() ? "writable" : "NOT writable: read only, new kernels memory-only",
                                      count_of(cache["entries"].get<size_t>(), "entry", "entries"),
                                      kib(cache["bytes"].get<uint64_t>())));
   }
