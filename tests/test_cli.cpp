@@ -428,6 +428,10 @@ TEST_CASE("warm fails, naming the cache directory, where the kernels it compiles
   CHECK(contains(unwritable.err, fmt::format("{} for sm_80 compiled but not stored in the disk cache {}", kSmallSpec,
                                              blocked)));
   CHECK(contains(unwritable.out, "1 failed"));
+  // --page-size only widens presets' sweeps: with specs alone it would be ignored.
+  const CliRun pages = sandbox.run(fmt::format("warm {} --arch sm_80 --page-size 8", kSmallSpec));
+  CHECK(pages.status != 0);
+  CHECK(contains(pages.err, "--page-size: adds page sizes to the presets' paged sweeps, and no preset is warmed"));
   const CliRun disabled = sandbox.run(fmt::format("--cache-dir '' warm {} --arch sm_80", kSmallSpec));
   INFO("stdout: " << disabled.out << "\nstderr: " << disabled.err);
   CHECK(disabled.status == 1);

@@ -215,6 +215,11 @@ std::vector<WarmItem> warm_items(const WarmOptions& options, const detail::Tunin
   if (!options.manifest.empty()) add_manifest(options.manifest, archs, items);
   std::vector<std::string> preset_names = options.presets;
   if (options.specs.empty() && options.manifest.empty() && preset_names.empty()) preset_names = {"default"};
+  if (!options.page_sizes.empty() && preset_names.empty()) {
+    throw Error(ErrorCode::invalid_argument,
+                "--page-size: adds page sizes to the presets' paged sweeps, and no preset is warmed (specs and "
+                "manifests name their kernels exactly): give --preset NAME too, or drop it");
+  }
   for (const std::string& name : preset_names) {
     for (const Arch& arch : archs) {
       for (const KernelSpec& spec : preset_specs(name, arch, &tuning, options.page_sizes)) {
