@@ -1666,6 +1666,10 @@ TEST_CASE("plan takes the tuning table's tiles, as a real call would, and says s
   // Another seqlen bucket: the table has no choice for it.
   CHECK(sandbox.run_json("plan --head-dim 128 --batch 8 --seqlen-q 4096 --heads 32 --causal --arch sm_80 --json")
             ["tiles_from"] == "built-in");
+  // `presets` lists the tuned tiles with the specs warm --preset compiles for the class.
+  const CliRun listed = sandbox.run("presets --arch sm_80");
+  REQUIRE(listed.status == 0);
+  CHECK(contains(listed.out, "fwd.bf16.d128.br64.bc32.w4.causal"));
 }
 
 TEST_CASE("plan --manifest prints SPEC @ARCH lines that warm --manifest reads") {

@@ -832,13 +832,15 @@ int warm(const Config& config, const WarmOptions& options) {
   return failures == 0 ? 0 : 1;
 }
 
-int list_presets(const std::vector<std::string>& arch_texts, const std::vector<int>& page_sizes, bool json_output) {
+int list_presets(const Config& config, const std::vector<std::string>& arch_texts, const std::vector<int>& page_sizes,
+                 bool json_output) {
   const std::vector<Arch> archs = parse_archs(arch_texts);
+  const detail::TuningTable tuning = load_tuning(config);
   json records = json::array();
   for (const Preset& preset : presets()) {
     json specs = json::array();
     for (const Arch& arch : archs) {
-      for (const KernelSpec& spec : preset_specs(preset.name, arch, nullptr, page_sizes)) {
+      for (const KernelSpec& spec : preset_specs(preset.name, arch, &tuning, page_sizes)) {
         specs.push_back({{"spec", spec.text()}, {"arch", arch.text()}});
       }
     }

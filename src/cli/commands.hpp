@@ -85,8 +85,10 @@ struct PlanOptions {
 
 // Compiles (or finds in the disk cache) every requested spec for every arch.
 int warm(const Config& config, const WarmOptions& options);
-// Lists the presets and the specs each expands to for `archs` (default as for warm).
-int list_presets(const std::vector<std::string>& archs, const std::vector<int>& page_sizes, bool json);
+// Lists the presets and the specs each expands to for `archs` (default as for
+// warm), with the tiles the cache directory's tuning table adds, as warm does.
+int list_presets(const Config& config, const std::vector<std::string>& archs, const std::vector<int>& page_sizes,
+                 bool json);
 // Lists the disk cache's entries.
 // The cache's entries as a table, a JSON array, or (manifest) the `SPEC @ARCH` lines of its valid entries, each
 // once and sorted, for `jitattn warm --manifest` on another host: a staging run's cache becomes the deploy's list.

@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
     Config config = Config::from_env();
     if (*cache_dir_option) config.cache_dir = cache_dir;
     if (*warm_cmd) return cli::warm(config, warm);
-    if (*presets_cmd) return cli::list_presets(preset_archs, preset_page_sizes, presets_json);
+    if (*presets_cmd) return cli::list_presets(config, preset_archs, preset_page_sizes, presets_json);
     if (*list_cmd) return cli::list(config, list_json, list_manifest);
     if (*clear_cmd) return cli::clear(config);
     if (*tune_cmd) return cli::tune(config, tune);
