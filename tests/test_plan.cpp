@@ -24,6 +24,16 @@ void values_after_keys(KVCacheArgs& cache) {
   cache.v_cache.data = static_cast<char*>(cache.k_cache.data) + cache.k_cache.shape[0] * cache.k_cache.strides[0] * 2;
 }
 
+// A contiguous bf16 KV cache of `batch` sequences of `rows` rows (K, V and
+// cache_seqlens at fixed fake addresses).
+KVCacheArgs contiguous_cache(int64_t batch, int64_t rows, int64_t heads_kv, int64_t head_dim) {
+  KVCacheArgs args;
+  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {batch, rows, heads_kv, head_dim});
+  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {batch, rows, heads_kv, head_dim});
+  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {batch});
+  return args;
+}
+
 struct Call {
   TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 100, 8, 128});
   TensorView k = TensorView::contiguous(address(0x20000), DType::bf16, {2, 300, 2, 128});
@@ -1354,10 +1364,7 @@ TEST_CASE("kvcache: cache_leftpad reaches the kernels' parameters and specs (.le
 TEST_CASE("kvcache: decoding packs GQA, splits, sizes the workspace and plans append and combine") {
   TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 32, 128});
   TensorView out = TensorView::contiguous(address(0x20000), DType::bf16, {2, 1, 32, 128});
-  KVCacheArgs args;
-  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {2, 8192, 8, 128});
-  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {2, 8192, 8, 128});
-  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {2});
+  KVCacheArgs args = contiguous_cache(2, 8192, 8, 128);
   ForwardOptions options;
   const Arch arch = Arch::parse("sm_90a");
   KVCachePlan plan = plan_kvcache(q, args, out, nullptr, options, nullptr, 0, true, arch, 227 * 1024, 132);
@@ -2939,10 +2946,7 @@ TEST_CASE("kvcache: new keys must fit the cache, and a max_seqlen_k hint must ho
   const Arch arch = Arch::parse("sm_90a");
   TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 4, 8, 128});
   TensorView out = TensorView::contiguous(address(0x20000), DType::bf16, {2, 4, 8, 128});
-  KVCacheArgs args;
-  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {2, 64, 2, 128});
-  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {2, 64, 2, 128});
-  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {2});
+  KVCacheArgs args = contiguous_cache(2, 64, 2, 128);
   auto new_keys = [](int64_t rows) { return TensorView::contiguous(address(0x60000), DType::bf16, {2, rows, 2, 128}); };
   auto plan = [&](const KVCacheArgs& a) { return plan_kvcache(q, a, out, nullptr, ForwardOptions{}, nullptr, 0, true, arch, 227 * 1024, 132); };
   // As many new keys as the cache holds: planned (the device's cache_seqlens are the caller's to keep in range).
@@ -2976,10 +2980,8 @@ TEST_CASE("kvcache: new keys must fit the cache, and a max_seqlen_k hint must ho
   CHECK(no_queries.attention.grid == 0);
   CHECK(no_queries.append.grid > 0);
   // A batch of none: its empty vectors need not point anywhere.
-  KVCacheArgs empty;
-  empty.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {0, 64, 2, 128});
-  empty.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {0, 64, 2, 128});
-  empty.cache_seqlens = TensorView::contiguous(nullptr, DType::i32, {0});
+  KVCacheArgs empty = contiguous_cache(0, 64, 2, 128);
+  empty.cache_seqlens.data = nullptr;
   q = out = TensorView::contiguous(address(0x10000), DType::bf16, {0, 1, 8, 128});
   CHECK(plan(empty).attention.grid == 0);
 }
@@ -3004,10 +3006,7 @@ TEST_CASE("an unbounded window side reaches every key whatever the max_seqlen hi
   CHECK(plan.params.window_right == 4);
   // KV cache: a short max_seqlen_k hint (it only sizes splits) leaves causal's open side open.
   const TensorView cq = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 32, 128});
-  KVCacheArgs args;
-  args.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {2, 8192, 8, 128});
-  args.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {2, 8192, 8, 128});
-  args.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {2});
+  KVCacheArgs args = contiguous_cache(2, 8192, 8, 128);
   args.max_seqlen_k = 100;
   ForwardOptions causal;
   causal.causal = true;
