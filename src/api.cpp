@@ -188,9 +188,12 @@ struct Runtime::Impl {
       launch_config.attrs = &attribute;
       launch_config.numAttrs = 1;
     }
-    check_cuda(driver().cuLaunchKernelEx(&launch_config, kernel.function, arguments, nullptr), "cuLaunchKernelEx",
-               kernel.spec,
-               fmt::format("(grid {} × {} threads, {} bytes of shared memory)", grid, kernel.threads, kernel.smem_bytes));
+    const CUresult status = driver().cuLaunchKernelEx(&launch_config, kernel.function, arguments, nullptr);
+    if (status != CUDA_SUCCESS) {  // (the context is formatted only on failure: launches are the hot path)
+      check_cuda(status, "cuLaunchKernelEx", kernel.spec,
+                 fmt::format("(grid {} × {} threads, {} bytes of shared memory)", grid, kernel.threads,
+                             kernel.smem_bytes));
+    }
   }
 
   // Calls of several launches: forward_kvcache (append, attention, combine)
@@ -351,17 +354,20 @@ WarmResult Runtime::warm(const std::string& spec_text, const std::string& arch_t
 }
 
 namespace {
-std::mutex g_global_mutex;
+std::mutex g_global_mutex;  // constant-initialized
 // Never destroyed: calls may still arrive during static destruction.
 std::atomic<Runtime*> g_global{nullptr};
-std::optional<Config> g_pending_config;
+std::optional<Config>& pending_config() {
+  static std::optional<Config>* const config = new std::optional<Config>;
+  return *config;
+}
 }  // namespace
 
 Runtime& global_runtime() {
   if (Runtime* runtime = g_global.load(std::memory_order_acquire)) return *runtime;
   std::lock_guard<std::mutex> lock(g_global_mutex);
   if (g_global.load() == nullptr) {
-    g_global.store(new Runtime(g_pending_config ? *g_pending_config : Config::from_env()), std::memory_order_release);
+    g_global.store(new Runtime(pending_config() ? *pending_config() : Config::from_env()), std::memory_order_release);
   }
   return *g_global.load();
 }
@@ -373,7 +379,7 @@ void configure(const Config& config) {
                 "configure: the global runtime is already in use; call configure before the first call, "
                 "or create a jitattn::Runtime with this Config");
   }
-  g_pending_config = config;
+  pending_config() = config;
 }
 
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,

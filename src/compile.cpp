@@ -95,8 +95,9 @@ std::unique_ptr<NvrtcApi> load_nvrtc() {
 }
 
 const NvrtcApi& api() {
-  // Loaded once, on first use, by whichever thread gets here first.
-  static const std::unique_ptr<NvrtcApi> instance = load_nvrtc();
+  // Loaded once, on first use, by whichever thread gets here first; never
+  // destroyed, as driver() (calls may still compile during static destruction).
+  static const NvrtcApi* const instance = load_nvrtc().release();
   return *instance;
 }
 

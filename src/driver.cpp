@@ -73,7 +73,9 @@ std::unique_ptr<Driver> load_driver() {
 }  // namespace
 
 const Driver& driver() {
-  static const std::unique_ptr<Driver> instance = load_driver();
+  // Never destroyed: a Runtime destroyed after it (a function-local static
+  // one, or a thread still calling in at exit) unloads and launches through it.
+  static const Driver* const instance = load_driver().release();
   return *instance;
 }
 

@@ -130,6 +130,16 @@ LoadedKernel KernelRegistry::load(const KernelSpec& spec, const DeviceInfo& devi
   const Driver& d = driver();
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   check_cuda(d.cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  // Drivers before CUDA 12.3 invalidate a capture that loads a module (even
+  // a disk-cache hit's): such a call must be made once before capture.
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE && d.version < 12030) {
+    throw Error(ErrorCode::graph_capture,
+                fmt::format("{} for {} is not loaded in this process yet, and this driver (CUDA {}.{}) cannot load a "
+                            "module while a stream is being captured (12.3 and newer can): make the same call once "
+                            "before capture",
+                            spec.text(), device.arch.text(), d.version / 1000, d.version % 1000 / 10),
+                spec.text());
+  }
   const auto start = std::chrono::steady_clock::now();
   BuiltKernel built = builder_.build(spec, device.arch, capture == CU_STREAM_CAPTURE_STATUS_NONE);
 

@@ -264,7 +264,10 @@ __device__ __forceinline__ void combine_states(const CombineParams& p) {
   float max_lse = -kInfinity;
   if (active) {
     for (int s = lane; s < num_states; s += group) {
-      const float value = s == 1 ? *lse_1 : lse[s * p.lse_state_stride];
+      // +inf is FlashAttention 2's LSE of a row with no key (merge_states
+      // of its outputs): empty, as -inf.
+      const float given = s == 1 ? *lse_1 : lse[s * p.lse_state_stride];
+      const float value = given == kInfinity ? -kInfinity : given;
       e[s] = value;
       max_lse = fmaxf(max_lse, value);
     }

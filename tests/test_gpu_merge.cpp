@@ -531,6 +531,49 @@ TEST_CASE("merge_state: two states in separate buffers with their own strides") 
   }
 }
 
+TEST_CASE("merge_state: an LSE of +inf (FlashAttention 2's empty row) is empty; merged in place into a") {
+  warm_combine_specs();
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  for (int head_dim : {128, 40}) {  // vectors; element by element
+    for (DType dtype : kDTypes) {
+      const int rows = std::uniform_int_distribution<int>(4, 40)(rng);
+      const int heads = std::uniform_int_distribution<int>(1, 6)(rng);
+      const States s = random_states(2, rows, heads, head_dim, dtype, rng);
+      const size_t pairs = s.lse.size() / 2;
+      // The empty states (-inf in the reference, NaN values) are given to the kernel as +inf, half of them.
+      std::vector<float> given = s.lse;
+      size_t plus_inf = 0;
+      for (size_t i = 0; i < given.size(); ++i) {
+        if (std::isinf(given[i]) && (i % 2 == 0)) given[i] = -given[i], ++plus_inf;
+      }
+      REQUIRE(plus_inf > 0);
+      const Expected e = reference(s);
+      const std::vector<int64_t> shape = {rows, heads, head_dim}, lse_shape = {rows, heads};
+      DeviceArray a(dtype, shape, layout_strides(shape, {0, 1, 2}, 0));
+      DeviceArray b(dtype, shape, layout_strides(shape, {0, 1, 2}, 8));
+      DeviceArray lse_a(DType::f32, lse_shape, layout_strides(lse_shape, {0, 1}, 0));
+      DeviceArray lse_b(DType::f32, lse_shape, layout_strides(lse_shape, {1, 0}, 1));
+      a.upload(std::vector<float>(s.values.begin(), s.values.begin() + pairs * head_dim));
+      b.upload(std::vector<float>(s.values.begin() + pairs * head_dim, s.values.end()));
+      lse_a.upload(std::vector<float>(given.begin(), given.begin() + pairs));
+      lse_b.upload(std::vector<float>(given.begin() + pairs, given.end()));
+      // Out is a itself and out_lse lse_a: every state of a row is read before its output is written.
+      const TensorView out_lse_view = lse_a.view();
+      const std::string what = fmt::format("merge_state in place {} rows={} heads={} head_dim={} +inf={} seed={}",
+                                           name_of(dtype), rows, heads, head_dim, plus_inf, seed);
+      try {
+        gpu_tests_runtime().merge_state(a.view(), lse_a.view(), b.view(), lse_b.view(), a.view(), &out_lse_view);
+      } catch (const std::exception& error) {
+        FAIL_CHECK(fmt::format("{}: {}", what, error.what()));
+        continue;
+      }
+      const MergeVerdict v = judge(s, e, dtype, a.read(), lse_a.read(), 1e-5);
+      CHECK_MESSAGE(v.ok(), fmt::format("{}: {}", what, v.summary()));
+    }
+  }
+}
+
 TEST_CASE("plan_combine: split-KV partials on two row levels, launched through the registry") {
   namespace d = jitattn::detail;
   const uint64_t seed = clock_seed();

@@ -2974,6 +2974,20 @@ TEST_CASE("kvcache: new keys must fit the cache, and a max_seqlen_k hint must ho
   CHECK_THROWS_WITH_AS(plan(args), doctest::Contains("max_seqlen_k=4 must be at least seqlen_new=16"), Error);
   args.max_seqlen_k = 16;
   CHECK(plan(args).append.grid > 0);
+  // RoPE tables cover the cache's rows: with cache_leftpad a max_seqlen_k hint counts keys from the pad, and the
+  // positions still reach the capacity.
+  {
+    KVCacheArgs padded = contiguous_cache(2, 64, 2, 128);
+    const TensorView pads = TensorView::contiguous(address(0x80000), DType::i32, {2});
+    padded.cache_leftpad = &pads;
+    padded.max_seqlen_k = 30;
+    const TensorView table = TensorView::contiguous(address(0x90000), DType::f32, {40, 64});
+    ForwardOptions rope;
+    rope.rope.style = RopeStyle::rotate_half;
+    rope.rope.cos = rope.rope.sin = &table;
+    CHECK_THROWS_WITH_AS(plan_kvcache(q, padded, out, nullptr, rope, nullptr, 0, true, arch, 227 * 1024, 132),
+                         doctest::Contains("options.rope.cos: 40 positions; the keys reach position 63"), Error);
+  }
   // No queries: nothing to attend, the new keys still appended (Runtime launches the append alone).
   q = out = TensorView::contiguous(address(0x10000), DType::bf16, {2, 0, 8, 128});
   const KVCachePlan no_queries = plan(args);

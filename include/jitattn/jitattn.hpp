@@ -288,9 +288,13 @@ struct VarlenArgs {
 // cache batch b (cache_batch_idx[b] when given), or of its pages
 // block_table[b, ·] in a paged cache. New keys and values, when given, are
 // first written into the cache at rows cache_seqlens[b] .. + seqlen_new − 1
-// (keys rotated when RoPE is on; the cache holds rotated keys). Queries sit
-// at positions cache_seqlens[b] + i, for RoPE and for the bottom-right causal
-// diagonal. cache_seqlens, block_table and cache_batch_idx live in device
+// (keys rotated when RoPE is on; the cache holds rotated keys). RoPE rotates
+// query i at position cache_seqlens[b] + i. (FlashAttention does so for
+// causal and windowed calls; for calls with neither it puts every query at
+// cache_seqlens[b]. jitattn keeps + i in every call, so positions do not
+// depend on the mask.) The causal diagonal is bottom-right over the
+// sequence's keys: query i sees keys up to i + keys − seqlen_q, keys =
+// cache_seqlens[b] + seqlen_new. cache_seqlens, block_table and cache_batch_idx live in device
 // memory and are not read on the host: the caller keeps them consistent
 // (lengths within the capacity, page indices within the pages).
 struct KVCacheArgs {
@@ -431,7 +435,10 @@ class JITATTN_API Runtime {
   // with its natural-log LSE_s (-inf: the state saw no key). Per (row, head):
   //   out_lse = log Σ_s exp(LSE_s),   out = Σ_s exp(LSE_s - out_lse) · O_s,
   // and exactly out = 0, out_lse = -inf when every LSE_s is -inf (a state with
-  // LSE -inf is not read, so its O_s may hold anything).
+  // LSE -inf is not read, so its O_s may hold anything). An LSE_s of +inf,
+  // FlashAttention 2's mark of a row that saw no key, is empty as -inf is.
+  // out may be one of the states, exactly (same data and strides: every state
+  // of a row is read before its output is written), and out_lse its lse.
   //   states:  [num_states, rows, heads, head_dim]  f32, f16 or bf16; 1..1024 states
   //   lse:     [num_states, rows, heads]            f32
   //   out:     [rows, heads, head_dim]              f32, f16 or bf16

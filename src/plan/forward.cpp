@@ -54,8 +54,12 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
         reject(fmt::format("options.rope: with tables, queries at negative positions (seqlen_q={} > seqlen_k={}) "
                            "need rope.q_offsets", seqlen_q, seqlen_k));
       }
-      if (rope.cos->shape[0] < seqlen_k) {
-        reject(fmt::format("options.rope.cos: {} positions; the keys reach position {}", rope.cos->shape[0], seqlen_k - 1));
+      // Positions are rows of the cache: past a cache_leftpad, up to the
+      // capacity, whatever a max_seqlen_k hint (counted from the pad) says.
+      const int64_t positions = problem.kv_row_offset != nullptr ? problem.keys_bound : seqlen_k;
+      if (rope.cos->shape[0] < positions) {
+        reject(fmt::format("options.rope.cos: {} positions; the keys reach position {}", rope.cos->shape[0],
+                           positions - 1));
       }
     }
   }
