@@ -28,6 +28,9 @@ class Grown(ctypes.Structure):
 
 
 class Options(Grown):
+    """jitattn_fwd_options. Build it with default_options(lib): a bare Options() is all zero, which is not
+    jitattn_fwd_options_init's defaults (window_left = window_right = 0 is a window of the diagonal alone,
+    pack_gqa = 0 turns packing off)."""
     _fields_ = [("struct_size", ctypes.c_uint32), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
                 ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("alibi_slopes", ctypes.c_void_p),
                 ("block_q", ctypes.c_int32), ("block_kv", ctypes.c_int32), ("warps", ctypes.c_int32),
@@ -67,9 +70,31 @@ def tensor_of(t, dtype):
 
 
 def load(path):
+    """The library with every C function's signature declared, so that Python ints passed for size_t and
+    pointers are converted rather than passed as 32-bit ints."""
     lib = ctypes.CDLL(path)
-    lib.jitattn_version.restype = ctypes.c_char_p
-    lib.jitattn_last_error.restype = ctypes.c_char_p
+    p, size, status = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    signatures = {
+        "jitattn_fwd_options_init_sized": (None, [p, size]),
+        "jitattn_fwd": (status, [p, p, p, p, p, p, p]),
+        "jitattn_fwd_split": (status, [p, p, p, p, p, p, p, size, p]),
+        "jitattn_fwd_workspace_bytes": (status, [p, p, p, p, p, p, p]),
+        "jitattn_fwd_varlen": (status, [p, p, p, p, p, p, p, p, ctypes.c_int32, ctypes.c_int32, p, p]),
+        "jitattn_fwd_varlen_split": (status, [p, p, p, p, p, p, p, p, size, p]),
+        "jitattn_fwd_varlen_workspace_bytes": (status, [p, p, p, p, p, p, p, p]),
+        "jitattn_fwd_kvcache": (status, [p, p, p, p, p, p, size, p]),
+        "jitattn_kvcache_workspace_bytes": (status, [p, p, p, p, p, p]),
+        "jitattn_merge_states": (status, [p, p, p, p, p]),
+        "jitattn_merge_state": (status, [p, p, p, p, p, p, p]),
+        "jitattn_warm": (status, [ctypes.c_char_p, ctypes.c_char_p]),
+        "jitattn_configure": (status, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]),
+        "jitattn_last_error": (ctypes.c_char_p, []),
+        "jitattn_version": (ctypes.c_char_p, []),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
     return lib
 
 

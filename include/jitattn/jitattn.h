@@ -181,9 +181,6 @@ JITATTN_C_API jitattn_status jitattn_fwd_varlen_workspace_bytes(const jitattn_te
                                                                 const jitattn_varlen_args* args,
                                                                 const jitattn_fwd_options* options, size_t* bytes);
 
-/* Merge attention states (see merge_states in jitattn.hpp): states [N, rows, H, D] f32/f16/bf16,
- * lse f32 [N, rows, H] (natural log, -INFINITY = empty state), out [rows, H, D] f32/f16/bf16,
- * out_lse (nullable) f32 [rows, H]. out = sum_s exp(lse_s - out_lse) * states_s; 0 when every lse_s is -inf. */
 /* KV-cache attention (KVCacheArgs and Runtime::forward_kvcache in jitattn.hpp).
  * k_cache/v_cache [batch_cache, max_seqlen, Hkv, D] or paged [pages, page_size, Hkv, D];
  * cache_seqlens i32 [batch]; block_table (paged) i32 [batch, max_pages], cache_batch_idx
@@ -223,6 +220,9 @@ JITATTN_C_API jitattn_status jitattn_kvcache_workspace_bytes(const jitattn_tenso
                                                              const jitattn_tensor* out, const jitattn_tensor* lse,
                                                              const jitattn_fwd_options* options, size_t* bytes);
 
+/* Merge attention states (see merge_states in jitattn.hpp): states [N, rows, H, D] f32/f16/bf16,
+ * lse f32 [N, rows, H] (natural log, -INFINITY = empty state; +INFINITY too), out [rows, H, D] f32/f16/bf16,
+ * out_lse (nullable) f32 [rows, H]. out = sum_s exp(lse_s - out_lse) * states_s; 0 when every lse_s is -inf. */
 JITATTN_C_API jitattn_status jitattn_merge_states(const jitattn_tensor* states, const jitattn_tensor* lse,
                                                   const jitattn_tensor* out, const jitattn_tensor* out_lse,
                                                   void* stream);

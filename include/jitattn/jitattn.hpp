@@ -461,8 +461,9 @@ class JITATTN_API Runtime {
   WarmResult warm(const std::string& spec_text, const std::string& arch);
 
   // The kernel spec text a forward call with these arguments would use
-  // (without a workspace; with one the call may split: the same text plus
-  // ".split", which `jitattn warm` takes like any other).
+  // without a workspace. With one the call may split, on other tiles (not
+  // this text plus ".split"): `jitattn plan ... --manifest` lists the kernels
+  // of either call for `jitattn warm --manifest`.
   std::string spec_for(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView* lse = nullptr,
                        const ForwardOptions& options = {});
