@@ -318,14 +318,16 @@ struct KVCacheArgs {
   // Split-KV: 0 lets the library choose, 1 disables it, n forces n (<= 128).
   int num_splits = 0;
   // The longest cache_seqlens[b] + seqlen_new (minus cache_leftpad[b] where
-  // given), if known: sizes the splits. 0 assumes the cache capacity.
+  // given), if known: sizes the splits. A promise about the device values:
+  // split calls cut the keys into pieces up to it, so a longer sequence may
+  // lose the keys past it. 0 assumes the cache capacity, which always holds.
   int max_seqlen_k = 0;
   // The sum over the batch of cache_seqlens[b] + seqlen_new, if known (with
   // max_seqlen_k): where the lengths are uneven, the library splits the keys
   // so that the longest sequences do not run alone at the end. 0: every
-  // sequence is taken to be max_seqlen_k long. Like max_seqlen_k a promise
-  // about the device values, used only for planning (the results do not
-  // depend on it); a captured graph keeps the split count of its capture.
+  // sequence is taken to be max_seqlen_k long. Used only for planning (the
+  // results do not depend on it); a captured graph keeps the split count of
+  // its capture.
   int64_t total_seqlen_k = 0;
   // Split counts chosen on the device, from cache_seqlens as they are when
   // the call runs: for CUDA graphs replayed with lengths other than the
