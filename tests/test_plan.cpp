@@ -1935,6 +1935,19 @@ TEST_CASE("forward with a workspace splits calls whose tiles leave the GPU under
   CHECK(forced.attention.spec.split);
   CHECK_FALSE(forced.attention.spec.persistent);
   CHECK(forced.attention.num_splits == 2);
+  // So does the RoPE producer layout at head dim 64 (256-row mma.sync tiles, no partial results).
+  Call rope = wave;
+  rope.q = rope.out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 2048, 32, 64});
+  rope.k = rope.v = TensorView::contiguous(address(0x20000), DType::bf16, {1, 200, 32, 64});
+  rope.lse = TensorView::contiguous(address(0x50000), DType::f32, {1, 32, 2048});
+  rope.options.rope.style = RopeStyle::rotate_half;
+  rope.options.num_splits = 0;
+  REQUIRE(plan_split(rope, hopper).attention.spec.text().find(".br256.bc64.w8.s3.") != std::string::npos);
+  rope.options.num_splits = 2;
+  const auto rope_forced = plan_split(rope, hopper);
+  INFO(rope_forced.attention.spec.text());
+  CHECK(rope_forced.attention.spec.split);
+  CHECK(rope_forced.attention.num_splits == 2);
   // Forced counts need a workspace; a short or misaligned one is refused.
   decode.options.num_splits = 3;
   CHECK_THROWS_WITH_AS(decode.plan(), doctest::Contains("options.num_splits=3: splitting needs a workspace"), Error);
@@ -2134,9 +2147,11 @@ TEST_CASE("varlen with a workspace splits over the longest sequence's keys; a bl
   bad.options.rope.style = RopeStyle::rotate_half;
   CHECK_THROWS_WITH_AS(bad.plan(), doctest::Contains("options.rope: not supported over a paged cache"), Error);
   bad.options.rope.style = RopeStyle::none;
+  // A hint past the table's capacity (FlashAttention takes over-estimates) plans as the capacity.
   bad.varlen.max_seqlen_k = 128 * 64 + 1;
-  CHECK_THROWS_WITH_AS(bad.plan(), doctest::Contains("max_seqlen_k=8193 must be between 0 and page_size × max_pages=8192"),
-                       Error);
+  CHECK(bad.plan().params.seqlen_k == 8192);
+  bad.varlen.max_seqlen_k = -1;
+  CHECK_THROWS_WITH_AS(bad.plan(), doctest::Contains("varlen: max_seqlen_k=-1 must be at least 0"), Error);
   bad.varlen.max_seqlen_k = 8192;
   bad.varlen.block_table = &bad.table;
   CHECK_THROWS_WITH_AS(plan_forward_varlen(bad.q, bad.k, bad.k, bad.out, nullptr, bad.varlen, bad.options, hopper,
@@ -2934,6 +2949,16 @@ TEST_CASE("varlen: packed tensors plan to a varlen spec, a per-sequence grid and
   { VarlenCall c; c.varlen.cu_seqlens_k.shape[0] = 3; rejects(c, "cu_seqlens_k: shape"); }  // another batch
   { VarlenCall c; c.varlen.max_seqlen_q = 0; rejects(c, "max_seqlen_q="); }
   { VarlenCall c; c.varlen.max_seqlen_q = -1; rejects(c, "max_seqlen_q="); }
+  {
+    // Over-estimated hints (FlashAttention takes them) plan as the tensors' bounds: all 500 queries, all 900 keys.
+    VarlenCall c;
+    c.varlen.max_seqlen_q = 4096;
+    c.varlen.max_seqlen_k = 100000;
+    const ForwardPlan loose = c.plan();
+    CHECK(loose.params.seqlen_q == 500);
+    CHECK(loose.params.seqlen_k == 900);
+    CHECK(loose.grid == (500 + loose.spec.block_q - 1) / loose.spec.block_q * 8 * 3);
+  }
   { VarlenCall c; c.seqused.shape[0] = 4; rejects(c, "seqused_k: shape"); }
   { VarlenCall c; c.seqused.shape[0] = 2; rejects(c, "seqused_k: shape"); }
   { VarlenCall c; c.lse.shape[1] = 501; rejects(c, "lse: shape"); }

@@ -225,6 +225,10 @@ struct ForwardOptions {
   // partial results are then merged by a second kernel). Without a
   // workspace they never split, so n > 1 is rejected there; forward_kvcache
   // reads KVCacheArgs::num_splits instead and rejects anything but 0 here.
+  // Kernels that write no partial results refuse n > 1, naming the rule:
+  // forced persistent or producer-layout (mma.sync, stages > 0) tiles, head
+  // dims that are not a multiple of 8, and V's own head dim (dvN). The
+  // planner's own choices yield to a forced count.
   int num_splits = 0;
 };
 

@@ -121,9 +121,9 @@ Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorVie
   }
   if (varlen.seqused_k != nullptr) check_i32_vector("seqused_k", *varlen.seqused_k, batch, "batch");
   const int64_t total_q = q.shape[0];
-  if (varlen.max_seqlen_q < 0 || (varlen.max_seqlen_q == 0 && total_q > 0 && batch > 0) || varlen.max_seqlen_q > total_q) {
-    reject(fmt::format("varlen: max_seqlen_q={} must be between 1 and total_q={} (0 only when there are no queries)",
-                       varlen.max_seqlen_q, total_q));
+  if (varlen.max_seqlen_q < 0 || (varlen.max_seqlen_q == 0 && total_q > 0 && batch > 0)) {
+    reject(fmt::format("varlen: max_seqlen_q={} must be at least 1 (0 only when there are no queries)",
+                       varlen.max_seqlen_q));
   }
   Problem problem = problem_of(q, k, v, out);
   problem.batch = batch;
@@ -138,12 +138,12 @@ Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorVie
              "e.g. forward_kvcache's k_new, and q before the call)");
     }
   }
-  if (varlen.max_seqlen_k < 0 || varlen.max_seqlen_k > capacity) {
-    reject(fmt::format("varlen: max_seqlen_k={} must be between 0 and {}={}", varlen.max_seqlen_k,
-                       paged ? "page_size × max_pages" : "total_k", capacity));
-  }
-  problem.seqlen_q = varlen.max_seqlen_q;
-  problem.seqlen_k = varlen.max_seqlen_k;
+  if (varlen.max_seqlen_k < 0) reject(fmt::format("varlen: max_seqlen_k={} must be at least 0", varlen.max_seqlen_k));
+  // Hints above what the tensors hold (FlashAttention takes over-estimates)
+  // are the tensors' bounds: no sequence is longer than all the queries, or
+  // than the keys (packed) or the block table's pages.
+  problem.seqlen_q = std::min<int64_t>(varlen.max_seqlen_q, total_q);
+  problem.seqlen_k = std::min<int64_t>(varlen.max_seqlen_k, capacity);
   problem.queries_bound = total_q;
   problem.keys_bound = capacity;
   problem.seqlen_k_hinted = varlen.max_seqlen_k > 0;

@@ -767,8 +767,11 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
   // time (cp.async, a table lookup per row): they keep the mma.sync kernel.
   constexpr int64_t kMinTensorCopyPageRows = 8;
   if (problem.paged && page_rows < kMinTensorCopyPageRows) wgmma.reset();
+  // (The producer layout writes no partial results: a forced split count
+  // keeps the tiles that do.)
+  const bool split_forced = problem.may_split && problem.num_splits > 1;
   const bool rope_producer =
-      has_rope && !problem.kvcache && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas;
+      has_rope && !problem.kvcache && kernel_dim == 64 && !long_keys && ctas_of(256) >= kMinCtas && !split_forced;
   // Unaligned head dims on sm_90a: 128-row wgmma tiles of two warpgroups
   // (the producer shifts rows into them: FwdConfig::kStagedRows), under the
   // rules of the aligned ones; 64-key blocks above head dim 64, where 128
@@ -842,9 +845,8 @@ void choose_family(KernelSpec& spec, TileConfig& tiles, KernelChoice& choice, co
     const bool pays = chunked_causal ? std::min<int64_t>(seqlen_k, facts.chunk) <= 4096
                       : causal       ? causal_pays
                                      : seqlen_k <= (small_head ? 4096 : 1024);
-    // A split count the caller forced (num_splits > 1) takes the ordinary
+    // A split count the caller forced (split_forced) takes the ordinary
     // grid: persistent grids write no partial results.
-    const bool split_forced = problem.may_split && problem.num_splits > 1;
     spec.persistent = !spills && !problem.kvcache && !split_forced && kernel_dim <= 128 && pays &&
                       tile_count > problem.sm_count;
     // Long calls at head dim 128, without a mask or causal, take 176-key
