@@ -411,6 +411,27 @@ void warm_combine_specs() {
 
 }  // namespace
 
+// Two states of `s` (num_states 2) in separate device arrays: a contiguous;
+// b with padded heads and rows; lse_a contiguous; lse_b stored [heads, rows].
+// The LSEs uploaded are `lse` (s.lse, or a variant of it).
+struct TwoStates {
+  TwoStates(const States& s, DType dtype, const std::vector<float>& lse)
+      : shape{s.rows, s.heads, s.head_dim},
+        lse_shape{s.rows, s.heads},
+        a(dtype, shape, layout_strides(shape, {0, 1, 2}, 0)),
+        b(dtype, shape, layout_strides(shape, {0, 1, 2}, 8)),
+        lse_a(DType::f32, lse_shape, layout_strides(lse_shape, {0, 1}, 0)),
+        lse_b(DType::f32, lse_shape, layout_strides(lse_shape, {1, 0}, 1)) {
+    const size_t half = lse.size() / 2;
+    a.upload(std::vector<float>(s.values.begin(), s.values.begin() + half * s.head_dim));
+    b.upload(std::vector<float>(s.values.begin() + half * s.head_dim, s.values.end()));
+    lse_a.upload(std::vector<float>(lse.begin(), lse.begin() + half));
+    lse_b.upload(std::vector<float>(lse.begin() + half, lse.end()));
+  }
+  std::vector<int64_t> shape, lse_shape;
+  DeviceArray a, b, lse_a, lse_b;
+};
+
 TEST_SUITE("gpu merge") {
 
 TEST_CASE("merge_states: 1 to 128 states × head dims 64/128/256/40 × every state and out dtype, three layouts") {
@@ -501,24 +522,16 @@ TEST_CASE("merge_state: two states in separate buffers with their own strides") 
         const int heads = std::uniform_int_distribution<int>(1, 6)(rng);
         const States s = random_states(2, rows, heads, head_dim, state_dtype, rng);
         const Expected e = reference(s);
-        const std::vector<int64_t> shape = {rows, heads, head_dim}, lse_shape = {rows, heads};
-        // a contiguous; b with padded heads and rows; lse_b stored [heads, rows]; out stored [heads, rows, D].
-        DeviceArray a(state_dtype, shape, layout_strides(shape, {0, 1, 2}, 0));
-        DeviceArray b(state_dtype, shape, layout_strides(shape, {0, 1, 2}, 8));
-        DeviceArray lse_a(DType::f32, lse_shape, layout_strides(lse_shape, {0, 1}, 0));
-        DeviceArray lse_b(DType::f32, lse_shape, layout_strides(lse_shape, {1, 0}, 1));
-        DeviceArray out(out_dtype, shape, layout_strides(shape, {1, 0, 2}, 0));
-        DeviceArray out_lse(DType::f32, lse_shape, layout_strides(lse_shape, {0, 1}, 2));
-        const size_t half = s.lse.size() / 2;
-        a.upload(std::vector<float>(s.values.begin(), s.values.begin() + half * head_dim));
-        b.upload(std::vector<float>(s.values.begin() + half * head_dim, s.values.end()));
-        lse_a.upload(std::vector<float>(s.lse.begin(), s.lse.begin() + half));
-        lse_b.upload(std::vector<float>(s.lse.begin() + half, s.lse.end()));
+        TwoStates in(s, state_dtype, s.lse);
+        // out stored [heads, rows, D].
+        DeviceArray out(out_dtype, in.shape, layout_strides(in.shape, {1, 0, 2}, 0));
+        DeviceArray out_lse(DType::f32, in.lse_shape, layout_strides(in.lse_shape, {0, 1}, 2));
         const TensorView out_lse_view = out_lse.view();
         const std::string what = fmt::format("merge_state {}→{} rows={} heads={} head_dim={} seed={}", name_of(state_dtype),
                                              name_of(out_dtype), rows, heads, head_dim, seed);
         try {
-          gpu_tests_runtime().merge_state(a.view(), lse_a.view(), b.view(), lse_b.view(), out.view(), &out_lse_view);
+          gpu_tests_runtime().merge_state(in.a.view(), in.lse_a.view(), in.b.view(), in.lse_b.view(), out.view(),
+                                          &out_lse_view);
         } catch (const std::exception& error) {
           FAIL_CHECK(fmt::format("{}: {}", what, error.what()));
           continue;
@@ -540,7 +553,6 @@ TEST_CASE("merge_state: an LSE of +inf (FlashAttention 2's empty row) is empty; 
       const int rows = std::uniform_int_distribution<int>(4, 40)(rng);
       const int heads = std::uniform_int_distribution<int>(1, 6)(rng);
       const States s = random_states(2, rows, heads, head_dim, dtype, rng);
-      const size_t pairs = s.lse.size() / 2;
       // The empty states (-inf in the reference, NaN values) are given to the kernel as +inf, half of them.
       std::vector<float> given = s.lse;
       size_t plus_inf = 0;
@@ -549,26 +561,20 @@ TEST_CASE("merge_state: an LSE of +inf (FlashAttention 2's empty row) is empty; 
       }
       REQUIRE(plus_inf > 0);
       const Expected e = reference(s);
-      const std::vector<int64_t> shape = {rows, heads, head_dim}, lse_shape = {rows, heads};
-      DeviceArray a(dtype, shape, layout_strides(shape, {0, 1, 2}, 0));
-      DeviceArray b(dtype, shape, layout_strides(shape, {0, 1, 2}, 8));
-      DeviceArray lse_a(DType::f32, lse_shape, layout_strides(lse_shape, {0, 1}, 0));
-      DeviceArray lse_b(DType::f32, lse_shape, layout_strides(lse_shape, {1, 0}, 1));
-      a.upload(std::vector<float>(s.values.begin(), s.values.begin() + pairs * head_dim));
-      b.upload(std::vector<float>(s.values.begin() + pairs * head_dim, s.values.end()));
-      lse_a.upload(std::vector<float>(given.begin(), given.begin() + pairs));
-      lse_b.upload(std::vector<float>(given.begin() + pairs, given.end()));
+      TwoStates in(s, dtype, given);
       // Out is a itself and out_lse lse_a: every state of a row is read before its output is written.
-      const TensorView out_lse_view = lse_a.view();
+      DeviceArray& a = in.a;
+      const TensorView out_lse_view = in.lse_a.view();
       const std::string what = fmt::format("merge_state in place {} rows={} heads={} head_dim={} +inf={} seed={}",
                                            name_of(dtype), rows, heads, head_dim, plus_inf, seed);
       try {
-        gpu_tests_runtime().merge_state(a.view(), lse_a.view(), b.view(), lse_b.view(), a.view(), &out_lse_view);
+        gpu_tests_runtime().merge_state(a.view(), in.lse_a.view(), in.b.view(), in.lse_b.view(), a.view(),
+                                        &out_lse_view);
       } catch (const std::exception& error) {
         FAIL_CHECK(fmt::format("{}: {}", what, error.what()));
         continue;
       }
-      const MergeVerdict v = judge(s, e, dtype, a.read(), lse_a.read(), 1e-5);
+      const MergeVerdict v = judge(s, e, dtype, a.read(), in.lse_a.read(), 1e-5);
       CHECK_MESSAGE(v.ok(), fmt::format("{}: {}", what, v.summary()));
     }
   }
