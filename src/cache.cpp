@@ -143,22 +143,6 @@ std::string temp_path_for(const std::string& path) {
   return fmt::format("{}.{}.{:016x}.tmp", path, ::getpid(), suffix);
 }
 
-// Holds flock(LOCK_EX) on a lock file while alive. When the file cannot be
-// opened or locked it holds nothing: the lock only saves duplicate builds.
-// Only clear() removes lock files: a process locking a fresh file under the
-// same name would not exclude one holding the old one (a duplicate build).
-class KeyLock {
- public:
-  explicit KeyLock(const std::string& path) : file_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
-    if (file_.fd < 0) return;
-    while (::flock(file_.fd, LOCK_EX) != 0 && errno == EINTR) {
-    }
-  }
-
- private:
-  Fd file_;  // closing it releases the lock
-};
-
 Entry run_build(const std::string& key, const std::function<Entry()>& build, bool* built) {
   Entry entry = build();
   if (entry.meta.key != key) {
@@ -222,6 +206,16 @@ std::string publish_file(std::string_view bytes, const std::string& path) {
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
   return publish_once(bytes, path, &vanished);
+}
+
+FileLock::FileLock(const std::string& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+  if (fd_ < 0) return;
+  while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 std::string make_cache_key(const CacheKeyInputs& inputs) {
@@ -314,7 +308,7 @@ Entry Cache::get_or_build(const std::string& key, const std::function<Entry()>& 
 FileCache::FileCache(std::string dir)
     : dir_(std::move(dir)), kernels_dir_((fs::path(dir_) / "v1" / "kernels").string()) {
   if (dir_.empty()) {
-    readable_ = writable_ = false;
+    writable_ = false;
     unwritable_why_ = "no cache directory given";
     report(unwritable_why_ + "; continuing without the disk cache");
     return;
@@ -354,7 +348,7 @@ void FileCache::report(const std::string& why) const {
 
 std::optional<Entry> FileCache::get(const std::string& key) {
   check_key(key);
-  if (!readable_) return std::nullopt;
+  if (dir_.empty()) return std::nullopt;
   const std::string path = entry_path(key);
   std::vector<char> bytes;
   struct stat read_stat {};
@@ -394,7 +388,7 @@ Entry FileCache::get_or_build(const std::string& key, const std::function<Entry(
   if (store_error) store_error->clear();
   if (std::optional<Entry> hit = get(key)) return std::move(*hit);
   // Lock only on a miss, so a hit never touches the lock file.
-  std::optional<KeyLock> lock;
+  std::optional<FileLock> lock;
   if (writable_) lock.emplace(kernels_dir_ + "/" + key + ".lock");
   // Looks again first: another process may have built the entry while this one waited.
   return Cache::get_or_build(key, build, built, store_error);

@@ -102,7 +102,6 @@ class FileCache final : public Cache {
   void report(const std::string& why) const;
   std::string dir_;
   std::string kernels_dir_;
-  bool readable_ = true;        // a directory was given
   bool writable_ = true;
   std::string unwritable_why_;  // put()'s answer when !writable_
   mutable std::mutex mutex_;
@@ -118,6 +117,22 @@ class NoCache final : public Cache {
   size_t clear() override { return 0; }
   std::string location() const override { return "(disabled)"; }
   bool writable() const override { return false; }
+};
+
+// Holds flock(LOCK_EX) on a lock file (created if need be) while alive,
+// between processes. When the file cannot be opened or locked it holds
+// nothing: callers use it to save duplicate work, never for correctness.
+// Lock files are left in place: a process locking a fresh file under the
+// same name would not exclude one holding the old one.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
 };
 
 // Writes `bytes` to `path` atomically (a temporary file in the same directory,

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 
+#include "cli/presets.hpp"
 #include "plan.hpp"
 #include "reference.hpp"
 
@@ -19,10 +20,7 @@ void* address(uintptr_t base) { return reinterpret_cast<void*>(base); }
 // A paged cache's V pages right after K's, in one allocation (as engines
 // keep a layer's cache): kernels that read both by one tensor copy need
 // them apart (KernelSpec::interleaved_kv).
-void values_after_keys(KVCacheArgs& cache) {
-  cache.v_cache = cache.k_cache;
-  cache.v_cache.data = static_cast<char*>(cache.k_cache.data) + cache.k_cache.shape[0] * cache.k_cache.strides[0] * 2;
-}
+void values_after_keys(KVCacheArgs& cache) { cache.v_cache = jitattn::cli::values_after(cache.k_cache); }
 
 // A contiguous bf16 KV cache of `batch` sequences of `rows` rows (K, V and
 // cache_seqlens at fixed fake addresses).

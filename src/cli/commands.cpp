@@ -2,9 +2,7 @@
 // for scripts); progress, warnings and errors go to stderr.
 #include "cli/commands.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -938,22 +936,15 @@ int tune(const Config& config, const TuneOptions& options) {
   // (Without a lock file, as on a read-only directory, save reports the error.)
   std::error_code ec;
   fs::create_directories(fs::path(tuning_path(config)).parent_path(), ec);
-  const int lock_fd = ::open((tuning_path(config) + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd >= 0) {
-    while (::flock(lock_fd, LOCK_EX) != 0 && errno == EINTR) {
-    }
-  }
-  detail::TuningTable table = load_tuning(config);
-  table.library_version = jitattn::version();
-  table.nvrtc_version = detail::nvrtc_info().version();
-  for (const detail::TunedChoice& choice : winners) table.set(choice);
-  try {
+  detail::TuningTable table;
+  {
+    const detail::FileLock lock(tuning_path(config) + ".lock");
+    table = load_tuning(config);
+    table.library_version = jitattn::version();
+    table.nvrtc_version = detail::nvrtc_info().version();
+    for (const detail::TunedChoice& choice : winners) table.set(choice);
     table.save(config.cache_dir);
-  } catch (...) {
-    if (lock_fd >= 0) ::close(lock_fd);
-    throw;
   }
-  if (lock_fd >= 0) ::close(lock_fd);  // releases the lock
 
   auto builtin_of = [](const detail::TunedChoice& choice) {
     const detail::ShapeClass& s = choice.shape;

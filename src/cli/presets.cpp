@@ -449,7 +449,10 @@ void add_engine_sweep_specs(const AttentionShape& shape, RopeForm form, const de
       const ForwardOptions options = shape_options(shape, form, window, seqlen, tables);
       const TensorView q = TensorView::contiguous(address(0x10000), shape.dtype, {batch, seqlen, heads_q, dim});
       const TensorView kv = TensorView::contiguous(address(0x20000), shape.dtype, {batch, seqlen, heads_kv, dim});
-      add(detail::plan_forward(q, kv, values_after(kv), q, nullptr, options, arch, max_smem, 132).spec);
+      // (Without RoPE add_forward_specs plans these over the same grid.)
+      if (form != RopeForm::none) {
+        add(detail::plan_forward(q, kv, values_after(kv), q, nullptr, options, arch, max_smem, 132).spec);
+      }
       add_split(detail::plan_forward_split(q, kv, values_after(kv), q, nullptr, options, workspace, workspace_bytes, false, arch,
                                            max_smem, 132));
     }
