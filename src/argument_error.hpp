@@ -14,4 +14,13 @@ namespace jitattn::detail {
 // A tensor's shape as "[2, 128, 8, 64]", for messages.
 std::string shape_text(const TensorView& t);
 
+// `t` with the strides of its dimensions of extent 0 or 1 replaced by the
+// packed value (the next dimension's extent × stride; 1 for the last). Such a
+// dimension is never stepped, and frameworks leave any stride there: PyTorch
+// keeps a sliced or unsqueezed dimension's old stride, or 1. The rules on
+// strides (16-byte rows) and the tensor maps then see only strides that
+// address memory. Where the product would overflow, the stride is kept (and
+// refused by those rules if it breaks them).
+TensorView settled_strides(const TensorView& t);
+
 }  // namespace jitattn::detail

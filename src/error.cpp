@@ -16,5 +16,19 @@ std::string shape_text(const TensorView& t) {
   return text + "]";
 }
 
+TensorView settled_strides(const TensorView& t) {
+  TensorView settled = t;
+  for (int axis = t.ndim - 1; axis >= 0; --axis) {
+    if (t.shape[axis] > 1) continue;
+    if (axis == t.ndim - 1) {
+      settled.strides[axis] = 1;
+    } else if (int64_t packed = 0;
+               !__builtin_mul_overflow(settled.shape[axis + 1], settled.strides[axis + 1], &packed)) {
+      settled.strides[axis] = packed;
+    }
+  }
+  return settled;
+}
+
 }  // namespace detail
 }  // namespace jitattn

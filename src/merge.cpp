@@ -187,8 +187,10 @@ CombinePlan plan_combine(const CombineProblem& problem) {
   return plan;
 }
 
-CombinePlan plan_merge_states(const TensorView& states, const TensorView& lse, const TensorView& out,
+CombinePlan plan_merge_states(const TensorView& given_states, const TensorView& lse, const TensorView& given_out,
                               const TensorView* out_lse) {
+  // (A dimension of extent 1 then never keeps the 16-byte path from a state or out.)
+  const TensorView states = settled_strides(given_states), out = settled_strides(given_out);
   static const char* const state_axes[4] = {"num_states", "rows", "heads", "head_dim"};
   if (states.ndim != 4) {
     reject(fmt::format("states: must have 4 dimensions [num_states, rows, heads, head_dim], got {}", states.ndim));
@@ -226,8 +228,9 @@ CombinePlan plan_merge_states(const TensorView& states, const TensorView& lse, c
   return plan_combine(q);
 }
 
-CombinePlan plan_merge_state(const TensorView& a, const TensorView& lse_a, const TensorView& b,
-                             const TensorView& lse_b, const TensorView& out, const TensorView* out_lse) {
+CombinePlan plan_merge_state(const TensorView& given_a, const TensorView& lse_a, const TensorView& given_b,
+                             const TensorView& lse_b, const TensorView& given_out, const TensorView* out_lse) {
+  const TensorView a = settled_strides(given_a), b = settled_strides(given_b), out = settled_strides(given_out);
   static const char* const row_axes[3] = {"rows", "heads", "head_dim"};
   if (a.ndim != 3) reject(fmt::format("a: must have 3 dimensions [rows, heads, head_dim], got {}", a.ndim));
   check_extents("a", a, row_axes);

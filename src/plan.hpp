@@ -211,10 +211,4 @@ KVCachePlan plan_kvcache(const TensorView& q, const KVCacheArgs& args, const Ten
                          const ForwardOptions& options, void* workspace, size_t workspace_bytes, bool sizing_only,
                          const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning = nullptr);
 
-// The attention launch of plan_kvcache alone.
-ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
-                                 const TensorView* lse, const ForwardOptions& options, void* workspace,
-                                 size_t workspace_bytes, bool sizing_only, const Arch& arch, int max_smem_bytes,
-                                 int sm_count, const TuningTable* tuning = nullptr);
-
 }  // namespace jitattn::detail

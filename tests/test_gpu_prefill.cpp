@@ -20,13 +20,19 @@ using namespace jitattn::test;
 
 namespace {
 
-enum class Layout { contiguous, padded, heads_major };
+// unit_dims_odd: padded, with an odd stride on every dimension of extent 1
+// (never stepped; PyTorch leaves such strides after slicing or unsqueeze).
+enum class Layout { contiguous, padded, heads_major, unit_dims_odd };
 
 void strides_for(Layout layout, const int64_t (&shape)[4], int64_t (&strides)[4]) {
   switch (layout) {
     case Layout::contiguous: contiguous_strides(shape, strides); break;
     case Layout::padded: padded_strides(shape, strides); break;
     case Layout::heads_major: heads_major_strides(shape, strides); break;
+    case Layout::unit_dims_odd:
+      padded_strides(shape, strides);
+      for (int axis = 0; axis < 3; ++axis) strides[axis] = shape[axis] == 1 ? 3 + 2 * axis : strides[axis];
+      break;
   }
 }
 
@@ -71,8 +77,12 @@ KernelRun run_kernel(const Problem& problem, const Inputs& in, TileConfig tiles)
   const auto& s = problem.shape;
   const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
   int64_t out_strides[4];
-  // Output in a different layout than the inputs, to exercise its strides.
-  strides_for(problem.layout == Layout::contiguous ? Layout::heads_major : Layout::contiguous, q_shape, out_strides);
+  // Output in a different layout than the inputs, to exercise its strides
+  // (odd unit-dimension strides in out too).
+  const Layout out_layout = problem.layout == Layout::unit_dims_odd ? Layout::unit_dims_odd
+                            : problem.layout == Layout::contiguous  ? Layout::heads_major
+                                                                     : Layout::contiguous;
+  strides_for(out_layout, q_shape, out_strides);
   DeviceTensor out(problem.dtype, q_shape, out_strides);
   const size_t lse_count = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
   DeviceBuffer lse(lse_count * 4);
@@ -258,6 +268,28 @@ TEST_CASE("prefill matches the GPU reference on large shapes with non-default st
           for (const auto& tiles : tile_choices) check_against(problem, run_kernel(problem, in, tiles), exact, rounded, seed);
         }
       }
+    }
+  }
+}
+
+TEST_CASE("dimensions of extent 1 may have any stride") {
+  const uint64_t seed = clock_seed();
+  std::mt19937_64 rng(seed);
+  // batch 1, one query row or one KV head: the strides of those dimensions are
+  // odd (not 16-byte steps) in q, k, v and out; the planner takes them as packed.
+  const std::vector<AttentionShape> shapes = {
+      {1, 1, 300, 4, 1, 64, false, 0.f}, {1, 1, 300, 4, 1, 64, true, 0.f}, {1, 77, 190, 2, 1, 128, true, 0.f},
+      {1, 200, 200, 1, 1, 64, false, 0.f}};
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (const AttentionShape& shape : shapes) {
+      Problem problem;
+      problem.dtype = dtype;
+      problem.layout = Layout::unit_dims_odd;
+      problem.shape = shape;
+      const Inputs in = make_inputs(problem, rng);
+      const ReferenceOutput exact = gpu_reference(problem.shape, *in.dq, *in.dk, *in.dv, true);
+      const ReferenceOutput rounded = gpu_reference(problem.shape, *in.dq, *in.dk, *in.dv, false);
+      check_against(problem, run_kernel(problem, in, {}), exact, rounded, seed);
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 
+#include "argument_error.hpp"
 #include "cli/presets.hpp"
 #include "plan.hpp"
 #include "reference.hpp"
@@ -3049,6 +3050,57 @@ TEST_CASE("an unbounded window side reaches every key whatever the max_seqlen hi
   causal.causal = true;
   const KVCachePlan cache_plan = plan_kvcache(cq, args, cq, nullptr, causal, nullptr, 0, true, arch, 227 * 1024, 132);
   CHECK(cache_plan.attention.params.window_left >= 8192 + 1);
+}
+
+TEST_CASE("dimensions of extent 1 may have any stride: they are never stepped") {
+  // settled_strides: extents 0 and 1 take the packed value, the last dimension 1.
+  TensorView t = TensorView::contiguous(address(0x10000), DType::bf16, {1, 7, 1, 64});
+  t.strides[0] = 3, t.strides[1] = 24 * 64, t.strides[2] = 5;
+  TensorView settled = settled_strides(t);
+  CHECK((settled.strides[0] == 7 * 24 * 64 && settled.strides[1] == 24 * 64 && settled.strides[2] == 64 &&
+         settled.strides[3] == 1));
+  t.shape[3] = 1, t.strides[3] = 9;
+  CHECK(settled_strides(t).strides[3] == 1);
+  t.shape[3] = 64, t.strides[3] = 1, t.shape[1] = 0;  // no rows: that stride is settled too
+  CHECK(settled_strides(t).strides[1] == 64);
+  CHECK(settled_strides(t).strides[0] == 0);
+  t.shape[0] = 2, t.shape[1] = 7;  // extents above 1 keep their strides
+  CHECK((settled_strides(t).strides[0] == 3 && settled_strides(t).strides[1] == 24 * 64));
+
+  // Dense: batch 1, one KV head, odd strides on those dimensions everywhere.
+  Call call;
+  call.q.shape[0] = call.k.shape[0] = call.v.shape[0] = call.out.shape[0] = call.lse.shape[0] = 1;
+  call.k.shape[2] = call.v.shape[2] = 1;
+  call.k.strides[1] = call.v.strides[1] = 128;
+  call.q.strides[0] = 12, call.k.strides[0] = 7, call.v.strides[0] = 1, call.out.strides[0] = 5;
+  call.k.strides[2] = 3, call.v.strides[2] = 1;
+  const FwdParams p = call.plan().params;
+  CHECK(p.q_batch_stride == 100 * 8 * 128);
+  CHECK(p.k_batch_stride == 300 * 128);
+  CHECK(p.o_batch_stride == 100 * 8 * 128);
+  CHECK((p.k_head_stride == 128 && p.v_head_stride == 128));
+  // A dimension that is stepped keeps the rule.
+  call.q.shape[0] = call.k.shape[0] = call.v.shape[0] = call.out.shape[0] = call.lse.shape[0] = 2;
+  call.k.strides[0] = call.v.strides[0] = 300 * 128, call.out.strides[0] = 100 * 8 * 128;
+  CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains("q: batch stride 12 must be a multiple of 8"), Error);
+
+  // KV cache: one query row and one new row whose row strides are odd (q[:, -1:] of a
+  // wider tensor, k[:, None]); the append steps the packed strides.
+  const Arch arch = Arch::parse("sm_90a");
+  TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {4, 1, 32, 128});
+  TensorView out = TensorView::contiguous(address(0x20000), DType::bf16, {4, 1, 32, 128});
+  q.strides[1] = 3, out.strides[1] = 1;
+  KVCacheArgs args = contiguous_cache(4, 4096, 8, 128);
+  TensorView k_new = TensorView::contiguous(address(0x60000), DType::bf16, {4, 1, 8, 128});
+  TensorView v_new = TensorView::contiguous(address(0x70000), DType::bf16, {4, 1, 8, 128});
+  k_new.strides[1] = 5, v_new.strides[1] = 1;
+  args.k_new = &k_new, args.v_new = &v_new;
+  const KVCachePlan plan = plan_kvcache(q, args, out, nullptr, ForwardOptions{}, nullptr, 0, true, arch, 227 * 1024, 132);
+  CHECK(plan.attention.params.q_row_stride == 32 * 128);
+  CHECK(plan.attention.params.o_row_stride == 32 * 128);
+  CHECK(plan.append.params.k_new_strides[1] == 8 * 128);
+  CHECK(plan.append.params.v_new_strides[1] == 8 * 128);
+  CHECK(plan.append.params.k_new_strides[0] == 8 * 128);
 }
 
 }  // TEST_SUITE

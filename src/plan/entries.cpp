@@ -35,7 +35,7 @@ Problem problem_of(const TensorView& q, const TensorView& k, const TensorView& v
   return p;
 }
 
-// A dense call's tensors, validated.
+// A dense call's tensors (their strides settled), validated.
 Problem dense_problem(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const TensorView* lse, int sm_count) {
   check_rows("q", q, 4, true);
@@ -177,21 +177,27 @@ ForwardPlan plan_forward(const TensorView& q, const TensorView& k, const TensorV
                          const TensorView& out, const TensorView* lse, const ForwardOptions& options,
                          const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
   check_unsplit(options, "forward", "forward_workspace_bytes");
-  return plan_problem(dense_problem(q, k, v, out, lse, sm_count), options, arch, max_smem_bytes, tuning, false);
+  const Problem problem = dense_problem(settled_strides(q), settled_strides(k), settled_strides(v),
+                                        settled_strides(out), lse, sm_count);
+  return plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
 }
 
 SplitForwardPlan plan_forward_split(const TensorView& q, const TensorView& k, const TensorView& v,
                                     const TensorView& out, const TensorView* lse, const ForwardOptions& options,
                                     void* workspace, size_t workspace_bytes, bool sizing_only, const Arch& arch,
                                     int max_smem_bytes, int sm_count, const TuningTable* tuning) {
-  return plan_with_workspace(dense_problem(q, k, v, out, lse, sm_count), out, lse, options, workspace,
-                             workspace_bytes, sizing_only, arch, max_smem_bytes, tuning, false);
+  const TensorView settled_out = settled_strides(out);
+  const Problem problem =
+      dense_problem(settled_strides(q), settled_strides(k), settled_strides(v), settled_out, lse, sm_count);
+  return plan_with_workspace(problem, settled_out, lse, options, workspace, workspace_bytes, sizing_only, arch,
+                             max_smem_bytes, tuning, false);
 }
 
 ForwardPlan plan_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                                 const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options,
                                 const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
-  Problem problem = varlen_problem(q, k, v, out, lse, varlen, options, sm_count);
+  const Problem problem = varlen_problem(settled_strides(q), settled_strides(k), settled_strides(v),
+                                         settled_strides(out), lse, varlen, options, sm_count);
   check_unsplit(options, "forward_varlen", "forward_varlen_workspace_bytes");
   return plan_problem(problem, options, arch, max_smem_bytes, tuning, true);
 }
@@ -201,14 +207,36 @@ SplitForwardPlan plan_forward_varlen_split(const TensorView& q, const TensorView
                                            const ForwardOptions& options, void* workspace, size_t workspace_bytes,
                                            bool sizing_only, const Arch& arch, int max_smem_bytes, int sm_count,
                                            const TuningTable* tuning) {
-  return plan_with_workspace(varlen_problem(q, k, v, out, lse, varlen, options, sm_count), out, lse, options,
-                             workspace, workspace_bytes, sizing_only, arch, max_smem_bytes, tuning, true);
+  const TensorView settled_out = settled_strides(out);
+  const Problem problem = varlen_problem(settled_strides(q), settled_strides(k), settled_strides(v), settled_out, lse,
+                                         varlen, options, sm_count);
+  return plan_with_workspace(problem, settled_out, lse, options, workspace, workspace_bytes, sizing_only, arch,
+                             max_smem_bytes, tuning, true);
 }
 
-ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
-                                 const TensorView* lse, const ForwardOptions& options, void* workspace,
-                                 size_t workspace_bytes, bool sizing_only, const Arch& arch, int max_smem_bytes,
-                                 int sm_count, const TuningTable* tuning) {
+namespace {
+
+// A forward_kvcache call's arguments with their tensors' strides settled
+// (settled_strides); args' k_new and v_new point into it.
+struct SettledKVCacheArgs {
+  KVCacheArgs args;
+  TensorView k_new, v_new;
+
+  explicit SettledKVCacheArgs(const KVCacheArgs& given) : args(given) {
+    args.k_cache = settled_strides(given.k_cache);
+    args.v_cache = settled_strides(given.v_cache);
+    if (given.k_new != nullptr) k_new = settled_strides(*given.k_new), args.k_new = &k_new;
+    if (given.v_new != nullptr) v_new = settled_strides(*given.v_new), args.v_new = &v_new;
+  }
+  SettledKVCacheArgs(const SettledKVCacheArgs&) = delete;
+  SettledKVCacheArgs& operator=(const SettledKVCacheArgs&) = delete;
+};
+
+// The attention launch of plan_kvcache (tensors settled).
+ForwardPlan plan_attention_over_cache(const TensorView& q, const KVCacheArgs& args, const TensorView& out,
+                                      const TensorView* lse, const ForwardOptions& options, void* workspace,
+                                      size_t workspace_bytes, bool sizing_only, const Arch& arch,
+                                      int max_smem_bytes, int sm_count, const TuningTable* tuning) {
   const TensorView& k_cache = args.k_cache;
   check_rows("q", q, 4);
   check_rows("k_cache", k_cache, 4);
@@ -300,12 +328,18 @@ ForwardPlan plan_forward_kvcache(const TensorView& q, const KVCacheArgs& args, c
   return plan_problem(problem, options, arch, max_smem_bytes, tuning, false);
 }
 
-KVCachePlan plan_kvcache(const TensorView& q, const KVCacheArgs& args, const TensorView& out, const TensorView* lse,
-                         const ForwardOptions& options, void* workspace, size_t workspace_bytes, bool sizing_only,
-                         const Arch& arch, int max_smem_bytes, int sm_count, const TuningTable* tuning) {
+}  // namespace
+
+KVCachePlan plan_kvcache(const TensorView& given_q, const KVCacheArgs& given_args, const TensorView& given_out,
+                         const TensorView* lse, const ForwardOptions& options, void* workspace, size_t workspace_bytes,
+                         bool sizing_only, const Arch& arch, int max_smem_bytes, int sm_count,
+                         const TuningTable* tuning) {
+  const TensorView q = settled_strides(given_q), out = settled_strides(given_out);
+  const SettledKVCacheArgs settled(given_args);
+  const KVCacheArgs& args = settled.args;
   KVCachePlan plan;
-  plan.attention = plan_forward_kvcache(q, args, out, lse, options, workspace, workspace_bytes, sizing_only, arch,
-                                        max_smem_bytes, sm_count, tuning);
+  plan.attention = plan_attention_over_cache(q, args, out, lse, options, workspace, workspace_bytes, sizing_only, arch,
+                                             max_smem_bytes, sm_count, tuning);
   const FwdParams& fwd = plan.attention.params;
   const KernelSpec& spec = plan.attention.spec;
   if (args.k_new != nullptr && args.k_new->shape[1] > 0 && q.shape[0] > 0) {
