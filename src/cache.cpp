@@ -15,6 +15,7 @@
 #include <random>
 #include <stdexcept>
 #include <system_error>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -210,7 +211,32 @@ std::string publish_file(std::string_view bytes, const std::string& path) {
 
 FileLock::FileLock(const std::string& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
   if (fd_ < 0) return;
-  while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+  int status = 0;
+  while ((status = ::flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {
+  }
+  held_ = status == 0;
+}
+
+FileLock::FileLock(const std::string& path, std::chrono::milliseconds timeout)
+    : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+  if (fd_ < 0) return;
+  // flock has no timed form: poll, from 1 ms up to 50 ms apart (a holder's
+  // release is seen within 50 ms, small beside the compile it waited for).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(1);
+  while (true) {
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
+      held_ = true;
+      return;
+    }
+    if (errno != EWOULDBLOCK && errno != EINTR) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      timed_out_ = true;
+      return;
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
 }
 
@@ -305,8 +331,8 @@ Entry Cache::get_or_build(const std::string& key, const std::function<Entry()>& 
   return entry;
 }
 
-FileCache::FileCache(std::string dir)
-    : dir_(std::move(dir)), kernels_dir_((fs::path(dir_) / "v1" / "kernels").string()) {
+FileCache::FileCache(std::string dir, std::chrono::milliseconds lock_wait)
+    : dir_(std::move(dir)), kernels_dir_((fs::path(dir_) / "v1" / "kernels").string()), lock_wait_(lock_wait) {
   if (dir_.empty()) {
     writable_ = false;
     unwritable_why_ = "no cache directory given";
@@ -387,9 +413,18 @@ Entry FileCache::get_or_build(const std::string& key, const std::function<Entry(
   if (built) *built = false;
   if (store_error) store_error->clear();
   if (std::optional<Entry> hit = get(key)) return std::move(*hit);
-  // Lock only on a miss, so a hit never touches the lock file.
+  // Lock only on a miss, so a hit never touches the lock file. The lock only
+  // saves duplicate compiles (entries are published atomically), so a holder
+  // that keeps it past lock_wait_ is not waited for any longer.
   std::optional<FileLock> lock;
-  if (writable_) lock.emplace(kernels_dir_ + "/" + key + ".lock");
+  if (writable_) {
+    const std::string lock_path = kernels_dir_ + "/" + key + ".lock";
+    lock.emplace(lock_path, lock_wait_);
+    if (lock->timed_out()) {
+      log(LogLevel::warn, "{} is still held after {:.3g} s (another process is building that kernel, or was stopped "
+          "while doing so); building it here as well", lock_path, std::chrono::duration<double>(lock_wait_).count());
+    }
+  }
   // Looks again first: another process may have built the entry while this one waited.
   return Cache::get_or_build(key, build, built, store_error);
 }

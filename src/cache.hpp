@@ -8,6 +8,7 @@
 // alone.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -82,7 +83,13 @@ class Cache {
 // Entries live in <dir>/v1/kernels/<key>.entry.
 class FileCache final : public Cache {
  public:
-  explicit FileCache(std::string dir);
+  // How long a miss waits for another process building the same kernel
+  // (its per-key lock) before building it too: longer than any compile, so
+  // processes warming the same kernels compile each once, yet bounded, so a
+  // stopped or hung holder delays the others by this much, not forever.
+  static constexpr std::chrono::milliseconds kLockWait{120'000};
+
+  explicit FileCache(std::string dir, std::chrono::milliseconds lock_wait = kLockWait);
   std::optional<Entry> get(const std::string& key) override;
   std::string put(const Entry& entry) override;
   Entry get_or_build(const std::string& key, const std::function<Entry()>& build,
@@ -104,6 +111,7 @@ class FileCache final : public Cache {
   std::string kernels_dir_;
   bool writable_ = true;
   std::string unwritable_why_;  // put()'s answer when !writable_
+  std::chrono::milliseconds lock_wait_;
   mutable std::mutex mutex_;
   mutable bool warned_ = false;
 };
@@ -120,19 +128,28 @@ class NoCache final : public Cache {
 };
 
 // Holds flock(LOCK_EX) on a lock file (created if need be) while alive,
-// between processes. When the file cannot be opened or locked it holds
-// nothing: callers use it to save duplicate work, never for correctness.
-// Lock files are left in place: a process locking a fresh file under the
-// same name would not exclude one holding the old one.
+// between processes (and between two FileLocks of one process). When the
+// file cannot be opened or locked it holds nothing. Lock files are left in
+// place: a process locking a fresh file under the same name would not
+// exclude one holding the old one.
 class FileLock {
  public:
+  // Waits as long as the lock is held elsewhere.
   explicit FileLock(const std::string& path);
+  // Waits at most `timeout`, then holds nothing (timed_out()): for locks that
+  // only save duplicate work, which a stopped holder must not stall forever.
+  FileLock(const std::string& path, std::chrono::milliseconds timeout);
   ~FileLock();
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
 
+  bool held() const { return held_; }
+  bool timed_out() const { return timed_out_; }
+
  private:
   int fd_;
+  bool held_ = false;
+  bool timed_out_ = false;
 };
 
 // Writes `bytes` to `path` atomically (a temporary file in the same directory,

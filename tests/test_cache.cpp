@@ -556,6 +556,49 @@ TEST_SUITE("cache") {
     CHECK_FALSE(fs::exists(cache.entry_path(key)));
   }
 
+  TEST_CASE("a timed key lock waits for its holder, and builds anyway once the wait is over") {
+    TempDir tmp;
+    FileCache probe(tmp.cache_dir());  // makes the kernels directory
+    const std::string key = key_for("held lock");
+    const std::string lock_path = tmp.kernels_dir() + "/" + key + ".lock";
+    using std::chrono::milliseconds;
+    {
+      // Released 100 ms in: the waiter takes it then.
+      auto holder = std::make_unique<FileLock>(lock_path);
+      REQUIRE(holder->held());
+      std::thread release([&] {
+        std::this_thread::sleep_for(milliseconds(100));
+        holder.reset();
+      });
+      const auto start = std::chrono::steady_clock::now();
+      FileLock waiter(lock_path, milliseconds(10'000));
+      const auto waited = std::chrono::steady_clock::now() - start;
+      release.join();
+      CHECK(waiter.held());
+      CHECK_FALSE(waiter.timed_out());
+      CHECK(waited >= milliseconds(90));
+      CHECK(waited < milliseconds(5'000));
+    }
+    // A holder that never lets go (a stopped process): get_or_build waits
+    // lock_wait, then builds and publishes the entry itself.
+    FileLock stuck(lock_path);
+    REQUIRE(stuck.held());
+    FileLock loser(lock_path, milliseconds(50));
+    CHECK_FALSE(loser.held());
+    CHECK(loser.timed_out());
+    FileCache cache(tmp.cache_dir(), milliseconds(200));
+    const Entry entry = make_entry(key, random_bytes(100, run_seed()));
+    bool built = false;
+    const auto start = std::chrono::steady_clock::now();
+    const Entry got = cache.get_or_build(key, [&] { return entry; }, &built);
+    const auto waited = std::chrono::steady_clock::now() - start;
+    CHECK(built);
+    CHECK(got.cubin == entry.cubin);
+    CHECK(waited >= milliseconds(190));
+    CHECK(waited < milliseconds(10'000));
+    CHECK(FileCache(tmp.cache_dir()).get(key).has_value());
+  }
+
   TEST_CASE("threads sharing one cache build a key once") {
     TempDir tmp;
     FileCache cache(tmp.cache_dir());
