@@ -30,7 +30,8 @@ typedef enum jitattn_status {
 
 typedef enum jitattn_dtype { JITATTN_F16 = 0, JITATTN_BF16 = 1, JITATTN_F32 = 2, JITATTN_I32 = 3 } jitattn_dtype;
 
-/* Shapes and strides in elements; the last dimension must be contiguous. */
+/* Shapes and strides in elements; the last dimension must be contiguous. The
+ * stride of a dimension of extent 0 or 1 is never used (any value is taken). */
 typedef struct jitattn_tensor {
   void* data;
   int32_t dtype; /* jitattn_dtype */
