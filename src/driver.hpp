@@ -25,7 +25,8 @@ struct Driver {
   X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName)         \
   X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent) X(cuCtxSetCurrent) \
   X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuModuleLoadData) X(cuModuleUnload)           \
-  X(cuModuleGetFunction) X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)  \
+  X(cuModuleGetFunction) X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel)  \
+  X(cuKernelGetFunction) X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)  \
   X(cuLaunchKernelEx) X(cuMemGetInfo)                                                   \
   X(cuStreamIsCapturing) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)    \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)           \

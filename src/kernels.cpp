@@ -51,12 +51,12 @@ BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool 
 }
 
 KernelRegistry::~KernelRegistry() {
-  // Modules belong to their contexts; unloading may fail harmlessly if the
-  // caller destroyed a context first.
+  // Libraries belong to no context: unloading them is valid whatever the
+  // caller did with its contexts (each context's copy went with it).
   const Driver& d = driver();
   if (!d.available) return;
-  for (auto& [key, slot] : kernels_) {
-    if (slot->ready.load()) d.cuModuleUnload(slot->kernel.module);
+  for (auto& [key, library] : libraries_) {
+    if (library->loaded) d.cuLibraryUnload(library->library);
   }
 }
 
@@ -126,6 +126,43 @@ const LoadedKernel& KernelRegistry::get(const KernelSpec& spec, const ContextRef
   return slot->kernel;
 }
 
+KernelRegistry::Library& KernelRegistry::library(const KernelSpec& spec, const Arch& arch, bool allow_compile) {
+  const Key key{static_cast<uint64_t>(arch.number() * 2 + arch.arch_specific), spec.packed()};
+  Library* library = nullptr;
+  {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    auto& owned = libraries_[key];
+    if (!owned) owned = std::make_unique<Library>();
+    library = owned.get();
+  }
+  // One thread builds and loads a given library; others wait for it here.
+  std::lock_guard<std::mutex> loading(library->loading);
+  if (library->loaded) return *library;
+  const auto start = std::chrono::steady_clock::now();
+  const BuiltKernel built = builder_.build(spec, arch, allow_compile);
+  const std::string spec_text = spec.text();
+  // Errors name the kernel and its cache key (entries are <cache dir>/v1/kernels/<key>.entry).
+  std::string where = fmt::format("on {} (cache key {})", arch.text(), built.entry.meta.key);
+  const Driver& d = driver();
+  CUlibrary loaded = nullptr;
+  check_cuda(d.cuLibraryLoadData(&loaded, built.entry.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+             "cuLibraryLoadData", spec_text, where);
+  CUkernel kernel = nullptr;
+  const CUresult found = d.cuLibraryGetKernel(&kernel, loaded, entry_name(spec));
+  if (found != CUDA_SUCCESS) {
+    d.cuLibraryUnload(loaded);
+    check_cuda(found, "cuLibraryGetKernel", spec_text, where);
+  }
+  library->library = loaded;
+  library->kernel = kernel;
+  library->where = std::move(where);
+  library->loaded = true;
+  log(LogLevel::info, "loaded {} for {} ({}, {:.1f} ms)", spec_text, arch.text(),
+      built.cache_hit ? "disk cache hit" : fmt::format("compiled in {:.2f} s", built.entry.meta.compile_seconds),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  return *library;
+}
+
 LoadedKernel KernelRegistry::load(const KernelSpec& spec, const DeviceInfo& device, CUstream stream) {
   const Driver& d = driver();
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -134,31 +171,23 @@ LoadedKernel KernelRegistry::load(const KernelSpec& spec, const DeviceInfo& devi
   // a disk-cache hit's): such a call must be made once before capture.
   if (capture != CU_STREAM_CAPTURE_STATUS_NONE && d.version < 12030) {
     throw Error(ErrorCode::graph_capture,
-                fmt::format("{} for {} is not loaded in this process yet, and this driver (CUDA {}.{}) cannot load a "
-                            "module while a stream is being captured (12.3 and newer can): make the same call once "
-                            "before capture",
+                fmt::format("{} for {} is not loaded in this context yet, and this driver (CUDA {}.{}) cannot load "
+                            "a module while a stream is being captured (12.3 and newer can): make the same call "
+                            "once before capture",
                             spec.text(), device.arch.text(), d.version / 1000, d.version % 1000 / 10),
                 spec.text());
   }
-  const auto start = std::chrono::steady_clock::now();
-  BuiltKernel built = builder_.build(spec, device.arch, capture == CU_STREAM_CAPTURE_STATUS_NONE);
-
+  const Library& library = this->library(spec, device.arch, capture == CU_STREAM_CAPTURE_STATUS_NONE);
   LoadedKernel kernel;
   kernel.threads = static_cast<unsigned>(spec.threads());
   kernel.smem_bytes = static_cast<unsigned>(spec.smem_bytes());
   kernel.spec = spec.text();
-  // Errors name the kernel and its cache key (entries are <cache dir>/v1/kernels/<key>.entry).
-  const std::string loading = fmt::format("on {} (cache key {})", device.arch.text(), built.entry.meta.key);
-  check_cuda(d.cuModuleLoadData(&kernel.module, built.entry.cubin.data()), "cuModuleLoadData", kernel.spec, loading);
-  check_cuda(d.cuModuleGetFunction(&kernel.function, kernel.module, entry_name(spec)), "cuModuleGetFunction",
-             kernel.spec, loading);
+  check_cuda(d.cuKernelGetFunction(&kernel.function, library.kernel), "cuKernelGetFunction", kernel.spec,
+             library.where);
   // Above 48 KB a kernel must opt in to its dynamic shared memory.
   check_cuda(d.cuFuncSetAttribute(kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                   static_cast<int>(kernel.smem_bytes)),
-             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", kernel.spec, loading);
-  log(LogLevel::info, "loaded {} for {} ({}, {:.1f} ms)", spec.text(), device.arch.text(),
-      built.cache_hit ? "disk cache hit" : fmt::format("compiled in {:.2f} s", built.entry.meta.compile_seconds),
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", kernel.spec, library.where);
   return kernel;
 }
 

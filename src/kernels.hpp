@@ -1,7 +1,8 @@
 // kernels: turns a KernelSpec into a launchable function.
 //   KernelBuilder  — render → cache key → disk cache or NVRTC. Needs no GPU.
-//   KernelRegistry — per (CUDA context, spec) loaded functions, thread-safe;
-//                    a hit is two shared-lock map lookups: no rendering, no
+//   KernelRegistry — per (arch, spec) one library loaded from its cubin,
+//                    per (CUDA context, spec) its function; thread-safe. A
+//                    hit is one shared-lock map lookup: no rendering, no
 //                    hashing of source, no file I/O.
 #pragma once
 
@@ -48,8 +49,7 @@ struct DeviceInfo {
 };
 
 struct LoadedKernel {
-  CUmodule module = nullptr;
-  CUfunction function = nullptr;
+  CUfunction function = nullptr;  // in the context it was looked up for
   unsigned threads = 0;
   unsigned smem_bytes = 0;
   std::string spec;  // its KernelSpec text, for errors
@@ -89,12 +89,26 @@ class KernelRegistry {
     std::atomic<bool> ready{false};
     LoadedKernel kernel;
   };
+  // A kernel's cubin loaded once per process for every context
+  // (cuLibraryLoadData): it belongs to no context, so it is unloaded at the
+  // end without one, whichever contexts the caller has destroyed meanwhile,
+  // and a second context (another GPU) takes its function from it without
+  // reading the cache again. Keyed by (arch number and 'a', spec).
+  struct Library {
+    std::mutex loading;
+    bool loaded = false;  // under `loading`
+    CUlibrary library = nullptr;
+    CUkernel kernel = nullptr;
+    std::string where;  // "on sm_90a (cache key ...)", for errors
+  };
+  Library& library(const KernelSpec& spec, const Arch& arch, bool allow_compile);
   LoadedKernel load(const KernelSpec& spec, const DeviceInfo& device, CUstream stream);
 
   KernelBuilder& builder_;
   std::shared_mutex mutex_;
   std::unordered_map<uint64_t, std::unique_ptr<DeviceInfo>> devices_;
   std::unordered_map<Key, std::unique_ptr<Slot>, KeyHash> kernels_;
+  std::unordered_map<Key, std::unique_ptr<Library>, KeyHash> libraries_;  // Key::context_id is the arch
 };
 
 }  // namespace jitattn::detail

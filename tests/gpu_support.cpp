@@ -1,5 +1,7 @@
 #include "gpu_support.hpp"
 
+#include <dlfcn.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -442,6 +444,36 @@ Runtime& gpu_tests_runtime() {
     return config;
   }());
   return runtime;
+}
+
+namespace {
+
+// cuCtxCreate/cuCtxDestroy by their versioned names: CUDA 13's header
+// declares cuCtxCreate with other parameters (cuCtxCreate_v4), and the
+// library's driver table has no use for either.
+void* driver_symbol(const char* name) {
+  static void* const handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void* symbol = handle != nullptr ? dlsym(handle, name) : nullptr;
+  if (symbol == nullptr) throw std::runtime_error(fmt::format("libcuda.so.1 has no {}", name));
+  return symbol;
+}
+
+}  // namespace
+
+CUcontext create_context() {
+  using Create = CUresult (*)(CUcontext*, unsigned, CUdevice);
+  static const auto create = reinterpret_cast<Create>(driver_symbol("cuCtxCreate_v2"));
+  CUdevice device = 0;
+  check_cuda(driver().cuDeviceGet(&device, 0), "cuDeviceGet");
+  CUcontext context = nullptr;
+  check_cuda(create(&context, 0, device), "cuCtxCreate_v2");
+  return context;
+}
+
+void destroy_context(CUcontext context) {
+  using Destroy = CUresult (*)(CUcontext);
+  static const auto destroy = reinterpret_cast<Destroy>(driver_symbol("cuCtxDestroy_v2"));
+  check_cuda(destroy(context), "cuCtxDestroy_v2");
 }
 
 std::string current_arch() {

@@ -98,6 +98,10 @@ uint64_t clock_seed();
 // The runtime GPU tests use: its disk cache is $JITATTN_CACHE_DIR, else
 // <tmp>/jitattn-gpu-tests.
 Runtime& gpu_tests_runtime();
+// A context of the caller's own on device 0 (cuCtxCreate), current on this
+// thread until destroy_context: for tests of contexts that come and go.
+CUcontext create_context();
+void destroy_context(CUcontext context);
 // The compile target of the current context's device, e.g. "sm_90a".
 std::string current_arch();
 // The current context's device: its SMs, and the shared memory a block may

@@ -379,6 +379,60 @@ TEST_CASE("a call with no current context uses the primary context") {
   CHECK(max_abs_error(exact.out, out.read()) < 2e-2);
 }
 
+TEST_CASE("a runtime outlives the contexts it ran in: each new context gets its function, unloading needs none") {
+  // Engines and tests create and destroy contexts (one per GPU, per worker,
+  // per test), and a Runtime kept in a static is destroyed after them: its
+  // kernels are libraries of no context, unloaded when it ends whichever
+  // contexts are gone. (Under compute-sanitizer an unload into a destroyed
+  // context is reported as an API error.)
+  const uint64_t seed = clock_seed();
+  std::string error;
+  std::vector<float> outs[2];
+  Problem problem;
+  problem.shape = {1, 96, 160, 4, 2, 64, true, 0.f};
+  std::vector<float> q[2], k[2], v[2];
+  std::thread([&] {
+    try {
+      Runtime runtime(gpu_tests_runtime().config());
+      std::mt19937_64 rng(seed);
+      for (int round = 0; round < 2; ++round) {
+        const CUcontext context = create_context();
+        {
+          const Inputs in = make_inputs(problem, rng);
+          q[round] = in.q, k[round] = in.k, v[round] = in.v;
+          const int64_t q_shape[4] = {1, 96, 4, 64};
+          int64_t strides[4];
+          contiguous_strides(q_shape, strides);
+          DeviceTensor out(problem.dtype, q_shape, strides);
+          ForwardOptions options;
+          options.causal = true;
+          runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, nullptr);
+          outs[round] = out.read();
+        }
+        destroy_context(context);
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }).join();
+  INFO("seed " << seed);
+  REQUIRE(error.empty());
+  for (int round = 0; round < 2; ++round) {
+    CHECK(max_abs_error(attention_exact(problem.shape, q[round], k[round], v[round]).out, outs[round]) < 2e-2);
+  }
+  // And the tests' own runtime still runs in the primary context.
+  std::mt19937_64 rng(seed + 1);
+  const Inputs in = make_inputs(problem, rng);
+  const int64_t q_shape[4] = {1, 96, 4, 64};
+  int64_t strides[4];
+  contiguous_strides(q_shape, strides);
+  DeviceTensor out(problem.dtype, q_shape, strides);
+  ForwardOptions options;
+  options.causal = true;
+  gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, nullptr);
+  CHECK(max_abs_error(attention_exact(problem.shape, in.q, in.k, in.v).out, out.read()) < 2e-2);
+}
+
 TEST_CASE("calls are graph-capturable once warm; compiling during capture is a clear error") {
   const auto& d = detail::driver();
   std::mt19937_64 rng(clock_seed());
@@ -410,6 +464,33 @@ TEST_CASE("calls are graph-capturable once warm; compiling during capture is a c
   CHECK(max_abs_error(exact.out, out.read()) < 2e-2);
   d.cuGraphExecDestroy(exec);
   d.cuGraphDestroy(graph);
+
+  // In the disk cache but not loaded by this runtime: drivers from CUDA 12.3
+  // load it during the capture; older ones refuse, with advice.
+  {
+    Runtime fresh(gpu_tests_runtime().config());
+    out.buffer.fill_bytes(0xff);
+    REQUIRE(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    if (d.version >= 12030) {
+      fresh.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);
+      CUgraph loaded_in_capture = nullptr;
+      REQUIRE(d.cuStreamEndCapture(stream, &loaded_in_capture) == CUDA_SUCCESS);
+      CUgraphExec replay = nullptr;
+      REQUIRE(d.cuGraphInstantiateWithFlags(&replay, loaded_in_capture, 0) == CUDA_SUCCESS);
+      REQUIRE(d.cuGraphLaunch(replay, stream) == CUDA_SUCCESS);
+      REQUIRE(d.cuStreamSynchronize(stream) == CUDA_SUCCESS);
+      CHECK(max_abs_error(exact.out, out.read()) < 2e-2);
+      d.cuGraphExecDestroy(replay);
+      d.cuGraphDestroy(loaded_in_capture);
+    } else {
+      CHECK_THROWS_WITH_AS(
+          fresh.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream),
+          doctest::Contains("make the same call once before capture"), Error);
+      CUgraph aborted = nullptr;
+      d.cuStreamEndCapture(stream, &aborted);
+      if (aborted != nullptr) d.cuGraphDestroy(aborted);
+    }
+  }
 
   // A spec never compiled in an empty cache: capture must fail with advice.
   const std::string empty_cache = (std::filesystem::temp_directory_path() / fmt::format("jitattn-capture-{}", clock_seed() % 1000000)).string();
