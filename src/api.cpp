@@ -128,18 +128,11 @@ struct Runtime::Impl {
         registry(builder),
         tuning(TuningTable::load(config.cache_dir, JITATTN_VERSION_STRING, nvrtc_info().version())) {}
 
-  // The current context's device, with plan(arch, max_smem_bytes,
-  // sm_count, tuning) made for it. Without a GPU the plan is still made
-  // (for an H200) so that bad input is reported as it would be with one;
-  // then the missing GPU is.
-  template <typename Planned>
-  struct DeviceCall {
-    ContextRef context;
-    const DeviceInfo& device;
-    Planned planned;
-  };
+  // The context a call on `stream` runs in (the stream's). Without a GPU
+  // the call is still planned (for an H200), so that bad input is reported
+  // as it would be with one; then the missing GPU is.
   template <typename Plan>
-  auto plan_on_current_device(Plan&& plan) {
+  ContextRef context_for_call(Plan&& plan, CUstream stream) {
     if (!driver().available) {
       // Bad arguments still get their own error first, planned for the
       // target the sizing calls (kvcache_workspace_bytes, ...) assume, so a
@@ -148,21 +141,34 @@ struct Runtime::Impl {
       plan(t.arch, t.max_smem_bytes, t.sm_count, &tuning);
       throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", driver().error));
     }
-    const ContextRef context = registry.current_context();
+    return registry.context_for(stream);
+  }
+
+  // The context's device, with plan(arch, max_smem_bytes, sm_count, tuning)
+  // made for it (the context made current: ContextScope).
+  template <typename Planned>
+  struct DeviceCall {
+    const DeviceInfo& device;
+    Planned planned;
+  };
+  template <typename Plan>
+  auto plan_on_device(Plan&& plan, const ContextRef& context) {
     const DeviceInfo& device = registry.device_info(context);
     using Planned = decltype(plan(device.arch, device.max_smem_per_block, device.sm_count, &tuning));
-    return DeviceCall<Planned>{context, device, plan(device.arch, device.max_smem_per_block, device.sm_count, &tuning)};
+    return DeviceCall<Planned>{device, plan(device.arch, device.max_smem_per_block, device.sm_count, &tuning)};
   }
 
   // A call of one launch: plan (ForwardPlan, CombinePlan: spec, params,
-  // grid), then launch it on the current context: the one path every such
+  // grid), then launch it in the stream's context: the one path every such
   // call takes. Blocks are spec.threads() wide.
   template <typename Plan>
   void run(Plan&& plan, Stream stream) {
-    auto call = plan_on_current_device(plan);
-    if (call.planned.grid == 0) return;  // empty batch or no query rows: nothing to write
     auto cu_stream = static_cast<CUstream>(stream);
-    const LoadedKernel& kernel = registry.get(call.planned.spec, call.context, call.device, cu_stream);
+    const ContextRef context = context_for_call(plan, cu_stream);
+    const ContextScope scope(context);
+    auto call = plan_on_device(plan, context);
+    if (call.planned.grid == 0) return;  // empty batch or no query rows: nothing to write
+    const LoadedKernel& kernel = registry.get(call.planned.spec, context, call.device, cu_stream);
     encode_tensor_maps(call.planned);
     launch(kernel, call.planned.grid, &call.planned.params, call.device, cu_stream);
   }
@@ -203,7 +209,10 @@ struct Runtime::Impl {
   // so a failure launches nothing.
   template <typename Plan>
   void run_sequence(Plan&& plan, Stream stream) {
-    auto call = plan_on_current_device(plan);
+    auto cu_stream = static_cast<CUstream>(stream);
+    const ContextRef context = context_for_call(plan, cu_stream);
+    const ContextScope scope(context);
+    auto call = plan_on_device(plan, context);
     auto& planned = call.planned;
     AppendPlan* append_plan = nullptr;
     if constexpr (std::is_same_v<std::decay_t<decltype(planned)>, KVCachePlan>) {
@@ -212,9 +221,8 @@ struct Runtime::Impl {
     // No query rows: nothing to attend, but new keys are still appended.
     const bool attends = planned.attention.grid != 0;
     if (!attends && append_plan == nullptr) return;
-    auto cu_stream = static_cast<CUstream>(stream);
     auto load = [&](const KernelSpec& spec) -> const LoadedKernel& {
-      return registry.get(spec, call.context, call.device, cu_stream);
+      return registry.get(spec, context, call.device, cu_stream);
     };
     const LoadedKernel* append = append_plan ? &load(append_plan->spec) : nullptr;
     const LoadedKernel* attention = attends ? &load(planned.attention.spec) : nullptr;

@@ -24,6 +24,7 @@ struct Driver {
   X(cuGetErrorName) X(cuGetErrorString) X(cuInit) X(cuDriverGetVersion)                 \
   X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName)         \
   X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent) X(cuCtxSetCurrent) \
+  X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuStreamGetCtx)                              \
   X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuModuleLoadData) X(cuModuleUnload)           \
   X(cuModuleGetFunction) X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel)  \
   X(cuKernelGetFunction) X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)  \

@@ -60,16 +60,41 @@ KernelRegistry::~KernelRegistry() {
   }
 }
 
-ContextRef KernelRegistry::current_context() {
+namespace {
+
+uint64_t context_id(CUcontext context) {
   const Driver& d = driver();
+  unsigned long long id = 0;
+  if (d.cuCtxGetId != nullptr && d.cuCtxGetId(context, &id) == CUDA_SUCCESS) return id;
+  return reinterpret_cast<uint64_t>(context);
+}
+
+}  // namespace
+
+ContextScope::ContextScope(const ContextRef& context) {
+  if (context.current) return;
+  check_cuda(driver().cuCtxPushCurrent(context.context), "cuCtxPushCurrent(the stream's context)");
+  pushed_ = true;
+}
+
+ContextScope::~ContextScope() {
+  CUcontext popped = nullptr;
+  if (pushed_) driver().cuCtxPopCurrent(&popped);
+}
+
+ContextRef KernelRegistry::current_context() {
   ContextRef ref;
   ref.context = current_or_primary_context();
-  unsigned long long id = 0;
-  if (d.cuCtxGetId != nullptr && d.cuCtxGetId(ref.context, &id) == CUDA_SUCCESS) {
-    ref.id = id;
-  } else {
-    ref.id = reinterpret_cast<uint64_t>(ref.context);
-  }
+  ref.id = context_id(ref.context);
+  return ref;
+}
+
+ContextRef KernelRegistry::context_for(CUstream stream) {
+  ContextRef ref = current_context();
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return ref;
+  CUcontext own = nullptr;
+  check_cuda(driver().cuStreamGetCtx(stream, &own), "cuStreamGetCtx(stream)");
+  if (own != ref.context) ref = {own, context_id(own), false};
   return ref;
 }
 

@@ -55,11 +55,24 @@ struct LoadedKernel {
   std::string spec;  // its KernelSpec text, for errors
 };
 
-// The context a call runs in: the current one, else device 0's primary context
-// (made current, as the CUDA runtime would).
+// The context a call runs in (KernelRegistry::context_for).
 struct ContextRef {
   CUcontext context = nullptr;
   uint64_t id = 0;
+  bool current = true;  // the calling thread's current context
+};
+
+// Makes a call's context current on this thread for the scope's life where
+// it is not already (cuCtxPushCurrent, then cuCtxPopCurrent).
+class ContextScope {
+ public:
+  explicit ContextScope(const ContextRef& context);
+  ~ContextScope();
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  bool pushed_ = false;
 };
 
 class KernelRegistry {
@@ -68,7 +81,14 @@ class KernelRegistry {
   ~KernelRegistry();
 
   // Throws Error(cuda_error) when no GPU is usable.
+  // The calling thread's current context; if it has none, device 0's
+  // primary context, made current (as the CUDA runtime would).
   ContextRef current_context();
+  // The context a call on `stream` runs in: the stream's own (the context
+  // current where it was created, whatever is current now); for the NULL,
+  // legacy and per-thread streams current_context().
+  ContextRef context_for(CUstream stream);
+  // (Made current: ContextScope.)
   const DeviceInfo& device_info(const ContextRef& context);
   // The loaded function for spec in this context; builds or loads it on first
   // use. `stream` is checked for graph capture before anything is compiled.

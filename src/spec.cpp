@@ -342,8 +342,9 @@ KernelSpec KernelSpec::parse(std::string_view text) {
 void KernelSpec::validate() const {
   if (family == Family::combine) return validate_combine(*this);
   if (family == Family::append) return validate_append(*this);
-  const std::string name = text();
-  auto fail = [&](ErrorCode code, const std::string& why) {
+  // The spec's text only on failure: every planned call validates its spec.
+  auto fail = [this](ErrorCode code, const std::string& why) {
+    const std::string name = text();
     throw Error(code, fmt::format("spec '{}': {}", name, why), name);
   };
   if (dtype != DType::f16 && dtype != DType::bf16) fail(ErrorCode::unsupported, "dtype must be f16 or bf16");

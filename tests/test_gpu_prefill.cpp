@@ -416,7 +416,7 @@ TEST_CASE("a runtime outlives the contexts it ran in: each new context gets its 
     }
   }).join();
   INFO("seed " << seed);
-  REQUIRE(error.empty());
+  REQUIRE_MESSAGE(error.empty(), error);
   for (int round = 0; round < 2; ++round) {
     CHECK(max_abs_error(attention_exact(problem.shape, q[round], k[round], v[round]).out, outs[round]) < 2e-2);
   }
@@ -431,6 +431,53 @@ TEST_CASE("a runtime outlives the contexts it ran in: each new context gets its 
   options.causal = true;
   gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, nullptr);
   CHECK(max_abs_error(attention_exact(problem.shape, in.q, in.k, in.v).out, out.read()) < 2e-2);
+}
+
+TEST_CASE("a call runs in its stream's context, whichever context is current") {
+  // Tensors and a stream of a second context on the device; the call is made
+  // with none current (so the primary context becomes current), as a worker
+  // thread of a multi-GPU engine might. The launch must go to the stream's
+  // context, and leave the thread's current context as it found it.
+  const auto& d = detail::driver();
+  const uint64_t seed = clock_seed();
+  INFO("seed " << seed);
+  Problem problem;
+  problem.shape = {2, 130, 257, 4, 2, 64, true, 0.f};
+  std::vector<float> q, k, v, got;
+  std::string error;
+  std::thread([&] {
+    try {
+      const CUcontext other = create_context();
+      {
+        std::mt19937_64 rng(seed);
+        const Inputs in = make_inputs(problem, rng);
+        q = in.q, k = in.k, v = in.v;
+        const int64_t q_shape[4] = {2, 130, 4, 64};
+        int64_t strides[4];
+        contiguous_strides(q_shape, strides);
+        DeviceTensor out(problem.dtype, q_shape, strides);
+        CUstream stream = nullptr;
+        detail::check_cuda(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        CUcontext popped = nullptr;
+        detail::check_cuda(d.cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
+        ForwardOptions options;
+        options.causal = true;
+        gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);
+        CUcontext current = nullptr;
+        d.cuCtxGetCurrent(&current);
+        if (current == other) error = "the call left the stream's context current";
+        detail::check_cuda(d.cuCtxPushCurrent(other), "cuCtxPushCurrent");
+        detail::check_cuda(d.cuStreamSynchronize(stream), "cuStreamSynchronize");
+        got = out.read();
+        d.cuStreamDestroy(stream);
+      }
+      destroy_context(other);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }).join();
+  REQUIRE_MESSAGE(error.empty(), error);
+  CHECK(max_abs_error(attention_exact(problem.shape, q, k, v).out, got) < 2e-2);
 }
 
 TEST_CASE("calls are graph-capturable once warm; compiling during capture is a clear error") {

@@ -109,7 +109,8 @@ static inline void jitattn_fwd_options_init(jitattn_fwd_options* options) {
 }
 
 /* out = softmax(q k^T * scale) v. q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D], out like q,
- * lse (nullable) [B, Hq, Sq] f32. stream: CUstream / cudaStream_t (NULL = default).
+ * lse (nullable) [B, Hq, Sq] f32. stream: CUstream / cudaStream_t (NULL = default); a call runs in
+ * its stream's context (jitattn.hpp, Stream).
  * v may be [B, Sk, Hkv, Dv] with Dv one of 32, 64, 96, 128, 192 below D (FlashAttention 3's hdim_v);
  * out is then [B, Sq, Hq, Dv] (Runtime::forward).
  * On error nothing is written and jitattn_last_error() says why. */

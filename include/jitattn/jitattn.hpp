@@ -239,6 +239,8 @@ enum class LogLevel : int { off = 0, error = 1, warn = 2, info = 3, debug = 4 };
 struct JITATTN_API Config {
   std::string cache_dir;     // "" = no disk cache
   std::string template_dir;  // "" = the templates embedded in the library
+  // The process's level: logging is process-wide, and each Runtime sets it
+  // when created (the global runtime at the first call that uses it).
   LogLevel log_level = LogLevel::warn;
   // On sm_90 and newer, launch every kernel as a programmatic dependent of
   // the previous work on the stream: its launch overlaps that work's end, and
@@ -352,7 +354,13 @@ struct KVCacheArgs {
   bool dynamic_splits = false;
 };
 
-// CUstream or cudaStream_t; nullptr is the legacy default stream.
+// CUstream or cudaStream_t; nullptr is the legacy default stream. A call
+// runs in its stream's context (the one current where the stream was made),
+// whichever is current: that context is made current for the call and the
+// caller's restored after. The NULL, legacy and per-thread streams run in
+// the current context, else in device 0's primary context, made current (as
+// the CUDA runtime would). Calls that only plan (the *_workspace_bytes
+// sizes, spec_for) plan for the current context's device.
 using Stream = void*;
 
 // Outcome of warming one kernel.
