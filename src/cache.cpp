@@ -454,6 +454,26 @@ std::vector<EntryInfo> FileCache::list() {
   return infos;
 }
 
+std::vector<EntryInfo> FileCache::remove_if(const std::function<bool(const EntryInfo&)>& unwanted,
+                                            std::chrono::seconds temporary_age, bool dry_run) {
+  std::vector<EntryInfo> removed;
+  for (EntryInfo& info : list()) {
+    if (!unwanted(info)) continue;
+    std::error_code ec;
+    if (dry_run || fs::remove(info.path, ec)) removed.push_back(std::move(info));
+  }
+  // A writer's temporary file lives for one write; one older than
+  // temporary_age belongs to a process that died mid-write.
+  const auto cutoff = fs::file_time_type::clock::now() - temporary_age;
+  for (const fs::path& file : files_in(kernels_dir_)) {
+    std::error_code ec;
+    if (file.extension() != ".tmp") continue;
+    const auto written = fs::last_write_time(file, ec);
+    if (!ec && written <= cutoff && !dry_run) fs::remove(file, ec);
+  }
+  return removed;
+}
+
 size_t FileCache::clear() {
   size_t entries = 0;
   for (const fs::path& file : files_in(kernels_dir_)) {

@@ -76,6 +76,11 @@ class Cache {
   virtual std::vector<EntryInfo> list() = 0;
   // Removes every entry (and stray temporary/lock files); returns how many entries.
   virtual size_t clear() = 0;
+  // Removes the entries `unwanted` picks from list(), and temporary files
+  // that writers left (their process died) at least `temporary_age` ago;
+  // returns the entries removed (or that would be, with dry_run).
+  virtual std::vector<EntryInfo> remove_if(const std::function<bool(const EntryInfo&)>& unwanted,
+                                           std::chrono::seconds temporary_age, bool dry_run) = 0;
   virtual std::string location() const = 0;
   virtual bool writable() const = 0;
 };
@@ -96,6 +101,8 @@ class FileCache final : public Cache {
                      bool* built = nullptr, std::string* store_error = nullptr) override;
   std::vector<EntryInfo> list() override;
   size_t clear() override;
+  std::vector<EntryInfo> remove_if(const std::function<bool(const EntryInfo&)>& unwanted,
+                                   std::chrono::seconds temporary_age, bool dry_run) override;
   std::string location() const override { return dir_; }
   // Whether puts are tried: false where the directory could not be created
   // or written when the cache was opened (gets still read it).
@@ -123,6 +130,10 @@ class NoCache final : public Cache {
   std::string put(const Entry&) override { return "the disk cache is disabled (no cache directory)"; }
   std::vector<EntryInfo> list() override { return {}; }
   size_t clear() override { return 0; }
+  std::vector<EntryInfo> remove_if(const std::function<bool(const EntryInfo&)>&, std::chrono::seconds,
+                                   bool) override {
+    return {};
+  }
   std::string location() const override { return "(disabled)"; }
   bool writable() const override { return false; }
 };

@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +20,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cache.hpp"
 #include "plan.hpp"
 #include "render.hpp"
 #include "cli/presets.hpp"
@@ -1180,6 +1183,65 @@ TEST_CASE("clear removes every entry and list --json is then empty") {
   CHECK(cleared.status == 0);
   CHECK(contains(cleared.out, "removed 1 entry"));
   CHECK(sandbox.run_json("list --json") == json::array());
+}
+
+TEST_CASE("prune removes what this library cannot read again, and with --older-than old entries") {
+  CliSandbox sandbox;
+  REQUIRE(sandbox.run(fmt::format("warm {} --arch sm_80", kSmallSpec)).status == 0);
+  const json warmed = sandbox.run_json("list --json");
+  REQUIRE(warmed.size() == 1);
+  const std::string kernels = sandbox.cache_dir() + "/v1/kernels";
+  // Entries beside it: another library version, another NVRTC version, this
+  // library's but 40 days old, and a file that fails its checks.
+  auto write_entry = [&](const std::string& key, const std::string& library, const std::string& nvrtc, int64_t age) {
+    jitattn::detail::Entry entry;
+    entry.meta.key = key;
+    entry.meta.spec = kSmallSpec;
+    entry.meta.arch = "sm_80";
+    entry.meta.library_version = library;
+    entry.meta.nvrtc_version = nvrtc;
+    entry.meta.created_unix = static_cast<int64_t>(std::time(nullptr)) - age;
+    entry.cubin.assign(64, 'x');
+    entry.meta.cubin_bytes = entry.cubin.size();
+    const std::vector<char> bytes = jitattn::detail::encode_entry(entry);
+    std::ofstream(kernels + "/" + key + ".entry", std::ios::binary).write(bytes.data(), bytes.size());
+  };
+  const std::string library = warmed[0]["library_version"], nvrtc = warmed[0]["nvrtc_version"];
+  write_entry(std::string(32, 'a'), "0.0.0-old", nvrtc, 60);
+  write_entry(std::string(32, 'b'), library, "1.0", 60);
+  write_entry(std::string(32, 'c'), library, nvrtc, 40 * 86400);
+  std::ofstream(kernels + "/" + std::string(32, 'd') + ".entry") << "not an entry";
+  // A writer's temporary file from two hours ago (its process died), and one being written now.
+  std::ofstream(kernels + "/stale.tmp") << "x";
+  std::ofstream(kernels + "/fresh.tmp") << "x";
+  fs::last_write_time(kernels + "/stale.tmp", fs::file_time_type::clock::now() - std::chrono::hours(2));
+
+  const json would = sandbox.run_json("prune --dry-run --json");
+  std::map<std::string, std::string> reasons;
+  for (const json& entry : would) reasons[entry["key"]] = entry["reason"];
+  CHECK(reasons.size() == 3);
+  CHECK(reasons[std::string(32, 'a')] == "library 0.0.0-old");
+  CHECK(reasons[std::string(32, 'b')] == "NVRTC 1.0");
+  CHECK(reasons[std::string(32, 'd')] == "invalid");
+  CHECK(sandbox.run_json("list --json").size() == 5);  // a dry run removes nothing
+  CHECK(fs::exists(kernels + "/stale.tmp"));
+
+  const CliRun pruned = sandbox.run("prune");
+  INFO("stdout: " << pruned.out << "\nstderr: " << pruned.err);
+  CHECK(pruned.status == 0);
+  CHECK(contains(pruned.out, "removed 3 entries of 5"));
+  json left = sandbox.run_json("list --json");
+  REQUIRE(left.size() == 2);
+  CHECK(!fs::exists(kernels + "/stale.tmp"));
+  CHECK(fs::exists(kernels + "/fresh.tmp"));
+
+  CHECK(contains(sandbox.run("prune --older-than 30").out, "removed 1 entry of 2"));
+  left = sandbox.run_json("list --json");
+  REQUIRE(left.size() == 1);
+  CHECK(left[0]["key"] == warmed[0]["key"]);  // the warmed kernel stays
+  const CliRun negative = sandbox.run("prune --older-than -1");
+  CHECK(negative.status == 1);
+  CHECK(contains(negative.err, "--older-than -1"));
 }
 
 TEST_CASE("info --json reports the cache directory and the NVRTC version") {

@@ -914,6 +914,56 @@ int clear(const Config& config) {
   return 0;
 }
 
+int prune(const Config& config, const PruneOptions& options) {
+  std::unique_ptr<detail::Cache> cache = open_cache(config);
+  const std::string library = jitattn::version();
+  const detail::NvrtcInfo& nvrtc = detail::nvrtc_info();
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  if (options.older_than_days && !(*options.older_than_days >= 0)) {
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("--older-than {}: must be a number of days, 0 or more", *options.older_than_days));
+  }
+  // Why an entry goes ("" keeps it). The key hashes the library and NVRTC
+  // versions, so this library never reads an entry of other versions.
+  auto reason = [&](const detail::EntryInfo& entry) -> std::string {
+    const detail::EntryMeta& meta = entry.meta;
+    if (!entry.valid) return "invalid";
+    if (meta.library_version != library) return fmt::format("library {}", meta.library_version);
+    if (nvrtc.available && meta.nvrtc_version != nvrtc.version()) return fmt::format("NVRTC {}", meta.nvrtc_version);
+    if (options.older_than_days && static_cast<double>(now - meta.created_unix) > *options.older_than_days * 86400) {
+      return fmt::format("created {} ago", age_text(now - meta.created_unix));
+    }
+    return "";
+  };
+  const size_t total = cache->list().size();
+  // Temporary files an hour old: no write takes that long.
+  const std::vector<detail::EntryInfo> removed = cache->remove_if(
+      [&](const detail::EntryInfo& entry) { return !reason(entry).empty(); }, std::chrono::hours(1), options.dry_run);
+  if (options.json) {
+    json records = json::array();
+    for (const detail::EntryInfo& entry : removed) {
+      json record = entry_json(entry, now);
+      record["reason"] = reason(entry);
+      records.push_back(std::move(record));
+    }
+    print_json(records);
+    return 0;
+  }
+  std::vector<Row> rows;
+  uint64_t bytes = 0;
+  for (const detail::EntryInfo& entry : removed) {
+    Row row = entry_row(entry, now);
+    row.push_back(reason(entry));
+    rows.push_back(std::move(row));
+    bytes += entry.file_bytes;
+  }
+  if (!rows.empty()) print_table({{"spec"}, {"arch"}, {"cubin KiB", true}, {"age", true}, {"key"}, {"why"}}, rows);
+  fmt::print("{} {} of {} ({} KiB) from {}{}\n", options.dry_run ? "would remove" : "removed",
+             count_of(removed.size(), "entry", "entries"), total, kib(bytes), cache->location(),
+             nvrtc.available ? "" : " (no NVRTC here: entries of every NVRTC version kept)");
+  return 0;
+}
+
 int tune(const Config& config, const TuneOptions& options) {
   const detail::TuneRequest request = tune_request(options);
   if (options.dry_run) return tune_dry_run(request, options.json);

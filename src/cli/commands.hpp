@@ -95,6 +95,17 @@ int list_presets(const Config& config, const std::vector<std::string>& archs, co
 int list(const Config& config, bool json, bool manifest = false);
 // Removes every disk cache entry and the tuning table.
 int clear(const Config& config);
+
+struct PruneOptions {
+  std::optional<double> older_than_days;  // also entries created longer ago than this
+  bool dry_run = false;                   // print what would go; remove nothing
+  bool json = false;
+};
+// Removes the entries this library can never read again: invalid ones, and
+// those of another library version or (where this host has NVRTC) another
+// NVRTC version; with older_than_days also old ones. Temporary files of
+// writers that died are removed too.
+int prune(const Config& config, const PruneOptions& options);
 // Times the tile candidates of each shape class on this GPU and merges the
 // winners into the cache directory's tuning table.
 int tune(const Config& config, const TuneOptions& options);

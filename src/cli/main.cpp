@@ -144,6 +144,14 @@ int main(int argc, char** argv) {
 
   CLI::App* clear_cmd = app.add_subcommand("clear", "Remove every cache entry and the tuning table");
 
+  cli::PruneOptions prune;
+  CLI::App* prune_cmd = app.add_subcommand(
+      "prune", "Remove the entries this library cannot read again: invalid, other library or NVRTC versions");
+  prune_cmd->add_option("--older-than", prune.older_than_days, "Also remove entries created more than DAYS ago")
+      ->type_name("DAYS");
+  prune_cmd->add_flag("--dry-run", prune.dry_run, "List what would be removed; remove nothing");
+  prune_cmd->add_flag("--json", prune.json, "Print the removed entries as a JSON array");
+
   cli::TuneOptions tune;
   CLI::App* tune_cmd =
       app.add_subcommand("tune", "Time the tile configurations of each shape class on this GPU; keep the fastest");
@@ -291,6 +299,7 @@ int main(int argc, char** argv) {
     if (*presets_cmd) return cli::list_presets(config, preset_archs, preset_page_sizes, presets_json);
     if (*list_cmd) return cli::list(config, list_json, list_manifest);
     if (*clear_cmd) return cli::clear(config);
+    if (*prune_cmd) return cli::prune(config, prune);
     if (*tune_cmd) return cli::tune(config, tune);
     if (*info_cmd) return cli::info(config, info_json);
     if (*source_cmd) return cli::source(config, source_spec);
