@@ -18,6 +18,7 @@ std::string shape_text(const TensorView& t) {
 
 TensorView settled_strides(const TensorView& t) {
   TensorView settled = t;
+  if (t.ndim < 1 || t.ndim > 4) return settled;  // refused by the rules that follow
   for (int axis = t.ndim - 1; axis >= 0; --axis) {
     if (t.shape[axis] > 1) continue;
     if (axis == t.ndim - 1) {

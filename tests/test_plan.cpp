@@ -3101,6 +3101,47 @@ TEST_CASE("dimensions of extent 1 may have any stride: they are never stepped") 
   CHECK(plan.append.params.k_new_strides[1] == 8 * 128);
   CHECK(plan.append.params.v_new_strides[1] == 8 * 128);
   CHECK(plan.append.params.k_new_strides[0] == 8 * 128);
+
+  // The small tensors of one batch or one head: cache_seqlens (lens[:, 0] of
+  // a [1, 2] tensor), a one-page block table, one head's ALiBi slope and sink.
+  const TensorView q1 = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 8, 128});
+  KVCacheArgs one = contiguous_cache(1, 256, 1, 128);
+  one.cache_seqlens.strides[0] = 2;
+  const TensorView table = [] {
+    TensorView t = TensorView::contiguous(address(0x80000), DType::i32, {1, 1});
+    t.strides[0] = 3, t.strides[1] = 5;
+    return t;
+  }();
+  KVCacheArgs paged = one;
+  paged.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {4, 256, 1, 128});
+  paged.v_cache = cli::values_after(paged.k_cache);
+  paged.block_table = &table;
+  TensorView slope = TensorView::contiguous(address(0x90000), DType::f32, {1, 1});
+  slope.strides[0] = 7, slope.strides[1] = 9;
+  TensorView sink = TensorView::contiguous(address(0xa0000), DType::f32, {1});
+  sink.strides[0] = 4;
+  ForwardOptions features;
+  features.alibi_slopes = &slope;
+  const TensorView mqa_q = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 1, 128});
+  CHECK_NOTHROW(plan_kvcache(q1, one, q1, nullptr, ForwardOptions{}, nullptr, 0, true, arch, 227 * 1024, 132));
+  CHECK_NOTHROW(plan_kvcache(q1, paged, q1, nullptr, ForwardOptions{}, nullptr, 0, true, arch, 227 * 1024, 132));
+  CHECK_NOTHROW(plan_kvcache(mqa_q, one, mqa_q, nullptr, features, nullptr, 0, true, arch, 227 * 1024, 132));
+  features.alibi_slopes = nullptr;
+  features.learnable_sink = &sink;
+  CHECK_NOTHROW(plan_kvcache(mqa_q, one, mqa_q, nullptr, features, nullptr, 0, true, arch, 227 * 1024, 132));
+  // Two sequences step cache_seqlens: the rule holds there.
+  KVCacheArgs two = contiguous_cache(2, 256, 1, 128);
+  two.cache_seqlens.strides[0] = 2;
+  const TensorView q2 = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 8, 128});
+  CHECK_THROWS_WITH_AS(plan_kvcache(q2, two, q2, nullptr, ForwardOptions{}, nullptr, 0, true, arch, 227 * 1024, 132),
+                       doctest::Contains("cache_seqlens: must be contiguous"), Error);
+
+  // A refused stride is named as the caller gave it, not as settled from it.
+  Call odd;
+  odd.q.shape[0] = odd.k.shape[0] = odd.v.shape[0] = odd.out.shape[0] = odd.lse.shape[0] = 1;
+  odd.q.strides[1] = 8 * 128 + 4;
+  odd.q.strides[0] = 0;
+  CHECK_THROWS_WITH_AS(odd.plan(), doctest::Contains("q: seqlen stride 1028 must be a multiple of 8"), Error);
 }
 
 }  // TEST_SUITE

@@ -49,7 +49,10 @@ long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads) {
     reject(fmt::format("alibi_slopes: shape {} must be [heads_q] = [{}] or [batch, heads_q] = [{}, {}]", shape_text(slopes),
                        heads, batch, heads));
   }
-  if (slopes.strides[slopes.ndim - 1] != 1) reject("alibi_slopes: the heads dimension must be contiguous (stride 1)");
+  // (Strides of extent-1 dimensions are never stepped: one head, one batch.)
+  if (heads > 1 && slopes.strides[slopes.ndim - 1] != 1) {
+    reject("alibi_slopes: the heads dimension must be contiguous (stride 1)");
+  }
   if (slopes.data == nullptr) reject("alibi_slopes: data is null");
   if (reinterpret_cast<uintptr_t>(slopes.data) % 4 != 0) reject("alibi_slopes: data pointer must be 4-byte aligned");
   return per_batch_head ? slopes.strides[0] : 0;
@@ -62,7 +65,7 @@ void check_learnable_sink(const TensorView& sink, int64_t heads) {
   if (sink.ndim != 1 || sink.shape[0] != heads) {
     reject(fmt::format("learnable_sink: shape {} must be [heads_q] = [{}]", shape_text(sink), heads));
   }
-  if (sink.strides[0] != 1) {
+  if (heads > 1 && sink.strides[0] != 1) {
     reject(fmt::format("learnable_sink: stride {} must be 1 (contiguous heads)", sink.strides[0]));
   }
   if (sink.data == nullptr) reject("learnable_sink: data is null");
@@ -97,7 +100,9 @@ void check_rows(const char* name, const TensorView& t, int ndim, bool any_head_d
     reject(fmt::format("{}: head_dim={} must be a multiple of 8 for KV-cache calls and paged caches (forward and "
                        "forward_varlen over K/V tensors take any head_dim up to 256)", name, head_dim));
   }
-  for (int axis = 0; axis < ndim - 1 && !unaligned; ++axis) {
+  // Inner axes first: a settled stride (settled_strides) is a product of an
+  // inner one, so the caller's own stride is the one named.
+  for (int axis = ndim - 2; axis >= 0 && !unaligned; --axis) {
     if (t.strides[axis] % 8 != 0) {
       reject(fmt::format("{}: {} stride {} must be a multiple of 8 elements (16-byte aligned rows)", name, names[axis],
                          t.strides[axis]));
@@ -118,7 +123,7 @@ void check_i32_vector(const char* name, const TensorView& t, int64_t length, con
   if (t.ndim != 1 || t.shape[0] != length) {
     reject(fmt::format("{}: shape {} must be [{}] = [{}]", name, shape_text(t), meaning, length));
   }
-  if (t.strides[0] != 1) reject(fmt::format("{}: must be contiguous (stride 1)", name));
+  if (length > 1 && t.strides[0] != 1) reject(fmt::format("{}: must be contiguous (stride 1)", name));
   // (An empty vector, of a batch of 0, need not point anywhere.)
   if ((t.data == nullptr && length > 0) || reinterpret_cast<uintptr_t>(t.data) % 4 != 0) {
     reject(fmt::format("{}: data pointer must be non-null and 4-byte aligned", name));
@@ -305,7 +310,7 @@ void check_rope_tables(const RopeOptions& rope, int rotary_dim, DType q_dtype) {
                        dtype_name(rope.cos->dtype)));
   }
   if (rope.sin->shape[0] != rope.cos->shape[0] || rope.sin->shape[1] != rope.cos->shape[1] ||
-      rope.sin->strides[0] != rope.cos->strides[0]) {
+      (rope.cos->shape[0] > 1 && rope.sin->strides[0] != rope.cos->strides[0])) {
     reject(fmt::format("options.rope.sin: shape {} and strides must equal cos's ({})", shape_text(*rope.sin),
                        shape_text(*rope.cos)));
   }

@@ -66,7 +66,9 @@ int64_t use_block_table(Problem& problem, const TensorView& table, const TensorV
     reject(fmt::format("block_table: must be i32 [batch, max_pages] = [{}, >= 1], got {} {}", batch,
                        dtype_name(table.dtype), shape_text(table)));
   }
-  if (table.strides[1] != 1) reject("block_table: the pages dimension must be contiguous (stride 1)");
+  if (table.shape[1] > 1 && table.strides[1] != 1) {
+    reject("block_table: the pages dimension must be contiguous (stride 1)");
+  }
   if (table.data == nullptr || reinterpret_cast<uintptr_t>(table.data) % 4 != 0) {
     reject("block_table: data pointer must be non-null and 4-byte aligned");
   }
