@@ -24,17 +24,17 @@ struct Driver {
   X(cuGetErrorName) X(cuGetErrorString) X(cuInit) X(cuDriverGetVersion)                 \
   X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute) X(cuDeviceGetName)         \
   X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent) X(cuCtxSetCurrent) \
-  X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuStreamGetCtx)                              \
-  X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuModuleLoadData) X(cuModuleUnload)           \
-  X(cuModuleGetFunction) X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel)  \
-  X(cuKernelGetFunction) X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)  \
-  X(cuLaunchKernelEx) X(cuMemGetInfo)                                                   \
+  X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuStreamGetCtx) X(cuCtxGetDevice)            \
+  X(cuCtxSynchronize) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)      \
+  X(cuModuleGetLoadingMode) X(cuLibraryLoadData) X(cuLibraryUnload)                     \
+  X(cuLibraryGetKernel) X(cuKernelGetFunction) X(cuFuncSetAttribute)                    \
+  X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuMemGetInfo)           \
   X(cuStreamIsCapturing) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)    \
-  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)           \
-  X(cuGraphLaunch)                                                                      \
-  X(cuGraphDestroy) X(cuGraphExecDestroy) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD)    \
-  X(cuMemcpyDtoH) X(cuMemsetD8) X(cuMemsetD32) X(cuEventCreate) X(cuEventRecord)        \
-  X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy) X(cuTensorMapEncodeTiled)
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags)          \
+  X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy) X(cuMemAlloc) X(cuMemFree)   \
+  X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD8) X(cuMemsetD32) X(cuEventCreate)         \
+  X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy)        \
+  X(cuTensorMapEncodeTiled)
 
 #define JITATTN_DECLARE_POINTER(name) decltype(&::name) name = nullptr;
   JITATTN_DRIVER_FUNCTIONS(JITATTN_DECLARE_POINTER)

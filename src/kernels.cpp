@@ -20,19 +20,22 @@ BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool 
   if (!nvrtc.available) throw Error(ErrorCode::unsupported, nvrtc.error, spec_text);
   const std::string key = make_cache_key(
       {source, compile_options(arch), arch.text(), nvrtc.version(), JITATTN_VERSION_STRING});
+  // While a stream is being captured a miss cannot compile: look once,
+  // without waiting for another process's lock on the key.
+  if (!allow_compile) {
+    if (std::optional<Entry> hit = cache_->get(key)) return {std::move(*hit), true, ""};
+    throw Error(ErrorCode::graph_capture,
+                fmt::format("{} for {} is not compiled yet and the stream is being captured into a "
+                            "CUDA graph: warm it first (make the same call once before capture, or "
+                            "run `jitattn warm {} --arch {}`)",
+                            spec_text, arch.text(), spec_text, arch.text()),
+                spec_text);
+  }
   bool built = false;
   std::string store_error;
   Entry entry = cache_->get_or_build(
       key,
       [&] {
-        if (!allow_compile) {
-          throw Error(ErrorCode::graph_capture,
-                      fmt::format("{} for {} is not compiled yet and the stream is being captured into a "
-                                  "CUDA graph: warm it first (make the same call once before capture, or "
-                                  "run `jitattn warm {} --arch {}`)",
-                                  spec_text, arch.text(), spec_text, arch.text()),
-                      spec_text);
-        }
         CompileOutput compiled = compile_cubin(source, spec_text + ".cu", arch, spec_text);
         Entry fresh;
         fresh.meta.key = key;
@@ -90,12 +93,15 @@ ContextRef KernelRegistry::current_context() {
 }
 
 ContextRef KernelRegistry::context_for(CUstream stream) {
-  ContextRef ref = current_context();
-  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return ref;
-  CUcontext own = nullptr;
-  check_cuda(driver().cuStreamGetCtx(stream, &own), "cuStreamGetCtx(stream)");
-  if (own != ref.context) ref = {own, context_id(own), false};
-  return ref;
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return current_context();
+  // A stream of its own context: no primary context is retained or made
+  // current for it (a worker thread of another GPU with none current).
+  const Driver& d = driver();
+  if (!d.available) throw Error(ErrorCode::cuda_error, fmt::format("no usable GPU: {}", d.error));
+  CUcontext current = nullptr, own = nullptr;
+  check_cuda(d.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+  check_cuda(d.cuStreamGetCtx(stream, &own), "cuStreamGetCtx(stream)");
+  return {own, context_id(own), own == current};
 }
 
 const DeviceInfo& KernelRegistry::device_info(const ContextRef& context) {
@@ -163,15 +169,33 @@ KernelRegistry::Library& KernelRegistry::library(const KernelSpec& spec, const A
   // One thread builds and loads a given library; others wait for it here.
   std::lock_guard<std::mutex> loading(library->loading);
   if (library->loaded) return *library;
+  if (library->compile_failure) std::rethrow_exception(library->compile_failure);
   const auto start = std::chrono::steady_clock::now();
-  const BuiltKernel built = builder_.build(spec, arch, allow_compile);
+  const BuiltKernel built = [&] {
+    try {
+      return builder_.build(spec, arch, allow_compile);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::compile_failed) library->compile_failure = std::current_exception();
+      throw;
+    }
+  }();
   const std::string spec_text = spec.text();
   // Errors name the kernel and its cache key (entries are <cache dir>/v1/kernels/<key>.entry).
   std::string where = fmt::format("on {} (cache key {})", arch.text(), built.entry.meta.key);
   const Driver& d = driver();
   CUlibrary loaded = nullptr;
-  check_cuda(d.cuLibraryLoadData(&loaded, built.entry.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
-             "cuLibraryLoadData", spec_text, where);
+  const CUresult load_status =
+      d.cuLibraryLoadData(&loaded, built.entry.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  if (load_status != CUDA_SUCCESS) {
+    // Eager loading puts a library into every context, those of GPUs of
+    // another architecture included, where this cubin cannot load.
+    CUmoduleLoadingMode mode = CU_MODULE_LAZY_LOADING;
+    if (d.cuModuleGetLoadingMode(&mode) == CUDA_SUCCESS && mode == CU_MODULE_EAGER_LOADING) {
+      where += " (CUDA_MODULE_LOADING=EAGER loads each kernel into every context, GPUs of other architectures "
+               "included: use LAZY, the default since CUDA 12.2)";
+    }
+    check_cuda(load_status, "cuLibraryLoadData", spec_text, where);
+  }
   CUkernel kernel = nullptr;
   const CUresult found = d.cuLibraryGetKernel(&kernel, loaded, entry_name(spec));
   if (found != CUDA_SUCCESS) {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -117,6 +118,10 @@ class KernelRegistry {
   struct Library {
     std::mutex loading;
     bool loaded = false;  // under `loading`
+    // NVRTC's rejection of this kernel's source, which is the same on every
+    // try: threads waiting for the kernel, and later calls, get it at once
+    // instead of compiling it again each.
+    std::exception_ptr compile_failure;
     CUlibrary library = nullptr;
     CUkernel kernel = nullptr;
     std::string where;  // "on sm_90a (cache key ...)", for errors

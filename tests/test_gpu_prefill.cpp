@@ -10,9 +10,13 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "gpu_support.hpp"
+#include "render.hpp"
 #include "spec.hpp"
 
 using namespace jitattn;
@@ -406,8 +410,12 @@ TEST_CASE("a runtime outlives the contexts it ran in: each new context gets its 
           DeviceTensor out(problem.dtype, q_shape, strides);
           ForwardOptions options;
           options.causal = true;
-          runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, nullptr);
-          outs[round] = out.read();
+          try {
+            runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, nullptr);
+            outs[round] = out.read();
+          } catch (const std::exception& e) {
+            error += e.what();
+          }
         }
         destroy_context(context);
       }
@@ -462,10 +470,17 @@ TEST_CASE("a call runs in its stream's context, whichever context is current") {
         detail::check_cuda(d.cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
         ForwardOptions options;
         options.causal = true;
-        gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);
+        try {
+          gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options,
+                                      stream);
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        // The thread had no current context, and has none after: no primary
+        // context was made current for a stream of another.
         CUcontext current = nullptr;
         d.cuCtxGetCurrent(&current);
-        if (current == other) error = "the call left the stream's context current";
+        if (current != nullptr) error += " the call left a context current";
         detail::check_cuda(d.cuCtxPushCurrent(other), "cuCtxPushCurrent");
         detail::check_cuda(d.cuStreamSynchronize(stream), "cuStreamSynchronize");
         got = out.read();
@@ -478,6 +493,118 @@ TEST_CASE("a call runs in its stream's context, whichever context is current") {
   }).join();
   REQUIRE_MESSAGE(error.empty(), error);
   CHECK(max_abs_error(attention_exact(problem.shape, q, k, v).out, got) < 2e-2);
+}
+
+TEST_CASE("threads share one runtime: concurrent first calls of the same kernels, each thread on its own stream") {
+  // A serving process's first requests: many threads, a cold cache, the same
+  // few kernels asked for at once (the registry loads each once; the others
+  // wait for it). Every call's output is checked, each kernel is stored, and
+  // nothing deadlocks.
+  const uint64_t seed = clock_seed();
+  INFO("seed " << seed);
+  const std::string cache_dir =
+      (std::filesystem::temp_directory_path() / fmt::format("jitattn-threads-{}", seed % 1000000)).string();
+  std::filesystem::remove_all(cache_dir);
+  Config config = gpu_tests_runtime().config();
+  config.cache_dir = cache_dir;
+  Runtime runtime(config);
+  const std::vector<AttentionShape> shapes = {{1, 150, 230, 4, 2, 64, true, 0.f},
+                                              {1, 150, 230, 4, 2, 64, false, 0.f},
+                                              {1, 97, 301, 2, 1, 128, true, 0.f},
+                                              {1, 97, 301, 2, 1, 128, false, 0.f}};
+  std::set<std::string> specs;
+  constexpr int kThreads = 8, kCallsPerThread = 3;
+  std::vector<std::string> failures(kThreads);
+  std::vector<std::thread> threads;
+  std::mutex specs_mutex;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      CUstream stream = nullptr;
+      try {
+        std::mt19937_64 rng(seed + t);
+        // A new thread has no current context: the primary one, for its stream.
+        detail::current_or_primary_context();
+        detail::check_cuda(detail::driver().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        for (int call = 0; call < kCallsPerThread; ++call) {
+          Problem problem;
+          problem.shape = shapes[(t + call) % shapes.size()];
+          const auto& s = problem.shape;
+          const Inputs in = make_inputs(problem, rng);
+          const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
+          int64_t strides[4];
+          contiguous_strides(q_shape, strides);
+          DeviceTensor out(problem.dtype, q_shape, strides);
+          ForwardOptions options;
+          options.causal = s.causal;
+          runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);
+          detail::check_cuda(detail::driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
+          const double error = max_abs_error(attention_exact(s, in.q, in.k, in.v).out, out.read());
+          if (!(error < 2e-2)) {
+            failures[t] += fmt::format("thread {} call {}: max error {:.3g}; ", t, call, error);
+          }
+          const std::string spec = runtime.spec_for(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr,
+                                                    options);
+          std::lock_guard<std::mutex> lock(specs_mutex);
+          specs.insert(spec);
+        }
+      } catch (const std::exception& e) {
+        failures[t] += e.what();
+      }
+      if (stream != nullptr) detail::driver().cuStreamDestroy(stream);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::string& failure : failures) CHECK_MESSAGE(failure.empty(), failure);
+  // Each kernel the calls planned is in the cache, once.
+  size_t entries = 0;
+  for (const auto& file : std::filesystem::recursive_directory_iterator(cache_dir)) {
+    entries += file.path().extension() == ".entry";
+  }
+  CHECK(entries == specs.size());
+  CHECK(specs.size() >= 2);
+  std::filesystem::remove_all(cache_dir);
+}
+
+TEST_CASE("a kernel NVRTC rejects fails each call with its log, compiled once") {
+  // Threads and calls after the first get the same failure without another
+  // compile (which would take seconds each).
+  namespace fs = std::filesystem;
+  const uint64_t seed = clock_seed();
+  const fs::path dir = fs::temp_directory_path() / fmt::format("jitattn-rejected-{}", seed % 1000000);
+  fs::remove_all(dir);
+  fs::create_directories(dir / "templates");
+  for (const auto& entry : detail::embedded_templates()) {
+    std::ofstream(dir / "templates" / entry.name, std::ios::binary) << entry.text;
+  }
+  std::ofstream(dir / "templates" / "entry_fwd.cu", std::ios::app) << "\nthis_is_not_cuda;\n";
+  Config config;
+  config.cache_dir = (dir / "cache").string();
+  config.template_dir = (dir / "templates").string();
+  Runtime runtime(config);
+  std::mt19937_64 rng(seed);
+  Problem problem;
+  problem.shape = {1, 64, 64, 2, 2, 64, false, 0.f};
+  const Inputs in = make_inputs(problem, rng);
+  const int64_t q_shape[4] = {1, 64, 2, 64};
+  int64_t strides[4];
+  contiguous_strides(q_shape, strides);
+  DeviceTensor out(problem.dtype, q_shape, strides);
+  double seconds[2] = {0, 0};
+  for (double& taken : seconds) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, {}, nullptr);
+      FAIL("a rejected kernel launched");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::compile_failed);
+      CHECK(e.log().find("this_is_not_cuda") != std::string::npos);
+    }
+    taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  INFO("first call " << seconds[0] << " s, second " << seconds[1] << " s");
+  CHECK(seconds[1] < seconds[0] / 5);
+  for (uint16_t bits : out.raw()) REQUIRE(bits == 0xffff);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("calls are graph-capturable once warm; compiling during capture is a clear error") {
