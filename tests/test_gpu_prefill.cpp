@@ -110,6 +110,15 @@ KernelRun run_kernel(const Problem& problem, const Inputs& in, TileConfig tiles)
   return run;
 }
 
+// out for a problem's q shape, contiguous, NaN-poisoned.
+DeviceTensor contiguous_output(const Problem& problem) {
+  const auto& s = problem.shape;
+  const int64_t shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
+  int64_t strides[4];
+  contiguous_strides(shape, strides);
+  return DeviceTensor(problem.dtype, shape, strides);
+}
+
 double max_abs_error(const std::vector<double>& reference, const std::vector<float>& values) {
   double worst = 0;
   for (size_t i = 0; i < values.size(); ++i) {
@@ -326,10 +335,7 @@ TEST_CASE("softmax_scale is honoured and lse is optional") {
   check_against(problem, run_kernel(problem, in, {}), attention_exact(problem.shape, in.q, in.k, in.v),
                 attention_16bit(problem.shape, in.q, in.k, in.v, problem.dtype), seed);
 
-  const int64_t q_shape[4] = {1, 77, 2, 64};
-  int64_t strides[4];
-  contiguous_strides(q_shape, strides);
-  DeviceTensor out(problem.dtype, q_shape, strides);
+  DeviceTensor out = contiguous_output(problem);
   ForwardOptions options;
   options.causal = true;
   options.softmax_scale = 0.37f;
@@ -347,10 +353,7 @@ TEST_CASE("a rejected call writes nothing") {
   int64_t bad_strides[4];
   contiguous_strides(bad_shape, bad_strides);
   DeviceTensor bad_k(random_values(64 * 4 * 64, problem.dtype, rng), problem.dtype, bad_shape, bad_strides);
-  const int64_t q_shape[4] = {1, 64, 6, 64};
-  int64_t strides[4];
-  contiguous_strides(q_shape, strides);
-  DeviceTensor out(problem.dtype, q_shape, strides);
+  DeviceTensor out = contiguous_output(problem);
   CHECK_THROWS_WITH_AS(
       gpu_tests_runtime().forward(in.dq->view(), bad_k.view(), bad_k.view(), out.view(), nullptr, {}, nullptr),
       doctest::Contains("heads_kv=4 must divide heads_q=6"), Error);
@@ -362,10 +365,7 @@ TEST_CASE("a call with no current context uses the primary context") {
   Problem problem;
   problem.shape = {1, 130, 130, 2, 2, 128, false, 0.f};
   const Inputs in = make_inputs(problem, rng);
-  const int64_t q_shape[4] = {1, 130, 2, 128};
-  int64_t strides[4];
-  contiguous_strides(q_shape, strides);
-  DeviceTensor out(problem.dtype, q_shape, strides);
+  DeviceTensor out = contiguous_output(problem);
   std::string error;
   std::thread([&] {
     try {
@@ -404,10 +404,7 @@ TEST_CASE("a runtime outlives the contexts it ran in: each new context gets its 
         {
           const Inputs in = make_inputs(problem, rng);
           q[round] = in.q, k[round] = in.k, v[round] = in.v;
-          const int64_t q_shape[4] = {1, 96, 4, 64};
-          int64_t strides[4];
-          contiguous_strides(q_shape, strides);
-          DeviceTensor out(problem.dtype, q_shape, strides);
+          DeviceTensor out = contiguous_output(problem);
           ForwardOptions options;
           options.causal = true;
           try {
@@ -431,10 +428,7 @@ TEST_CASE("a runtime outlives the contexts it ran in: each new context gets its 
   // And the tests' own runtime still runs in the primary context.
   std::mt19937_64 rng(seed + 1);
   const Inputs in = make_inputs(problem, rng);
-  const int64_t q_shape[4] = {1, 96, 4, 64};
-  int64_t strides[4];
-  contiguous_strides(q_shape, strides);
-  DeviceTensor out(problem.dtype, q_shape, strides);
+  DeviceTensor out = contiguous_output(problem);
   ForwardOptions options;
   options.causal = true;
   gpu_tests_runtime().forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, nullptr);
@@ -460,10 +454,7 @@ TEST_CASE("a call runs in its stream's context, whichever context is current") {
         std::mt19937_64 rng(seed);
         const Inputs in = make_inputs(problem, rng);
         q = in.q, k = in.k, v = in.v;
-        const int64_t q_shape[4] = {2, 130, 4, 64};
-        int64_t strides[4];
-        contiguous_strides(q_shape, strides);
-        DeviceTensor out(problem.dtype, q_shape, strides);
+        DeviceTensor out = contiguous_output(problem);
         CUstream stream = nullptr;
         detail::check_cuda(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         CUcontext popped = nullptr;
@@ -530,10 +521,7 @@ TEST_CASE("threads share one runtime: concurrent first calls of the same kernels
           problem.shape = shapes[(t + call) % shapes.size()];
           const auto& s = problem.shape;
           const Inputs in = make_inputs(problem, rng);
-          const int64_t q_shape[4] = {s.batch, s.seqlen_q, s.heads_q, s.head_dim};
-          int64_t strides[4];
-          contiguous_strides(q_shape, strides);
-          DeviceTensor out(problem.dtype, q_shape, strides);
+          DeviceTensor out = contiguous_output(problem);
           ForwardOptions options;
           options.causal = s.causal;
           runtime.forward(in.dq->view(), in.dk->view(), in.dv->view(), out.view(), nullptr, options, stream);
@@ -585,10 +573,7 @@ TEST_CASE("a kernel NVRTC rejects fails each call with its log, compiled once") 
   Problem problem;
   problem.shape = {1, 64, 64, 2, 2, 64, false, 0.f};
   const Inputs in = make_inputs(problem, rng);
-  const int64_t q_shape[4] = {1, 64, 2, 64};
-  int64_t strides[4];
-  contiguous_strides(q_shape, strides);
-  DeviceTensor out(problem.dtype, q_shape, strides);
+  DeviceTensor out = contiguous_output(problem);
   double seconds[2] = {0, 0};
   for (double& taken : seconds) {
     const auto start = std::chrono::steady_clock::now();
@@ -613,10 +598,7 @@ TEST_CASE("calls are graph-capturable once warm; compiling during capture is a c
   Problem problem;
   problem.shape = {2, 200, 333, 4, 4, 64, true, 0.f};
   const Inputs in = make_inputs(problem, rng);
-  const int64_t q_shape[4] = {2, 200, 4, 64};
-  int64_t strides[4];
-  contiguous_strides(q_shape, strides);
-  DeviceTensor out(problem.dtype, q_shape, strides);
+  DeviceTensor out = contiguous_output(problem);
   ForwardOptions options;
   options.causal = true;
   CUstream stream = nullptr;
