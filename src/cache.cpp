@@ -266,6 +266,11 @@ std::string make_cache_key(const CacheKeyInputs& inputs) {
   return fmt::format("{:016x}{:016x}", hash.high64, hash.low64);
 }
 
+std::string make_any_compiler_key(CacheKeyInputs inputs) {
+  inputs.nvrtc_version = "(any)";  // no NVRTC version is this text
+  return make_cache_key(inputs);
+}
+
 std::vector<char> encode_entry(const Entry& entry) {
   // cubin_bytes is taken from the cubin itself, so metadata and header agree.
   // Invalid UTF-8 in a text field is replaced rather than failing the write.
@@ -471,14 +476,50 @@ std::vector<EntryInfo> FileCache::remove_if(const std::function<bool(const Entry
     const auto written = fs::last_write_time(file, ec);
     if (!ec && written <= cutoff && !dry_run) fs::remove(file, ec);
   }
+  // Links to entries no longer here.
+  for (const fs::path& file : files_in(kernels_dir_)) {
+    if (file.extension() != ".link" || dry_run) continue;
+    std::optional<std::string> key;
+    try {
+      key = linked(file.stem().string());
+    } catch (const Error&) {  // not a name jitattn writes: leave it
+      continue;
+    }
+    std::error_code ec;
+    if (!key || !fs::exists(entry_path(*key), ec)) fs::remove(file, ec);
+  }
   return removed;
+}
+
+void FileCache::link(const std::string& any_key, const std::string& key) {
+  check_key(any_key);
+  check_key(key);
+  if (!writable_ || linked(any_key) == key) return;
+  const std::string error = publish_file(key + "\n", kernels_dir_ + "/" + any_key + ".link");
+  if (!error.empty()) log(LogLevel::debug, "cache link {}: {}", any_key, error);
+}
+
+std::optional<std::string> FileCache::linked(const std::string& any_key) {
+  check_key(any_key);
+  std::vector<char> bytes;
+  struct stat st {};
+  if (read_whole_file(kernels_dir_ + "/" + any_key + ".link", bytes, st) != 0 || bytes.size() > 256) {
+    return std::nullopt;
+  }
+  std::string key(bytes.begin(), bytes.end());
+  while (!key.empty() && (key.back() == '\n' || key.back() == '\r')) key.pop_back();
+  const bool safe = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+  if (!safe) return std::nullopt;
+  return key;
 }
 
 size_t FileCache::clear() {
   size_t entries = 0;
   for (const fs::path& file : files_in(kernels_dir_)) {
     const fs::path ext = file.extension();
-    if (ext != ".entry" && ext != ".tmp" && ext != ".lock") continue;
+    if (ext != ".entry" && ext != ".tmp" && ext != ".lock" && ext != ".link") continue;
     std::error_code ec;
     if (fs::remove(file, ec) && ext == ".entry") ++entries;
   }

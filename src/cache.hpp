@@ -31,6 +31,10 @@ struct CacheKeyInputs {
 };
 // 32 lowercase hex characters (XXH3-128 of the inputs, each length-prefixed).
 std::string make_cache_key(const CacheKeyInputs& inputs);
+// The key of a kernel whatever NVRTC compiled it: the inputs without
+// nvrtc_version. Cache::link maps it to the key of the entry stored last, so
+// a host without NVRTC serves what a host with it warmed.
+std::string make_any_compiler_key(CacheKeyInputs inputs);
 
 struct EntryMeta {
   std::string key;
@@ -76,11 +80,17 @@ class Cache {
   virtual std::vector<EntryInfo> list() = 0;
   // Removes every entry (and stray temporary/lock files); returns how many entries.
   virtual size_t clear() = 0;
-  // Removes the entries `unwanted` picks from list(), and temporary files
-  // that writers left (their process died) at least `temporary_age` ago;
-  // returns the entries removed (or that would be, with dry_run).
+  // Removes the entries `unwanted` picks from list(), temporary files that
+  // writers left (their process died) at least `temporary_age` ago, and
+  // links (link()) to entries no longer there; returns the entries removed
+  // (or that would be, with dry_run).
   virtual std::vector<EntryInfo> remove_if(const std::function<bool(const EntryInfo&)>& unwanted,
                                            std::chrono::seconds temporary_age, bool dry_run) = 0;
+  // Records that the kernel of any_key (make_any_compiler_key) is stored
+  // under key; linked() reads it back (nullopt if none, or unreadable).
+  // Failures are ignored: the link only serves hosts without NVRTC.
+  virtual void link(const std::string& any_key, const std::string& key) = 0;
+  virtual std::optional<std::string> linked(const std::string& any_key) = 0;
   virtual std::string location() const = 0;
   virtual bool writable() const = 0;
 };
@@ -103,6 +113,9 @@ class FileCache final : public Cache {
   size_t clear() override;
   std::vector<EntryInfo> remove_if(const std::function<bool(const EntryInfo&)>& unwanted,
                                    std::chrono::seconds temporary_age, bool dry_run) override;
+  // <dir>/v1/kernels/<any_key>.link holds the key.
+  void link(const std::string& any_key, const std::string& key) override;
+  std::optional<std::string> linked(const std::string& any_key) override;
   std::string location() const override { return dir_; }
   // Whether puts are tried: false where the directory could not be created
   // or written when the cache was opened (gets still read it).
@@ -134,6 +147,8 @@ class NoCache final : public Cache {
                                    bool) override {
     return {};
   }
+  void link(const std::string&, const std::string&) override {}
+  std::optional<std::string> linked(const std::string&) override { return std::nullopt; }
   std::string location() const override { return "(disabled)"; }
   bool writable() const override { return false; }
 };

@@ -52,6 +52,10 @@ bool resolve(void* handle, const char* name, Fn& fn) {
 
 std::unique_ptr<NvrtcApi> load_nvrtc() {
   auto api = std::make_unique<NvrtcApi>();
+  if (const char* setting = std::getenv("JITATTN_NVRTC_LIBRARY"); setting != nullptr && std::string(setting) == "none") {
+    api->info.error = "compiling is off (JITATTN_NVRTC_LIBRARY=none): kernels come from the cache only";
+    return api;
+  }
   void* handle = nullptr;
   std::string tried;
   for (const auto& name : candidate_libraries()) {
@@ -64,9 +68,8 @@ std::unique_ptr<NvrtcApi> load_nvrtc() {
   }
   if (handle == nullptr) {
     api->info.error = fmt::format(
-        "libnvrtc not found (tried {}); set JITATTN_NVRTC_LIBRARY to its path (a serving host needs libnvrtc, "
-        "not the CUDA toolkit: the cache's keys name the NVRTC version, so it is needed even where every kernel is "
-        "warmed)", tried);
+        "libnvrtc not found (tried {}); set JITATTN_NVRTC_LIBRARY to its path to compile kernels (without it, "
+        "kernels come from the cache only, as a host with NVRTC and this library version warmed them)", tried);
     return api;
   }
   const bool ok = resolve(handle, "nvrtcVersion", api->version) &&

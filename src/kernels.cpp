@@ -17,13 +17,27 @@ BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool 
   const std::string spec_text = spec.text();
   const std::string source = render(spec, templates_);
   const NvrtcInfo& nvrtc = nvrtc_info();
-  if (!nvrtc.available) throw Error(ErrorCode::unsupported, nvrtc.error, spec_text);
-  const std::string key = make_cache_key(
-      {source, compile_options(arch), arch.text(), nvrtc.version(), JITATTN_VERSION_STRING});
+  CacheKeyInputs inputs{source, compile_options(arch), arch.text(), nvrtc.version(), JITATTN_VERSION_STRING};
+  const std::string any_key = make_any_compiler_key(inputs);
+  if (!nvrtc.available) {
+    // No compiler here: the kernel some host with NVRTC stored for this
+    // library version, or nothing.
+    if (std::optional<std::string> key = cache_->linked(any_key)) {
+      if (std::optional<Entry> hit = cache_->get(*key)) return {std::move(*hit), true, ""};
+    }
+    throw Error(ErrorCode::unsupported,
+                fmt::format("{} for {} is not in the cache ({}) and cannot be compiled here: {}", spec_text,
+                            arch.text(), cache_->location(), nvrtc.error),
+                spec_text);
+  }
+  const std::string key = make_cache_key(inputs);
   // While a stream is being captured a miss cannot compile: look once,
   // without waiting for another process's lock on the key.
   if (!allow_compile) {
-    if (std::optional<Entry> hit = cache_->get(key)) return {std::move(*hit), true, ""};
+    if (std::optional<Entry> hit = cache_->get(key)) {
+      cache_->link(any_key, key);
+      return {std::move(*hit), true, ""};
+    }
     throw Error(ErrorCode::graph_capture,
                 fmt::format("{} for {} is not compiled yet and the stream is being captured into a "
                             "CUDA graph: warm it first (make the same call once before capture, or "
@@ -50,6 +64,7 @@ BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool 
         return fresh;
       },
       &built, &store_error);
+  if (store_error.empty()) cache_->link(any_key, key);
   return {std::move(entry), !built, std::move(store_error)};
 }
 

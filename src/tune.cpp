@@ -271,7 +271,7 @@ TuningTable TuningTable::load(const std::string& cache_dir, const std::string& l
     }
     const std::string file_library = document.at("library_version").get<std::string>();
     const std::string file_nvrtc = document.at("nvrtc_version").get<std::string>();
-    if (file_library != library_version || file_nvrtc != nvrtc_version) {
+    if (file_library != library_version || (file_nvrtc != nvrtc_version && nvrtc_version != "none")) {
       log(LogLevel::info,
           "tuning table {} was tuned with jitattn {} and NVRTC {}, this is jitattn {} with NVRTC {}: "
           "ignored (run `jitattn tune` to retune)",

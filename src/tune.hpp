@@ -45,6 +45,9 @@ class TuningTable {
  public:
   // Reads <cache_dir>/v1/tuning.json. Missing, unreadable or from another
   // library/NVRTC version: an empty table (logged at info level, never thrown).
+  // An nvrtc_version of "none" (no NVRTC here: kernels are served as the
+  // cache holds them) takes a table of any NVRTC version, as the cache's
+  // kernels were planned with it.
   static TuningTable load(const std::string& cache_dir, const std::string& library_version,
                           const std::string& nvrtc_version);
   // Writes atomically (temporary file + rename). Throws Error(cache_error) on failure.

@@ -251,6 +251,43 @@ TEST_SUITE("cache") {
     CHECK(keys.size() == variants.size() + 1);
   }
 
+  TEST_CASE("the any-compiler key ignores the NVRTC version alone, and links lead to the entry stored last") {
+    const CacheKeyInputs base{"__global__ void k() {}", {"-std=c++17"}, "sm_90a", "13.0", "0.1.0"};
+    CacheKeyInputs other_nvrtc = base, other_arch = base, other_library = base;
+    other_nvrtc.nvrtc_version = "12.8";
+    other_arch.arch = "sm_80";
+    other_library.library_version = "0.1.1";
+    const std::string any_key = make_any_compiler_key(base);
+    CHECK(any_key == make_any_compiler_key(other_nvrtc));
+    CHECK(any_key != make_cache_key(base));
+    CHECK(any_key != make_any_compiler_key(other_arch));
+    CHECK(any_key != make_any_compiler_key(other_library));
+
+    TempDir tmp;
+    FileCache cache(tmp.cache_dir());
+    CHECK_FALSE(cache.linked(any_key).has_value());
+    const Entry first = make_entry(make_cache_key(base), random_bytes(100, run_seed()));
+    const Entry second = make_entry(make_cache_key(other_nvrtc), random_bytes(100, run_seed() + 1));
+    REQUIRE(cache.put(first).empty());
+    cache.link(any_key, first.meta.key);
+    CHECK(cache.linked(any_key) == first.meta.key);
+    REQUIRE(cache.put(second).empty());
+    cache.link(any_key, second.meta.key);
+    CHECK(FileCache(tmp.cache_dir()).linked(any_key) == second.meta.key);
+    // A link file that does not hold a key reads as none.
+    std::ofstream(tmp.kernels_dir() + "/" + any_key + ".link") << "../../etc/passwd\n";
+    CHECK_FALSE(cache.linked(any_key).has_value());
+    // prune's remove_if drops links to entries no longer there; clear drops all.
+    cache.link(any_key, second.meta.key);
+    const std::string other_any = make_any_compiler_key(other_arch);
+    cache.link(other_any, std::string(32, 'f'));  // no such entry
+    cache.remove_if([](const EntryInfo&) { return false; }, std::chrono::hours(1), false);
+    CHECK(cache.linked(any_key) == second.meta.key);
+    CHECK_FALSE(cache.linked(other_any).has_value());
+    CHECK(cache.clear() == 2);
+    CHECK(count_files(tmp.kernels_dir(), ".link") == 0);
+  }
+
   TEST_CASE("cache key fields are length-prefixed") {
     CHECK(make_cache_key({"src", {}, "ab", "c", "v"}) != make_cache_key({"src", {}, "a", "bc", "v"}));
     CHECK(make_cache_key({"src", {"ab", "c"}, "x", "y", "z"}) != make_cache_key({"src", {"a", "bc"}, "x", "y", "z"}));

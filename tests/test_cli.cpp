@@ -1244,6 +1244,26 @@ TEST_CASE("prune removes what this library cannot read again, and with --older-t
   CHECK(contains(negative.err, "--older-than -1"));
 }
 
+TEST_CASE("without NVRTC (JITATTN_NVRTC_LIBRARY=none) kernels come from the cache a host with NVRTC warmed") {
+  CliSandbox sandbox;
+  REQUIRE(sandbox.run(fmt::format("warm {} --arch sm_80", kSmallSpec)).status == 0);
+  // The serving host: every warmed kernel is a hit; warm then checks coverage.
+  const CliRun served = sandbox.run(fmt::format("warm {} --arch sm_80", kSmallSpec), "JITATTN_NVRTC_LIBRARY=none");
+  INFO("stdout: " << served.out << "\nstderr: " << served.err);
+  CHECK(served.status == 0);
+  CHECK(contains(row_of(served.out, kSmallSpec), " hit "));
+  CHECK(contains(served.err, "checking the cache only"));
+  // A kernel never warmed fails, naming the cache and why nothing compiles.
+  const std::string cold_spec = "fwd.f16.d128.br64.bc64.w4";
+  const CliRun missing = sandbox.run(fmt::format("warm {} {} --arch sm_80", kSmallSpec, cold_spec),
+                                     "JITATTN_NVRTC_LIBRARY=none");
+  CHECK(missing.status == 1);
+  const std::string all = missing.out + missing.err;
+  CHECK(contains(all, "is not in the cache"));
+  CHECK(contains(all, "JITATTN_NVRTC_LIBRARY=none"));
+  CHECK(contains(row_of(missing.out, kSmallSpec), " hit "));
+}
+
 TEST_CASE("info --json reports the cache directory and the NVRTC version") {
   CliSandbox sandbox;
   const json info = sandbox.run_json("info --json");
