@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
@@ -60,7 +61,8 @@ nlohmann::json meta_to_json(const EntryMeta& meta, uint64_t cubin_bytes) {
           {"library_version", meta.library_version},
           {"compile_seconds", meta.compile_seconds},
           {"created_unix", meta.created_unix},
-          {"cubin_bytes", cubin_bytes}};
+          {"cubin_bytes", cubin_bytes},
+          {"any_key", meta.any_key}};
 }
 
 EntryMeta meta_from_json(const char* begin, const char* end) {
@@ -75,6 +77,7 @@ EntryMeta meta_from_json(const char* begin, const char* end) {
     json.at("compile_seconds").get_to(meta.compile_seconds);
     json.at("created_unix").get_to(meta.created_unix);
     json.at("cubin_bytes").get_to(meta.cubin_bytes);
+    meta.any_key = json.value("any_key", std::string());
     return meta;
   } catch (const nlohmann::json::exception& e) {
     bad_entry(fmt::format("bad metadata JSON: {}", e.what()));
@@ -408,7 +411,20 @@ std::string FileCache::put(const Entry& entry) {
   if (!writable_) return unwritable_why_;
   const std::vector<char> bytes = encode_entry(entry);
   const std::string error = publish_file({bytes.data(), bytes.size()}, entry_path(entry.meta.key));
-  if (!error.empty()) report(fmt::format("{}; {} ({}) kept in memory only", error, entry.meta.spec, entry.meta.arch));
+  if (!error.empty()) {
+    report(fmt::format("{}; {} ({}) kept in memory only", error, entry.meta.spec, entry.meta.arch));
+    return error;
+  }
+  // The NVRTC version this cache was last warmed with: a host without NVRTC
+  // plans with the tuning table only where it is that version's
+  // (TuningTable::load), as the warming host did.
+  const std::string compiler_path = (fs::path(dir_) / "v1" / "compiler").string();
+  std::vector<char> current;
+  struct stat st {};
+  if (read_whole_file(compiler_path, current, st) != 0 ||
+      std::string(current.begin(), current.end()) != entry.meta.nvrtc_version) {
+    publish_file(entry.meta.nvrtc_version, compiler_path);
+  }
   return error;
 }
 
@@ -444,6 +460,8 @@ std::vector<EntryInfo> FileCache::list() {
     struct stat st {};
     if (read_whole_file(info.path, bytes, st) == ENOENT) continue;  // removed meanwhile
     info.file_bytes = bytes.size();
+    info.device = static_cast<uint64_t>(st.st_dev);
+    info.inode = static_cast<uint64_t>(st.st_ino);
     try {
       info.meta = decode_entry(bytes).meta;
       info.valid = info.meta.key == file.stem().string();
@@ -462,10 +480,24 @@ std::vector<EntryInfo> FileCache::list() {
 std::vector<EntryInfo> FileCache::remove_if(const std::function<bool(const EntryInfo&)>& unwanted,
                                             std::chrono::seconds temporary_age, bool dry_run) {
   std::vector<EntryInfo> removed;
+  std::map<std::string, std::string> remaining;  // any_key → key of an entry that stays
   for (EntryInfo& info : list()) {
-    if (!unwanted(info)) continue;
-    std::error_code ec;
-    if (dry_run || fs::remove(info.path, ec)) removed.push_back(std::move(info));
+    if (!unwanted(info)) {
+      if (info.valid && !info.meta.any_key.empty()) remaining.emplace(info.meta.any_key, info.meta.key);
+      continue;
+    }
+    if (dry_run) {
+      removed.push_back(std::move(info));
+      continue;
+    }
+    // Not if another process replaced the file since it was read (a rebuilt
+    // entry where an invalid one was).
+    struct stat st {};
+    if (::stat(info.path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_dev) != info.device ||
+        static_cast<uint64_t>(st.st_ino) != info.inode) {
+      continue;
+    }
+    if (::unlink(info.path.c_str()) == 0) removed.push_back(std::move(info));
   }
   // A writer's temporary file lives for one write; one older than
   // temporary_age belongs to a process that died mid-write.
@@ -476,9 +508,12 @@ std::vector<EntryInfo> FileCache::remove_if(const std::function<bool(const Entry
     const auto written = fs::last_write_time(file, ec);
     if (!ec && written <= cutoff && !dry_run) fs::remove(file, ec);
   }
-  // Links to entries no longer here.
+  if (dry_run) return removed;
+  // Every remaining entry's kernel keeps a link to a stored entry.
+  for (const auto& [any_key, key] : remaining) link(any_key, key);
+  // Links of kernels with no entry left.
   for (const fs::path& file : files_in(kernels_dir_)) {
-    if (file.extension() != ".link" || dry_run) continue;
+    if (file.extension() != ".link") continue;
     std::optional<std::string> key;
     try {
       key = linked(file.stem().string());
@@ -494,7 +529,11 @@ std::vector<EntryInfo> FileCache::remove_if(const std::function<bool(const Entry
 void FileCache::link(const std::string& any_key, const std::string& key) {
   check_key(any_key);
   check_key(key);
-  if (!writable_ || linked(any_key) == key) return;
+  if (!writable_) return;
+  if (const std::optional<std::string> current = linked(any_key)) {
+    std::error_code ec;
+    if (*current == key || fs::exists(entry_path(*current), ec)) return;
+  }
   const std::string error = publish_file(key + "\n", kernels_dir_ + "/" + any_key + ".link");
   if (!error.empty()) log(LogLevel::debug, "cache link {}: {}", any_key, error);
 }

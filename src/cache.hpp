@@ -32,8 +32,8 @@ struct CacheKeyInputs {
 // 32 lowercase hex characters (XXH3-128 of the inputs, each length-prefixed).
 std::string make_cache_key(const CacheKeyInputs& inputs);
 // The key of a kernel whatever NVRTC compiled it: the inputs without
-// nvrtc_version. Cache::link maps it to the key of the entry stored last, so
-// a host without NVRTC serves what a host with it warmed.
+// nvrtc_version. Cache::link maps it to the key of a stored entry of that
+// kernel, so a host without NVRTC serves what a host with it warmed.
 std::string make_any_compiler_key(CacheKeyInputs inputs);
 
 struct EntryMeta {
@@ -45,6 +45,7 @@ struct EntryMeta {
   double compile_seconds = 0;
   int64_t created_unix = 0;
   uint64_t cubin_bytes = 0;
+  std::string any_key;  // make_any_compiler_key of its inputs ("" in entries stored before it was kept)
 };
 
 struct Entry {
@@ -57,6 +58,7 @@ struct EntryInfo {
   std::string path;
   uint64_t file_bytes = 0;
   bool valid = true;  // false: the file failed its checks (listed so `clear` can remove it)
+  uint64_t device = 0, inode = 0;  // of the file read, so a removal can tell it was not replaced since
 };
 
 // A small interface so a shared or remote cache can stand beside the file one.
@@ -80,15 +82,19 @@ class Cache {
   virtual std::vector<EntryInfo> list() = 0;
   // Removes every entry (and stray temporary/lock files); returns how many entries.
   virtual size_t clear() = 0;
-  // Removes the entries `unwanted` picks from list(), temporary files that
-  // writers left (their process died) at least `temporary_age` ago, and
-  // links (link()) to entries no longer there; returns the entries removed
-  // (or that would be, with dry_run).
+  // Removes the entries `unwanted` picks from list() (each unless its file
+  // was replaced since it was read), and temporary files that writers left
+  // (their process died) at least `temporary_age` ago. Links (link()) to
+  // entries no longer there are pointed at another entry of the kernel that
+  // remains, or removed. Returns the entries removed (or that would be, with
+  // dry_run).
   virtual std::vector<EntryInfo> remove_if(const std::function<bool(const EntryInfo&)>& unwanted,
                                            std::chrono::seconds temporary_age, bool dry_run) = 0;
   // Records that the kernel of any_key (make_any_compiler_key) is stored
-  // under key; linked() reads it back (nullopt if none, or unreadable).
-  // Failures are ignored: the link only serves hosts without NVRTC.
+  // under key, unless a link to an entry still stored is there (so hosts of
+  // two NVRTC versions do not rewrite it in turn); linked() reads it back
+  // (nullopt if none, or unreadable). Failures are ignored: the link only
+  // serves hosts without NVRTC.
   virtual void link(const std::string& any_key, const std::string& key) = 0;
   virtual std::optional<std::string> linked(const std::string& any_key) = 0;
   virtual std::string location() const = 0;

@@ -23,7 +23,12 @@ BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool 
     // No compiler here: the kernel some host with NVRTC stored for this
     // library version, or nothing.
     if (std::optional<std::string> key = cache_->linked(any_key)) {
-      if (std::optional<Entry> hit = cache_->get(*key)) return {std::move(*hit), true, ""};
+      std::optional<Entry> hit = cache_->get(*key);
+      // (The entry must be what was asked for: a link is only a file.)
+      if (hit && hit->meta.spec == spec_text && hit->meta.arch == arch.text() &&
+          hit->meta.library_version == JITATTN_VERSION_STRING) {
+        return {std::move(*hit), true, ""};
+      }
     }
     throw Error(ErrorCode::unsupported,
                 fmt::format("{} for {} is not in the cache ({}) and cannot be compiled here: {}", spec_text,
@@ -60,6 +65,7 @@ BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool 
         fresh.meta.compile_seconds = compiled.seconds;
         fresh.meta.created_unix = static_cast<int64_t>(std::time(nullptr));
         fresh.meta.cubin_bytes = compiled.cubin.size();
+        fresh.meta.any_key = any_key;
         fresh.cubin = std::move(compiled.cubin);
         return fresh;
       },

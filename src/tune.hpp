@@ -41,13 +41,18 @@ struct TunedChoice {
   double default_tflops = 0;  // of the built-in choice, same problem (0 if not measured)
 };
 
+// The NVRTC version that last stored a kernel in the cache directory
+// (<cache_dir>/v1/compiler, written by FileCache::put); "none" if unknown.
+std::string warmed_nvrtc(const std::string& cache_dir);
+
 class TuningTable {
  public:
   // Reads <cache_dir>/v1/tuning.json. Missing, unreadable or from another
   // library/NVRTC version: an empty table (logged at info level, never thrown).
-  // An nvrtc_version of "none" (no NVRTC here: kernels are served as the
-  // cache holds them) takes a table of any NVRTC version, as the cache's
-  // kernels were planned with it.
+  // With an nvrtc_version of "none" (no NVRTC here: kernels are served as
+  // the cache holds them) the table must be of the NVRTC version that last
+  // stored a kernel in the cache (<cache_dir>/v1/compiler), as the host that
+  // warmed it planned with the table only then.
   static TuningTable load(const std::string& cache_dir, const std::string& library_version,
                           const std::string& nvrtc_version);
   // Writes atomically (temporary file + rename). Throws Error(cache_error) on failure.

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cache.hpp"
+#include "tune.hpp"
 
 namespace {
 using namespace jitattn::detail;
@@ -266,25 +267,35 @@ TEST_SUITE("cache") {
     TempDir tmp;
     FileCache cache(tmp.cache_dir());
     CHECK_FALSE(cache.linked(any_key).has_value());
-    const Entry first = make_entry(make_cache_key(base), random_bytes(100, run_seed()));
-    const Entry second = make_entry(make_cache_key(other_nvrtc), random_bytes(100, run_seed() + 1));
+    // One kernel compiled by two NVRTC versions.
+    Entry first = make_entry(make_cache_key(base), random_bytes(100, run_seed()));
+    Entry second = make_entry(make_cache_key(other_nvrtc), random_bytes(100, run_seed() + 1));
+    first.meta.any_key = second.meta.any_key = any_key;
+    second.meta.nvrtc_version = "12.8";
     REQUIRE(cache.put(first).empty());
     cache.link(any_key, first.meta.key);
     CHECK(cache.linked(any_key) == first.meta.key);
+    // The link stays on an entry still stored: hosts of two versions do not rewrite it in turn.
     REQUIRE(cache.put(second).empty());
     cache.link(any_key, second.meta.key);
-    CHECK(FileCache(tmp.cache_dir()).linked(any_key) == second.meta.key);
+    CHECK(FileCache(tmp.cache_dir()).linked(any_key) == first.meta.key);
+    CHECK(FileCache(tmp.cache_dir()).get(first.meta.key)->meta.any_key == any_key);  // kept in the metadata
+    // The last put's NVRTC version is the cache's (TuningTable::load without NVRTC).
+    CHECK(warmed_nvrtc(tmp.cache_dir()) == "12.8");
     // A link file that does not hold a key reads as none.
     std::ofstream(tmp.kernels_dir() + "/" + any_key + ".link") << "../../etc/passwd\n";
     CHECK_FALSE(cache.linked(any_key).has_value());
-    // prune's remove_if drops links to entries no longer there; clear drops all.
-    cache.link(any_key, second.meta.key);
+    cache.link(any_key, first.meta.key);
+    // prune's remove_if: the kernel's link moves to the entry that remains; a
+    // link to no entry goes; clear drops all.
     const std::string other_any = make_any_compiler_key(other_arch);
-    cache.link(other_any, std::string(32, 'f'));  // no such entry
-    cache.remove_if([](const EntryInfo&) { return false; }, std::chrono::hours(1), false);
+    cache.link(other_any, std::string(32, 'f'));
+    const auto removed = cache.remove_if([&](const EntryInfo& info) { return info.meta.key == first.meta.key; },
+                                         std::chrono::hours(1), false);
+    REQUIRE(removed.size() == 1);
     CHECK(cache.linked(any_key) == second.meta.key);
     CHECK_FALSE(cache.linked(other_any).has_value());
-    CHECK(cache.clear() == 2);
+    CHECK(cache.clear() == 1);
     CHECK(count_files(tmp.kernels_dir(), ".link") == 0);
   }
 

@@ -219,6 +219,22 @@ TEST_CASE("a table from another library or NVRTC version is ignored") {
   CHECK(fresh.library_version == "1.2.4");
 }
 
+TEST_CASE("without NVRTC a table is taken only where it is the version that warmed the cache") {
+  TempDir dir;
+  TuningTable table = stamped_table();
+  table.set(choice(hopper_class(1024), {128, 128, 8}));
+  table.save(dir.path());
+  // No record of the warming NVRTC: the built-in tiles.
+  CHECK(TuningTable::load(dir.path(), kLibrary, "none").empty());
+  CHECK(warmed_nvrtc(dir.path()) == "none");
+  // The cache was warmed with the table's NVRTC (FileCache::put writes v1/compiler): its choices.
+  std::ofstream(std::filesystem::path(dir.path()) / "v1" / "compiler") << kNvrtc;
+  CHECK(TuningTable::load(dir.path(), kLibrary, "none").choices().size() == 1);
+  // Warmed with another NVRTC, which ignored this table: the built-in tiles, as that host planned.
+  std::ofstream(std::filesystem::path(dir.path()) / "v1" / "compiler") << "12.8";
+  CHECK(TuningTable::load(dir.path(), kLibrary, "none").empty());
+}
+
 TEST_CASE("a corrupt or foreign file loads as an empty table") {
   TempDir dir;
   for (const std::string text : {std::string("{\"format\": 1, \"choices\": ["), std::string("not json at all"),

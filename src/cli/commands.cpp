@@ -242,7 +242,7 @@ void check_compilable(const std::vector<WarmItem>& items) {
   if (!nvrtc.available) {
     // Warming then checks that the cache holds every kernel (a serving host's
     // coverage): each is a hit or fails.
-    fmt::print(stderr, "jitattn: {}; checking the cache only\n", nvrtc.error);
+    fmt::print(stderr, "jitattn: {}; warm checks that the cache holds each kernel\n", nvrtc.error);
     return;
   }
   std::string known;
@@ -420,8 +420,10 @@ std::string tuning_ignored_reason(const std::string& path) {
     if (!document.is_object() || document.value("format", 0) != 1) return "not a format-1 tuning table";
     const std::string library = document.at("library_version").get<std::string>();
     const std::string nvrtc = document.at("nvrtc_version").get<std::string>();
-    const std::string our_nvrtc = detail::nvrtc_info().version();
-    if (library != jitattn::version() || (nvrtc != our_nvrtc && our_nvrtc != "none")) {
+    std::string our_nvrtc = detail::nvrtc_info().version();
+    // As TuningTable::load: without NVRTC, the version that warmed the cache (v1/compiler, beside v1/tuning.json).
+    if (our_nvrtc == "none") our_nvrtc = detail::warmed_nvrtc(fs::path(path).parent_path().parent_path().string());
+    if (library != jitattn::version() || nvrtc != our_nvrtc) {
       return fmt::format("tuned with jitattn {} and NVRTC {}; this is jitattn {} with NVRTC {}", library, nvrtc,
                          jitattn::version(), our_nvrtc);
     }
@@ -929,7 +931,8 @@ int prune(const Config& config, const PruneOptions& options) {
                 fmt::format("--older-than {}: must be a number of days, 0 or more", *options.older_than_days));
   }
   // Why an entry goes ("" keeps it). The key hashes the library and NVRTC
-  // versions, so this library never reads an entry of other versions.
+  // versions, so this library with this NVRTC never reads an entry of
+  // other versions (a host without NVRTC reads any NVRTC's, through links).
   auto reason = [&](const detail::EntryInfo& entry) -> std::string {
     const detail::EntryMeta& meta = entry.meta;
     if (!entry.valid) return "invalid";
@@ -974,6 +977,10 @@ int tune(const Config& config, const TuneOptions& options) {
   if (options.dry_run) return tune_dry_run(request, options.json);
   const detail::Driver& cu = detail::driver();
   if (!cu.available) throw Error(ErrorCode::cuda_error, "tune needs a GPU: " + cu.error);
+  // It compiles its candidates, and stamps the table with the NVRTC version.
+  if (!detail::nvrtc_info().available) {
+    throw Error(ErrorCode::unsupported, "tune needs NVRTC to compile its candidates: " + detail::nvrtc_info().error);
+  }
   if (local_devices().empty()) throw Error(ErrorCode::cuda_error, "tune needs a GPU: the driver sees no CUDA device");
   if (config.cache_dir.empty()) {
     throw Error(ErrorCode::cache_error,

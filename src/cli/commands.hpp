@@ -101,10 +101,10 @@ struct PruneOptions {
   bool dry_run = false;                   // print what would go; remove nothing
   bool json = false;
 };
-// Removes the entries this library can never read again: invalid ones, and
-// those of another library version or (where this host has NVRTC) another
-// NVRTC version; with older_than_days also old ones. Temporary files of
-// writers that died are removed too.
+// Removes invalid entries, those of another library version, and (where
+// this host has NVRTC) those of another NVRTC version, which it never reads;
+// with older_than_days also old ones. Temporary files of writers that died
+// go too; each remaining kernel keeps a link for hosts without NVRTC.
 int prune(const Config& config, const PruneOptions& options);
 // Times the tile candidates of each shape class on this GPU and merges the
 // winners into the cache directory's tuning table.

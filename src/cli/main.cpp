@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
 
   cli::PruneOptions prune;
   CLI::App* prune_cmd = app.add_subcommand(
-      "prune", "Remove the entries this library cannot read again: invalid, other library or NVRTC versions");
+      "prune", "Remove invalid entries and those of other library or NVRTC versions");
   prune_cmd->add_option("--older-than", prune.older_than_days, "Also remove entries created more than DAYS ago")
       ->type_name("DAYS");
   prune_cmd->add_flag("--dry-run", prune.dry_run, "List what would be removed; remove nothing");
