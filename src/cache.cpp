@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -418,14 +419,18 @@ std::string FileCache::put(const Entry& entry) {
   // The NVRTC version this cache was last warmed with: a host without NVRTC
   // plans with the tuning table only where it is that version's
   // (TuningTable::load), as the warming host did.
-  const std::string compiler_path = (fs::path(dir_) / "v1" / "compiler").string();
+  record_compiler(entry.meta.nvrtc_version, false);
+  return error;
+}
+
+void FileCache::record_compiler(const std::string& nvrtc_version, bool only_if_missing) {
+  if (!writable_ || nvrtc_version.empty()) return;
+  const std::string path = (fs::path(dir_) / "v1" / "compiler").string();
   std::vector<char> current;
   struct stat st {};
-  if (read_whole_file(compiler_path, current, st) != 0 ||
-      std::string(current.begin(), current.end()) != entry.meta.nvrtc_version) {
-    publish_file(entry.meta.nvrtc_version, compiler_path);
-  }
-  return error;
+  const int err = read_whole_file(path, current, st);
+  if (err == 0 && (only_if_missing || std::string(current.begin(), current.end()) == nvrtc_version)) return;
+  publish_file(nvrtc_version, path);
 }
 
 Entry FileCache::get_or_build(const std::string& key, const std::function<Entry()>& build, bool* built,
@@ -480,12 +485,8 @@ std::vector<EntryInfo> FileCache::list() {
 std::vector<EntryInfo> FileCache::remove_if(const std::function<bool(const EntryInfo&)>& unwanted,
                                             std::chrono::seconds temporary_age, bool dry_run) {
   std::vector<EntryInfo> removed;
-  std::map<std::string, std::string> remaining;  // any_key → key of an entry that stays
   for (EntryInfo& info : list()) {
-    if (!unwanted(info)) {
-      if (info.valid && !info.meta.any_key.empty()) remaining.emplace(info.meta.any_key, info.meta.key);
-      continue;
-    }
+    if (!unwanted(info)) continue;
     if (dry_run) {
       removed.push_back(std::move(info));
       continue;
@@ -509,8 +510,24 @@ std::vector<EntryInfo> FileCache::remove_if(const std::function<bool(const Entry
     if (!ec && written <= cutoff && !dry_run) fs::remove(file, ec);
   }
   if (dry_run) return removed;
-  // Every remaining entry's kernel keeps a link to a stored entry.
-  for (const auto& [any_key, key] : remaining) link(any_key, key);
+  // Every remaining entry's kernel keeps a link to a stored entry. (Listed
+  // again: an entry another process stored meanwhile counts too.)
+  std::map<std::string, std::string> remaining;  // any_key → key of an entry that stays
+  std::set<std::string> remaining_compilers;
+  for (const EntryInfo& info : list()) {
+    if (!info.valid) continue;
+    remaining_compilers.insert(info.meta.nvrtc_version);
+    if (!info.meta.any_key.empty()) remaining.emplace(info.meta.any_key, info.meta.key);
+  }
+  for (const auto& [any_key, key] : remaining) link(any_key, key, "");
+  // The cache's compiler (v1/compiler) names a version whose entries remain.
+  std::vector<char> compiler;
+  struct stat compiler_stat {};
+  const std::string compiler_path = (fs::path(dir_) / "v1" / "compiler").string();
+  if (remaining_compilers.size() == 1 && read_whole_file(compiler_path, compiler, compiler_stat) == 0 &&
+      remaining_compilers.count(std::string(compiler.begin(), compiler.end())) == 0) {
+    record_compiler(*remaining_compilers.begin(), false);
+  }
   // Links of kernels with no entry left.
   for (const fs::path& file : files_in(kernels_dir_)) {
     if (file.extension() != ".link") continue;
@@ -526,10 +543,12 @@ std::vector<EntryInfo> FileCache::remove_if(const std::function<bool(const Entry
   return removed;
 }
 
-void FileCache::link(const std::string& any_key, const std::string& key) {
+void FileCache::link(const std::string& any_key, const std::string& key, const std::string& nvrtc_version) {
   check_key(any_key);
   check_key(key);
   if (!writable_) return;
+  // (A cache stored before v1/compiler was kept gets it from its hits.)
+  record_compiler(nvrtc_version, true);
   if (const std::optional<std::string> current = linked(any_key)) {
     std::error_code ec;
     if (*current == key || fs::exists(entry_path(*current), ec)) return;

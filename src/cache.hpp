@@ -92,10 +92,11 @@ class Cache {
                                            std::chrono::seconds temporary_age, bool dry_run) = 0;
   // Records that the kernel of any_key (make_any_compiler_key) is stored
   // under key, unless a link to an entry still stored is there (so hosts of
-  // two NVRTC versions do not rewrite it in turn); linked() reads it back
-  // (nullopt if none, or unreadable). Failures are ignored: the link only
-  // serves hosts without NVRTC.
-  virtual void link(const std::string& any_key, const std::string& key) = 0;
+  // two NVRTC versions do not rewrite it in turn), and names nvrtc_version
+  // as the cache's compiler where none is named yet (see put); linked()
+  // reads the link back (nullopt if none, or unreadable). Failures are
+  // ignored: links only serve hosts without NVRTC.
+  virtual void link(const std::string& any_key, const std::string& key, const std::string& nvrtc_version) = 0;
   virtual std::optional<std::string> linked(const std::string& any_key) = 0;
   virtual std::string location() const = 0;
   virtual bool writable() const = 0;
@@ -120,7 +121,7 @@ class FileCache final : public Cache {
   std::vector<EntryInfo> remove_if(const std::function<bool(const EntryInfo&)>& unwanted,
                                    std::chrono::seconds temporary_age, bool dry_run) override;
   // <dir>/v1/kernels/<any_key>.link holds the key.
-  void link(const std::string& any_key, const std::string& key) override;
+  void link(const std::string& any_key, const std::string& key, const std::string& nvrtc_version) override;
   std::optional<std::string> linked(const std::string& any_key) override;
   std::string location() const override { return dir_; }
   // Whether puts are tried: false where the directory could not be created
@@ -137,6 +138,10 @@ class FileCache final : public Cache {
   std::string kernels_dir_;
   bool writable_ = true;
   std::string unwritable_why_;  // put()'s answer when !writable_
+  // <dir>/v1/compiler: the NVRTC version that last stored an entry (put),
+  // for hosts without NVRTC (TuningTable::load). Written where it differs, or
+  // with only_if_missing where there is none.
+  void record_compiler(const std::string& nvrtc_version, bool only_if_missing);
   std::chrono::milliseconds lock_wait_;
   mutable std::mutex mutex_;
   mutable bool warned_ = false;
@@ -153,7 +158,7 @@ class NoCache final : public Cache {
                                    bool) override {
     return {};
   }
-  void link(const std::string&, const std::string&) override {}
+  void link(const std::string&, const std::string&, const std::string&) override {}
   std::optional<std::string> linked(const std::string&) override { return std::nullopt; }
   std::string location() const override { return "(disabled)"; }
   bool writable() const override { return false; }

@@ -156,10 +156,12 @@ CompileOutput compile_cubin(const std::string& source, const std::string& progra
     output.log.resize(log_size - 1);  // drop the terminating NUL
   }
   if (status != NVRTC_SUCCESS) {
-    throw Error(ErrorCode::compile_failed,
-                fmt::format("{} for {}: NVRTC failed ({}):\n{}", spec_text, arch.text(),
-                            nvrtc.get_error_string(status), output.log),
-                spec_text, output.log);
+    std::string message = fmt::format("{} for {}: NVRTC failed ({}):\n{}", spec_text, arch.text(),
+                                      nvrtc.get_error_string(status), output.log);
+    if (status == NVRTC_ERROR_COMPILATION) {
+      throw SourceRejected(ErrorCode::compile_failed, std::move(message), spec_text, output.log);
+    }
+    throw Error(ErrorCode::compile_failed, std::move(message), spec_text, output.log);
   }
   size_t cubin_size = 0;
   nvrtc.get_cubin_size(program, &cubin_size);

@@ -31,8 +31,16 @@ struct CompileOutput {
 // Options passed to NVRTC for `arch`; part of the cache key.
 std::vector<std::string> compile_options(const Arch& arch);
 
-// Throws Error(compile_failed) carrying `spec_text` and the NVRTC log, or
-// Error(unsupported) when NVRTC is missing or does not know `arch`.
+// NVRTC's rejection of the source itself (NVRTC_ERROR_COMPILATION): the
+// same on every try, unlike its other failures (out of memory, ...).
+class SourceRejected : public Error {
+ public:
+  using Error::Error;
+};
+
+// Throws Error(compile_failed) carrying `spec_text` and the NVRTC log (a
+// SourceRejected where the source does not compile), or Error(unsupported)
+// when NVRTC is missing or does not know `arch`.
 CompileOutput compile_cubin(const std::string& source, const std::string& program_name,
                             const Arch& arch, const std::string& spec_text);
 

@@ -40,7 +40,7 @@ BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool 
   // without waiting for another process's lock on the key.
   if (!allow_compile) {
     if (std::optional<Entry> hit = cache_->get(key)) {
-      cache_->link(any_key, key);
+      cache_->link(any_key, key, nvrtc.version());
       return {std::move(*hit), true, ""};
     }
     throw Error(ErrorCode::graph_capture,
@@ -70,7 +70,7 @@ BuiltKernel KernelBuilder::build(const KernelSpec& spec, const Arch& arch, bool 
         return fresh;
       },
       &built, &store_error);
-  if (store_error.empty()) cache_->link(any_key, key);
+  if (store_error.empty()) cache_->link(any_key, key, nvrtc.version());
   return {std::move(entry), !built, std::move(store_error)};
 }
 
@@ -195,8 +195,8 @@ KernelRegistry::Library& KernelRegistry::library(const KernelSpec& spec, const A
   const BuiltKernel built = [&] {
     try {
       return builder_.build(spec, arch, allow_compile);
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::compile_failed) library->compile_failure = std::current_exception();
+    } catch (const SourceRejected&) {
+      library->compile_failure = std::current_exception();
       throw;
     }
   }();

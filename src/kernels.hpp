@@ -118,9 +118,10 @@ class KernelRegistry {
   struct Library {
     std::mutex loading;
     bool loaded = false;  // under `loading`
-    // NVRTC's rejection of this kernel's source, which is the same on every
-    // try: threads waiting for the kernel, and later calls, get it at once
-    // instead of compiling it again each.
+    // NVRTC's rejection of this kernel's source (SourceRejected), the same
+    // on every try: threads waiting for the kernel, and later calls, get it
+    // at once instead of compiling it again each. Other failures (NVRTC out
+    // of memory, a capture) are tried again.
     std::exception_ptr compile_failure;
     CUlibrary library = nullptr;
     CUkernel kernel = nullptr;

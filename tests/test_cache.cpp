@@ -273,11 +273,11 @@ TEST_SUITE("cache") {
     first.meta.any_key = second.meta.any_key = any_key;
     second.meta.nvrtc_version = "12.8";
     REQUIRE(cache.put(first).empty());
-    cache.link(any_key, first.meta.key);
+    cache.link(any_key, first.meta.key, "13.0");
     CHECK(cache.linked(any_key) == first.meta.key);
     // The link stays on an entry still stored: hosts of two versions do not rewrite it in turn.
     REQUIRE(cache.put(second).empty());
-    cache.link(any_key, second.meta.key);
+    cache.link(any_key, second.meta.key, "13.0");
     CHECK(FileCache(tmp.cache_dir()).linked(any_key) == first.meta.key);
     CHECK(FileCache(tmp.cache_dir()).get(first.meta.key)->meta.any_key == any_key);  // kept in the metadata
     // The last put's NVRTC version is the cache's (TuningTable::load without NVRTC).
@@ -285,16 +285,28 @@ TEST_SUITE("cache") {
     // A link file that does not hold a key reads as none.
     std::ofstream(tmp.kernels_dir() + "/" + any_key + ".link") << "../../etc/passwd\n";
     CHECK_FALSE(cache.linked(any_key).has_value());
-    cache.link(any_key, first.meta.key);
+    cache.link(any_key, first.meta.key, "13.0");
     // prune's remove_if: the kernel's link moves to the entry that remains; a
     // link to no entry goes; clear drops all.
     const std::string other_any = make_any_compiler_key(other_arch);
-    cache.link(other_any, std::string(32, 'f'));
+    cache.link(other_any, std::string(32, 'f'), "13.0");
     const auto removed = cache.remove_if([&](const EntryInfo& info) { return info.meta.key == first.meta.key; },
                                          std::chrono::hours(1), false);
     REQUIRE(removed.size() == 1);
     CHECK(cache.linked(any_key) == second.meta.key);
     CHECK_FALSE(cache.linked(other_any).has_value());
+    // v1/compiler names a version whose entries remain after a prune ...
+    Entry third = make_entry(make_cache_key(other_arch), random_bytes(100, run_seed() + 2));
+    REQUIRE(cache.put(third).empty());
+    CHECK(warmed_nvrtc(tmp.cache_dir()) == "13.0");
+    cache.remove_if([&](const EntryInfo& info) { return info.meta.key == third.meta.key; }, std::chrono::hours(1),
+                    false);
+    CHECK(warmed_nvrtc(tmp.cache_dir()) == "12.8");
+    // ... and a cache without one (stored before it was kept) gets it from a hit's link.
+    fs::remove(fs::path(tmp.cache_dir()) / "v1" / "compiler");
+    CHECK(warmed_nvrtc(tmp.cache_dir()) == "none");
+    cache.link(any_key, second.meta.key, "12.8");
+    CHECK(warmed_nvrtc(tmp.cache_dir()) == "12.8");
     CHECK(cache.clear() == 1);
     CHECK(count_files(tmp.kernels_dir(), ".link") == 0);
   }

@@ -882,6 +882,7 @@ TEST_CASE("a compile failure carries the spec text and the NVRTC log") {
     FAIL("a broken template compiled");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::compile_failed);
+    CHECK(dynamic_cast<const SourceRejected*>(&e) != nullptr);  // the registry remembers these
     CHECK(e.spec() == spec.text());
     CHECK(e.log().find("this_is_not_cuda") != std::string::npos);
     CHECK(std::string(e.what()).find(spec.text()) != std::string::npos);
