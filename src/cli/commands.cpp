@@ -813,7 +813,9 @@ int warm(const Config& config, const WarmOptions& options) {
   check_compilable(items);
   Runtime runtime(config);
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<WarmOutcome> outcomes = warm_all(runtime, items, static_cast<size_t>(std::max(options.jobs, 1)));
+  const size_t jobs = options.jobs > 0 ? static_cast<size_t>(options.jobs)
+                                       : std::max<size_t>(1, std::thread::hardware_concurrency());
+  const std::vector<WarmOutcome> outcomes = warm_all(runtime, items, jobs);
   const double wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   size_t misses = 0, failures = 0;

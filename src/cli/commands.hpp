@@ -18,7 +18,7 @@ struct WarmOptions {
   std::vector<std::string> presets;  // preset names
   std::vector<std::string> archs;    // empty: the local GPUs' archs, else sm_80 and sm_90a
   std::vector<int> page_sizes;       // presets also sweep these page sizes (preset_specs' extra_pages)
-  int jobs = 1;
+  int jobs = 0;  // kernels compiled at once; 0: one per CPU core (an NVRTC compile takes one core and about 0.1 GB)
   bool json = false;
 };
 

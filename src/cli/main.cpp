@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
   add_repeatable(warm_cmd, "--preset", warm.presets, "Model preset (repeatable); `jitattn presets` lists them");
   add_repeatable(warm_cmd, "--arch", warm.archs, "Target arch, e.g. sm_80, sm_90a (repeatable)")->type_name("ARCH");
   add_page_sizes(warm_cmd, warm.page_sizes);
-  warm_cmd->add_option("-j,--jobs", warm.jobs, "Compile N kernels at once (default 1)")
+  warm_cmd->add_option("-j,--jobs", warm.jobs, "Compile N kernels at once (default: one per CPU core)")
       ->check(CLI::Range(1, 1024))
       ->option_text("N");
   warm_cmd->add_flag("--json", warm.json, "Print the results as a JSON array instead of a table");
