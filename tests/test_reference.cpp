@@ -710,8 +710,6 @@ TEST_CASE("head_dim_v: v and out rows are value_dim wide, out's columns those of
   CHECK_NOTHROW(negative.check());
 }
 
-}  // TEST_SUITE
-
 TEST_CASE("RoPE reference in packed 16-bit arithmetic: exact at angle 0, a few 16-bit roundings off elsewhere") {
   std::mt19937_64 rng(7);
   const int heads = 2, head_dim = 64, seqlen = 300;
@@ -747,3 +745,5 @@ TEST_CASE("RoPE reference in packed 16-bit arithmetic: exact at angle 0, a few 1
     }
   }
 }
+
+}  // TEST_SUITE
