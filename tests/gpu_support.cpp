@@ -573,7 +573,8 @@ Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std:
   verdict.error = max_deviation(exact.out, out);
   verdict.yardstick = max_deviation(exact.out, rounded.out);
   // JITATTN_TEST_ERRORS=1 prints every check's error against its yardstick,
-  // to compare the accuracy of template variants (not only pass / fail).
+  // and its LSE's, to compare the accuracy of template variants (not only
+  // pass / fail) and to size tolerances.
   if (std::getenv("JITATTN_TEST_ERRORS") != nullptr) {
     fmt::print("error/yardstick {:.3f} (error {:.3g}, yardstick {:.3g})\n",
                verdict.yardstick > 0 ? verdict.error / verdict.yardstick : 0.0, verdict.error, verdict.yardstick);
@@ -586,6 +587,7 @@ Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std:
       lse_yardstick = std::max(lse_yardstick, std::fabs(rounded.lse[i] - exact.lse[i]));
     }
   }
+  double lse_error = 0, lse_relative = 0;
   for (size_t i = 0; i < lse.size(); ++i) {
     const double want = exact.lse[i];
     const double got = lse[i];
@@ -593,6 +595,14 @@ Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std:
                                      : std::fabs(got - want) <= std::max(1e-3 * std::max(1.0, std::fabs(want)),
                                                                          2 * lse_yardstick + 1e-4);
     verdict.lse_off += !ok;
+    if (std::isfinite(want) && std::isfinite(got)) {
+      lse_error = std::max(lse_error, std::fabs(got - want));
+      lse_relative = std::max(lse_relative, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
+    }
+  }
+  if (std::getenv("JITATTN_TEST_ERRORS") != nullptr && !lse.empty()) {
+    fmt::print("lse error {:.3g} (relative {:.3g}, 16-bit reference {:.3g}, softcap {})\n", lse_error,
+               lse_relative, lse_yardstick, s.softcap);
   }
   for (int b = 0; b < s.batch; ++b) {
     for (int h = 0; h < s.heads_q; ++h) {
