@@ -86,12 +86,14 @@ EntryMeta meta_from_json(const char* begin, const char* end) {
 }
 
 // Keys become file names, so they must not be able to name another path.
-void check_key(const std::string& key) {
-  const bool safe = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-           c == '-';
+bool is_safe_key(const std::string& key) {
+  return !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '-';
   });
-  if (!safe) {
+}
+
+void check_key(const std::string& key) {
+  if (!is_safe_key(key)) {
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("cache key '{}' must be non-empty [A-Za-z0-9_-]", key));
   }
@@ -270,6 +272,19 @@ std::string make_cache_key(const CacheKeyInputs& inputs) {
   return fmt::format("{:016x}{:016x}", hash.high64, hash.low64);
 }
 
+namespace {
+
+std::string compiler_path(const std::string& cache_dir) { return (fs::path(cache_dir) / "v1" / "compiler").string(); }
+
+}  // namespace
+
+std::string warmed_nvrtc(const std::string& cache_dir) {
+  std::vector<char> bytes;
+  struct stat st {};
+  if (read_whole_file(compiler_path(cache_dir), bytes, st) != 0) return "none";
+  return std::string(bytes.begin(), bytes.end());
+}
+
 std::string make_any_compiler_key(CacheKeyInputs inputs) {
   inputs.nvrtc_version = "(any)";  // no NVRTC version is this text
   return make_cache_key(inputs);
@@ -425,12 +440,9 @@ std::string FileCache::put(const Entry& entry) {
 
 void FileCache::record_compiler(const std::string& nvrtc_version, bool only_if_missing) {
   if (!writable_ || nvrtc_version.empty()) return;
-  const std::string path = (fs::path(dir_) / "v1" / "compiler").string();
-  std::vector<char> current;
-  struct stat st {};
-  const int err = read_whole_file(path, current, st);
-  if (err == 0 && (only_if_missing || std::string(current.begin(), current.end()) == nvrtc_version)) return;
-  publish_file(nvrtc_version, path);
+  const std::string current = warmed_nvrtc(dir_);
+  if (current != "none" && (only_if_missing || current == nvrtc_version)) return;
+  publish_file(nvrtc_version, compiler_path(dir_));
 }
 
 Entry FileCache::get_or_build(const std::string& key, const std::function<Entry()>& build, bool* built,
@@ -500,16 +512,16 @@ std::vector<EntryInfo> FileCache::remove_if(const std::function<bool(const Entry
     }
     if (::unlink(info.path.c_str()) == 0) removed.push_back(std::move(info));
   }
+  if (dry_run) return removed;
   // A writer's temporary file lives for one write; one older than
   // temporary_age belongs to a process that died mid-write.
   const auto cutoff = fs::file_time_type::clock::now() - temporary_age;
   for (const fs::path& file : files_in(kernels_dir_)) {
-    std::error_code ec;
     if (file.extension() != ".tmp") continue;
+    std::error_code ec;
     const auto written = fs::last_write_time(file, ec);
-    if (!ec && written <= cutoff && !dry_run) fs::remove(file, ec);
+    if (!ec && written <= cutoff) fs::remove(file, ec);
   }
-  if (dry_run) return removed;
   // Every remaining entry's kernel keeps a link to a stored entry. (Listed
   // again: an entry another process stored meanwhile counts too.)
   std::map<std::string, std::string> remaining;  // any_key → key of an entry that stays
@@ -521,11 +533,8 @@ std::vector<EntryInfo> FileCache::remove_if(const std::function<bool(const Entry
   }
   for (const auto& [any_key, key] : remaining) link(any_key, key, "");
   // The cache's compiler (v1/compiler) names a version whose entries remain.
-  std::vector<char> compiler;
-  struct stat compiler_stat {};
-  const std::string compiler_path = (fs::path(dir_) / "v1" / "compiler").string();
-  if (remaining_compilers.size() == 1 && read_whole_file(compiler_path, compiler, compiler_stat) == 0 &&
-      remaining_compilers.count(std::string(compiler.begin(), compiler.end())) == 0) {
+  const std::string recorded = warmed_nvrtc(dir_);
+  if (remaining_compilers.size() == 1 && recorded != "none" && remaining_compilers.count(recorded) == 0) {
     record_compiler(*remaining_compilers.begin(), false);
   }
   // Links of kernels with no entry left.
@@ -566,10 +575,7 @@ std::optional<std::string> FileCache::linked(const std::string& any_key) {
   }
   std::string key(bytes.begin(), bytes.end());
   while (!key.empty() && (key.back() == '\n' || key.back() == '\r')) key.pop_back();
-  const bool safe = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-  });
-  if (!safe) return std::nullopt;
+  if (!is_safe_key(key)) return std::nullopt;
   return key;
 }
 

@@ -35,6 +35,9 @@ std::string make_cache_key(const CacheKeyInputs& inputs);
 // nvrtc_version. Cache::link maps it to the key of a stored entry of that
 // kernel, so a host without NVRTC serves what a host with it warmed.
 std::string make_any_compiler_key(CacheKeyInputs inputs);
+// The NVRTC version that last stored a kernel in the cache directory
+// (<cache_dir>/v1/compiler, written by FileCache::put); "none" if unknown.
+std::string warmed_nvrtc(const std::string& cache_dir);
 
 struct EntryMeta {
   std::string key;

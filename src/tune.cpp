@@ -246,12 +246,8 @@ std::string ShapeClass::text() const {
                      seqlen_bucket);
 }
 
-std::string warmed_nvrtc(const std::string& cache_dir) {
-  std::ifstream file(fs::path(cache_dir) / "v1" / "compiler", std::ios::binary);
-  if (!file) return "none";
-  std::ostringstream text;
-  text << file.rdbuf();
-  return text.str();
+std::string table_nvrtc_for(const std::string& cache_dir, const std::string& nvrtc_version) {
+  return nvrtc_version == "none" ? warmed_nvrtc(cache_dir) : nvrtc_version;
 }
 
 TuningTable TuningTable::load(const std::string& cache_dir, const std::string& library_version,
@@ -279,10 +275,7 @@ TuningTable TuningTable::load(const std::string& cache_dir, const std::string& l
     }
     const std::string file_library = document.at("library_version").get<std::string>();
     const std::string file_nvrtc = document.at("nvrtc_version").get<std::string>();
-    // Without NVRTC here, the version the cache was last warmed with stands in
-    // (<cache_dir>/v1/compiler, FileCache::put): the warming host planned
-    // with this table only if it was that version's.
-    const std::string compared_nvrtc = nvrtc_version == "none" ? warmed_nvrtc(cache_dir) : nvrtc_version;
+    const std::string compared_nvrtc = table_nvrtc_for(cache_dir, nvrtc_version);
     if (file_library != library_version || file_nvrtc != compared_nvrtc) {
       log(LogLevel::info,
           "tuning table {} was tuned with jitattn {} and NVRTC {}, this is jitattn {} with NVRTC {}: "

@@ -41,9 +41,11 @@ struct TunedChoice {
   double default_tflops = 0;  // of the built-in choice, same problem (0 if not measured)
 };
 
-// The NVRTC version that last stored a kernel in the cache directory
-// (<cache_dir>/v1/compiler, written by FileCache::put); "none" if unknown.
-std::string warmed_nvrtc(const std::string& cache_dir);
+// The NVRTC version a tuning table in cache_dir must carry for a host whose
+// NVRTC is nvrtc_version: its own; without NVRTC ("none"), the version that
+// warmed the cache (warmed_nvrtc), as that host planned with the table only
+// then.
+std::string table_nvrtc_for(const std::string& cache_dir, const std::string& nvrtc_version);
 
 class TuningTable {
  public:

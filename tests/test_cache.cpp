@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "cache.hpp"
-#include "tune.hpp"
 
 namespace {
 using namespace jitattn::detail;

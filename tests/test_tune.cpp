@@ -13,6 +13,7 @@
 
 #include "driver.hpp"
 #include "plan.hpp"
+#include "cache.hpp"
 #include "tune.hpp"
 
 using namespace jitattn;

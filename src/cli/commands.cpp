@@ -411,7 +411,7 @@ detail::TuningTable load_tuning(const Config& config) {
 
 // Why an existing tuning.json loaded no choice ("" when it is simply empty).
 // TuningTable::load only logs this; `info` shows it.
-std::string tuning_ignored_reason(const std::string& path) {
+std::string tuning_ignored_reason(const Config& config, const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   std::ostringstream text;
   text << file.rdbuf();
@@ -420,9 +420,7 @@ std::string tuning_ignored_reason(const std::string& path) {
     if (!document.is_object() || document.value("format", 0) != 1) return "not a format-1 tuning table";
     const std::string library = document.at("library_version").get<std::string>();
     const std::string nvrtc = document.at("nvrtc_version").get<std::string>();
-    std::string our_nvrtc = detail::nvrtc_info().version();
-    // As TuningTable::load: without NVRTC, the version that warmed the cache (v1/compiler, beside v1/tuning.json).
-    if (our_nvrtc == "none") our_nvrtc = detail::warmed_nvrtc(fs::path(path).parent_path().parent_path().string());
+    const std::string our_nvrtc = detail::table_nvrtc_for(config.cache_dir, detail::nvrtc_info().version());
     if (library != jitattn::version() || nvrtc != our_nvrtc) {
       return fmt::format("tuned with jitattn {} and NVRTC {}; this is jitattn {} with NVRTC {}", library, nvrtc,
                          jitattn::version(), our_nvrtc);
@@ -442,7 +440,7 @@ json tuning_record(const Config& config) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return {{"path", path}, {"status", "none"}, {"entries", 0}, {"reason", ""}};
   const detail::TuningTable table = load_tuning(config);
-  const std::string reason = table.empty() ? tuning_ignored_reason(path) : "";
+  const std::string reason = table.empty() ? tuning_ignored_reason(config, path) : "";
   return {{"path", path},
           {"status", reason.empty() ? "loaded" : "ignored"},
           {"entries", table.choices().size()},
