@@ -3022,6 +3022,31 @@ TEST_CASE("kvcache: new keys must fit the cache, and a max_seqlen_k hint must ho
   empty.cache_seqlens.data = nullptr;
   q = out = TensorView::contiguous(address(0x10000), DType::bf16, {0, 1, 8, 128});
   CHECK(plan(empty).attention.grid == 0);
+  // The same of a paged cache (block_table [0, 4]) with ALiBi slopes per
+  // batch and head ([0, 8]): empty tensors, as PyTorch's, with null data.
+  KVCacheArgs empty_paged;
+  empty_paged.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {8, 64, 2, 128});
+  empty_paged.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {8, 64, 2, 128});
+  empty_paged.cache_seqlens = TensorView::contiguous(nullptr, DType::i32, {0});
+  const TensorView no_pages = TensorView::contiguous(nullptr, DType::i32, {0, 4});
+  empty_paged.block_table = &no_pages;
+  const TensorView no_slopes = TensorView::contiguous(nullptr, DType::f32, {0, 8});
+  ForwardOptions alibi;
+  alibi.alibi_slopes = &no_slopes;
+  CHECK(plan_kvcache(q, empty_paged, out, nullptr, alibi, nullptr, 0, true, arch, 227 * 1024, 132).attention.grid == 0);
+  // One sequence: the same null pointers are refused, each by name.
+  q = out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 8, 128});
+  const TensorView one_page_row = TensorView::contiguous(nullptr, DType::i32, {1, 4});
+  empty_paged.block_table = &one_page_row;
+  empty_paged.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {1});
+  CHECK_THROWS_WITH_AS(plan_kvcache(q, empty_paged, out, nullptr, ForwardOptions{}, nullptr, 0, true, arch, 227 * 1024, 132),
+                       doctest::Contains("block_table: data pointer must be non-null"), Error);
+  const TensorView one_sequence_table = TensorView::contiguous(address(0x60000), DType::i32, {1, 4});
+  empty_paged.block_table = &one_sequence_table;
+  const TensorView null_slopes = TensorView::contiguous(nullptr, DType::f32, {1, 8});
+  alibi.alibi_slopes = &null_slopes;
+  CHECK_THROWS_WITH_AS(plan_kvcache(q, empty_paged, out, nullptr, alibi, nullptr, 0, true, arch, 227 * 1024, 132),
+                       doctest::Contains("alibi_slopes: data is null"), Error);
 }
 
 TEST_CASE("an unbounded window side reaches every key whatever the max_seqlen hints say") {

@@ -53,7 +53,8 @@ long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads) {
   if (heads > 1 && slopes.strides[slopes.ndim - 1] != 1) {
     reject("alibi_slopes: the heads dimension must be contiguous (stride 1)");
   }
-  if (slopes.data == nullptr) reject("alibi_slopes: data is null");
+  // (Per-batch slopes of a batch of none are empty and need not point anywhere.)
+  if (slopes.data == nullptr && (per_head || batch > 0)) reject("alibi_slopes: data is null");
   if (reinterpret_cast<uintptr_t>(slopes.data) % 4 != 0) reject("alibi_slopes: data pointer must be 4-byte aligned");
   return per_batch_head ? slopes.strides[0] : 0;
 }

@@ -69,7 +69,8 @@ int64_t use_block_table(Problem& problem, const TensorView& table, const TensorV
   if (table.shape[1] > 1 && table.strides[1] != 1) {
     reject("block_table: the pages dimension must be contiguous (stride 1)");
   }
-  if (table.data == nullptr || reinterpret_cast<uintptr_t>(table.data) % 4 != 0) {
+  // (The table of a batch of none is empty and need not point anywhere.)
+  if ((table.data == nullptr && batch > 0) || reinterpret_cast<uintptr_t>(table.data) % 4 != 0) {
     reject("block_table: data pointer must be non-null and 4-byte aligned");
   }
   const int64_t page_size = k_cache.shape[1];
