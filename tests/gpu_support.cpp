@@ -592,8 +592,9 @@ Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std:
     const double want = exact.lse[i];
     const double got = lse[i];
     const bool ok = std::isinf(want) ? (std::isinf(got) && got < 0)
-                                     : std::fabs(got - want) <= std::max(1e-3 * std::max(1.0, std::fabs(want)),
-                                                                         2 * lse_yardstick + 1e-4);
+                                     : std::fabs(got - want) <= std::max({1e-3 * std::max(1.0, std::fabs(want)),
+                                                                          2 * lse_yardstick + 1e-4,
+                                                                          rounded.logit_rounding + 1e-4});
     verdict.lse_off += !ok;
     if (std::isfinite(want) && std::isfinite(got)) {
       lse_error = std::max(lse_error, std::fabs(got - want));
@@ -601,8 +602,8 @@ Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std:
     }
   }
   if (std::getenv("JITATTN_TEST_ERRORS") != nullptr && !lse.empty()) {
-    fmt::print("lse error {:.3g} (relative {:.3g}, 16-bit reference {:.3g}, softcap {})\n", lse_error,
-               lse_relative, lse_yardstick, s.softcap);
+    fmt::print("lse error {:.3g} (relative {:.3g}, 16-bit reference {:.3g}, logit rounding {:.3g}, softcap {})\n",
+               lse_error, lse_relative, lse_yardstick, rounded.logit_rounding, s.softcap);
   }
   for (int b = 0; b < s.batch; ++b) {
     for (int h = 0; h < s.heads_q; ++h) {
@@ -651,7 +652,7 @@ Verdict judge_varlen(const VarlenShape& s, const std::vector<float>& out, const 
   flat.seqlen_q = used;
   flat.alibi_slopes.clear();
   ReferenceOutput exact_owned{owned_rows(exact.out), owned_lse(exact.lse)};
-  ReferenceOutput rounded_owned{owned_rows(rounded.out), owned_lse(rounded.lse)};
+  ReferenceOutput rounded_owned{owned_rows(rounded.out), owned_lse(rounded.lse), rounded.logit_rounding};
   return judge(flat, owned_rows(out), lse.empty() ? std::vector<float>() : owned_lse(lse), exact_owned, rounded_owned);
 }
 

@@ -209,6 +209,27 @@ ReferenceOutput attention_exact(const AttentionShape& s, const std::vector<float
   return r;
 }
 
+double logit_rounding(const AttentionShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                      const std::vector<float>& q_rounded, const std::vector<float>& k_rounded) {
+  if (q_rounded.size() != q.size() || k_rounded.size() != k.size()) {
+    throw std::invalid_argument("logit_rounding: the rounded inputs must have the exact ones' sizes");
+  }
+  const double scale = s.effective_scale();
+  double largest = 0;
+  for_each_row(s, [&](const Row& row) {
+    for (int j = row.first; j < row.last; ++j) {
+      const size_t key = row.k_base + j * row.k_stride;
+      double dot = 0, dot_rounded = 0;
+      for (int d = 0; d < s.head_dim; ++d) {
+        dot += double(q[row.q_row + d]) * double(k[key + d]);
+        dot_rounded += double(q_rounded[row.q_row + d]) * double(k_rounded[key + d]);
+      }
+      largest = std::max(largest, scale * std::fabs(dot - dot_rounded));
+    }
+  });
+  return largest;
+}
+
 ReferenceOutput attention_16bit(const AttentionShape& s, const std::vector<float>& q, const std::vector<float>& k,
                                 const std::vector<float>& v, DType dtype) {
   ReferenceOutput r = allocate(s);
@@ -317,6 +338,15 @@ void VarlenShape::check() const {
   }
 }
 
+namespace {
+
+// `count` elements of a packed tensor from element `first`: one sequence's rows.
+std::vector<float> packed_rows(const std::vector<float>& packed, size_t first, size_t count) {
+  return std::vector<float>(packed.begin() + first, packed.begin() + first + count);
+}
+
+}  // namespace
+
 ReferenceOutput attention_varlen(const VarlenShape& s, const std::vector<float>& q, const std::vector<float>& k,
                                  const std::vector<float>& v, const DenseReference& dense) {
   s.check();
@@ -339,9 +369,9 @@ ReferenceOutput attention_varlen(const VarlenShape& s, const std::vector<float>&
     const size_t k_first = static_cast<size_t>(s.cu_seqlens_k[b]) * k_row;
     const size_t v_first = static_cast<size_t>(s.cu_seqlens_k[b]) * v_row;
     const size_t keys = static_cast<size_t>(sequence.seqlen_k);
-    const std::vector<float> q_b(q.begin() + q_first, q.begin() + q_first + sequence.seqlen_q * q_row);
-    const std::vector<float> k_b(k.begin() + k_first, k.begin() + k_first + keys * k_row);
-    const std::vector<float> v_b(v.begin() + v_first, v.begin() + v_first + keys * v_row);
+    const std::vector<float> q_b = packed_rows(q, q_first, sequence.seqlen_q * q_row);
+    const std::vector<float> k_b = packed_rows(k, k_first, keys * k_row);
+    const std::vector<float> v_b = packed_rows(v, v_first, keys * v_row);
     const ReferenceOutput dense_b = dense(sequence, q_b, k_b, v_b);
     if (dense_b.out.size() != sequence.seqlen_q * out_row) {
       throw std::invalid_argument("attention_varlen: the dense reference's out must hold seqlen_q rows of value_dim");
@@ -557,6 +587,27 @@ std::vector<float> random_values(size_t count, DType dtype, std::mt19937_64& rng
   std::vector<float> values(count);
   for (auto& value : values) value = round_to(normal(rng), dtype);
   return values;
+}
+
+double logit_rounding_varlen(const VarlenShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                             const std::vector<float>& q_rounded, const std::vector<float>& k_rounded) {
+  s.check();
+  const size_t q_row = static_cast<size_t>(s.common.heads_q) * s.common.head_dim;
+  const size_t k_row = static_cast<size_t>(s.common.heads_kv) * s.common.head_dim;
+  if (q.size() != s.total_q * q_row || k.size() != s.total_k * k_row) {
+    throw std::invalid_argument("logit_rounding_varlen: q and k must hold total_q and total_k packed rows");
+  }
+  double largest = 0;
+  for (int b = 0; b < s.batch(); ++b) {
+    const AttentionShape sequence = s.sequence(b);
+    if (sequence.seqlen_q == 0) continue;
+    const size_t q_first = static_cast<size_t>(s.cu_seqlens_q[b]) * q_row, q_count = sequence.seqlen_q * q_row;
+    const size_t k_first = static_cast<size_t>(s.cu_seqlens_k[b]) * k_row, k_count = sequence.seqlen_k * k_row;
+    largest = std::max(largest, logit_rounding(sequence, packed_rows(q, q_first, q_count), packed_rows(k, k_first, k_count),
+                                               packed_rows(q_rounded, q_first, q_count),
+                                               packed_rows(k_rounded, k_first, k_count)));
+  }
+  return largest;
 }
 
 }  // namespace jitattn::test

@@ -89,6 +89,10 @@ struct AttentionShape {
 struct ReferenceOutput {
   std::vector<double> out;
   std::vector<double> lse;
+  // Set on the 16-bit reference where the kernel itself rounds a transform
+  // of its inputs (RoPE rotates q and k to 16 bits): logit_rounding() of that
+  // rounding, the yardstick for LSE errors (see judge()). 0 otherwise.
+  double logit_rounding = 0;
 };
 
 // Both honour every field of AttentionShape (head_dim_v included).
@@ -106,6 +110,18 @@ ReferenceOutput attention_exact(const AttentionShape& shape, const std::vector<f
 //   the probabilities exp(s − max)/sum, and the output.
 ReferenceOutput attention_16bit(const AttentionShape& shape, const std::vector<float>& q,
                                 const std::vector<float>& k, const std::vector<float>& v, DType dtype);
+
+// The largest change rounding the inputs makes to a logit a row sees: the
+// maximum over rows and their visible keys of scale·|q·k − q'·k'| in float64,
+// with q, k the inputs before rounding (exact) and q', k' after (same layouts
+// as attention_exact). A softcap and ALiBi move no logit further (the softcap
+// is 1-Lipschitz, the bias the same for both), and an LSE moves by at most
+// the largest change of its logits, so this bounds the LSE error that the
+// rounding alone makes. Unlike the 16-bit reference's own LSE errors, a
+// maximum over every visible (row, key) pair is stable where a call has few
+// rows (one query row of six heads: six LSE errors).
+double logit_rounding(const AttentionShape& shape, const std::vector<float>& q, const std::vector<float>& k,
+                      const std::vector<float>& q_rounded, const std::vector<float>& k_rounded);
 
 // --- Packed variable-length batches (FlashAttention's flash_attn_varlen_func) --
 
@@ -169,6 +185,10 @@ ReferenceOutput attention_varlen_exact(const VarlenShape& shape, const std::vect
                                        const std::vector<float>& k, const std::vector<float>& v);
 ReferenceOutput attention_varlen_16bit(const VarlenShape& shape, const std::vector<float>& q,
                                        const std::vector<float>& k, const std::vector<float>& v, DType dtype);
+// logit_rounding over each sequence's rows and the keys it uses (packed
+// layouts as attention_varlen).
+double logit_rounding_varlen(const VarlenShape& shape, const std::vector<float>& q, const std::vector<float>& k,
+                             const std::vector<float>& q_rounded, const std::vector<float>& k_rounded);
 
 // --- RoPE (rotate-then-attend references) -----------------------------------
 

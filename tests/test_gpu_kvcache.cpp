@@ -328,20 +328,22 @@ References make_references(const Case& c, const Inputs& in) {
   r.exact.out.assign(static_cast<size_t>(c.batch) * c.seqlen_q * q_row, 0);
   r.exact.lse.assign(static_cast<size_t>(c.batch) * c.heads_q * c.seqlen_q, 0);
   r.rounded = r.exact;
-  for (bool exact : {true, false}) {
-    const std::vector<float> keys_new = appended_keys(c, in, exact);
-    for (int b = 0; b < c.batch; ++b) {
-      const int seqlen_k = in.keys(b), first_row = in.first_row(b);
-      AttentionShape shape = AttentionShape::dense(1, c.seqlen_q, seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.causal);
-      shape.window_left = c.window_left;
-      shape.attention_chunk = c.attention_chunk;
-      shape.learnable_sink = c.learnable_sink;
-      std::vector<float> q(in.q.begin() + b * c.seqlen_q * q_row, in.q.begin() + (b + 1) * c.seqlen_q * q_row);
+  const std::vector<float> keys_new[2] = {appended_keys(c, in, true), appended_keys(c, in, false)};  // exact, rounded
+  for (int b = 0; b < c.batch; ++b) {
+    const int seqlen_k = in.keys(b), first_row = in.first_row(b);
+    AttentionShape shape = AttentionShape::dense(1, c.seqlen_q, seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.causal);
+    shape.window_left = c.window_left;
+    shape.attention_chunk = c.attention_chunk;
+    shape.learnable_sink = c.learnable_sink;
+    std::vector<float> q[2], k[2], v(static_cast<size_t>(seqlen_k) * row);  // q, k: [0] exact, [1] rounded
+    for (int rounded = 0; rounded < 2; ++rounded) {
+      q[rounded].assign(in.q.begin() + b * c.seqlen_q * q_row, in.q.begin() + (b + 1) * c.seqlen_q * q_row);
       if (c.rope != RopeStyle::none) {
-        rotate_reference(q, 1, c.seqlen_q, c.heads_q, c.head_dim, rotation_of(c), c.tables ? &in.tables : nullptr,
-                         [&](int, int i) { return in.cache_seqlens[b] + i; }, exact, c.dtype);
+        rotate_reference(q[rounded], 1, c.seqlen_q, c.heads_q, c.head_dim, rotation_of(c),
+                         c.tables ? &in.tables : nullptr, [&](int, int i) { return in.cache_seqlens[b] + i; },
+                         rounded == 0, c.dtype);
       }
-      std::vector<float> k(static_cast<size_t>(seqlen_k) * row), v(k.size());
+      k[rounded].resize(v.size());
       // Key j is cache row first_row + j: cached, else appended.
       for (int j = 0; j < seqlen_k; ++j) {
         const float* k_source;
@@ -352,16 +354,21 @@ References make_references(const Case& c, const Inputs& in) {
           v_source = in.v_store.data() + in.at(c, b, cache_row);
         } else {
           const size_t n = (static_cast<size_t>(b) * in.seqlen_new + (cache_row - in.cache_seqlens[b])) * row;
-          k_source = keys_new.data() + n;
+          k_source = keys_new[rounded].data() + n;
           v_source = in.v_new.data() + n;
         }
-        std::copy(k_source, k_source + row, k.begin() + j * row);
+        std::copy(k_source, k_source + row, k[rounded].begin() + j * row);
         std::copy(v_source, v_source + row, v.begin() + j * row);
       }
-      const ReferenceOutput o = exact ? attention_exact(shape, q, k, v) : attention_16bit(shape, q, k, v, c.dtype);
-      ReferenceOutput& into = exact ? r.exact : r.rounded;
+    }
+    for (int rounded = 0; rounded < 2; ++rounded) {
+      const ReferenceOutput o = rounded ? attention_16bit(shape, q[1], k[1], v, c.dtype) : attention_exact(shape, q[0], k[0], v);
+      ReferenceOutput& into = rounded ? r.rounded : r.exact;
       std::copy(o.out.begin(), o.out.end(), into.out.begin() + b * c.seqlen_q * q_row);
       std::copy(o.lse.begin(), o.lse.end(), into.lse.begin() + static_cast<size_t>(b) * c.heads_q * c.seqlen_q);
+    }
+    if (c.rope != RopeStyle::none) {
+      r.rounded.logit_rounding = std::max(r.rounded.logit_rounding, logit_rounding(shape, q[0], k[0], q[1], k[1]));
     }
   }
   return r;

@@ -201,15 +201,18 @@ References make_references(const Case& c, const Inputs& in) {
     return i + s.seqlen_k - s.seqlen_q + (in.k_offsets.empty() ? 0 : in.k_offsets[b]);
   };
   const RopeTables* tables = c.angles == Angles::tables ? &in.tables : nullptr;
+  std::vector<float> q[2] = {in.q, in.q}, k[2] = {in.k, in.k};  // [0] exact, [1] rounded
   for (bool exact : {true, false}) {
-    std::vector<float> q = in.q, k = in.k;
-    rotate_reference(q, s.batch, s.seqlen_q, s.heads_q, s.head_dim, c.rotation, tables, query_position, exact, c.dtype);
+    rotate_reference(q[!exact], s.batch, s.seqlen_q, s.heads_q, s.head_dim, c.rotation, tables, query_position, exact,
+                     c.dtype);
     // forward() rotates K in packed 16-bit arithmetic (RopeOptions): the
     // 16-bit reference does too.
-    rotate_reference(k, s.batch, s.seqlen_k, s.heads_kv, s.head_dim, c.rotation, tables, key_position, exact, c.dtype,
-                     /*packed16=*/true);
-    (exact ? r.exact : r.rounded) = exact ? attention_exact(s, q, k, in.v) : attention_16bit(s, q, k, in.v, c.dtype);
+    rotate_reference(k[!exact], s.batch, s.seqlen_k, s.heads_kv, s.head_dim, c.rotation, tables, key_position, exact,
+                     c.dtype, /*packed16=*/true);
   }
+  r.exact = attention_exact(s, q[0], k[0], in.v);
+  r.rounded = attention_16bit(s, q[1], k[1], in.v, c.dtype);
+  r.rounded.logit_rounding = logit_rounding(s, q[0], k[0], q[1], k[1]);
   return r;
 }
 

@@ -511,16 +511,20 @@ std::vector<size_t> check_cases(const std::vector<Case>& cases, std::mt19937_64&
       cases, [&](const Case& c) { return make_inputs(c, rng); },
       [](const Case& c, const Inputs& in) {
         References r;
+        std::vector<float> q[2] = {in.q, in.q}, k[2] = {in.k, in.k};  // [0] exact, [1] rounded
         for (bool exact : {true, false}) {
-          std::vector<float> q = in.q, k = in.k;
-          if (c.rope) rotate_packed(c, c.rope_tables16 ? &in.tables : nullptr, exact, q, k);
+          std::vector<float>&q_ref = q[!exact], &k_ref = k[!exact];
+          if (c.rope) rotate_packed(c, c.rope_tables16 ? &in.tables : nullptr, exact, q_ref, k_ref);
           if (c.gpu_reference) {
-            (exact ? r.exact : r.rounded) = gpu_reference_varlen(c.shape, q, k, in.v, c.dtype, exact);
+            (exact ? r.exact : r.rounded) = gpu_reference_varlen(c.shape, q_ref, k_ref, in.v, c.dtype, exact);
           } else {
-            (exact ? r.exact : r.rounded) = exact ? attention_varlen_exact(c.shape, q, k, in.v)
-                                                  : attention_varlen_16bit(c.shape, q, k, in.v, c.dtype);
+            (exact ? r.exact : r.rounded) = exact ? attention_varlen_exact(c.shape, q_ref, k_ref, in.v)
+                                                  : attention_varlen_16bit(c.shape, q_ref, k_ref, in.v, c.dtype);
           }
         }
+        // (GPU references are for calls of many rows, whose LSE yardstick is
+        // stable; the CPU pass over every pair would cost what they save.)
+        if (c.rope && !c.gpu_reference) r.rounded.logit_rounding = logit_rounding_varlen(c.shape, q[0], k[0], q[1], k[1]);
         return r;
       },
       [&](const Case& c, const Inputs& in, const References& r) {

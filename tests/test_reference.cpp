@@ -746,4 +746,53 @@ TEST_CASE("RoPE reference in packed 16-bit arithmetic: exact at angle 0, a few 1
   }
 }
 
+TEST_CASE("logit_rounding bounds the LSE change that rounding rotated q and k makes; a misplaced rotation exceeds twice it") {
+  // The GPU tests' LSE rule for RoPE calls (judge) rests on these two facts.
+  // The shape is the one that made the old rule flaky: one query row of six
+  // heads, ALiBi (a few keys carry each row), rotary_dim 32 of 64.
+  std::mt19937_64 rng(11);
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (int seqlen_q : {1, 3}) {
+      INFO((dtype == DType::bf16 ? "bf16" : "f16"), " seqlen_q ", seqlen_q);
+      AttentionShape shape = AttentionShape::dense(1, seqlen_q, 239, 6, 6, 64);
+      shape.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
+      RopeReference rope;
+      rope.rotary_dim = 32;
+      const auto q = random_values(static_cast<size_t>(seqlen_q) * 6 * 64, dtype, rng);
+      const auto k = random_values(static_cast<size_t>(239) * 6 * 64, dtype, rng);
+      const auto v = random_values(k.size(), dtype, rng);
+      auto rotated = [&](const std::vector<float>& x, int seqlen, int shift, bool exact, bool packed16) {
+        std::vector<float> y = x;
+        rotate_reference(y, 1, seqlen, 6, 64, rope, nullptr, [&](int, int s) { return s + shift; }, exact, dtype,
+                         packed16);
+        return y;
+      };
+      const int query_shift = 239 - seqlen_q;  // bottom-right aligned positions
+      const auto q_exact = rotated(q, seqlen_q, query_shift, true, false);
+      const auto k_exact = rotated(k, 239, 0, true, false);
+      const auto q_rounded = rotated(q, seqlen_q, query_shift, false, false);
+      const auto k_rounded = rotated(k, 239, 0, false, true);
+      const double bound = logit_rounding(shape, q_exact, k_exact, q_rounded, k_rounded);
+      CHECK(bound > 0);
+      const ReferenceOutput truth = attention_exact(shape, q_exact, k_exact, v);
+      // The rounded inputs' LSE in float64: within the bound, row by row.
+      const ReferenceOutput rounded = attention_exact(shape, q_rounded, k_rounded, v);
+      double largest = 0;
+      for (size_t i = 0; i < truth.lse.size(); ++i) largest = std::max(largest, std::fabs(rounded.lse[i] - truth.lse[i]));
+      CHECK(largest <= bound * (1 + 1e-9));
+      // Keys rotated one position late (a kernel bug): some LSE is off by
+      // many times what the rule allows (the bound + 1e-4).
+      const ReferenceOutput late = attention_exact(shape, q_rounded, rotated(k, 239, 1, false, true), v);
+      double late_error = 0;
+      for (size_t i = 0; i < truth.lse.size(); ++i) late_error = std::max(late_error, std::fabs(late.lse[i] - truth.lse[i]));
+      CHECK(late_error > 5 * (bound + 1e-4));
+      MESSAGE("logit rounding ", bound, ", LSE change ", largest, ", one position late ", late_error);
+    }
+  }
+  // Sizes that do not match are a test bug.
+  const AttentionShape shape = AttentionShape::dense(1, 2, 3, 1, 1, 8);
+  const std::vector<float> q(16, 1.f), k(24, 1.f);
+  CHECK_THROWS_AS(logit_rounding(shape, q, k, q, std::vector<float>(8, 1.f)), std::invalid_argument);
+}
+
 }  // TEST_SUITE
