@@ -310,6 +310,61 @@ TEST_SUITE("cache") {
     CHECK(count_files(tmp.kernels_dir(), ".link") == 0);
   }
 
+  TEST_CASE("prune races: an entry rebuilt after the listing stays, and a kernel stored meanwhile keeps a link") {
+    // remove_if calls `unwanted` between its listing and each removal, so the
+    // predicate stands in for another process acting in that window.
+    INFO("seed " << run_seed());
+    TempDir tmp;
+    FileCache cache(tmp.cache_dir());
+    // A: invalid when listed (truncated), rebuilt by "another process" before its removal.
+    const Entry a = make_entry(key_for("rebuilt"), random_bytes(500, run_seed()));
+    REQUIRE(cache.put(a).empty());
+    fs::resize_file(cache.entry_path(a.meta.key), 40);
+    // B: a kernel of an unwanted version, linked; C, the same kernel of another
+    // NVRTC version, is stored while the prune runs (its link stays on B, which
+    // still exists then).
+    const CacheKeyInputs b_inputs{"__global__ void b() {}", {"-std=c++17"}, "sm_90a", "12.8", "0.1.0"};
+    CacheKeyInputs c_inputs = b_inputs;
+    c_inputs.nvrtc_version = "13.0";
+    const std::string any_key = make_any_compiler_key(b_inputs);
+    Entry b = make_entry(make_cache_key(b_inputs), random_bytes(300, run_seed() + 1));
+    Entry c = make_entry(make_cache_key(c_inputs), random_bytes(300, run_seed() + 2));
+    b.meta.any_key = c.meta.any_key = any_key;
+    b.meta.nvrtc_version = "12.8";
+    REQUIRE(cache.put(b).empty());
+    cache.link(any_key, b.meta.key, "12.8");
+    FileCache other(tmp.cache_dir());  // the other process
+    const std::string a_path = cache.entry_path(a.meta.key);
+    int asked = 0;
+    const auto removed = cache.remove_if(
+        [&](const EntryInfo& info) {
+          ++asked;
+          if (info.path == a_path) {
+            CHECK_FALSE(info.valid);
+            REQUIRE(other.put(a).empty());  // a new file under the same name
+            return true;
+          }
+          if (info.meta.key == b.meta.key) {
+            REQUIRE(other.put(c).empty());
+            other.link(any_key, c.meta.key, "13.0");
+            CHECK(other.linked(any_key) == b.meta.key);
+            return true;
+          }
+          return false;
+        },
+        std::chrono::hours(1), false);
+    CHECK(asked == 2);  // C came after the listing
+    REQUIRE(removed.size() == 1);
+    CHECK(removed[0].meta.key == b.meta.key);
+    // A's rebuilt entry was not removed, and it reads back.
+    const std::optional<Entry> rebuilt = cache.get(a.meta.key);
+    REQUIRE(rebuilt.has_value());
+    CHECK(rebuilt->cubin == a.cubin);
+    // The kernel's link moved to C, the entry that remains.
+    CHECK_FALSE(fs::exists(cache.entry_path(b.meta.key)));
+    CHECK(cache.linked(any_key) == c.meta.key);
+  }
+
   TEST_CASE("cache key fields are length-prefixed") {
     CHECK(make_cache_key({"src", {}, "ab", "c", "v"}) != make_cache_key({"src", {}, "a", "bc", "v"}));
     CHECK(make_cache_key({"src", {"ab", "c"}, "x", "y", "z"}) != make_cache_key({"src", {"a", "bc"}, "x", "y", "z"}));
