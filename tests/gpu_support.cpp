@@ -594,7 +594,7 @@ Verdict judge(const AttentionShape& s, const std::vector<float>& out, const std:
     const bool ok = std::isinf(want) ? (std::isinf(got) && got < 0)
                                      : std::fabs(got - want) <= std::max({1e-3 * std::max(1.0, std::fabs(want)),
                                                                           2 * lse_yardstick + 1e-4,
-                                                                          rounded.logit_rounding + 1e-4});
+                                                                          2 * rounded.logit_rounding + 1e-4});
     verdict.lse_off += !ok;
     if (std::isfinite(want) && std::isfinite(got)) {
       lse_error = std::max(lse_error, std::fabs(got - want));
