@@ -3,10 +3,12 @@
 #include <jitattn/jitattn.h>
 
 #include <exception>
+#include <optional>
 #include <string>
 
 #include <jitattn/jitattn.hpp>
 
+#include "config_env.hpp"
 #include "grown_struct.hpp"
 
 namespace {
@@ -70,6 +72,17 @@ jitattn_status status_of(jitattn::ErrorCode code) {
   return JITATTN_ERROR_INTERNAL;
 }
 
+// Keeps `message` for jitattn_last_error(). Copying it may itself throw
+// (out of memory); nothing may leave an extern "C" function, so the message
+// then says only that.
+void keep_error(const char* message) noexcept {
+  try {
+    t_last_error = message;
+  } catch (...) {
+    t_last_error.clear();  // (never allocates; the status still says what failed)
+  }
+}
+
 template <typename Body>
 jitattn_status guarded(Body&& body) {
   try {
@@ -77,13 +90,13 @@ jitattn_status guarded(Body&& body) {
     t_last_error.clear();
     return JITATTN_OK;
   } catch (const jitattn::Error& error) {
-    t_last_error = error.what();
+    keep_error(error.what());
     return status_of(error.code());
   } catch (const std::exception& error) {
-    t_last_error = error.what();
+    keep_error(error.what());
     return JITATTN_ERROR_INTERNAL;
   } catch (...) {
-    t_last_error = "unknown error";
+    keep_error("unknown error");
     return JITATTN_ERROR_INTERNAL;
   }
 }
@@ -120,7 +133,8 @@ struct CallViews {
     if (has_lse) lse = view_of(lse_, "lse");
     if (c_options == nullptr) return;
     const jitattn_fwd_options given = read_grown(*c_options, fwd_options_defaults(), kFwdOptionsLayout, "options");
-    if (given.softmax_scale > 0.f) options.softmax_scale = given.softmax_scale;
+    // (<= 0 is the default; NaN and inf go on to the planner, which names them.)
+    if (!(given.softmax_scale <= 0.f)) options.softmax_scale = given.softmax_scale;
     options.causal = given.causal != 0;
     options.window_left = given.window_left;
     options.window_right = given.window_right;
@@ -367,22 +381,30 @@ jitattn_status jitattn_merge_state(const jitattn_tensor* a, const jitattn_tensor
 
 jitattn_status jitattn_warm(const char* spec, const char* arch) {
   return guarded([&] {
-    if (spec == nullptr || arch == nullptr) {
-      throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "jitattn_warm: spec and arch must not be NULL");
-    }
+    if (spec == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "spec: is NULL");
+    if (arch == nullptr) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "arch: is NULL");
     jitattn::global_runtime().warm(spec, arch);
   });
 }
 
 jitattn_status jitattn_configure(const char* cache_dir, const char* template_dir, int log_level) {
   return guarded([&] {
-    jitattn::Config config = jitattn::Config::from_env();
-    if (cache_dir != nullptr) config.cache_dir = cache_dir;
-    if (template_dir != nullptr) config.template_dir = template_dir;
-    if (log_level >= 0) {
-      if (log_level > 4) throw jitattn::Error(jitattn::ErrorCode::invalid_argument, "log_level: must be -1 or 0..4");
-      config.log_level = static_cast<jitattn::LogLevel>(log_level);
+    if (log_level < -1 || log_level > 4) {
+      throw jitattn::Error(jitattn::ErrorCode::invalid_argument,
+                           "log_level=" + std::to_string(log_level) + ": must be -1 (keep) or 0..4");
     }
+    // The environment only for settings not given: an invalid JITATTN_LOG
+    // does not fail a call that names its level, nor does a missing cache
+    // directory warn when one is given.
+    jitattn::Config config;
+    config.cache_dir = cache_dir != nullptr ? cache_dir : jitattn::detail::env_cache_dir();
+    config.template_dir = template_dir != nullptr ? template_dir : jitattn::detail::env_template_dir();
+    if (log_level >= 0) {
+      config.log_level = static_cast<jitattn::LogLevel>(log_level);
+    } else if (const std::optional<jitattn::LogLevel> level = jitattn::detail::env_log_level()) {
+      config.log_level = *level;
+    }
+    config.programmatic_launch = jitattn::detail::env_programmatic_launch(config.programmatic_launch);
     jitattn::configure(config);
   });
 }

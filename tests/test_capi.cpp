@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -472,6 +473,16 @@ TEST_CASE("invalid arguments return a status and a message naming the rule") {
   q.dtype = 9;
   CHECK(jitattn_fwd(&q, &k, &k, &o, nullptr, nullptr, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(jitattn_last_error()).find("q: dtype=9") != std::string::npos);
+  // softmax_scale <= 0 is the default; NaN and inf are refused, as in C++.
+  q.dtype = JITATTN_BF16;
+  k = bshd(fake(0x2000), JITATTN_BF16, 1, 16, 8, 128);
+  jitattn_fwd_options options;
+  jitattn_fwd_options_init(&options);
+  for (float scale : {std::nanf(""), INFINITY}) {
+    options.softmax_scale = scale;
+    CHECK(jitattn_fwd(&q, &k, &k, &o, nullptr, &options, nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(jitattn_last_error()).find("options.softmax_scale") != std::string::npos);
+  }
 }
 
 TEST_CASE("a valid call without a GPU fails with a CUDA status, not a crash") {
@@ -493,6 +504,9 @@ TEST_CASE("warm compiles through the C API; errors are reported; success clears 
   CHECK(std::string(jitattn_last_error()).find("head_dim=80") != std::string::npos);
   CHECK(jitattn_warm("fwd.bf16.d64.br128.bc64.w4", "sm_7") == JITATTN_ERROR_INVALID_ARGUMENT);
   CHECK(jitattn_warm(nullptr, "sm_80") == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()) == "spec: is NULL");
+  CHECK(jitattn_warm("fwd.bf16.d64.br128.bc64.w4", nullptr) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()) == "arch: is NULL");
   CHECK(jitattn_warm("fwd.bf16.d64.br128.bc64.w4", "sm_80") == JITATTN_OK);
   CHECK(std::string(jitattn_last_error()).empty());
 }
@@ -717,6 +731,24 @@ TEST_CASE("configure after first use is refused") {
   CHECK(jitattn_warm("fwd.bf16.d64.br128.bc64.w4", "sm_80") == JITATTN_OK);
   CHECK(jitattn_configure("/tmp/elsewhere", nullptr, -1) == JITATTN_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(jitattn_last_error()).find("already in use") != std::string::npos);
+  // Arguments are checked first, each by name.
+  CHECK(jitattn_configure("/tmp/elsewhere", nullptr, -7) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()) == "log_level=-7: must be -1 (keep) or 0..4");
+  CHECK(jitattn_configure("/tmp/elsewhere", nullptr, 5) == JITATTN_ERROR_INVALID_ARGUMENT);
+  // The environment is read only for settings not given: an invalid
+  // JITATTN_LOG fails a call that keeps the level, not one that names it.
+  const char* saved = std::getenv("JITATTN_LOG");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  ::setenv("JITATTN_LOG", "bogus", 1);
+  CHECK(jitattn_configure("/tmp/elsewhere", nullptr, -1) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("JITATTN_LOG") != std::string::npos);
+  CHECK(jitattn_configure("/tmp/elsewhere", nullptr, 2) == JITATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(jitattn_last_error()).find("already in use") != std::string::npos);
+  if (saved != nullptr) {
+    ::setenv("JITATTN_LOG", saved_value.c_str(), 1);
+  } else {
+    ::unsetenv("JITATTN_LOG");
+  }
 }
 
 }  // TEST_SUITE

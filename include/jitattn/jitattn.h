@@ -49,7 +49,9 @@ typedef struct jitattn_tensor {
  *   - a newer caller's struct is longer: accepted while every field this library does not know is 0, else
  *     JITATTN_ERROR_UNSUPPORTED naming the first byte it does not know.
  * The library never reads past struct_size bytes, nor checks a struct's own tail padding. A struct_size of 0
- * or above 4096 (a struct never initialized) is rejected with JITATTN_ERROR_INVALID_ARGUMENT. */
+ * or above 4096 (a struct never initialized) is rejected with JITATTN_ERROR_INVALID_ARGUMENT. Take a struct's
+ * memory from its init function (or zero it first): a newer caller's tail padding lies where this library
+ * would read a field, and C initializers need not zero padding. */
 
 typedef struct jitattn_fwd_options {
   uint32_t struct_size; /* sizeof(jitattn_fwd_options), set by jitattn_fwd_options_init() */
@@ -241,11 +243,13 @@ JITATTN_C_API jitattn_status jitattn_merge_state(const jitattn_tensor* a, const 
 JITATTN_C_API jitattn_status jitattn_warm(const char* spec, const char* arch);
 
 /* Configure the process-wide runtime before its first use. NULL keeps the
- * environment's value; cache_dir "" disables the disk cache. log_level: 0 off .. 4 debug, -1 keep. */
+ * environment's value; cache_dir "" disables the disk cache. log_level: 0 off .. 4 debug, -1 keep.
+ * An environment variable is read only for a setting given as NULL or -1. */
 JITATTN_C_API jitattn_status jitattn_configure(const char* cache_dir, const char* template_dir,
                                                int log_level);
 
-/* The message of the last failed call on this thread ("" if none). */
+/* The message of this thread's last jitattn call: its error, or "" if it succeeded. The
+ * pointer is valid until this thread's next jitattn call. */
 JITATTN_C_API const char* jitattn_last_error(void);
 JITATTN_C_API const char* jitattn_version(void);
 

@@ -53,7 +53,8 @@ class JITATTN_API Error : public std::runtime_error {
 // A view of caller memory. Shapes and strides are in elements; the last
 // dimension must be contiguous (stride 1). The stride of a dimension of
 // extent 0 or 1 is never used, so any value is taken there (batch 1, one
-// query row, one KV head: frameworks leave such strides at any value).
+// query row, one KV head: frameworks leave such strides at any value). A
+// view with no elements (a batch of none) may have null data.
 struct JITATTN_API TensorView {
   void* data = nullptr;
   DType dtype = DType::bf16;
