@@ -11,6 +11,8 @@ Error::Error(ErrorCode code, const std::string& message, std::string spec, std::
 namespace detail {
 
 std::string shape_text(const TensorView& t) {
+  // (A view has at most 4 dimensions: a larger ndim is named, not read past.)
+  if (t.ndim < 0 || t.ndim > 4) return fmt::format("of ndim={} (at most 4 dimensions)", t.ndim);
   std::string text = "[";
   for (int i = 0; i < t.ndim; ++i) text += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
   return text + "]";

@@ -2218,6 +2218,69 @@ TEST_CASE("every rule is enforced with a message naming the argument") {
   { Call c; c.q.shape[0] = -1; rejects(c, "q: batch=-1 is negative"); }
 }
 
+TEST_CASE("RoPE fields without a style, local masks past 2^29 keys, paged capacities past 2^31 and views of more than 4 dimensions are refused by name") {
+  auto rejects = [](Call call, const char* message) {
+    CHECK_THROWS_WITH_AS(call.plan(), doctest::Contains(message), Error);
+  };
+  // FlashAttention rotates whenever rotary_cos is given: here the style asks, and a table without it is an error.
+  const TensorView table = TensorView::contiguous(address(0x60000), DType::f32, {400, 64});
+  const TensorView offsets = TensorView::contiguous(address(0x61000), DType::i32, {2});
+  const float pair_factors[64] = {};
+  { Call c; c.options.rope.cos = c.options.rope.sin = &table;
+    rejects(c, "options.rope.cos is given but options.rope.style is none"); }
+  { Call c; c.options.rope.k_offsets = &offsets; rejects(c, "options.rope.k_offsets is given but"); }
+  { Call c; c.options.rope.longrope_pair_factors = pair_factors; rejects(c, "options.rope.longrope_pair_factors is given"); }
+  { Call c; c.options.rope.rotary_dim = 64; rejects(c, "options.rope.rotary_dim is given but"); }
+  { Call c; c.options.rope.yarn_factor = 4.f; rejects(c, "options.rope.yarn_factor is given but"); }
+  { Call c; c.options.rope.llama3_factor = 8.f; rejects(c, "options.rope.llama3_factor is given but"); }
+  { Call c; c.options.rope.theta = 500000.f; CHECK(c.plan().grid > 0); }  // a default-valued field: nothing asked
+  { Call c; c.options.rope.style = RopeStyle::rotate_half; c.options.rope.cos = c.options.rope.sin = &table;
+    CHECK(c.plan().spec.text().find("rope") != std::string::npos); }
+  // A one-sided window over 600M keys: the open side would become a bound at 2^29.
+  {
+    Call c;
+    c.q = c.out = TensorView::contiguous(address(0x10000), DType::bf16, {1, 1, 1, 64});
+    c.k = c.v = TensorView::contiguous(address(0x20000), DType::bf16, {1, 600'000'000, 1, 64});
+    c.lse = TensorView::contiguous(address(0x50000), DType::f32, {1, 1, 1});
+    c.options.window_right = 1;
+    rejects(c, "local masks are supported up to 536870911 queries and keys together");
+    c.options.window_right = -1;
+    c.options.causal = true;  // causal alone takes no bound: planned
+    CHECK(c.plan().grid > 0);
+  }
+  // Views: a dimension count past 4 is named, not read past.
+  { Call c; TensorView slopes = TensorView::contiguous(address(0x60000), DType::f32, {8}); slopes.ndim = 7;
+    c.options.alibi_slopes = &slopes; rejects(c, "alibi_slopes: shape of ndim=7 (at most 4 dimensions)"); }
+  // Messages name each layout's dimensions.
+  { Call c; c.k.ndim = 3; rejects(c, "k: must have 4 dimensions [batch, seqlen, heads, head_dim], got 3"); }
+  const Arch arch = Arch::parse("sm_90a");
+  const TensorView q = TensorView::contiguous(address(0x10000), DType::bf16, {2, 1, 8, 128});
+  KVCacheArgs paged;
+  paged.k_cache = TensorView::contiguous(address(0x30000), DType::bf16, {64, 1024, 2, 128});
+  paged.v_cache = TensorView::contiguous(address(0x40000), DType::bf16, {64, 1024, 2, 128});
+  paged.cache_seqlens = TensorView::contiguous(address(0x50000), DType::i32, {2});
+  const TensorView huge_table = TensorView::contiguous(address(0x60000), DType::i32, {2, int64_t{1} << 22});
+  paged.block_table = &huge_table;
+  CHECK_THROWS_WITH_AS(plan_kvcache(q, paged, q, nullptr, ForwardOptions{}, nullptr, 0, true, arch, 227 * 1024, 132),
+                       doctest::Contains("block_table: page_size × max_pages = 1024 × 4194304 = 4294967296 rows exceeds "
+                                         "2^31-1"),
+                       Error);
+  const TensorView table_of_4 = TensorView::contiguous(address(0x60000), DType::i32, {2, 4});
+  paged.block_table = &table_of_4;
+  paged.k_cache.ndim = 3;
+  CHECK_THROWS_WITH_AS(plan_kvcache(q, paged, q, nullptr, ForwardOptions{}, nullptr, 0, true, arch, 227 * 1024, 132),
+                       doctest::Contains("k_cache: must have 4 dimensions [num_pages, page_size, heads, head_dim]"),
+                       Error);
+  VarlenArgs varlen;
+  varlen.cu_seqlens_q = TensorView::contiguous(address(0x60000), DType::i32, {3});
+  varlen.cu_seqlens_k = TensorView::contiguous(address(0x61000), DType::i32, {3});
+  const TensorView packed_q = TensorView::contiguous(address(0x10000), DType::bf16, {10, 8, 128});
+  const TensorView dense_k = TensorView::contiguous(address(0x20000), DType::bf16, {2, 10, 2, 128});
+  CHECK_THROWS_WITH_AS(plan_forward_varlen(packed_q, dense_k, dense_k, packed_q, nullptr, varlen, ForwardOptions{}, arch,
+                                           227 * 1024, 132),
+                       doctest::Contains("k: must have 3 dimensions [total_k, heads, head_dim], got 4"), Error);
+}
+
 TEST_CASE("a value head dim of its own (FlashAttention 3's hdim_v): .dvN specs over dense and varlen K/V, never split") {
   const Arch hopper = Arch::parse("sm_90a"), ampere = Arch::parse("sm_80");
   // DeepSeek's prefill: q and k 192 wide, v and out 128, 16 heads.

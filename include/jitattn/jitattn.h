@@ -200,8 +200,8 @@ typedef struct jitattn_kvcache_args {
   const struct jitattn_tensor* v_new;
   int32_t num_splits;   /* 0: chosen by the library; 1: no split; n: forced (<= 128) */
   int32_t max_seqlen_k; /* longest cache_seqlens + seqlen_new if known; 0: the capacity */
-  int64_t total_seqlen_k; /* sum of cache_seqlens + seqlen_new if known (with max_seqlen_k): splits uneven
-                             batches; 0: unknown (KVCacheArgs::total_seqlen_k) */
+  int64_t total_seqlen_k; /* sum of the keys attended (cache_seqlens + seqlen_new - cache_leftpad) if known
+                             (with max_seqlen_k): splits uneven batches; 0: unknown (KVCacheArgs::total_seqlen_k) */
   int32_t dynamic_splits; /* nonzero: split counts chosen on the device from cache_seqlens, for graphs
                              replayed with other lengths (KVCacheArgs::dynamic_splits) */
   const struct jitattn_tensor* cache_leftpad; /* i32 [batch] or NULL: the cache row where sequence b's keys start

@@ -332,8 +332,9 @@ struct KVCacheArgs {
   // split calls cut the keys into pieces up to it, so a longer sequence may
   // lose the keys past it. 0 assumes the cache capacity, which always holds.
   int max_seqlen_k = 0;
-  // The sum over the batch of cache_seqlens[b] + seqlen_new, if known (with
-  // max_seqlen_k): where the lengths are uneven, the library splits the keys
+  // The sum over the batch of the keys each sequence attends to
+  // (cache_seqlens[b] + seqlen_new, minus cache_leftpad[b] where given), if
+  // known (with max_seqlen_k): where the lengths are uneven, the library splits the keys
   // so that the longest sequences do not run alone at the end. 0: every
   // sequence is taken to be max_seqlen_k long. Used only for planning (the
   // results do not depend on it); a captured graph keeps the split count of

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include <fmt/ranges.h>
+
 namespace jitattn::detail {
 
 // The generated head dims; any other head dim runs on the next one up,
@@ -78,15 +80,23 @@ void check_learnable_sink(const TensorView& sink, int64_t heads) {
 // of 8, cp.async reads the rows in 16-byte chunks, so they must be 16-byte
 // aligned. Other head dims (`any_head_dim`: forward and forward_varlen) are
 // read element by element, from any 2-byte boundary.
-void check_rows(const char* name, const TensorView& t, int ndim, bool any_head_dim) {
-  const char* layout = ndim == 4 ? "[batch, seqlen, heads, head_dim]" : "[total_q, heads, head_dim]";
-  if (t.ndim != ndim) reject(fmt::format("{}: must have {} dimensions {}, got {}", name, ndim, layout, t.ndim));
+void check_rows(const char* name, const TensorView& t, Rows layout, bool any_head_dim) {
+  static const char* const dense[] = {"batch", "seqlen", "heads", "head_dim"};
+  static const char* const packed_queries[] = {"total_q", "heads", "head_dim"};
+  static const char* const packed_keys[] = {"total_k", "heads", "head_dim"};
+  static const char* const pages[] = {"num_pages", "page_size", "heads", "head_dim"};
+  const char* const* names = layout == Rows::dense            ? dense
+                             : layout == Rows::packed_queries ? packed_queries
+                             : layout == Rows::packed_keys    ? packed_keys
+                                                              : pages;
+  const int ndim = layout == Rows::dense || layout == Rows::pages ? 4 : 3;
+  if (t.ndim != ndim) {
+    reject(fmt::format("{}: must have {} dimensions [{}], got {}", name, ndim,
+                       fmt::join(names, names + ndim, ", "), t.ndim));
+  }
   if (t.dtype != DType::f16 && t.dtype != DType::bf16) {
     reject(fmt::format("{}: dtype {} is not f16 or bf16", name, dtype_name(t.dtype)));
   }
-  const char* const names4[] = {"batch", "seqlen", "heads", "head_dim"};
-  const char* const names3[] = {"total", "heads", "head_dim"};
-  const char* const* names = ndim == 4 ? names4 : names3;
   for (int axis = 0; axis < ndim; ++axis) {
     if (t.shape[axis] < 0) reject(fmt::format("{}: {}={} is negative", name, names[axis], t.shape[axis]));
     if (t.shape[axis] > INT_MAX) reject(fmt::format("{}: {}={} exceeds 2^31-1", name, names[axis], t.shape[axis]));

@@ -38,10 +38,10 @@ Problem problem_of(const TensorView& q, const TensorView& k, const TensorView& v
 // A dense call's tensors (their strides settled), validated.
 Problem dense_problem(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const TensorView* lse, int sm_count) {
-  check_rows("q", q, 4, true);
-  check_rows("k", k, 4, true);
-  check_rows("v", v, 4, true);
-  check_rows("out", out, 4, true);
+  check_rows("q", q, Rows::dense, true);
+  check_rows("k", k, Rows::dense, true);
+  check_rows("v", v, Rows::dense, true);
+  check_rows("out", out, Rows::dense, true);
   check_matching(q, k, v, out, /*value_dim_of_its_own=*/true);
   if (k.shape[0] != q.shape[0]) reject(fmt::format("k: batch={} must equal q's batch={}", k.shape[0], q.shape[0]));
   Problem problem = problem_of(q, k, v, out);
@@ -82,7 +82,13 @@ int64_t use_block_table(Problem& problem, const TensorView& table, const TensorV
   problem.block_table = static_cast<const int*>(table.data);
   problem.block_table_stride = table.strides[0];
   while ((int64_t{1} << problem.page_shift) < page_size) ++problem.page_shift;
-  return page_size * table.shape[1];
+  // (Keys are i32 cache rows: cache_seqlens, the kernels' positions.)
+  const int64_t capacity = page_size * table.shape[1];
+  if (capacity > INT_MAX) {
+    reject(fmt::format("block_table: page_size × max_pages = {} × {} = {} rows exceeds 2^31-1 (cache_seqlens are i32)",
+                       page_size, table.shape[1], capacity));
+  }
+  return capacity;
 }
 
 // A caller's sum of its sequences' keys (KVCacheArgs and VarlenArgs
@@ -90,8 +96,9 @@ int64_t use_block_table(Problem& problem, const TensorView& table, const TensorV
 // times that.
 void use_total_seqlen_k(Problem& problem, const char* name, int64_t total) {
   if (total != 0 && (total < problem.seqlen_k || total > problem.batch * problem.seqlen_k)) {
-    reject(fmt::format("{}={} must be 0 (unknown) or between the longest sequence ({}) and batch × that ({})", name,
-                       total, problem.seqlen_k, problem.batch * problem.seqlen_k));
+    reject(fmt::format("{}={} must be 0 (unknown) or between the longest sequence's keys ({}: max_seqlen_k, or "
+                       "without it the most a sequence can have) and batch × that ({})",
+                       name, total, problem.seqlen_k, problem.batch * problem.seqlen_k));
   }
   problem.total_seqlen_k = total;
 }
@@ -103,10 +110,10 @@ void use_total_seqlen_k(Problem& problem, const char* name, int64_t total) {
 Problem varlen_problem(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView* lse, const VarlenArgs& varlen, const ForwardOptions& options, int sm_count) {
   const bool paged = varlen.block_table != nullptr;
-  check_rows("q", q, 3, !paged);
-  check_rows("k", k, paged ? 4 : 3, !paged);
-  check_rows("v", v, paged ? 4 : 3, !paged);
-  check_rows("out", out, 3, !paged);
+  check_rows("q", q, Rows::packed_queries, !paged);
+  check_rows("k", k, paged ? Rows::pages : Rows::packed_keys, !paged);
+  check_rows("v", v, paged ? Rows::pages : Rows::packed_keys, !paged);
+  check_rows("out", out, Rows::packed_queries, !paged);
   check_matching(q, k, v, out, /*value_dim_of_its_own=*/!paged);
   const int64_t batch = varlen.cu_seqlens_q.ndim == 1 ? varlen.cu_seqlens_q.shape[0] - 1 : -1;
   if (batch < 0) reject("cu_seqlens_q: shape must be [batch + 1] (at least one element)");
@@ -241,10 +248,11 @@ ForwardPlan plan_attention_over_cache(const TensorView& q, const KVCacheArgs& ar
                                       size_t workspace_bytes, bool sizing_only, const Arch& arch,
                                       int max_smem_bytes, int sm_count, const TuningTable* tuning) {
   const TensorView& k_cache = args.k_cache;
-  check_rows("q", q, 4);
-  check_rows("k_cache", k_cache, 4);
-  check_rows("v_cache", args.v_cache, 4);
-  check_rows("out", out, 4);
+  const Rows cache_rows = args.block_table != nullptr ? Rows::pages : Rows::dense;
+  check_rows("q", q, Rows::dense);
+  check_rows("k_cache", k_cache, cache_rows);
+  check_rows("v_cache", args.v_cache, cache_rows);
+  check_rows("out", out, Rows::dense);
   check_matching(q, k_cache, args.v_cache, out);
   const int64_t batch = q.shape[0], seqlen_q = q.shape[1];
   check_i32_vector("cache_seqlens", args.cache_seqlens, batch, "batch");
@@ -274,8 +282,8 @@ ForwardPlan plan_attention_over_cache(const TensorView& q, const KVCacheArgs& ar
   }
   if ((args.k_new == nullptr) != (args.v_new == nullptr)) reject("k_new, v_new: give both or neither");
   if (args.k_new != nullptr) {
-    check_rows("k_new", *args.k_new, 4);
-    check_rows("v_new", *args.v_new, 4);
+    check_rows("k_new", *args.k_new, Rows::dense);
+    check_rows("v_new", *args.v_new, Rows::dense);
     const TensorView& k_new = *args.k_new;
     if (k_new.dtype != q.dtype || args.v_new->dtype != q.dtype) reject("k_new, v_new: dtype must match q's");
     for (int axis = 0; axis < 4; ++axis) {

@@ -41,6 +41,25 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
   if (options.learnable_sink != nullptr) check_learnable_sink(*options.learnable_sink, heads_q);
   const RopeOptions& rope = options.rope;
   const bool has_rope = facts.has_rope = rope.style != RopeStyle::none;
+  if (!has_rope) {
+    // Rotation is asked for by its style alone. A field that only means
+    // something with a rotation is refused rather than ignored: FlashAttention
+    // rotates whenever rotary_cos is given, so a call ported from it would
+    // otherwise run unrotated without a word.
+    const char* given = rope.cos != nullptr                     ? "options.rope.cos"
+                        : rope.sin != nullptr                   ? "options.rope.sin"
+                        : rope.q_offsets != nullptr             ? "options.rope.q_offsets"
+                        : rope.k_offsets != nullptr             ? "options.rope.k_offsets"
+                        : rope.longrope_pair_factors != nullptr ? "options.rope.longrope_pair_factors"
+                        : rope.rotary_dim != 0                  ? "options.rope.rotary_dim"
+                        : rope.llama3_factor != 0.f             ? "options.rope.llama3_factor"
+                        : rope.yarn_factor != 0.f               ? "options.rope.yarn_factor"
+                                                                : nullptr;
+    if (given != nullptr) {
+      reject(fmt::format("{} is given but options.rope.style is none: set rotate_half or interleaved to rotate q "
+                         "and k (or leave the RoPE fields at their defaults)", given));
+    }
+  }
   const int rotary_dim = facts.rotary_dim = has_rope ? check_rope_scalars(rope, head_dim) : 0;
   if (has_rope) facts.rope_attention_factor = rope_attention_factor(rope);
   if (has_rope && rope.cos != nullptr) {
@@ -75,6 +94,13 @@ CallFacts check_options(const Problem& problem, const ForwardOptions& options, b
   facts.chunk = options.attention_chunk;
   facts.causal = facts.right == 0 && facts.left < 0 && facts.chunk == 0;
   facts.local = !facts.causal && (facts.left >= 0 || facts.right >= 0 || facts.chunk > 0);
+  // The kernels take a local mask's sides as int bounds below 2^29, an open
+  // side as one past every key: longer sequences would have it cut keys off.
+  if (facts.local && problem.queries_bound + problem.keys_bound > INT_MAX / 4) {
+    reject(fmt::format("options.window_left/window_right/attention_chunk: local masks are supported up to {} queries "
+                       "and keys together; this call has up to {} queries and {} keys",
+                       INT_MAX / 4, problem.queries_bound, problem.keys_bound));
+  }
   facts.masked_like_causal = facts.causal || facts.local;
   if (facts.local) {
     const int64_t window = facts.left >= 0 && facts.right >= 0 ? int64_t{facts.left} + facts.right + 1 : 0;

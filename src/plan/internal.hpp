@@ -26,8 +26,15 @@ int kernel_head_dim(int64_t head_dim);
 // f32 [heads_q] or [batch, heads_q]; returns the batch stride (0 per head).
 long long check_alibi(const TensorView& slopes, int64_t batch, int64_t heads);
 void check_learnable_sink(const TensorView& sink, int64_t heads);
-// A 16-bit tensor of rows, 4-D dense or 3-D packed (see checks.cpp).
-void check_rows(const char* name, const TensorView& t, int ndim, bool any_head_dim = false);
+// How a tensor of rows is laid out: the dimensions its messages name.
+enum class Rows {
+  dense,           // [batch, seqlen, heads, head_dim]
+  packed_queries,  // [total_q, heads, head_dim] (varlen q, out)
+  packed_keys,     // [total_k, heads, head_dim] (varlen k, v)
+  pages,           // [num_pages, page_size, heads, head_dim] (a paged cache)
+};
+// A 16-bit tensor of rows (see checks.cpp).
+void check_rows(const char* name, const TensorView& t, Rows layout, bool any_head_dim = false);
 // An i32 vector in device memory of `length` elements (cu_seqlens, seqused_k).
 void check_i32_vector(const char* name, const TensorView& t, int64_t length, const char* meaning);
 void check_lse_alignment(const TensorView& lse, int64_t elements);
