@@ -8,7 +8,6 @@
 #include <climits>
 #include <cstdlib>
 #include <mutex>
-#include <optional>
 #include <type_traits>
 
 #include <jitattn/jitattn.hpp>
@@ -91,44 +90,40 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::vector<int64_t> 
 
 namespace detail {
 
-std::string env_cache_dir() {
-  if (const char* dir = std::getenv("JITATTN_CACHE_DIR")) return dir;
-  // (The XDG spec has a relative XDG_CACHE_HOME ignored.)
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') return std::string(xdg) + "/jitattn";
-  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') return std::string(home) + "/.cache/jitattn";
-  // Services started without a home (systemd units, some containers):
-  // say so, or every process would compile its kernels without a word.
-  log(LogLevel::warn, "no cache directory: none of JITATTN_CACHE_DIR, XDG_CACHE_HOME or HOME is set; kernels are "
-                      "compiled in every process (set JITATTN_CACHE_DIR to keep them)");
-  return "";
-}
-
-std::string env_template_dir() {
-  const char* dir = std::getenv("JITATTN_TEMPLATE_DIR");
-  return dir != nullptr ? dir : "";
-}
-
-std::optional<LogLevel> env_log_level() {
-  const char* level = std::getenv("JITATTN_LOG");
-  if (level == nullptr) return std::nullopt;
-  return parse_log_level(level);
-}
-
-bool env_programmatic_launch(bool fallback) {
-  const char* pdl = std::getenv("JITATTN_PROGRAMMATIC_LAUNCH");
-  return pdl != nullptr ? std::string(pdl) != "0" : fallback;
+Config config_from_env(const GivenSettings& given) {
+  Config config;
+  if (given.cache_dir != nullptr) {
+    config.cache_dir = given.cache_dir;
+  } else if (const char* dir = std::getenv("JITATTN_CACHE_DIR")) {
+    config.cache_dir = dir;
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') {
+    // (The XDG spec has a relative XDG_CACHE_HOME ignored.)
+    config.cache_dir = std::string(xdg) + "/jitattn";
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    config.cache_dir = std::string(home) + "/.cache/jitattn";
+  } else {
+    // Services started without a home (systemd units, some containers):
+    // say so, or every process would compile its kernels without a word.
+    log(LogLevel::warn, "no cache directory: none of JITATTN_CACHE_DIR, XDG_CACHE_HOME or HOME is set; kernels are "
+                        "compiled in every process (set JITATTN_CACHE_DIR to keep them)");
+  }
+  if (given.template_dir != nullptr) {
+    config.template_dir = given.template_dir;
+  } else if (const char* dir = std::getenv("JITATTN_TEMPLATE_DIR")) {
+    config.template_dir = dir;
+  }
+  if (given.log_level) {
+    config.log_level = *given.log_level;
+  } else if (const char* level = std::getenv("JITATTN_LOG")) {
+    config.log_level = parse_log_level(level);
+  }
+  if (const char* pdl = std::getenv("JITATTN_PROGRAMMATIC_LAUNCH")) config.programmatic_launch = std::string(pdl) != "0";
+  return config;
 }
 
 }  // namespace detail
 
-Config Config::from_env() {
-  Config config;
-  config.cache_dir = detail::env_cache_dir();
-  config.template_dir = detail::env_template_dir();
-  if (const std::optional<LogLevel> level = detail::env_log_level()) config.log_level = *level;
-  config.programmatic_launch = detail::env_programmatic_launch(config.programmatic_launch);
-  return config;
-}
+Config Config::from_env() { return detail::config_from_env(); }
 
 namespace {
 

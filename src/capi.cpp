@@ -3,7 +3,6 @@
 #include <jitattn/jitattn.h>
 
 #include <exception>
-#include <optional>
 #include <string>
 
 #include <jitattn/jitattn.hpp>
@@ -73,13 +72,13 @@ jitattn_status status_of(jitattn::ErrorCode code) {
 }
 
 // Keeps `message` for jitattn_last_error(). Copying it may itself throw
-// (out of memory); nothing may leave an extern "C" function, so the message
-// then says only that.
+// (out of memory), and nothing may leave an extern "C" function: the message
+// is then empty, and the status alone says what failed.
 void keep_error(const char* message) noexcept {
   try {
     t_last_error = message;
   } catch (...) {
-    t_last_error.clear();  // (never allocates; the status still says what failed)
+    t_last_error.clear();  // (never allocates)
   }
 }
 
@@ -393,18 +392,12 @@ jitattn_status jitattn_configure(const char* cache_dir, const char* template_dir
       throw jitattn::Error(jitattn::ErrorCode::invalid_argument,
                            "log_level=" + std::to_string(log_level) + ": must be -1 (keep) or 0..4");
     }
-    // The environment only for settings not given: an invalid JITATTN_LOG
-    // does not fail a call that names its level, nor does a missing cache
-    // directory warn when one is given.
-    jitattn::Config config;
-    config.cache_dir = cache_dir != nullptr ? cache_dir : jitattn::detail::env_cache_dir();
-    config.template_dir = template_dir != nullptr ? template_dir : jitattn::detail::env_template_dir();
-    if (log_level >= 0) {
-      config.log_level = static_cast<jitattn::LogLevel>(log_level);
-    } else if (const std::optional<jitattn::LogLevel> level = jitattn::detail::env_log_level()) {
-      config.log_level = *level;
-    }
-    config.programmatic_launch = jitattn::detail::env_programmatic_launch(config.programmatic_launch);
+    // The environment only for settings not given (config_env.hpp).
+    jitattn::detail::GivenSettings given;
+    given.cache_dir = cache_dir;
+    given.template_dir = template_dir;
+    if (log_level >= 0) given.log_level = static_cast<jitattn::LogLevel>(log_level);
+    const jitattn::Config config = jitattn::detail::config_from_env(given);
     jitattn::configure(config);
   });
 }

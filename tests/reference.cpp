@@ -402,6 +402,27 @@ ReferenceOutput attention_varlen_16bit(const VarlenShape& s, const std::vector<f
                           });
 }
 
+double logit_rounding_varlen(const VarlenShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                             const std::vector<float>& q_rounded, const std::vector<float>& k_rounded) {
+  s.check();
+  const size_t q_row = static_cast<size_t>(s.common.heads_q) * s.common.head_dim;
+  const size_t k_row = static_cast<size_t>(s.common.heads_kv) * s.common.head_dim;
+  if (q.size() != s.total_q * q_row || k.size() != s.total_k * k_row) {
+    throw std::invalid_argument("logit_rounding_varlen: q and k must hold total_q and total_k packed rows");
+  }
+  double largest = 0;
+  for (int b = 0; b < s.batch(); ++b) {
+    const AttentionShape sequence = s.sequence(b);
+    if (sequence.seqlen_q == 0) continue;
+    const size_t q_first = static_cast<size_t>(s.cu_seqlens_q[b]) * q_row, q_count = sequence.seqlen_q * q_row;
+    const size_t k_first = static_cast<size_t>(s.cu_seqlens_k[b]) * k_row, k_count = sequence.seqlen_k * k_row;
+    largest = std::max(largest, logit_rounding(sequence, packed_rows(q, q_first, q_count), packed_rows(k, k_first, k_count),
+                                               packed_rows(q_rounded, q_first, q_count),
+                                               packed_rows(k_rounded, k_first, k_count)));
+  }
+  return largest;
+}
+
 AttentionShape AttentionShape::dense(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
                                      bool causal) {
   AttentionShape s;
@@ -587,27 +608,6 @@ std::vector<float> random_values(size_t count, DType dtype, std::mt19937_64& rng
   std::vector<float> values(count);
   for (auto& value : values) value = round_to(normal(rng), dtype);
   return values;
-}
-
-double logit_rounding_varlen(const VarlenShape& s, const std::vector<float>& q, const std::vector<float>& k,
-                             const std::vector<float>& q_rounded, const std::vector<float>& k_rounded) {
-  s.check();
-  const size_t q_row = static_cast<size_t>(s.common.heads_q) * s.common.head_dim;
-  const size_t k_row = static_cast<size_t>(s.common.heads_kv) * s.common.head_dim;
-  if (q.size() != s.total_q * q_row || k.size() != s.total_k * k_row) {
-    throw std::invalid_argument("logit_rounding_varlen: q and k must hold total_q and total_k packed rows");
-  }
-  double largest = 0;
-  for (int b = 0; b < s.batch(); ++b) {
-    const AttentionShape sequence = s.sequence(b);
-    if (sequence.seqlen_q == 0) continue;
-    const size_t q_first = static_cast<size_t>(s.cu_seqlens_q[b]) * q_row, q_count = sequence.seqlen_q * q_row;
-    const size_t k_first = static_cast<size_t>(s.cu_seqlens_k[b]) * k_row, k_count = sequence.seqlen_k * k_row;
-    largest = std::max(largest, logit_rounding(sequence, packed_rows(q, q_first, q_count), packed_rows(k, k_first, k_count),
-                                               packed_rows(q_rounded, q_first, q_count),
-                                               packed_rows(k_rounded, k_first, k_count)));
-  }
-  return largest;
 }
 
 }  // namespace jitattn::test
